@@ -1,0 +1,22 @@
+// Final model weights of a run: a directory with the resolved recipe
+// (`recipe.textproto`) and the fp32 parameters under their registry names
+// (`model.safetensors`). `switchyard eval` and `switchyard sample` read it.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/config/recipe.pb.h"
+#include "engine/runtime/param_store.h"
+
+namespace switchyard {
+
+absl::Status save_weights(const std::string& dir, const config::Recipe& recipe,
+                          const ParamStore& params);
+absl::StatusOr<config::Recipe> load_weights_recipe(const std::string& dir);
+// Copies the saved tensors into `params` (already allocated); every parameter must be
+// present with its shape, and the file must hold nothing else.
+absl::Status load_weights(const std::string& dir, ParamStore& params);
+
+}  // namespace switchyard

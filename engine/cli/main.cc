@@ -1,0 +1,228 @@
+// The switchyard command line. Every user-caused error ends here as one line on stderr
+// and exit status 1.
+#include <malloc.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/weights.h"
+#include "data/byte_corpus.h"
+#include "engine/config/recipe.h"
+#include "engine/model/model_stats.h"
+#include "engine/model/transformer.h"
+#include "engine/runtime/status_macros.h"
+#include "engine/train/trainer.h"
+#include "kernels/threads.h"
+
+namespace switchyard {
+namespace {
+
+namespace fs = std::filesystem;
+
+// OpenBLAS sgemm peak measured on the 2-core reference machine (docs/benchmarks.md).
+constexpr double kDefaultCpuPeakGflops = 180.0;
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long long t = static_cast<long long>(s + 0.5);
+  if (t >= 3600) return absl::StrFormat("%lldh%02lldm", t / 3600, (t / 60) % 60);
+  if (t >= 60) return absl::StrFormat("%lldm%02llds", t / 60, t % 60);
+  return absl::StrFormat("%llds", t);
+}
+
+class TerminalSink : public ProgressSink {
+ public:
+  void on_step(const StepMetrics& m) override {
+    std::printf(
+        "step %5lld/%lld  loss %.4f  aux %.4f  z %.4f  lr %.2e  grad %.3f  %.0f tok/s  "
+        "mfu %.1f%%  dropped %.2f%%  load max/mean %.2f  eta %s\n",
+        static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.aux_loss,
+        m.z_loss, m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, 100.0 * m.dropped_fraction,
+        m.worst_load_ratio, format_duration(m.eta_s).c_str());
+    std::fflush(stdout);
+  }
+  void on_eval(int64_t step, double val_loss) override {
+    std::printf("eval step %lld  val_loss %.4f\n", static_cast<long long>(step), val_loss);
+    std::fflush(stdout);
+  }
+  void on_message(const std::string& text) override {
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+};
+
+// A relative corpus path in a recipe is relative to the recipe file's directory.
+void resolve_paths(config::Recipe& recipe, const std::string& recipe_path) {
+  const std::string& corpus = recipe.data().corpus();
+  if (!corpus.empty() && fs::path(corpus).is_relative())
+    recipe.mutable_data()->set_corpus(
+        (fs::path(recipe_path).parent_path() / corpus).lexically_normal().string());
+}
+
+absl::Status dry_run(const config::Recipe& recipe) {
+  const ModelStats s = compute_model_stats(recipe);
+  nlohmann::ordered_json j = {
+      {"recipe", recipe.name()},
+      {"total_params", s.total_params},
+      {"active_params", s.active_params},
+      {"expert_params", s.expert_params},
+      {"embedding_params", s.embedding_params},
+      {"forward_flops_per_token", s.forward_flops_per_token},
+      {"train_flops_per_token", s.train_flops_per_token}};
+  std::printf("%s: %.3fB parameters, %.3fB active per token, %.3f GFLOPs/token forward, "
+              "%.3f GFLOPs/token training (seq_len %lld)\n%s\n",
+              recipe.name().c_str(), s.total_params / 1e9, s.active_params / 1e9,
+              s.forward_flops_per_token / 1e9, s.train_flops_per_token / 1e9,
+              static_cast<long long>(recipe.train().seq_len()), j.dump().c_str());
+  return absl::OkStatus();
+}
+
+absl::Status run_train(const std::string& recipe_path, const std::string& run_dir,
+                       const std::vector<std::string>& overrides, bool dry, double peak_gflops) {
+  SY_ASSIGN_OR_RETURN(config::Recipe recipe, config::load_recipe(recipe_path, overrides));
+  resolve_paths(recipe, recipe_path);
+  if (dry) return dry_run(recipe);
+  if (run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
+  TerminalSink sink;
+  sink.on_message(absl::StrCat("switchyard train: ", config::summarize_recipe(recipe)));
+  TrainOptions options{run_dir, peak_gflops * 1e9};
+  return train(recipe, options, sink);
+}
+
+struct LoadedModel {
+  config::Recipe recipe;
+  ParamStore params;
+  std::unique_ptr<Transformer> model;
+};
+
+absl::Status load_model(const std::string& dir, LoadedModel& out) {
+  SY_ASSIGN_OR_RETURN(out.recipe, load_weights_recipe(dir));
+  set_cpu_threads(out.recipe.runtime().threads());
+  out.model = std::make_unique<Transformer>(out.recipe, out.params);
+  out.params.allocate(cpu_device());
+  return load_weights(dir, out.params);
+}
+
+absl::Status run_eval(const std::string& dir, const std::string& data, int64_t batches) {
+  LoadedModel lm;
+  SY_RETURN_IF_ERROR(load_model(dir, lm));
+  const int64_t seq = lm.recipe.train().seq_len();
+  // --data names a text file evaluated whole: every full window, in order.
+  SY_ASSIGN_OR_RETURN(ByteCorpus corpus, ByteCorpus::load_for_eval(data, seq));
+  const int64_t mb = 1;
+  const int64_t windows = corpus.val_windows();
+  const int64_t n_batches = batches > 0 ? std::min(batches, windows) : windows;
+  Tensor ids = Tensor::empty({mb, seq}, DType::kI32), targets = Tensor::empty({mb, seq}, DType::kI32);
+  Rng rng(0);
+  double sum = 0;
+  int64_t tokens = 0;
+  for (int64_t b = 0; b < n_batches; ++b) {
+    corpus.val_batch(b, mb, ids.data<int32_t>(), targets.data<int32_t>());
+    LossParts p = lm.model->forward(cpu_device(), ids, targets, false, rng);
+    sum += p.cross_entropy * p.target_tokens;
+    tokens += p.target_tokens;
+  }
+  nlohmann::ordered_json j = {{"val_loss", tokens ? sum / tokens : 0.0}, {"tokens", tokens}};
+  std::printf("%s\n", j.dump().c_str());
+  return absl::OkStatus();
+}
+
+absl::Status run_sample(const std::string& dir, const std::string& prompt, int64_t count,
+                        double temperature, uint64_t seed) {
+  LoadedModel lm;
+  SY_RETURN_IF_ERROR(load_model(dir, lm));
+  if (prompt.empty()) return absl::InvalidArgumentError("--prompt must not be empty");
+  const int64_t window = lm.recipe.train().seq_len();
+  const int64_t vocab = lm.recipe.model().vocab_size();
+  std::vector<int32_t> ids = ByteCorpus::encode(prompt);
+  Rng rng(seed);
+  std::string generated;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t len = std::min<int64_t>(window, static_cast<int64_t>(ids.size()));
+    Tensor in = Tensor::empty({1, len}, DType::kI32);
+    std::copy(ids.end() - len, ids.end(), in.data<int32_t>());
+    Tensor logits = lm.model->logits(cpu_device(), in);
+    const float* last = logits.data<float>() + (len - 1) * vocab;
+    // Byte-level sampling: only the 256 byte ids are valid outputs.
+    const int64_t valid = std::min<int64_t>(vocab, kByteVocabSize);
+    int32_t next = 0;
+    if (temperature <= 0) {
+      for (int64_t v = 1; v < valid; ++v) if (last[v] > last[next]) next = static_cast<int32_t>(v);
+    } else {
+      double max_logit = last[0];
+      for (int64_t v = 1; v < valid; ++v) max_logit = std::max<double>(max_logit, last[v]);
+      std::vector<double> p(valid);
+      double z = 0;
+      for (int64_t v = 0; v < valid; ++v) z += p[v] = std::exp((last[v] - max_logit) / temperature);
+      double u = rng.uniform() * z;
+      for (next = 0; next < valid - 1 && (u -= p[next]) > 0; ++next) {}
+    }
+    ids.push_back(next);
+    generated.push_back(static_cast<char>(next));
+  }
+  std::printf("%s%s\n", prompt.c_str(), generated.c_str());
+  return absl::OkStatus();
+}
+
+int report(const absl::Status& status) {
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "switchyard: error: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+}  // namespace switchyard
+
+int main(int argc, char** argv) {
+  using namespace switchyard;
+  // Keep large activation buffers in the heap between steps instead of mapping and
+  // faulting in fresh pages for every allocation.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+
+  CLI::App app{"switchyard: training engine for sparse Mixture-of-Experts language models"};
+  app.require_subcommand(1);
+
+  std::string recipe_path, run_dir;
+  std::vector<std::string> overrides;
+  bool dry = false;
+  double peak_gflops = kDefaultCpuPeakGflops;
+  auto* train_cmd = app.add_subcommand("train", "train a recipe");
+  train_cmd->add_option("recipe", recipe_path, "recipe file (.textproto)")->required();
+  train_cmd->add_option("--run-dir", run_dir, "directory for metrics and weights");
+  train_cmd->add_option("--set", overrides, "override a recipe field: path=value (repeatable)");
+  train_cmd->add_flag("--dry-run", dry, "print parameter and FLOP counts, train nothing");
+  train_cmd->add_option("--peak-gflops", peak_gflops, "peak GFLOP/s the MFU is measured against");
+
+  std::string weights_dir, data, prompt;
+  int64_t batches = 0, tokens = 200;
+  double temperature = 0.8;
+  uint64_t seed = 1;
+  auto* eval_cmd = app.add_subcommand("eval", "print the loss of saved weights on a text file as JSON");
+  eval_cmd->add_option("checkpoint", weights_dir, "weights directory (<run-dir>/checkpoints/final)")->required();
+  eval_cmd->add_option("--data", data, "text file to evaluate on")->required();
+  eval_cmd->add_option("--batches", batches, "evaluate at most this many windows of train.seq_len");
+
+  auto* sample_cmd = app.add_subcommand("sample", "generate text from saved weights");
+  sample_cmd->add_option("checkpoint", weights_dir, "weights directory")->required();
+  sample_cmd->add_option("--prompt", prompt, "text to continue")->required();
+  sample_cmd->add_option("--tokens", tokens, "tokens to generate");
+  sample_cmd->add_option("--temperature", temperature, "0 picks the most likely token");
+  sample_cmd->add_option("--seed", seed, "sampling seed");
+
+  CLI11_PARSE(app, argc, argv);
+  if (train_cmd->parsed()) return report(run_train(recipe_path, run_dir, overrides, dry, peak_gflops));
+  if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, batches));
+  if (sample_cmd->parsed()) return report(run_sample(weights_dir, prompt, tokens, temperature, seed));
+  return 1;
+}

@@ -1,0 +1,588 @@
+#include "engine/config/recipe.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "engine/runtime/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/text_format.h"
+
+namespace switchyard::config {
+namespace {
+
+namespace pb = google::protobuf;
+
+// Debian's Abseil is built with its own absl::string_view, distinct from
+// std::string_view, so the public std::string_view arguments are converted once here.
+absl::string_view to_absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+std::string field_names(const pb::Descriptor& descriptor) {
+  std::vector<std::string> names;
+  for (int i = 0; i < descriptor.field_count(); ++i) names.push_back(descriptor.field(i)->name());
+  return absl::StrJoin(names, ", ");
+}
+
+// Keeps the first error only: later ones are usually consequences of it.
+class FirstErrorCollector : public pb::io::ErrorCollector {
+ public:
+  explicit FirstErrorCollector(absl::string_view text) : text_(text) {}
+
+  void AddError(int line, pb::io::ColumnNumber column, const std::string& message) override {
+    if (has_error_) return;
+    has_error_ = true;
+    line_ = line;
+    column_ = column;
+    message_ = message;
+  }
+
+  bool has_error() const { return has_error_; }
+
+  // "<source>:<line>:<col>: <message>", 1-based like compilers print them.
+  std::string format(absl::string_view source_name) const {
+    int column = column_;
+    std::string message = message_;
+    // protobuf says `Message type "T" has no field named "f".` at the token after the
+    // name; point at the name instead and list the valid fields, since the usual cause
+    // is a typo.
+    absl::string_view rest = message_;
+    std::vector<absl::string_view> parts;
+    if (absl::ConsumePrefix(&rest, "Message type \"")) {
+      parts = absl::StrSplit(rest, "\" has no field named \"");
+    }
+    if (parts.size() == 2 && absl::ConsumeSuffix(&parts[1], "\".")) {
+      const pb::Descriptor* descriptor =
+          pb::DescriptorPool::generated_pool()->FindMessageTypeByName(std::string(parts[0]));
+      if (descriptor != nullptr) {
+        message = absl::StrCat("unknown field \"", parts[1], "\" in ", parts[0],
+                               " (valid fields: ", field_names(*descriptor), ")");
+      }
+      const std::vector<absl::string_view> lines = absl::StrSplit(text_, '\n');
+      if (line_ < static_cast<int>(lines.size())) {
+        const size_t start = lines[line_].substr(0, column_).rfind(parts[1]);
+        if (start != absl::string_view::npos) column = static_cast<int>(start);
+      }
+    }
+    return absl::StrCat(source_name, ":", line_ + 1, ":", column + 1, ": ", message);
+  }
+
+ private:
+  absl::string_view text_;
+  bool has_error_ = false;
+  int line_ = 0;
+  int column_ = 0;
+  std::string message_;
+};
+
+absl::StatusOr<Recipe> parse_without_defaults(absl::string_view text,
+                                              absl::string_view source_name) {
+  Recipe recipe;
+  FirstErrorCollector errors(text);
+  pb::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &recipe)) {
+    if (!errors.has_error()) {
+      return absl::InvalidArgumentError(absl::StrCat(source_name, ": invalid recipe"));
+    }
+    return absl::InvalidArgumentError(errors.format(source_name));
+  }
+  return recipe;
+}
+
+// An unset interval follows moe.num_experts, so a recipe that configures experts gets
+// MoE layers without also having to say which layers.
+int32_t effective_moe_layer_interval(const Recipe& recipe) {
+  if (recipe.model().has_moe_layer_interval()) return recipe.model().moe_layer_interval();
+  return recipe.moe().num_experts() > 0 ? 1 : 0;
+}
+
+absl::Status invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
+
+// The checks below are written as `if (!(value > 0))` so that NaN fails them too.
+template <typename T>
+absl::Status check_positive(absl::string_view path, T value) {
+  if (!(value > 0)) return invalid(absl::StrCat(path, " (", value, ") must be > 0"));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status check_non_negative(absl::string_view path, T value) {
+  if (!(value >= 0)) return invalid(absl::StrCat(path, " (", value, ") must be >= 0"));
+  return absl::OkStatus();
+}
+
+absl::Status check_unit_interval(absl::string_view path, float value) {
+  if (!(value >= 0 && value < 1)) {
+    return invalid(absl::StrCat(path, " (", value, ") must be in [0, 1)"));
+  }
+  return absl::OkStatus();
+}
+
+bool has_dense_layer(const Recipe& recipe) {
+  for (int layer = 0; layer < recipe.model().num_layers(); ++layer) {
+    if (!is_moe_layer(recipe, layer)) return true;
+  }
+  return false;
+}
+
+absl::Status validate_model(const Recipe& recipe) {
+  const ModelConfig& model = recipe.model();
+  SY_RETURN_IF_ERROR(check_positive("model.vocab_size", model.vocab_size()));
+  SY_RETURN_IF_ERROR(check_positive("model.hidden_size", model.hidden_size()));
+  SY_RETURN_IF_ERROR(check_positive("model.num_layers", model.num_layers()));
+  SY_RETURN_IF_ERROR(check_positive("model.num_heads", model.num_heads()));
+  SY_RETURN_IF_ERROR(check_non_negative("model.num_kv_heads", model.num_kv_heads()));
+  const int32_t kv_heads = effective_kv_heads(model);
+  if (model.num_heads() % kv_heads != 0) {
+    return invalid(absl::StrCat("model.num_heads (", model.num_heads(),
+                                ") must be divisible by model.num_kv_heads (", kv_heads, ")"));
+  }
+  SY_RETURN_IF_ERROR(check_non_negative("model.head_dim", model.head_dim()));
+  if (model.head_dim() == 0 && model.hidden_size() % model.num_heads() != 0) {
+    return invalid(absl::StrCat("model.hidden_size (", model.hidden_size(),
+                                ") must be divisible by model.num_heads (", model.num_heads(),
+                                ") when model.head_dim is unset"));
+  }
+  const int32_t head_dim = effective_head_dim(model);
+  SY_RETURN_IF_ERROR(check_positive("model.head_dim", head_dim));
+  if (head_dim % 2 != 0) {
+    return invalid(absl::StrCat("model.head_dim (", head_dim,
+                                ") must be even: RoPE rotates pairs of dimensions"));
+  }
+  SY_RETURN_IF_ERROR(check_positive("model.rope_theta", model.rope_theta()));
+  SY_RETURN_IF_ERROR(check_positive("model.norm_eps", model.norm_eps()));
+  SY_RETURN_IF_ERROR(check_positive("model.init_std", model.init_std()));
+  SY_RETURN_IF_ERROR(check_non_negative("model.ffn_hidden_size", model.ffn_hidden_size()));
+  SY_RETURN_IF_ERROR(
+      check_non_negative("model.moe_layer_interval", effective_moe_layer_interval(recipe)));
+  SY_RETURN_IF_ERROR(check_non_negative("model.first_dense_layers", model.first_dense_layers()));
+  if (has_dense_layer(recipe) && model.ffn_hidden_size() <= 0) {
+    return invalid(absl::StrCat(
+        "model.ffn_hidden_size must be > 0: some layers are dense (model.moe_layer_interval ",
+        effective_moe_layer_interval(recipe), ", model.first_dense_layers ",
+        model.first_dense_layers(), ", model.num_layers ", model.num_layers(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate_moe(const Recipe& recipe) {
+  const MoeConfig& moe = recipe.moe();
+  SY_RETURN_IF_ERROR(check_non_negative("moe.num_experts", moe.num_experts()));
+  SY_RETURN_IF_ERROR(check_non_negative("moe.capacity_factor", moe.capacity_factor()));
+  SY_RETURN_IF_ERROR(check_non_negative("moe.aux_loss_coef", moe.aux_loss_coef()));
+  SY_RETURN_IF_ERROR(check_non_negative("moe.z_loss_coef", moe.z_loss_coef()));
+  SY_RETURN_IF_ERROR(check_non_negative("moe.num_shared_experts", moe.num_shared_experts()));
+  const int32_t interval = effective_moe_layer_interval(recipe);
+  if (interval == 0) return absl::OkStatus();
+
+  const std::string because = absl::StrCat(" when model.moe_layer_interval (", interval, ") > 0");
+  if (moe.num_experts() <= 0) {
+    return invalid(absl::StrCat("moe.num_experts (", moe.num_experts(), ") must be > 0", because));
+  }
+  if (moe.top_k() <= 0) {
+    return invalid(absl::StrCat("moe.top_k (", moe.top_k(), ") must be > 0", because));
+  }
+  if (moe.top_k() > moe.num_experts()) {
+    return invalid(absl::StrCat("moe.top_k (", moe.top_k(), ") must be <= moe.num_experts (",
+                                moe.num_experts(), ")"));
+  }
+  if (moe.gating() == GATING_UNSPECIFIED) return invalid("moe.gating must be set");
+  if (moe.gating() == GSHARD_TOP2 && moe.top_k() != 2) {
+    return invalid(absl::StrCat("moe.top_k (", moe.top_k(), ") must be 2 with moe.gating ",
+                                Gating_Name(moe.gating())));
+  }
+  if (moe.expert_ffn_hidden_size() <= 0) {
+    return invalid(absl::StrCat("moe.expert_ffn_hidden_size (", moe.expert_ffn_hidden_size(),
+                                ") must be > 0", because));
+  }
+  if (moe.num_shared_experts() > 0 && moe.shared_expert_ffn_hidden_size() <= 0) {
+    return invalid(absl::StrCat(
+        "moe.shared_expert_ffn_hidden_size (", moe.shared_expert_ffn_hidden_size(),
+        ") must be > 0 when moe.num_shared_experts (", moe.num_shared_experts(), ") > 0"));
+  }
+  if (moe.shared_expert_gate() && moe.num_shared_experts() == 0) {
+    return invalid("moe.shared_expert_gate needs moe.num_shared_experts > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate_parallel(const Recipe& recipe) {
+  const ParallelConfig& parallel = recipe.parallel();
+  SY_RETURN_IF_ERROR(
+      check_positive("parallel.tensor_parallel_size", parallel.tensor_parallel_size()));
+  SY_RETURN_IF_ERROR(
+      check_positive("parallel.expert_parallel_size", parallel.expert_parallel_size()));
+  if (parallel.zero_stage() < 0 || parallel.zero_stage() > 3) {
+    return invalid(
+        absl::StrCat("parallel.zero_stage (", parallel.zero_stage(), ") must be 0, 1, 2 or 3"));
+  }
+  // Megatron-style tensor parallelism splits attention by heads and dense FFNs by
+  // columns, so each must divide evenly.
+  const int32_t tp = parallel.tensor_parallel_size();
+  const ModelConfig& model = recipe.model();
+  if (model.num_heads() % tp != 0) {
+    return invalid(absl::StrCat("model.num_heads (", model.num_heads(),
+                                ") must be divisible by parallel.tensor_parallel_size (", tp, ")"));
+  }
+  if (effective_kv_heads(model) % tp != 0) {
+    return invalid(absl::StrCat("model.num_kv_heads (", effective_kv_heads(model),
+                                ") must be divisible by parallel.tensor_parallel_size (", tp, ")"));
+  }
+  if (has_dense_layer(recipe) && model.ffn_hidden_size() % tp != 0) {
+    return invalid(absl::StrCat("model.ffn_hidden_size (", model.ffn_hidden_size(),
+                                ") must be divisible by parallel.tensor_parallel_size (", tp, ")"));
+  }
+  const int32_t ep = parallel.expert_parallel_size();
+  if (effective_moe_layer_interval(recipe) > 0 && recipe.moe().num_experts() % ep != 0) {
+    return invalid(absl::StrCat("moe.num_experts (", recipe.moe().num_experts(),
+                                ") must be divisible by parallel.expert_parallel_size (", ep, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate_optimizer(const Recipe& recipe) {
+  const OptimizerConfig& optimizer = recipe.optimizer();
+  SY_RETURN_IF_ERROR(check_positive("optimizer.lr", optimizer.lr()));
+  SY_RETURN_IF_ERROR(check_non_negative("optimizer.min_lr", optimizer.min_lr()));
+  if (optimizer.min_lr() > optimizer.lr()) {
+    return invalid(absl::StrCat("optimizer.min_lr (", optimizer.min_lr(),
+                                ") must be <= optimizer.lr (", optimizer.lr(), ")"));
+  }
+  SY_RETURN_IF_ERROR(check_unit_interval("optimizer.beta1", optimizer.beta1()));
+  SY_RETURN_IF_ERROR(check_unit_interval("optimizer.beta2", optimizer.beta2()));
+  SY_RETURN_IF_ERROR(check_positive("optimizer.eps", optimizer.eps()));
+  SY_RETURN_IF_ERROR(check_non_negative("optimizer.weight_decay", optimizer.weight_decay()));
+  SY_RETURN_IF_ERROR(check_non_negative("optimizer.warmup_steps", optimizer.warmup_steps()));
+  if (optimizer.warmup_steps() > recipe.train().steps()) {
+    return invalid(absl::StrCat("optimizer.warmup_steps (", optimizer.warmup_steps(),
+                                ") must be <= train.steps (", recipe.train().steps(), ")"));
+  }
+  if (optimizer.decay() == LR_DECAY_UNSPECIFIED) return invalid("optimizer.decay must be set");
+  SY_RETURN_IF_ERROR(check_non_negative("optimizer.grad_clip", optimizer.grad_clip()));
+  return absl::OkStatus();
+}
+
+absl::Status validate_train(const Recipe& recipe) {
+  const TrainConfig& train = recipe.train();
+  SY_RETURN_IF_ERROR(check_positive("train.global_batch_size", train.global_batch_size()));
+  SY_RETURN_IF_ERROR(check_positive("train.micro_batch_size", train.micro_batch_size()));
+  if (train.global_batch_size() % train.micro_batch_size() != 0) {
+    return invalid(absl::StrCat("train.global_batch_size (", train.global_batch_size(),
+                                ") must be divisible by train.micro_batch_size (",
+                                train.micro_batch_size(), ")"));
+  }
+  SY_RETURN_IF_ERROR(check_positive("train.seq_len", train.seq_len()));
+  const int64_t max_positions = recipe.model().max_position_embeddings();
+  SY_RETURN_IF_ERROR(check_positive("model.max_position_embeddings", max_positions));
+  if (train.seq_len() > max_positions) {
+    return invalid(absl::StrCat("train.seq_len (", train.seq_len(),
+                                ") must be <= model.max_position_embeddings (", max_positions,
+                                ")"));
+  }
+  SY_RETURN_IF_ERROR(check_non_negative("train.steps", train.steps()));
+  SY_RETURN_IF_ERROR(check_positive("train.log_interval", train.log_interval()));
+  SY_RETURN_IF_ERROR(check_non_negative("train.eval_interval", train.eval_interval()));
+  SY_RETURN_IF_ERROR(check_positive("train.eval_batches", train.eval_batches()));
+  return absl::OkStatus();
+}
+
+absl::Status validate_data(const Recipe& recipe) {
+  const DataConfig& data = recipe.data();
+  if (data.corpus().empty()) return invalid("data.corpus must name a text file");
+  if (recipe.model().vocab_size() < 256) {
+    return invalid(absl::StrCat("model.vocab_size (", recipe.model().vocab_size(),
+                                ") must be >= 256: data.corpus is read as bytes"));
+  }
+  SY_RETURN_IF_ERROR(check_unit_interval("data.val_fraction", data.val_fraction()));
+  if (recipe.train().eval_interval() > 0 && data.val_fraction() == 0) {
+    return invalid(absl::StrCat("train.eval_interval (", recipe.train().eval_interval(),
+                                ") needs data.val_fraction > 0 (nothing is held out)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate_checkpoint_and_runtime(const Recipe& recipe) {
+  const CheckpointConfig& checkpoint = recipe.checkpoint();
+  if (checkpoint.dir().empty()) return invalid("checkpoint.dir must not be empty");
+  SY_RETURN_IF_ERROR(check_non_negative("checkpoint.interval_steps", checkpoint.interval_steps()));
+  SY_RETURN_IF_ERROR(check_non_negative("checkpoint.keep", checkpoint.keep()));
+  const RuntimeConfig& runtime = recipe.runtime();
+  if (!runtime.device().empty() && runtime.device() != "cpu" && runtime.device() != "cuda") {
+    return invalid(absl::StrCat("runtime.device (\"", runtime.device(),
+                                "\") must be \"cpu\", \"cuda\" or empty (pick automatically)"));
+  }
+  SY_RETURN_IF_ERROR(check_non_negative("runtime.threads", runtime.threads()));
+  return absl::OkStatus();
+}
+
+absl::Status set_scalar(pb::Message& message, const pb::FieldDescriptor& field,
+                        absl::string_view path, absl::string_view value) {
+  const pb::Reflection& reflection = *message.GetReflection();
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(value);
+  auto wrong_type = [&](absl::string_view type, absl::string_view hint = "") {
+    return invalid(absl::StrCat("\"", value, "\" is not a valid ", type, " for ", path, hint));
+  };
+  switch (field.cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_INT32: {
+      int32_t v;
+      if (!absl::SimpleAtoi(trimmed, &v)) return wrong_type("int32");
+      reflection.SetInt32(&message, &field, v);
+      break;
+    }
+    case pb::FieldDescriptor::CPPTYPE_INT64: {
+      int64_t v;
+      if (!absl::SimpleAtoi(trimmed, &v)) return wrong_type("int64");
+      reflection.SetInt64(&message, &field, v);
+      break;
+    }
+    case pb::FieldDescriptor::CPPTYPE_UINT32: {
+      uint32_t v;
+      if (!absl::SimpleAtoi(trimmed, &v)) return wrong_type("uint32");
+      reflection.SetUInt32(&message, &field, v);
+      break;
+    }
+    case pb::FieldDescriptor::CPPTYPE_UINT64: {
+      uint64_t v;
+      if (!absl::SimpleAtoi(trimmed, &v)) return wrong_type("uint64");
+      reflection.SetUInt64(&message, &field, v);
+      break;
+    }
+    case pb::FieldDescriptor::CPPTYPE_FLOAT: {
+      float v;
+      if (!absl::SimpleAtof(trimmed, &v)) return wrong_type("float");
+      reflection.SetFloat(&message, &field, v);
+      break;
+    }
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE: {
+      double v;
+      if (!absl::SimpleAtod(trimmed, &v)) return wrong_type("double");
+      reflection.SetDouble(&message, &field, v);
+      break;
+    }
+    case pb::FieldDescriptor::CPPTYPE_BOOL: {
+      bool v;
+      if (!absl::SimpleAtob(trimmed, &v)) return wrong_type("bool (true or false)");
+      reflection.SetBool(&message, &field, v);
+      break;
+    }
+    case pb::FieldDescriptor::CPPTYPE_ENUM: {
+      const pb::EnumDescriptor& type = *field.enum_type();
+      const pb::EnumValueDescriptor* v = type.FindValueByName(std::string(trimmed));
+      if (v == nullptr) {
+        std::vector<std::string> names;
+        for (int i = 0; i < type.value_count(); ++i) names.push_back(type.value(i)->name());
+        return wrong_type(type.name(), absl::StrCat(" (one of ", absl::StrJoin(names, ", "), ")"));
+      }
+      reflection.SetEnum(&message, &field, v);
+      break;
+    }
+    case pb::FieldDescriptor::CPPTYPE_STRING:
+      // Verbatim: a path may legitimately start or end with spaces.
+      reflection.SetString(&message, &field, std::string(value));
+      break;
+    case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+      return invalid(absl::StrCat(path,
+                                  " is a message, not a scalar field; set one of its fields (",
+                                  field_names(*field.message_type()), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int32_t effective_kv_heads(const ModelConfig& model) {
+  return model.num_kv_heads() > 0 ? model.num_kv_heads() : model.num_heads();
+}
+
+int32_t effective_head_dim(const ModelConfig& model) {
+  if (model.head_dim() > 0) return model.head_dim();
+  if (model.num_heads() <= 0) return 0;
+  return static_cast<int32_t>(model.hidden_size() / model.num_heads());
+}
+
+bool is_moe_layer(const Recipe& recipe, int layer) {
+  const int32_t interval = effective_moe_layer_interval(recipe);
+  return interval > 0 && layer >= recipe.model().first_dense_layers() &&
+         (layer + 1) % interval == 0;
+}
+
+void fill_defaults(Recipe& recipe) {
+  ModelConfig& model = *recipe.mutable_model();
+  if (model.num_kv_heads() == 0) model.set_num_kv_heads(model.num_heads());
+  // Left at 0 when hidden_size does not split evenly, so validation can say so.
+  if (model.head_dim() == 0 && model.num_heads() > 0 &&
+      model.hidden_size() % model.num_heads() == 0) {
+    model.set_head_dim(static_cast<int32_t>(model.hidden_size() / model.num_heads()));
+  }
+  if (model.rope_theta() == 0) model.set_rope_theta(10000.0f);
+  if (model.norm_eps() == 0) model.set_norm_eps(1e-5f);
+  if (model.init_std() == 0) model.set_init_std(0.02f);
+  if (!model.has_moe_layer_interval()) {
+    model.set_moe_layer_interval(effective_moe_layer_interval(recipe));
+  }
+  if (model.max_position_embeddings() == 0) {
+    model.set_max_position_embeddings(recipe.train().seq_len());
+  }
+
+  MoeConfig& moe = *recipe.mutable_moe();
+  if (moe.gating() == GATING_UNSPECIFIED && moe.num_experts() > 0) moe.set_gating(TOPK_SOFTMAX);
+
+  ParallelConfig& parallel = *recipe.mutable_parallel();
+  if (parallel.tensor_parallel_size() == 0) parallel.set_tensor_parallel_size(1);
+  if (parallel.expert_parallel_size() == 0) parallel.set_expert_parallel_size(1);
+
+  OptimizerConfig& optimizer = *recipe.mutable_optimizer();
+  if (!optimizer.has_beta1()) optimizer.set_beta1(0.9f);
+  if (!optimizer.has_beta2()) optimizer.set_beta2(0.95f);
+  if (optimizer.eps() == 0) optimizer.set_eps(1e-8f);
+  if (!optimizer.has_weight_decay()) optimizer.set_weight_decay(0.1f);
+  if (optimizer.decay() == LR_DECAY_UNSPECIFIED) optimizer.set_decay(COSINE);
+
+  TrainConfig& train = *recipe.mutable_train();
+  if (train.micro_batch_size() == 0) train.set_micro_batch_size(train.global_batch_size());
+  if (train.log_interval() == 0) train.set_log_interval(10);
+  if (train.eval_batches() == 0) train.set_eval_batches(8);
+
+  DataConfig& data = *recipe.mutable_data();
+  if (!data.has_val_fraction() && !data.corpus().empty()) data.set_val_fraction(0.1f);
+
+  CheckpointConfig& checkpoint = *recipe.mutable_checkpoint();
+  if (checkpoint.dir().empty()) checkpoint.set_dir("checkpoints");
+  if (!checkpoint.has_keep()) checkpoint.set_keep(3);
+}
+
+absl::StatusOr<Recipe> parse_recipe(std::string_view text, std::string_view source_name) {
+  SY_ASSIGN_OR_RETURN(Recipe recipe, parse_without_defaults(to_absl(text), to_absl(source_name)));
+  fill_defaults(recipe);
+  return recipe;
+}
+
+absl::Status apply_override(Recipe& recipe, std::string_view assignment_view) {
+  const absl::string_view assignment = to_absl(assignment_view);
+  const size_t equals = assignment.find('=');
+  const absl::string_view path = equals == absl::string_view::npos
+                                     ? ""
+                                     : absl::StripAsciiWhitespace(assignment.substr(0, equals));
+  if (path.empty()) {
+    return invalid(absl::StrCat("override \"", assignment,
+                                "\" must have the form field.path=value (e.g. train.steps=200)"));
+  }
+  const absl::string_view value = assignment.substr(equals + 1);
+  auto error = [&](absl::string_view message) {
+    return invalid(absl::StrCat("override \"", assignment, "\": ", message));
+  };
+
+  pb::Message* message = &recipe;
+  const std::vector<absl::string_view> names = absl::StrSplit(path, '.');
+  for (size_t i = 0; i < names.size(); ++i) {
+    const pb::Descriptor& descriptor = *message->GetDescriptor();
+    const pb::FieldDescriptor* field = descriptor.FindFieldByName(std::string(names[i]));
+    const std::string prefix = absl::StrJoin(names.begin(), names.begin() + i + 1, ".");
+    if (field == nullptr) {
+      return error(absl::StrCat("unknown field path \"", path, "\": ", descriptor.full_name(),
+                                " has no field \"", names[i],
+                                "\" (valid fields: ", field_names(descriptor), ")"));
+    }
+    if (field->is_repeated()) return error(absl::StrCat(prefix, " is not a scalar field"));
+    if (i + 1 == names.size()) {
+      absl::Status status = set_scalar(*message, *field, prefix, value);
+      if (!status.ok()) return error(status.message());
+      break;
+    }
+    if (field->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      return error(
+          absl::StrCat(prefix, " is a scalar field and has no field \"", names[i + 1], "\""));
+    }
+    message = message->GetReflection()->MutableMessage(message, field);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate_recipe(const Recipe& recipe) {
+  SY_RETURN_IF_ERROR(validate_model(recipe));
+  SY_RETURN_IF_ERROR(validate_moe(recipe));
+  SY_RETURN_IF_ERROR(validate_parallel(recipe));
+  SY_RETURN_IF_ERROR(validate_train(recipe));
+  SY_RETURN_IF_ERROR(validate_optimizer(recipe));
+  SY_RETURN_IF_ERROR(validate_data(recipe));
+  SY_RETURN_IF_ERROR(validate_checkpoint_and_runtime(recipe));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Recipe> load_recipe(const std::string& path,
+                                   const std::vector<std::string>& overrides) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read recipe ", path, ": ", std::strerror(errno)));
+  }
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad()) {
+    return absl::DataLossError(absl::StrCat("error reading recipe ", path));
+  }
+  SY_ASSIGN_OR_RETURN(Recipe recipe, parse_without_defaults(text.str(), path));
+  for (const std::string& assignment : overrides) {
+    SY_RETURN_IF_ERROR(apply_override(recipe, assignment));
+  }
+  if (recipe.name().empty()) recipe.set_name(std::filesystem::path(path).stem().string());
+  fill_defaults(recipe);
+  absl::Status status = validate_recipe(recipe);
+  if (!status.ok()) return invalid(absl::StrCat(path, ": ", status.message()));
+  return recipe;
+}
+
+std::string summarize_recipe(const Recipe& recipe) {
+  const ModelConfig& model = recipe.model();
+  const MoeConfig& moe = recipe.moe();
+  int moe_layers = 0;
+  for (int layer = 0; layer < model.num_layers(); ++layer)
+    moe_layers += is_moe_layer(recipe, layer);
+
+  std::string shape = absl::StrFormat(
+      "%s: %d layers (%d MoE), hidden %d, heads %d (kv %d, dim %d), vocab %d", recipe.name(),
+      model.num_layers(), moe_layers, model.hidden_size(), model.num_heads(),
+      effective_kv_heads(model), effective_head_dim(model), model.vocab_size());
+  if (moe_layers < model.num_layers()) {
+    absl::StrAppendFormat(&shape, ", dense ffn %d", model.ffn_hidden_size());
+  }
+  if (moe_layers > 0) {
+    absl::StrAppendFormat(&shape, ", %d experts top-%d %s, expert ffn %d", moe.num_experts(),
+                          moe.top_k(), Gating_Name(moe.gating()), moe.expert_ffn_hidden_size());
+    if (moe.num_shared_experts() > 0) {
+      absl::StrAppendFormat(&shape, " + %d shared x %d", moe.num_shared_experts(),
+                            moe.shared_expert_ffn_hidden_size());
+    }
+    if (moe.capacity_factor() > 0) {
+      absl::StrAppendFormat(&shape, ", capacity %g", moe.capacity_factor());
+    } else {
+      absl::StrAppend(&shape, ", dropless");
+    }
+  }
+
+  const TrainConfig& train = recipe.train();
+  const OptimizerConfig& optimizer = recipe.optimizer();
+  const ParallelConfig& parallel = recipe.parallel();
+  const std::string setup = absl::StrFormat(
+      "train: %d steps x %d seqs x %d tokens (micro batch %d), lr %g %s to %g after %d warmup, "
+      "tp %d ep %d zero %d, device %s",
+      train.steps(), train.global_batch_size(), train.seq_len(), train.micro_batch_size(),
+      optimizer.lr(), LrDecay_Name(optimizer.decay()), optimizer.min_lr(), optimizer.warmup_steps(),
+      parallel.tensor_parallel_size(), parallel.expert_parallel_size(), parallel.zero_stage(),
+      recipe.runtime().device().empty() ? "auto" : recipe.runtime().device());
+  return absl::StrCat(shape, "\n", setup);
+}
+
+}  // namespace switchyard::config

@@ -1,0 +1,54 @@
+// Loading, overriding, defaulting and validating training recipes (recipe.proto).
+//
+// The order is fixed: parse the textproto, apply `--set` overrides in order, fill
+// defaults, validate. Defaults come after overrides so that derived values follow the
+// overridden ones (e.g. `--set model.hidden_size=256` also changes the default
+// head_dim). Every error is one line that names the file position or the field path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/config/recipe.pb.h"
+
+namespace switchyard::config {
+
+// Parses a textproto recipe and fills defaults (no validation). Syntax errors,
+// unknown fields and values of the wrong type give InvalidArgument
+// "<source_name>:<line>:<col>: <message>".
+absl::StatusOr<Recipe> parse_recipe(std::string_view text, std::string_view source_name);
+
+// Reads the recipe at `path`, applies each override ("field.path=value") in order,
+// fills defaults and validates. An empty recipe name becomes the file's stem.
+absl::StatusOr<Recipe> load_recipe(const std::string& path,
+                                   const std::vector<std::string>& overrides);
+
+// Sets one scalar field from "field.path=value", e.g. "train.steps=200",
+// "moe.gating=SOFTMAX_TOPK", "model.tie_embeddings=true", "data.corpus=foo.txt".
+// Enums take value names; bools take true/false/1/0; strings are taken verbatim.
+absl::Status apply_override(Recipe& recipe, std::string_view assignment);
+
+// Replaces every zero or unset field that has a default (see recipe.proto) with that
+// default. Idempotent.
+void fill_defaults(Recipe& recipe);
+
+// Checks a recipe whose defaults are filled; the error names the offending field path.
+absl::Status validate_recipe(const Recipe& recipe);
+
+// num_kv_heads, or num_heads when it is 0.
+int32_t effective_kv_heads(const ModelConfig& model);
+// head_dim, or hidden_size / num_heads when it is 0.
+int32_t effective_head_dim(const ModelConfig& model);
+
+// Whether decoder layer `layer` (0-based) is an MoE layer, per
+// model.moe_layer_interval and model.first_dense_layers.
+bool is_moe_layer(const Recipe& recipe, int layer);
+
+// Two lines for logs: the model shape, then the training setup.
+std::string summarize_recipe(const Recipe& recipe);
+
+}  // namespace switchyard::config

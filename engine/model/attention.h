@@ -1,0 +1,42 @@
+// Causal self-attention with grouped KV heads, rotary embeddings, optional q/k/v
+// biases (Qwen2-MoE) and optional q/k RMSNorm over the whole projection (OLMoE).
+#pragma once
+
+#include <string>
+
+#include "engine/config/recipe.pb.h"
+#include "engine/runtime/param_store.h"
+#include "engine/runtime/tensor.h"
+
+namespace switchyard {
+
+class Attention {
+ public:
+  Attention(ParamStore& params, const std::string& prefix, const config::ModelConfig& model);
+  // x: (batch * seq, hidden) normalised input; rope: table for `seq` positions.
+  Tensor forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
+  Tensor backward(Device& dev, const Tensor& dy, const Tensor& rope);
+
+ private:
+  // Projection (+ bias) (+ q/k norm) for one of q, k, v.
+  Tensor project(Device& dev, const Tensor& x, Param* weight, Param* bias, Param* norm,
+                 Tensor* pre_norm, Tensor* rstd);
+  // Backward of project(); accumulates the input gradient into dx.
+  void project_backward(Device& dev, Tensor& dproj, Param* weight, Param* bias, Param* norm,
+                        const Tensor& pre_norm, const Tensor& rstd, Tensor& dx);
+
+  int64_t heads_, kv_heads_, head_dim_;
+  float norm_eps_;
+  Param *wq_, *wk_, *wv_, *wo_;
+  Param *q_bias_ = nullptr, *k_bias_ = nullptr, *v_bias_ = nullptr;
+  Param *q_norm_ = nullptr, *k_norm_ = nullptr;
+
+  int64_t batch_ = 0, seq_ = 0;
+  Tensor x_;                  // (n, hidden)
+  Tensor q_, k_, v_;          // (batch, seq, heads|kv_heads, head_dim), after RoPE
+  Tensor q_pre_norm_, k_pre_norm_, q_rstd_, k_rstd_;
+  Tensor probs_;              // (batch, heads, seq, seq)
+  Tensor attn_out_;           // (n, heads * head_dim)
+};
+
+}  // namespace switchyard

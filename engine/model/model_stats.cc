@@ -1,0 +1,34 @@
+#include "engine/model/model_stats.h"
+
+#include "engine/model/transformer.h"
+
+namespace switchyard {
+
+ModelStats compute_model_stats(const config::Recipe& recipe) {
+  ParamStore params;
+  Transformer model(recipe, params);  // registers shapes only; nothing is allocated
+  ModelStats s;
+  int64_t embed_table = 0;
+  for (const Param& p : params.params()) {
+    const int64_t n = shape_numel(p.shape);
+    s.total_params += n;
+    if (p.spec.expert) s.expert_params += n;
+    if (p.name == "model.embed_tokens.weight" || p.name == "lm_head.weight") s.embedding_params += n;
+    if (p.name == "model.embed_tokens.weight") embed_table = n;
+  }
+  const auto& moe = recipe.moe();
+  const double active_experts =
+      moe.num_experts() > 0 ? static_cast<double>(s.expert_params) * moe.top_k() / moe.num_experts()
+                            : 0.0;
+  s.active_params = s.total_params - s.expert_params + static_cast<int64_t>(active_experts);
+  // The embedding lookup is a gather; with tied weights the same table is the LM head GEMM.
+  const int64_t gemm_params = s.active_params - (recipe.model().tie_embeddings() ? 0 : embed_table);
+  const auto& m = recipe.model();
+  const double attention = 4.0 * m.num_layers() * recipe.train().seq_len() *
+                           static_cast<double>(m.num_heads()) * m.head_dim();
+  s.forward_flops_per_token = 2.0 * gemm_params + attention;
+  s.train_flops_per_token = 3.0 * s.forward_flops_per_token;
+  return s;
+}
+
+}  // namespace switchyard

@@ -1,0 +1,193 @@
+#include "engine/model/transformer.h"
+
+#include <string>
+
+#include "engine/config/recipe.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+
+namespace switchyard {
+
+namespace {
+Tensor activation(Device& dev, const Shape& shape) {
+  return Tensor::empty(shape, DType::kF32, MemoryKind::kActivations, dev);
+}
+}  // namespace
+
+// Pre-norm block: x + attn(norm(x)), then h + ffn(norm(h)).
+struct Transformer::Block {
+  Param* attn_norm;
+  Param* ffn_norm;
+  std::unique_ptr<Attention> attention;
+  std::unique_ptr<MoeLayer> moe;
+  std::unique_ptr<SwigluFfn> dense;
+  float eps;
+  // Saved for backward.
+  Tensor x, attn_rstd, attn_in, h, ffn_rstd, ffn_in;
+};
+
+Transformer::Transformer(const config::Recipe& recipe, ParamStore& params) : recipe_(recipe) {
+  const auto& m = recipe.model();
+  const int64_t hidden = m.hidden_size();
+  embed_ = &params.add("model.embed_tokens.weight", {m.vocab_size(), hidden},
+                       ShardSpec{.tensor_parallel_dim = 0}, ParamInit::kNormal, m.init_std());
+  for (int i = 0; i < m.num_layers(); ++i) {
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    auto block = std::make_unique<Block>();
+    block->eps = m.norm_eps();
+    block->attn_norm = &params.add(prefix + "input_layernorm.weight", {hidden}, ShardSpec{},
+                                   ParamInit::kOnes);
+    block->attention = std::make_unique<Attention>(params, prefix + "self_attn.", m);
+    block->ffn_norm = &params.add(prefix + "post_attention_layernorm.weight", {hidden},
+                                  ShardSpec{}, ParamInit::kOnes);
+    if (config::is_moe_layer(recipe, i)) {
+      block->moe = std::make_unique<MoeLayer>(params, prefix + "mlp.", m, recipe.moe());
+      ++num_moe_layers_;
+    } else {
+      block->dense = std::make_unique<SwigluFfn>(params, prefix + "mlp.", hidden,
+                                                 m.ffn_hidden_size(), m.init_std());
+    }
+    blocks_.push_back(std::move(block));
+  }
+  final_norm_ = &params.add("model.norm.weight", {hidden}, ShardSpec{}, ParamInit::kOnes);
+  lm_head_ = m.tie_embeddings()
+                 ? embed_
+                 : &params.add("lm_head.weight", {m.vocab_size(), hidden},
+                               ShardSpec{.tensor_parallel_dim = 0}, ParamInit::kNormal,
+                               m.init_std());
+}
+
+Transformer::~Transformer() = default;
+
+const Tensor& Transformer::rope_for(int64_t seq) {
+  if (rope_seq_ != seq) {
+    rope_ = rope_table(seq, recipe_.model().head_dim(), recipe_.model().rope_theta());
+    rope_seq_ = seq;
+  }
+  return rope_;
+}
+
+LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& targets,
+                               bool training, Rng& rng, Tensor* logits_out) {
+  batch_ = ids.dim(0);
+  seq_ = ids.dim(1);
+  const int64_t n = batch_ * seq_;
+  const int64_t hidden = recipe_.model().hidden_size();
+  const int64_t vocab = recipe_.model().vocab_size();
+  const Tensor& rope = rope_for(seq_);
+  ids_ = ids.reshape({n});
+  targets_ = targets.reshape({n});
+  stats_.reset(recipe_.moe().num_experts(), recipe_.moe().top_k());
+
+  Tensor x = activation(dev, {n, hidden});
+  embedding_forward(dev, ids_, embed_->value, x);
+  for (auto& b : blocks_) {
+    b->x = x;
+    b->attn_in = activation(dev, {n, hidden});
+    b->attn_rstd = activation(dev, {n});
+    rmsnorm_forward(dev, x, b->attn_norm->value, b->eps, b->attn_in, b->attn_rstd);
+    Tensor h = b->attention->forward(dev, b->attn_in, batch_, seq_, rope);
+    add_(dev, h, x);
+    b->h = h;
+    b->ffn_in = activation(dev, {n, hidden});
+    b->ffn_rstd = activation(dev, {n});
+    rmsnorm_forward(dev, h, b->ffn_norm->value, b->eps, b->ffn_in, b->ffn_rstd);
+    Tensor f = b->moe ? b->moe->forward(dev, b->ffn_in, training, rng, stats_)
+                      : b->dense->forward(dev, b->ffn_in);
+    add_(dev, f, h);
+    x = f;
+  }
+  final_in_ = x;
+  final_out_ = activation(dev, {n, hidden});
+  final_rstd_ = activation(dev, {n});
+  rmsnorm_forward(dev, x, final_norm_->value, recipe_.model().norm_eps(), final_out_, final_rstd_);
+  logits_ = activation(dev, {n, vocab});
+  matmul(dev, final_out_, false, lm_head_->value, true, logits_);
+  if (logits_out) {
+    *logits_out = activation(dev, {n, vocab});
+    logits_out->copy_from(logits_);
+  }
+
+  Tensor losses = activation(dev, {n});
+  lse_ = activation(dev, {n});
+  cross_entropy_forward(dev, logits_, targets_, losses, lse_);
+  double sum = 0;
+  target_tokens_ = 0;
+  const int32_t* t = targets_.data<int32_t>();
+  const float* l = losses.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (t[i] < 0) continue;
+    sum += l[i];
+    ++target_tokens_;
+  }
+  LossParts parts;
+  parts.target_tokens = target_tokens_;
+  parts.cross_entropy = target_tokens_ ? sum / target_tokens_ : 0.0;
+  parts.aux_loss = stats_.aux_loss();
+  parts.z_loss = stats_.z_loss;
+  parts.total = parts.cross_entropy + recipe_.moe().aux_loss_coef() * parts.aux_loss +
+                recipe_.moe().z_loss_coef() * parts.z_loss;
+  return parts;
+}
+
+void Transformer::backward(Device& dev, float loss_scale) {
+  const int64_t n = batch_ * seq_;
+  const int64_t hidden = recipe_.model().hidden_size();
+  const Tensor& rope = rope_for(seq_);
+
+  // The logits buffer becomes its own gradient.
+  const float ce_scale = target_tokens_ ? loss_scale / static_cast<float>(target_tokens_) : 0.0f;
+  cross_entropy_backward(dev, logits_, targets_, lse_, ce_scale, logits_);
+  Tensor& dlogits = logits_;
+  matmul(dev, dlogits, true, final_out_, false, lm_head_->grad, 1.0f, 1.0f);
+  Tensor dfinal = activation(dev, {n, hidden});
+  matmul(dev, dlogits, false, lm_head_->value, false, dfinal);
+  logits_ = lse_ = Tensor();
+  Tensor dx = activation(dev, {n, hidden});
+  rmsnorm_backward(dev, dfinal, final_in_, final_norm_->value, final_rstd_, dx,
+                   final_norm_->grad);
+  final_in_ = final_out_ = final_rstd_ = Tensor();
+
+  Tensor aux_prob_grad = activation(dev, {recipe_.moe().num_experts()});
+  if (num_moe_layers_ > 0) {
+    std::vector<float> g = stats_.aux_loss_prob_gradient(recipe_.moe().aux_loss_coef() * loss_scale);
+    std::copy(g.begin(), g.end(), aux_prob_grad.data<float>());
+  }
+  const float z_scale = recipe_.moe().z_loss_coef() * loss_scale;
+
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    Block& b = **it;
+    // dx is the gradient w.r.t. the block output f + h.
+    Tensor dffn_in = b.moe ? b.moe->backward(dev, dx, aux_prob_grad, z_scale)
+                           : b.dense->backward(dev, dx);
+    Tensor dh = activation(dev, {n, hidden});
+    rmsnorm_backward(dev, dffn_in, b.h, b.ffn_norm->value, b.ffn_rstd, dh, b.ffn_norm->grad);
+    add_(dev, dh, dx);
+    Tensor dattn_in = b.attention->backward(dev, dh, rope);
+    Tensor dprev = activation(dev, {n, hidden});
+    rmsnorm_backward(dev, dattn_in, b.x, b.attn_norm->value, b.attn_rstd, dprev,
+                     b.attn_norm->grad);
+    add_(dev, dprev, dh);
+    dx = dprev;
+    b.x = b.attn_rstd = b.attn_in = b.h = b.ffn_rstd = b.ffn_in = Tensor();
+  }
+  embedding_backward(dev, ids_, dx, embed_->grad);
+  ids_ = targets_ = Tensor();
+}
+
+Tensor Transformer::logits(Device& dev, const Tensor& ids) {
+  Tensor targets = Tensor::empty(ids.shape(), DType::kI32, MemoryKind::kActivations, dev);
+  int32_t* t = targets.data<int32_t>();
+  for (int64_t i = 0; i < targets.numel(); ++i) t[i] = -1;
+  Rng rng(0);
+  Tensor out;
+  forward(dev, ids, targets, /*training=*/false, rng, &out);
+  logits_ = lse_ = final_in_ = final_out_ = final_rstd_ = Tensor();
+  return out;
+}
+
+}  // namespace switchyard

@@ -1,0 +1,56 @@
+#include "engine/optim/optimizer.h"
+
+#include <cmath>
+
+#include "kernels/adamw.h"
+#include "kernels/elementwise.h"
+
+namespace switchyard {
+
+double learning_rate(const config::OptimizerConfig& opt, int64_t step, int64_t total_steps) {
+  const double lr = opt.lr(), min_lr = opt.min_lr();
+  if (opt.warmup_steps() > 0 && step <= opt.warmup_steps())
+    return lr * static_cast<double>(step) / static_cast<double>(opt.warmup_steps());
+  const int64_t decay_steps = total_steps - opt.warmup_steps();
+  if (decay_steps <= 0 || opt.decay() == config::CONSTANT) return lr;
+  const double progress =
+      std::min(1.0, static_cast<double>(step - opt.warmup_steps()) / static_cast<double>(decay_steps));
+  if (opt.decay() == config::LINEAR) return lr + (min_lr - lr) * progress;
+  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+AdamWOptimizer::AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total_steps,
+                               ParamStore& params)
+    : opt_(opt), total_steps_(total_steps), params_(params) {
+  for (const Param& p : params_.params()) {
+    exp_avg_.push_back(Tensor::zeros(p.shape, DType::kF32, MemoryKind::kOptimizerState,
+                                     p.value.device()));
+    exp_avg_sq_.push_back(Tensor::zeros(p.shape, DType::kF32, MemoryKind::kOptimizerState,
+                                        p.value.device()));
+  }
+}
+
+StepReport AdamWOptimizer::step(Device& dev) {
+  ++step_;
+  StepReport report;
+  double sum_sq = 0;
+  for (const Param& p : params_.params()) sum_sq += sum_squares(dev, p.grad);
+  report.grad_norm = std::sqrt(sum_sq);
+  float grad_scale = 1.0f;
+  if (opt_.grad_clip() > 0 && report.grad_norm > opt_.grad_clip()) {
+    grad_scale = static_cast<float>(opt_.grad_clip() / (report.grad_norm + 1e-6));
+    report.clipped = true;
+  }
+  report.lr = learning_rate(opt_, step_, total_steps_);
+  size_t i = 0;
+  for (Param& p : params_.params()) {
+    AdamWHyper h{static_cast<float>(report.lr), opt_.beta1(), opt_.beta2(), opt_.eps(),
+                 p.weight_decay ? opt_.weight_decay() : 0.0f, step_};
+    adamw_step(dev, h, grad_scale, p.value, p.grad, exp_avg_[i], exp_avg_sq_[i]);
+    ++i;
+  }
+  params_.zero_grads();
+  return report;
+}
+
+}  // namespace switchyard

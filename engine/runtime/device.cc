@@ -1,0 +1,58 @@
+#include "engine/runtime/device.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+#include "engine/runtime/check.h"
+
+namespace switchyard {
+
+const char* memory_kind_name(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kParameters: return "parameters";
+    case MemoryKind::kGradients: return "gradients";
+    case MemoryKind::kOptimizerState: return "optimizer_state";
+    case MemoryKind::kActivations: return "activations";
+    case MemoryKind::kOther: return "other";
+  }
+  return "unknown";
+}
+
+void* Device::allocate(size_t bytes, MemoryKind kind) {
+  void* ptr = raw_allocate(bytes);
+  int k = static_cast<int>(kind);
+  stats_.current_bytes[k] += static_cast<int64_t>(bytes);
+  stats_.peak_bytes[k] = std::max(stats_.peak_bytes[k], stats_.current_bytes[k]);
+  total_current_bytes_ += static_cast<int64_t>(bytes);
+  stats_.total_peak_bytes = std::max(stats_.total_peak_bytes, total_current_bytes_);
+  return ptr;
+}
+
+void Device::deallocate(void* ptr, size_t bytes, MemoryKind kind) {
+  raw_deallocate(ptr);
+  stats_.current_bytes[static_cast<int>(kind)] -= static_cast<int64_t>(bytes);
+  total_current_bytes_ -= static_cast<int64_t>(bytes);
+}
+
+void Device::reset_peak_memory() {
+  stats_.peak_bytes = stats_.current_bytes;
+  stats_.total_peak_bytes = total_current_bytes_;
+}
+
+void* CpuDevice::raw_allocate(size_t bytes) {
+  // 64-byte alignment suits AVX-512 loads and cache lines.
+  size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* ptr = std::aligned_alloc(64, rounded);
+  if (ptr == nullptr) throw std::bad_alloc();
+  return ptr;
+}
+
+void CpuDevice::raw_deallocate(void* ptr) { std::free(ptr); }
+
+Device& cpu_device() {
+  static CpuDevice device;
+  return device;
+}
+
+}  // namespace switchyard

@@ -1,0 +1,64 @@
+// A Device owns allocation (with per-category accounting), and later streams and BLAS
+// handles. Ops receive the Device explicitly so that one model code path serves every
+// backend.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace switchyard {
+
+enum class DeviceType { kCpu, kCuda };
+
+// What an allocation holds; the memory report is broken down by these.
+enum class MemoryKind : int { kParameters, kGradients, kOptimizerState, kActivations, kOther };
+inline constexpr int kNumMemoryKinds = 5;
+const char* memory_kind_name(MemoryKind kind);
+
+struct MemoryStats {
+  std::array<int64_t, kNumMemoryKinds> current_bytes{};
+  std::array<int64_t, kNumMemoryKinds> peak_bytes{};
+  int64_t total_peak_bytes = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceType type() const = 0;
+  virtual int index() const { return 0; }
+  virtual std::string name() const = 0;
+  bool is_cuda() const { return type() == DeviceType::kCuda; }
+
+  void* allocate(size_t bytes, MemoryKind kind);
+  void deallocate(void* ptr, size_t bytes, MemoryKind kind);
+  // Blocks until queued work is done (no-op on the CPU).
+  virtual void synchronize() {}
+
+  const MemoryStats& memory_stats() const { return stats_; }
+  void reset_peak_memory();
+
+ protected:
+  virtual void* raw_allocate(size_t bytes) = 0;
+  virtual void raw_deallocate(void* ptr) = 0;
+
+ private:
+  MemoryStats stats_;
+  int64_t total_current_bytes_ = 0;
+};
+
+class CpuDevice final : public Device {
+ public:
+  DeviceType type() const override { return DeviceType::kCpu; }
+  std::string name() const override { return "cpu"; }
+
+ protected:
+  void* raw_allocate(size_t bytes) override;
+  void raw_deallocate(void* ptr) override;
+};
+
+// The process-wide CPU device.
+Device& cpu_device();
+
+}  // namespace switchyard

@@ -1,0 +1,164 @@
+#include "engine/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/weights.h"
+#include "data/byte_corpus.h"
+#include "engine/model/model_stats.h"
+#include "engine/model/transformer.h"
+#include "engine/optim/optimizer.h"
+#include "engine/runtime/status_macros.h"
+#include "kernels/threads.h"
+
+namespace switchyard {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Batch {
+  Tensor ids, targets;  // (micro_batch, seq) i32
+};
+
+Batch make_batch(int64_t batch, int64_t seq) {
+  return {Tensor::empty({batch, seq}, DType::kI32), Tensor::empty({batch, seq}, DType::kI32)};
+}
+
+double evaluate(Device& dev, Transformer& model, const ByteCorpus& corpus,
+                const config::Recipe& recipe) {
+  const int64_t mb = recipe.train().micro_batch_size();
+  Batch b = make_batch(mb, recipe.train().seq_len());
+  Rng rng(0);
+  double sum = 0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < recipe.train().eval_batches(); ++i) {
+    corpus.val_batch(i, mb, b.ids.data<int32_t>(), b.targets.data<int32_t>());
+    LossParts parts = model.forward(dev, b.ids, b.targets, /*training=*/false, rng);
+    sum += parts.cross_entropy * parts.target_tokens;
+    tokens += parts.target_tokens;
+  }
+  return tokens ? sum / tokens : 0.0;
+}
+
+}  // namespace
+
+absl::Status train(const config::Recipe& recipe, const TrainOptions& options, ProgressSink& sink) {
+  const auto& tc = recipe.train();
+  SY_ASSIGN_OR_RETURN(ByteCorpus corpus,
+                      ByteCorpus::load(recipe.data().corpus(), recipe.data().val_fraction(),
+                                       tc.seq_len()));
+
+  std::error_code ec;
+  fs::create_directories(options.run_dir, ec);
+  const std::string metrics_path = options.run_dir + "/metrics.jsonl";
+  std::ofstream metrics(metrics_path, std::ios::trunc);
+  if (ec || !metrics)
+    return absl::PermissionDeniedError(absl::StrCat(options.run_dir, ": cannot write the run directory"));
+
+  set_cpu_threads(recipe.runtime().threads());
+  Device& dev = cpu_device();
+  ParamStore params;
+  Transformer model(recipe, params);
+  params.allocate(dev);
+  params.initialize(tc.seed());
+  AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params);
+  const ModelStats stats = compute_model_stats(recipe);
+  sink.on_message(absl::StrFormat(
+      "model: %.2fM parameters, %.2fM active per token; %d threads; %lld training tokens",
+      stats.total_params / 1e6, stats.active_params / 1e6, cpu_threads(),
+      static_cast<long long>(corpus.train_tokens())));
+
+  const int64_t micro = tc.micro_batch_size();
+  const int64_t accumulation = tc.global_batch_size() / micro;
+  const int64_t tokens_per_step = tc.global_batch_size() * tc.seq_len();
+  Batch batch = make_batch(micro, tc.seq_len());
+  Rng routing_rng = Rng(tc.seed()).fork(0x6a7e);
+
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto window_start = start;
+  int64_t window_steps = 0;
+  double dropped = 0, assignments = 0, worst_load = 0;
+
+  for (int64_t step = 1; step <= tc.steps(); ++step) {
+    LossParts step_loss;
+    for (int64_t m = 0; m < accumulation; ++m) {
+      corpus.train_batch(tc.seed(), step, m * micro, micro, batch.ids.data<int32_t>(),
+                         batch.targets.data<int32_t>());
+      LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true, routing_rng);
+      model.backward(dev, 1.0f / static_cast<float>(accumulation));
+      step_loss.total += parts.total / accumulation;
+      step_loss.cross_entropy += parts.cross_entropy / accumulation;
+      step_loss.aux_loss += parts.aux_loss / accumulation;
+      step_loss.z_loss += parts.z_loss / accumulation;
+      const RouterStats& rs = model.router_stats();
+      dropped += rs.dropped_assignments;
+      assignments += rs.assignments;
+      worst_load = std::max(worst_load, rs.worst_load_ratio);
+    }
+    StepReport report = optimizer.step(dev);
+    if (!std::isfinite(step_loss.total))
+      return absl::InternalError(absl::StrCat("the loss became ", step_loss.total, " at step ", step,
+                                              "; lower optimizer.lr or enable optimizer.grad_clip"));
+    ++window_steps;
+
+    if (step % tc.log_interval() == 0 || step == tc.steps()) {
+      const auto now = clock::now();
+      const double window_s = std::chrono::duration<double>(now - window_start).count();
+      const double elapsed_s = std::chrono::duration<double>(now - start).count();
+      StepMetrics m;
+      m.step = step;
+      m.total_steps = tc.steps();
+      m.loss = step_loss.total;
+      m.cross_entropy = step_loss.cross_entropy;
+      m.aux_loss = step_loss.aux_loss;
+      m.z_loss = step_loss.z_loss;
+      m.lr = report.lr;
+      m.grad_norm = report.grad_norm;
+      m.tokens_per_s = window_s > 0 ? window_steps * tokens_per_step / window_s : 0;
+      m.mfu = options.peak_flops > 0
+                  ? m.tokens_per_s * stats.train_flops_per_token / options.peak_flops
+                  : 0;
+      m.dropped_fraction = assignments > 0 ? dropped / assignments : 0;
+      m.worst_load_ratio = worst_load;
+      m.elapsed_s = elapsed_s;
+      m.eta_s = elapsed_s / step * (tc.steps() - step);
+      nlohmann::ordered_json j = {
+          {"step", m.step},       {"loss", m.loss},         {"cross_entropy", m.cross_entropy},
+          {"aux_loss", m.aux_loss}, {"z_loss", m.z_loss},   {"lr", m.lr},
+          {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu},
+          {"dropped_fraction", m.dropped_fraction}, {"worst_load_ratio", m.worst_load_ratio},
+          {"elapsed_s", m.elapsed_s}};
+      metrics << j.dump() << "\n" << std::flush;
+      sink.on_step(m);
+      window_start = now;
+      window_steps = 0;
+      dropped = assignments = worst_load = 0;
+    }
+    const bool eval_now = (tc.eval_interval() > 0 && step % tc.eval_interval() == 0) || step == tc.steps();
+    if (eval_now && corpus.val_tokens() > tc.seq_len()) {
+      const double val = evaluate(dev, model, corpus, recipe);
+      nlohmann::ordered_json j = {{"step", step}, {"val_loss", val}};
+      metrics << j.dump() << "\n" << std::flush;
+      sink.on_eval(step, val);
+    }
+  }
+  if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));
+
+  const std::string weights_dir =
+      (fs::path(options.run_dir) / recipe.checkpoint().dir() / "final").string();
+  SY_RETURN_IF_ERROR(save_weights(weights_dir, recipe, params));
+  sink.on_message(absl::StrCat("saved final weights to ", weights_dir));
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard

@@ -1,0 +1,49 @@
+// The training loop: micro-batches with gradient accumulation, AdamW, evaluation,
+// metrics.jsonl, progress through a sink, final weights.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/config/recipe.pb.h"
+
+namespace switchyard {
+
+struct StepMetrics {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0;           // total loss (cross-entropy + weighted aux and z losses)
+  double cross_entropy = 0;
+  double aux_loss = 0;
+  double z_loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;            // model FLOPs utilisation against the stated peak
+  double dropped_fraction = 0;  // dropped expert assignments / assignments
+  double worst_load_ratio = 0;  // max over MoE layers of max/mean tokens per expert
+  double elapsed_s = 0;
+  double eta_s = 0;
+};
+
+// Where the trainer reports; the CLI prints, tests collect.
+class ProgressSink {
+ public:
+  virtual ~ProgressSink() = default;
+  virtual void on_step(const StepMetrics& m) = 0;
+  virtual void on_eval(int64_t step, double val_loss) = 0;
+  virtual void on_message(const std::string& text) = 0;
+};
+
+struct TrainOptions {
+  std::string run_dir;
+  // Peak FLOP/s the MFU is measured against.
+  double peak_flops = 0;
+};
+
+// Trains `recipe` (already validated, paths resolved) and writes into options.run_dir:
+// metrics.jsonl, and the final weights under <checkpoint.dir>/final.
+absl::Status train(const config::Recipe& recipe, const TrainOptions& options, ProgressSink& sink);
+
+}  // namespace switchyard

@@ -1,0 +1,128 @@
+// CPU router gating kernels: softmax over experts, top-k, optional renormalisation,
+// their backward, and the router z-loss.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cpu/elementwise.h"
+
+namespace switchyard::cpu {
+
+// Whether expert a (prob pa) ranks before expert b (prob pb): higher probability
+// first, lower id on ties. A NaN compares as a tie, so an all-NaN row (diverged
+// logits) still yields k distinct, valid ids.
+template <typename T> bool ranks_before(T pa, int64_t a, T pb, int64_t b) {
+  return pa > pb || (!(pa < pb) && a < b);
+}
+
+template <typename T> T row_max(const T* x, int64_t count) {
+  T max = x[0];
+  for (int64_t i = 1; i < count; ++i) max = std::max(max, x[i]);
+  return max;
+}
+
+// Softmax of one row of `count` values into out, shifted by the row max so exp
+// cannot overflow.
+template <typename T> void softmax_row(const T* logits, T* out, int64_t count) {
+  const T max = row_max(logits, count);
+  T sum = T(0);
+  for (int64_t i = 0; i < count; ++i) {
+    out[i] = std::exp(logits[i] - max);
+    sum += out[i];
+  }
+  for (int64_t i = 0; i < count; ++i) out[i] /= sum;
+}
+
+template <typename T> T logsumexp_row(const T* x, int64_t count) {
+  const T max = row_max(x, count);
+  T sum = T(0);
+  for (int64_t i = 0; i < count; ++i) sum += std::exp(x[i] - max);
+  return max + std::log(sum);
+}
+
+// logits: (n, E) -> probs: (n, E), expert_ids: (n, k) by rank, weights: (n, k).
+template <typename T>
+void gating_forward(const T* logits, T* probs, int32_t* expert_ids, T* weights, int64_t n,
+                    int64_t num_experts, int k, bool renormalize) {
+#pragma omp parallel for schedule(static) if (n * num_experts * k >= kParallelMinWork)
+  for (int64_t r = 0; r < n; ++r) {
+    T* p = probs + r * num_experts;
+    int32_t* ids = expert_ids + r * k;
+    T* w = weights + r * k;
+    softmax_row(logits + r * num_experts, p, num_experts);
+    // k selection passes: each takes the best expert ranked after the previous pick,
+    // which needs no scratch and is cheap for the small k of MoE routers.
+    int64_t prev = -1;
+    for (int j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < num_experts; ++e) {
+        if (prev >= 0 && !ranks_before(p[prev], prev, p[e], e)) continue;
+        if (best < 0 || ranks_before(p[e], e, p[best], best)) best = e;
+      }
+      ids[j] = static_cast<int32_t>(best);
+      w[j] = p[best];
+      prev = best;
+    }
+    if (renormalize) {
+      T sum = T(0);
+      for (int j = 0; j < k; ++j) sum += w[j];
+      for (int j = 0; j < k; ++j) w[j] /= sum;
+    }
+  }
+}
+
+// dweights: (n, k) -> dlogits: (n, E) written. The selection is held fixed; with
+// renormalisation w_j = p_j / S, so dp_i = (dw_i - sum_j dw_j w_j) / S on the selected
+// experts and 0 elsewhere, then dlogit = p * (dp - sum(p * dp)).
+template <typename T>
+void gating_backward(const T* probs, const int32_t* expert_ids, const T* dweights, T* dlogits,
+                     int64_t n, int64_t num_experts, int k, bool renormalize) {
+#pragma omp parallel for schedule(static) if (n * num_experts >= kParallelMinWork)
+  for (int64_t r = 0; r < n; ++r) {
+    const T* p = probs + r * num_experts;
+    const int32_t* ids = expert_ids + r * k;
+    const T* dw = dweights + r * k;
+    T* dl = dlogits + r * num_experts;
+    T sum_p = T(0);
+    T sum_dw_p = T(0);
+    for (int j = 0; j < k; ++j) {
+      sum_p += p[ids[j]];
+      sum_dw_p += dw[j] * p[ids[j]];
+    }
+    // dp_j = a * dw_j + b on the selected experts.
+    const T a = renormalize ? T(1) / sum_p : T(1);
+    const T b = renormalize ? -sum_dw_p / (sum_p * sum_p) : T(0);
+    T p_dot_dp = T(0);
+    for (int j = 0; j < k; ++j) p_dot_dp += p[ids[j]] * (a * dw[j] + b);
+    for (int64_t e = 0; e < num_experts; ++e) dl[e] = -p[e] * p_dot_dp;
+    for (int j = 0; j < k; ++j) dl[ids[j]] = p[ids[j]] * (a * dw[j] + b - p_dot_dp);
+  }
+}
+
+// Mean over the n rows of logsumexp(logits row)^2.
+template <typename T>
+double router_z_loss_forward(const T* logits, int64_t n, int64_t num_experts) {
+  if (n == 0) return 0.0;
+  const double total = ordered_chunk_sum(n, num_experts, [&](int64_t r) {
+    const double lse = static_cast<double>(logsumexp_row(logits + r * num_experts, num_experts));
+    return lse * lse;
+  });
+  return total / static_cast<double>(n);
+}
+
+// dlogits += scale * 2 * lse * softmax(logits) / n.
+template <typename T>
+void router_z_loss_backward(const T* logits, T scale, T* dlogits, int64_t n, int64_t num_experts) {
+#pragma omp parallel for schedule(static) if (n * num_experts >= kParallelMinWork)
+  for (int64_t r = 0; r < n; ++r) {
+    const T* row = logits + r * num_experts;
+    T* dl = dlogits + r * num_experts;
+    const T lse = logsumexp_row(row, num_experts);
+    const T coeff = scale * T(2) * lse / static_cast<T>(n);
+    for (int64_t e = 0; e < num_experts; ++e) dl[e] += coeff * std::exp(row[e] - lse);
+  }
+}
+
+}  // namespace switchyard::cpu

@@ -1,0 +1,13 @@
+// Token embedding lookup.
+#pragma once
+
+#include "engine/runtime/tensor.h"
+
+namespace switchyard {
+
+// ids: (n) i32, table: (vocab, hidden) -> out: (n, hidden)
+void embedding_forward(Device& dev, const Tensor& ids, const Tensor& table, Tensor& out);
+// dtable accumulated (rows of repeated ids add up).
+void embedding_backward(Device& dev, const Tensor& ids, const Tensor& dout, Tensor& dtable);
+
+}  // namespace switchyard

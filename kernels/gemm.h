@@ -1,0 +1,27 @@
+// Dense and grouped matrix products. Tensors of rank > 2 are read as matrices whose
+// column count is the last dimension and whose row count is everything before it.
+#pragma once
+
+#include "engine/runtime/tensor.h"
+
+namespace switchyard {
+
+// c = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x.
+void matmul(Device& dev, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+            float alpha = 1.0f, float beta = 0.0f);
+
+// Grouped products over row blocks: group g owns rows [offset_g, offset_g + sizes[g]) of
+// the row-blocked operands, where offset_g = sizes[0] + ... + sizes[g-1].
+// `group_sizes` is an i32 tensor of shape (G) on the host.
+//
+// out_g = a_g @ w[g]^T          a: (R, K), w: (G, N, K), out: (R, N)   (written)
+void grouped_matmul_nt(Device& dev, const Tensor& a, const Tensor& w, const Tensor& group_sizes,
+                       Tensor& out);
+// out_g = a_g @ w[g]            a: (R, N), w: (G, N, K), out: (R, K)   (written)
+void grouped_matmul_nn(Device& dev, const Tensor& a, const Tensor& w, const Tensor& group_sizes,
+                       Tensor& out);
+// dw[g] += a_g^T @ b_g          a: (R, N), b: (R, K), dw: (G, N, K)    (accumulated)
+void grouped_matmul_tn_accumulate(Device& dev, const Tensor& a, const Tensor& b,
+                                  const Tensor& group_sizes, Tensor& dw);
+
+}  // namespace switchyard

@@ -1,0 +1,34 @@
+// Token permutation for expert computation: rows of x are copied into one buffer
+// grouped by expert, and the expert outputs are combined back into token order.
+#pragma once
+
+#include "engine/runtime/tensor.h"
+
+namespace switchyard {
+
+// expert_ids: (n, k) i32, -1 for an assignment that is not sent (GShard's second
+// expert), weights: (n, k) f32. capacity < 0 means dropless; otherwise
+// each expert keeps at most `capacity` assignments, those with the largest router
+// weight (ties: lower token index first), and the others are dropped.
+// Outputs: tokens_per_expert: (E) i32; dest_rows: (n, k) i32, the row of the permuted
+// buffer that holds assignment (t, j), or -1 when it was dropped. Within one expert's
+// block rows are in token order, so the layout is deterministic.
+void permute_plan(Device& dev, const Tensor& expert_ids, const Tensor& weights, int num_experts,
+                  int64_t capacity, Tensor& tokens_per_expert, Tensor& dest_rows);
+
+// xp[dest_rows[t, j]] = x[t] for every kept assignment. x: (n, H), xp: (R, H).
+void permute_gather(Device& dev, const Tensor& x, const Tensor& dest_rows, Tensor& xp);
+// dx[t] += sum_j dxp[dest_rows[t, j]] (accumulated).
+void permute_gather_backward(Device& dev, const Tensor& dxp, const Tensor& dest_rows, Tensor& dx);
+
+// y[t] = sum over kept j of weights[t, j] * yp[dest_rows[t, j]] (written; a token with
+// every assignment dropped gets zeros). yp: (R, H), y: (n, H).
+void unpermute_combine(Device& dev, const Tensor& yp, const Tensor& dest_rows,
+                       const Tensor& weights, Tensor& y);
+// dyp[dest[t, j]] = weights[t, j] * dy[t] (written, every row of dyp);
+// dweights[t, j] = dot(dy[t], yp[dest[t, j]]), 0 when dropped (written).
+void unpermute_combine_backward(Device& dev, const Tensor& dy, const Tensor& yp,
+                                const Tensor& dest_rows, const Tensor& weights, Tensor& dyp,
+                                Tensor& dweights);
+
+}  // namespace switchyard

@@ -1,0 +1,40 @@
+#include "kernels/rope.h"
+
+#include "kernels/cpu/rope.h"
+
+namespace switchyard {
+namespace {
+
+void check_rope_operands(const char* op, const Tensor& table, const Tensor& x) {
+  SY_CHECK_MSG(x.rank() == 4 && x.dtype() == DType::kF32, op);
+  SY_CHECK_MSG(x.dim(3) % 2 == 0, "rope: head_dim must be even");
+  SY_CHECK_MSG(table.rank() == 3 && table.dim(0) >= x.dim(1) && table.dim(1) == x.dim(3) / 2 &&
+                   table.dim(2) == 2,
+               "rope: table does not cover (seq, head_dim/2, 2)");
+}
+
+}  // namespace
+
+Tensor rope_table(int64_t seq, int64_t head_dim, float theta) {
+  SY_CHECK_MSG(seq >= 0 && head_dim > 0 && head_dim % 2 == 0,
+               "rope_table: head_dim must be positive and even");
+  Tensor table = Tensor::empty({seq, head_dim / 2, 2});
+  cpu::rope_table<float>(seq, head_dim, theta, table.data<float>());
+  return table;
+}
+
+void rope_forward(Device& dev, const Tensor& table, Tensor& x) {
+  SY_CHECK_MSG(!dev.is_cuda(), "rope_forward: no CUDA implementation yet");
+  check_rope_operands("rope_forward: x must be f32 (batch, seq, heads, head_dim)", table, x);
+  cpu::rope_forward<float>(table.data<float>(), x.data<float>(), x.dim(0), x.dim(1), x.dim(2),
+                           x.dim(3));
+}
+
+void rope_backward(Device& dev, const Tensor& table, Tensor& dx) {
+  SY_CHECK_MSG(!dev.is_cuda(), "rope_backward: no CUDA implementation yet");
+  check_rope_operands("rope_backward: dx must be f32 (batch, seq, heads, head_dim)", table, dx);
+  cpu::rope_backward<float>(table.data<float>(), dx.data<float>(), dx.dim(0), dx.dim(1),
+                            dx.dim(2), dx.dim(3));
+}
+
+}  // namespace switchyard

@@ -1,0 +1,44 @@
+#include "moe/swiglu_ffn.h"
+
+#include "kernels/gemm.h"
+#include "kernels/swiglu.h"
+
+namespace switchyard {
+
+SwigluFfn::SwigluFfn(ParamStore& params, const std::string& prefix, int64_t hidden,
+                     int64_t ffn_hidden, float init_std) {
+  gate_up_ = &params.add(prefix + "gate_up_proj.weight", {2, ffn_hidden, hidden},
+                         ShardSpec{.tensor_parallel_dim = 1}, ParamInit::kNormal, init_std);
+  down_ = &params.add(prefix + "down_proj.weight", {hidden, ffn_hidden},
+                      ShardSpec{.tensor_parallel_dim = 1}, ParamInit::kNormal, init_std);
+}
+
+Tensor SwigluFfn::forward(Device& dev, const Tensor& x) {
+  const int64_t n = x.rows();
+  const int64_t ffn = down_->shape[1];
+  x_ = x;
+  gate_up_out_ = Tensor::empty({n, 2 * ffn}, DType::kF32, MemoryKind::kActivations, dev);
+  matmul(dev, x, false, gate_up_->value, true, gate_up_out_);
+  act_ = Tensor::empty({n, ffn}, DType::kF32, MemoryKind::kActivations, dev);
+  swiglu_forward(dev, gate_up_out_, act_);
+  Tensor y = Tensor::empty({n, down_->shape[0]}, DType::kF32, MemoryKind::kActivations, dev);
+  matmul(dev, act_, false, down_->value, true, y);
+  return y;
+}
+
+Tensor SwigluFfn::backward(Device& dev, const Tensor& dy) {
+  const int64_t n = dy.rows();
+  const int64_t ffn = down_->shape[1];
+  matmul(dev, dy, true, act_, false, down_->grad, 1.0f, 1.0f);
+  Tensor dact = Tensor::empty({n, ffn}, DType::kF32, MemoryKind::kActivations, dev);
+  matmul(dev, dy, false, down_->value, false, dact);
+  Tensor dgate_up = Tensor::empty({n, 2 * ffn}, DType::kF32, MemoryKind::kActivations, dev);
+  swiglu_backward(dev, dact, gate_up_out_, dgate_up);
+  matmul(dev, dgate_up, true, x_, false, gate_up_->grad, 1.0f, 1.0f);
+  Tensor dx = Tensor::empty({n, x_.row_size()}, DType::kF32, MemoryKind::kActivations, dev);
+  matmul(dev, dgate_up, false, gate_up_->value, false, dx);
+  x_ = gate_up_out_ = act_ = Tensor();
+  return dx;
+}
+
+}  // namespace switchyard

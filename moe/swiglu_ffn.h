@@ -1,0 +1,31 @@
+// Dense SwiGLU feed-forward block: down(silu(gate x) * up x). Serves the dense layers
+// and the always-on shared experts. The gate and up projections are one fused
+// parameter of shape (2, ffn, hidden): one GEMM computes both, and the
+// tensor-parallel split of dimension 1 keeps each rank's gate and up rows together.
+#pragma once
+
+#include <string>
+
+#include "engine/runtime/param_store.h"
+#include "engine/runtime/tensor.h"
+
+namespace switchyard {
+
+class SwigluFfn {
+ public:
+  SwigluFfn(ParamStore& params, const std::string& prefix, int64_t hidden, int64_t ffn_hidden,
+            float init_std);
+  // x: (n, hidden) -> (n, hidden). Saves what backward needs.
+  Tensor forward(Device& dev, const Tensor& x);
+  // dy: (n, hidden) -> dx (n, hidden); parameter gradients accumulate.
+  Tensor backward(Device& dev, const Tensor& dy);
+
+ private:
+  Param* gate_up_;  // (2, ffn_hidden, hidden)
+  Param* down_;     // (hidden, ffn_hidden)
+  Tensor x_;        // (n, hidden)
+  Tensor gate_up_out_;  // (n, 2 * ffn_hidden)
+  Tensor act_;      // (n, ffn_hidden)
+};
+
+}  // namespace switchyard

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what Switchyard needs on a fresh Debian machine. Idempotent and quiet
+# when everything is already there.
+#   scripts/setup.sh            Debian packages for the build
+#   scripts/setup.sh --python   also the Python environment for the interop tests
+set -euo pipefail
+
+packages=(
+  cmake g++ make pkg-config
+  libabsl-dev libprotobuf-dev protobuf-compiler
+  libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libhdf5-dev hdf5-tools
+  libopenmpi-dev openmpi-bin
+  libsentencepiece-dev
+  nlohmann-json3-dev libcli11-dev
+  python3-venv
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [[ "${1:-}" == "--python" ]]; then
+  # Kept outside the clone so that every run (and CI) reuses it.
+  venv="${SWITCHYARD_PYENV:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard/pyenv}"
+  stamp="$venv/.switchyard-requirements"
+  want="$(cat "$(dirname "$0")/requirements-interop.txt")"
+  if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+    echo "setup: preparing the Python interop environment in $venv (first run only)"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q -r "$(dirname "$0")/requirements-interop.txt"
+    printf '%s' "$want" > "$stamp"
+  fi
+fi

@@ -1,0 +1,206 @@
+#include "kernels/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "tests/test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::any_nonzero;
+using testing::max_relative_error;
+using testing::random_vector;
+
+// Grouped-query shape: 4 query heads on 2 KV heads. The long sequence spans several
+// causal blocks, with a partial last one.
+constexpr cpu::AttentionShape kShort{2, 9, 4, 2, 6};
+constexpr cpu::AttentionShape kLong{2, 2 * cpu::kAttentionBlock + 22, 4, 2, 6};
+
+int64_t q_numel(const cpu::AttentionShape& s) { return s.batch * s.seq * s.heads * s.head_dim; }
+int64_t kv_numel(const cpu::AttentionShape& s) {
+  return s.batch * s.seq * s.kv_heads * s.head_dim;
+}
+int64_t probs_numel(const cpu::AttentionShape& s) { return s.batch * s.heads * s.seq * s.seq; }
+
+Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
+  Tensor t = Tensor::empty(shape);
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+std::vector<float> to_vector(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+std::vector<double> to_double(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+struct Inputs {
+  std::vector<double> q, k, v;
+};
+
+Inputs random_inputs(const cpu::AttentionShape& s, uint64_t seed) {
+  return {random_vector<double>(q_numel(s), seed, -2, 2),
+          random_vector<double>(kv_numel(s), seed + 1, -2, 2),
+          random_vector<double>(kv_numel(s), seed + 2)};
+}
+
+// Direct causal softmax(q k^T / sqrt(d)) v per (batch, head, query row).
+std::vector<double> naive_attention(const cpu::AttentionShape& s, const Inputs& in,
+                                    std::vector<double>* probs = nullptr) {
+  const int64_t D = s.head_dim, group = s.heads / s.kv_heads;
+  std::vector<double> out(q_numel(s), 0.0);
+  if (probs) probs->assign(probs_numel(s), 0.0);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < s.seq; ++i) {
+        const double* qi = &in.q[((b * s.seq + i) * s.heads + h) * D];
+        std::vector<double> w(i + 1);
+        double max = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          const double* kj = &in.k[((b * s.seq + j) * s.kv_heads + g) * D];
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
+          w[j] = dot / std::sqrt(static_cast<double>(D));
+          max = std::max(max, w[j]);
+        }
+        double sum = 0;
+        for (auto& x : w) sum += (x = std::exp(x - max));
+        double* oi = &out[((b * s.seq + i) * s.heads + h) * D];
+        for (int64_t j = 0; j <= i; ++j) {
+          w[j] /= sum;
+          if (probs) (*probs)[((b * s.heads + h) * s.seq + i) * s.seq + j] = w[j];
+          const double* vj = &in.v[((b * s.seq + j) * s.kv_heads + g) * D];
+          for (int64_t d = 0; d < D; ++d) oi[d] += w[j] * vj[d];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void run_forward(const cpu::AttentionShape& s, const Inputs& in, std::vector<double>& out,
+                 std::vector<double>& probs) {
+  out.assign(q_numel(s), 0.0);
+  probs.assign(probs_numel(s), -1.0);  // Not zero, so unwritten entries show.
+  cpu::attention_forward<double>(in.q.data(), in.k.data(), in.v.data(), s, out.data(),
+                                 probs.data());
+}
+
+TEST(AttentionTest, ForwardMatchesNaive) {
+  for (const auto& s : {kShort, kLong}) {
+    const Inputs in = random_inputs(s, 1);
+    std::vector<double> expected_probs, out, probs;
+    const auto expected = naive_attention(s, in, &expected_probs);
+    run_forward(s, in, out, probs);
+    EXPECT_LT(max_relative_error(out, expected), 1e-13) << "seq " << s.seq;
+    EXPECT_LT(max_relative_error(probs, expected_probs), 1e-13) << "seq " << s.seq;
+    EXPECT_TRUE(any_nonzero(out));
+  }
+}
+
+TEST(AttentionTest, FutureKeysAndValuesDoNotChangeEarlierOutputs) {
+  const auto& s = kLong;
+  Inputs in = random_inputs(s, 2);
+  std::vector<double> before, after, probs;
+  run_forward(s, in, before, probs);
+  const int64_t t = cpu::kAttentionBlock + 5;  // Inside the second block.
+  for (int64_t d = 0; d < s.kv_heads * s.head_dim; ++d) {
+    in.k[t * s.kv_heads * s.head_dim + d] += 1.0;
+    in.v[t * s.kv_heads * s.head_dim + d] -= 1.0;
+  }
+  run_forward(s, in, after, probs);
+  const int64_t row = s.heads * s.head_dim;
+  for (int64_t i = 0; i < s.seq; ++i) {
+    const std::vector<double> b(before.begin() + i * row, before.begin() + (i + 1) * row);
+    const std::vector<double> a(after.begin() + i * row, after.begin() + (i + 1) * row);
+    if (i < t) EXPECT_EQ(a, b) << "position " << i;
+    else EXPECT_NE(a, b) << "position " << i;
+  }
+}
+
+// Gradients of loss = sum(gy * out) against central differences, at the coordinates
+// picked by `stride` (every one for short sequences, a spread sample for long ones).
+void check_backward(const cpu::AttentionShape& s, int64_t stride, uint64_t seed) {
+  Inputs in = random_inputs(s, seed);
+  const auto gy = random_vector<double>(q_numel(s), seed + 3);
+  std::vector<double> out, probs;
+  run_forward(s, in, out, probs);
+  std::vector<double> dq(q_numel(s)), dk(kv_numel(s)), dv(kv_numel(s));
+  cpu::attention_backward<double>(gy.data(), in.q.data(), in.k.data(), in.v.data(),
+                                  probs.data(), s, dq.data(), dk.data(), dv.data());
+  auto loss = [&] {
+    const auto y = naive_attention(s, in);
+    double l = 0;
+    for (size_t i = 0; i < y.size(); ++i) l += gy[i] * y[i];
+    return l;
+  };
+  const double eps = 1e-6;
+  auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
+    std::vector<double> analytic, numeric;
+    for (size_t i = 0; i < x.size(); i += stride) {
+      const double saved = x[i];
+      x[i] = saved + eps;
+      const double up = loss();
+      x[i] = saved - eps;
+      const double down = loss();
+      x[i] = saved;
+      numeric.push_back((up - down) / (2 * eps));
+      analytic.push_back(grad[i]);
+    }
+    EXPECT_LT(max_relative_error(analytic, numeric), 1e-6) << name << " seq " << s.seq;
+    EXPECT_TRUE(any_nonzero(grad)) << name;
+  };
+  check(in.q, dq, "dq");
+  check(in.k, dk, "dk");
+  check(in.v, dv, "dv");
+}
+
+TEST(AttentionTest, BackwardMatchesFiniteDifferences) { check_backward(kShort, 1, 10); }
+
+TEST(AttentionTest, BackwardMatchesFiniteDifferencesAcrossBlocks) {
+  check_backward(kLong, 37, 20);
+}
+
+TEST(AttentionTest, FloatOpsMatchDoubleTemplates) {
+  const auto& s = kLong;
+  const auto q = random_vector<float>(q_numel(s), 30, -2, 2);
+  const auto k = random_vector<float>(kv_numel(s), 31, -2, 2);
+  const auto v = random_vector<float>(kv_numel(s), 32);
+  const auto gy = random_vector<float>(q_numel(s), 33);
+  const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
+  const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
+  Tensor tq = to_tensor(q, q_shape), tk = to_tensor(k, kv_shape), tv = to_tensor(v, kv_shape);
+  Tensor tgy = to_tensor(gy, q_shape), tout = Tensor::empty(q_shape);
+  Tensor tprobs = Tensor::empty({s.batch, s.heads, s.seq, s.seq});
+  Tensor tdq = Tensor::empty(q_shape), tdk = Tensor::empty(kv_shape), tdv = Tensor::empty(kv_shape);
+  attention_forward(cpu_device(), tq, tk, tv, tout, tprobs);
+  attention_backward(cpu_device(), tgy, tq, tk, tv, tprobs, tdq, tdk, tdv);
+
+  const Inputs in{to_double(q), to_double(k), to_double(v)};
+  const auto gy_d = to_double(gy);
+  std::vector<double> out, probs;
+  run_forward(s, in, out, probs);
+  std::vector<double> dq(q_numel(s)), dk(kv_numel(s)), dv(kv_numel(s));
+  cpu::attention_backward<double>(gy_d.data(), in.q.data(), in.k.data(), in.v.data(),
+                                  probs.data(), s, dq.data(), dk.data(), dv.data());
+  EXPECT_LT(max_relative_error(to_vector(tout), out), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tprobs), probs), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tdq), dq), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tdk), dk), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tdv), dv), 1e-5);
+  EXPECT_TRUE(any_nonzero(to_vector(tout)));
+  EXPECT_TRUE(any_nonzero(to_vector(tdq)));
+  EXPECT_TRUE(any_nonzero(to_vector(tdk)));
+  EXPECT_TRUE(any_nonzero(to_vector(tdv)));
+}
+
+}  // namespace
+}  // namespace switchyard

@@ -1,0 +1,151 @@
+#include "kernels/cross_entropy.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cross_entropy.h"
+#include "tests/test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::any_nonzero;
+using testing::max_relative_error;
+using testing::random_integers;
+using testing::random_vector;
+
+constexpr int64_t kRows = 9, kVocab = 37;
+
+Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
+  Tensor t = Tensor::empty(shape);
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+Tensor to_tensor(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+std::vector<float> to_vector(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+// Random targets with rows 2 and 5 ignored.
+std::vector<int32_t> make_targets(uint64_t seed) {
+  auto targets = random_integers<int32_t>(kRows, seed, 0, kVocab - 1);
+  targets[2] = -1;
+  targets[5] = -100;
+  return targets;
+}
+
+// Naive per-row loss: log(sum exp(x)) - x[target], computed with long double.
+std::vector<double> naive_losses(const std::vector<double>& logits,
+                                 const std::vector<int32_t>& targets) {
+  std::vector<double> losses(kRows, 0.0);
+  for (int64_t r = 0; r < kRows; ++r) {
+    if (targets[r] < 0) continue;
+    long double sum = 0;
+    for (int64_t j = 0; j < kVocab; ++j) sum += std::exp(static_cast<long double>(logits[r * kVocab + j]));
+    losses[r] = static_cast<double>(std::log(sum) - logits[r * kVocab + targets[r]]);
+  }
+  return losses;
+}
+
+TEST(CrossEntropyTest, ForwardMatchesNaive) {
+  const auto logits = random_vector<double>(kRows * kVocab, 1, -4, 4);
+  const auto targets = make_targets(2);
+  std::vector<double> losses(kRows), lse(kRows);
+  cpu::cross_entropy_forward<double>(logits.data(), targets.data(), kRows, kVocab, losses.data(),
+                                     lse.data());
+  EXPECT_LT(max_relative_error(losses, naive_losses(logits, targets)), 1e-13);
+  EXPECT_EQ(losses[2], 0.0);
+  EXPECT_EQ(losses[5], 0.0);
+  EXPECT_TRUE(any_nonzero(losses));
+}
+
+TEST(CrossEntropyTest, BackwardMatchesFiniteDifferences) {
+  auto logits = random_vector<double>(kRows * kVocab, 3, -4, 4);
+  const auto targets = make_targets(4);
+  const double scale = 0.37;
+  auto loss = [&] {
+    std::vector<double> losses(kRows), lse(kRows);
+    cpu::cross_entropy_forward<double>(logits.data(), targets.data(), kRows, kVocab,
+                                       losses.data(), lse.data());
+    double l = 0;
+    for (double x : losses) l += scale * x;
+    return l;
+  };
+  std::vector<double> losses(kRows), lse(kRows), dlogits(logits.size());
+  cpu::cross_entropy_forward<double>(logits.data(), targets.data(), kRows, kVocab, losses.data(),
+                                     lse.data());
+  cpu::cross_entropy_backward<double>(logits.data(), targets.data(), lse.data(), scale, kRows,
+                                      kVocab, dlogits.data());
+  const double eps = 1e-6;
+  std::vector<double> numeric(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double saved = logits[i];
+    logits[i] = saved + eps;
+    const double up = loss();
+    logits[i] = saved - eps;
+    const double down = loss();
+    logits[i] = saved;
+    numeric[i] = (up - down) / (2 * eps);
+  }
+  EXPECT_LT(max_relative_error(dlogits, numeric), 1e-6);
+  for (int64_t j = 0; j < kVocab; ++j) {
+    EXPECT_EQ(dlogits[2 * kVocab + j], 0.0);
+    EXPECT_EQ(dlogits[5 * kVocab + j], 0.0);
+  }
+  EXPECT_TRUE(any_nonzero(dlogits));
+}
+
+TEST(CrossEntropyTest, StableForLargeLogits) {
+  // exp(1000) overflows even a double; the shifted form must stay exact.
+  auto logits = random_vector<float>(kRows * kVocab, 5, -4, 4);
+  for (auto& x : logits) x += 1000.0f;
+  const auto targets = make_targets(6);
+  std::vector<double> shifted(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) shifted[i] = static_cast<double>(logits[i]) - 1000.0;
+  const auto expected = naive_losses(shifted, targets);
+
+  Tensor tlogits = to_tensor(logits, {kRows, kVocab}), ttargets = to_tensor(targets);
+  Tensor losses = Tensor::empty({kRows}), lse = Tensor::empty({kRows});
+  cross_entropy_forward(cpu_device(), tlogits, ttargets, losses, lse);
+  // Float logits near 1000 carry an absolute rounding of ~3e-5.
+  EXPECT_LT(max_relative_error(to_vector(losses), expected), 1e-4);
+  Tensor dlogits = Tensor::empty({kRows, kVocab});
+  cross_entropy_backward(cpu_device(), tlogits, ttargets, lse, 1.0f, dlogits);
+  for (float d : to_vector(dlogits)) EXPECT_TRUE(std::isfinite(d));
+  EXPECT_TRUE(any_nonzero(to_vector(dlogits)));
+}
+
+TEST(CrossEntropyTest, FloatOpsMatchDoubleTemplatesAndMayAlias) {
+  const auto logits = random_vector<float>(kRows * kVocab, 7, -4, 4);
+  const auto targets = make_targets(8);
+  const float scale = 0.25f;
+  Tensor tlogits = to_tensor(logits, {kRows, kVocab}), ttargets = to_tensor(targets);
+  Tensor losses = Tensor::empty({kRows}), lse = Tensor::empty({kRows});
+  cross_entropy_forward(cpu_device(), tlogits, ttargets, losses, lse);
+  // The gradient overwrites the logits in place.
+  cross_entropy_backward(cpu_device(), tlogits, ttargets, lse, scale, tlogits);
+
+  const std::vector<double> logits_d(logits.begin(), logits.end());
+  std::vector<double> losses_d(kRows), lse_d(kRows), dlogits_d(logits.size());
+  cpu::cross_entropy_forward<double>(logits_d.data(), targets.data(), kRows, kVocab,
+                                     losses_d.data(), lse_d.data());
+  cpu::cross_entropy_backward<double>(logits_d.data(), targets.data(), lse_d.data(), scale, kRows,
+                                      kVocab, dlogits_d.data());
+  EXPECT_LT(max_relative_error(to_vector(losses), losses_d), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(lse), lse_d), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tlogits), dlogits_d), 1e-5);
+  EXPECT_TRUE(any_nonzero(to_vector(losses)));
+  EXPECT_TRUE(any_nonzero(to_vector(tlogits)));
+}
+
+}  // namespace
+}  // namespace switchyard

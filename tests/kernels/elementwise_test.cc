@@ -1,0 +1,158 @@
+#include "kernels/elementwise.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/elementwise.h"
+#include "tests/test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::any_nonzero;
+using testing::max_relative_error;
+using testing::random_vector;
+
+Tensor make_tensor(const Shape& shape, const std::vector<float>& values) {
+  Tensor t = Tensor::empty(shape);
+  std::copy(values.begin(), values.end(), t.data<float>());
+  return t;
+}
+
+std::vector<float> values_of(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+TEST(ElementwiseTest, AddAndScale) {
+  const int64_t n = 70001;
+  const auto x = random_vector<float>(n, 61);
+  const auto y = random_vector<float>(n, 62);
+  Tensor yt = make_tensor({n}, y);
+  add_(cpu_device(), yt, make_tensor({n}, x), -0.75f);
+  std::vector<double> expected(n);
+  for (int64_t i = 0; i < n; ++i) expected[i] = double(y[i]) - 0.75 * double(x[i]);
+  EXPECT_LT(max_relative_error(values_of(yt), expected), 1e-6);
+
+  scale_(cpu_device(), yt, 3.0f);
+  for (auto& e : expected) e *= 3.0;
+  EXPECT_LT(max_relative_error(values_of(yt), expected), 1e-6);
+  EXPECT_TRUE(any_nonzero(values_of(yt)));
+}
+
+TEST(ElementwiseTest, AddBiasAndBiasBackward) {
+  // Large enough for the parallel path; n not a multiple of the column block.
+  const int64_t rows = 300, n = 130;
+  const auto y = random_vector<float>(rows * n, 63);
+  const auto bias = random_vector<float>(n, 64);
+  Tensor yt = make_tensor({rows, n}, y);
+  add_bias_(cpu_device(), yt, make_tensor({n}, bias));
+  std::vector<double> expected(rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) expected[r * n + i] = double(y[r * n + i]) + bias[i];
+  }
+  EXPECT_LT(max_relative_error(values_of(yt), expected), 1e-6);
+
+  const auto initial = random_vector<float>(n, 65);
+  Tensor dbias = make_tensor({n}, initial);
+  bias_backward(cpu_device(), make_tensor({rows, n}, y), dbias);
+  std::vector<double> sums(initial.begin(), initial.end());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) sums[i] += y[r * n + i];
+  }
+  EXPECT_LT(max_relative_error(values_of(dbias), sums), 1e-5);
+}
+
+TEST(ElementwiseTest, SumSquaresIsAccurateAndThreadCountIndependent) {
+  const int64_t n = 100003;
+  const auto x = random_vector<float>(n, 66, -3.0, 3.0);
+  double expected = 0;
+  for (float v : x) expected += double(v) * double(v);
+  Tensor xt = make_tensor({n}, x);
+  const double got = sum_squares(cpu_device(), xt);
+  EXPECT_NEAR(got, expected, 1e-12 * expected);
+
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const double serial = sum_squares(cpu_device(), xt);
+  omp_set_num_threads(std::max(threads, 3));
+  const double parallel = sum_squares(cpu_device(), xt);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(serial, parallel);
+  EXPECT_EQ(serial, got);
+}
+
+TEST(ElementwiseTest, SigmoidGateForwardMatchesDoubleReference) {
+  const int64_t rows = 9, n = 21;
+  const auto x = random_vector<float>(rows * n, 67);
+  auto g = random_vector<float>(rows, 68, -4.0, 4.0);
+  g[0] = -200.0f;  // exp(200) overflows float: the sigmoid must not.
+  g[1] = 200.0f;
+  const auto y = random_vector<float>(rows * n, 69);
+  Tensor yt = make_tensor({rows, n}, y);
+  sigmoid_gate_forward(cpu_device(), make_tensor({rows, n}, x), make_tensor({rows, 1}, g), yt);
+  std::vector<double> expected(rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double s = 1.0 / (1.0 + std::exp(-double(g[r])));
+    for (int64_t i = 0; i < n; ++i) expected[r * n + i] = y[r * n + i] + s * x[r * n + i];
+  }
+  EXPECT_LT(max_relative_error(values_of(yt), expected), 1e-6);
+}
+
+TEST(ElementwiseTest, SigmoidGateBackwardMatchesFiniteDifferences) {
+  const int64_t rows = 4, n = 5;
+  auto x = random_vector<double>(rows * n, 70);
+  auto g = random_vector<double>(rows, 71, -3.0, 3.0);
+  const auto dy = random_vector<double>(rows * n, 72);
+  std::vector<double> dx(rows * n), dg(rows);
+  cpu::sigmoid_gate_backward(dy.data(), x.data(), g.data(), dx.data(), dg.data(), rows, n);
+  auto loss = [&]() {
+    std::vector<double> y(rows * n, 0.0);
+    cpu::sigmoid_gate_forward(x.data(), g.data(), y.data(), rows, n);
+    double l = 0;
+    for (size_t i = 0; i < y.size(); ++i) l += dy[i] * y[i];
+    return l;
+  };
+  auto numeric = [&](std::vector<double>& v) {
+    const double h = 1e-6;
+    std::vector<double> grad(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const double vi = v[i];
+      v[i] = vi + h;
+      const double plus = loss();
+      v[i] = vi - h;
+      const double minus = loss();
+      v[i] = vi;
+      grad[i] = (plus - minus) / (2 * h);
+    }
+    return grad;
+  };
+  EXPECT_TRUE(any_nonzero(dx));
+  EXPECT_TRUE(any_nonzero(dg));
+  EXPECT_LT(max_relative_error(dx, numeric(x)), 1e-8);
+  EXPECT_LT(max_relative_error(dg, numeric(g)), 1e-8);
+}
+
+TEST(ElementwiseTest, FloatSigmoidGateBackwardMatchesDoubleTemplate) {
+  const int64_t rows = 300, n = 150;
+  const auto x = random_vector<float>(rows * n, 73);
+  const auto g = random_vector<float>(rows, 74, -4.0, 4.0);
+  const auto dy = random_vector<float>(rows * n, 75);
+  Tensor dx = Tensor::empty({rows, n});
+  Tensor dg = Tensor::empty({rows, 1});
+  sigmoid_gate_backward(cpu_device(), make_tensor({rows, n}, dy), make_tensor({rows, n}, x),
+                        make_tensor({rows, 1}, g), dx, dg);
+  const std::vector<double> xd(x.begin(), x.end()), gd(g.begin(), g.end()),
+      dyd(dy.begin(), dy.end());
+  std::vector<double> dx_d(rows * n), dg_d(rows);
+  cpu::sigmoid_gate_backward(dyd.data(), xd.data(), gd.data(), dx_d.data(), dg_d.data(), rows, n);
+  EXPECT_LT(max_relative_error(values_of(dx), dx_d), 1e-6);
+  EXPECT_LT(max_relative_error(values_of(dg), dg_d), 1e-5);
+}
+
+}  // namespace
+}  // namespace switchyard

@@ -1,0 +1,263 @@
+#include "kernels/gating.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/gating.h"
+#include "tests/test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::any_nonzero;
+using testing::max_relative_error;
+using testing::random_vector;
+
+template <typename T> Tensor make_tensor(const Shape& shape, const std::vector<T>& values) {
+  Tensor t = Tensor::empty(shape, dtype_of<T>());
+  std::copy(values.begin(), values.end(), t.data<T>());
+  return t;
+}
+
+template <typename T> std::vector<T> values_of(const Tensor& t) {
+  const T* p = t.data<T>();
+  return std::vector<T>(p, p + t.numel());
+}
+
+std::vector<double> to_double(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+struct Gated {
+  std::vector<double> probs;
+  std::vector<int32_t> ids;
+  std::vector<double> weights;
+};
+
+// Naive reference: double softmax, a full stable sort by descending probability (so
+// ties keep the lower id first), the first k, optionally divided by their sum.
+Gated reference_gating(const std::vector<double>& logits, int64_t n, int64_t num_experts, int k,
+                       bool renormalize) {
+  Gated out{std::vector<double>(n * num_experts), std::vector<int32_t>(n * k),
+            std::vector<double>(n * k)};
+  for (int64_t r = 0; r < n; ++r) {
+    const double* l = &logits[r * num_experts];
+    double* p = &out.probs[r * num_experts];
+    const double max = *std::max_element(l, l + num_experts);
+    double sum = 0;
+    for (int64_t e = 0; e < num_experts; ++e) sum += std::exp(l[e] - max);
+    for (int64_t e = 0; e < num_experts; ++e) p[e] = std::exp(l[e] - max) / sum;
+    std::vector<int32_t> order(num_experts);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [p](int32_t a, int32_t b) { return p[a] > p[b]; });
+    double selected = 0;
+    for (int j = 0; j < k; ++j) selected += p[order[j]];
+    for (int j = 0; j < k; ++j) {
+      out.ids[r * k + j] = order[j];
+      out.weights[r * k + j] = renormalize ? p[order[j]] / selected : p[order[j]];
+    }
+  }
+  return out;
+}
+
+std::vector<double> numeric_gradient(std::vector<double> x,
+                                     const std::function<double(const std::vector<double>&)>& f) {
+  const double h = 1e-6;
+  std::vector<double> grad(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double xi = x[i];
+    x[i] = xi + h;
+    const double plus = f(x);
+    x[i] = xi - h;
+    const double minus = f(x);
+    x[i] = xi;
+    grad[i] = (plus - minus) / (2 * h);
+  }
+  return grad;
+}
+
+Gated gate_double(const std::vector<double>& logits, int64_t n, int64_t num_experts, int k,
+                  bool renormalize) {
+  Gated g{std::vector<double>(n * num_experts), std::vector<int32_t>(n * k),
+          std::vector<double>(n * k)};
+  cpu::gating_forward(logits.data(), g.probs.data(), g.ids.data(), g.weights.data(), n, num_experts,
+                      k, renormalize);
+  return g;
+}
+
+TEST(GatingTest, ForwardMatchesDoubleReference) {
+  const int64_t n = 33, num_experts = 8;
+  const int k = 2;
+  const auto logits = random_vector<float>(n * num_experts, 11, -3.0, 3.0);
+  for (bool renormalize : {false, true}) {
+    Tensor probs = Tensor::empty({n, num_experts});
+    Tensor ids = Tensor::empty({n, k}, DType::kI32);
+    Tensor weights = Tensor::empty({n, k});
+    gating_forward(cpu_device(), make_tensor({n, num_experts}, logits), k, renormalize, probs, ids,
+                   weights);
+    const Gated ref = reference_gating(to_double(logits), n, num_experts, k, renormalize);
+    EXPECT_LT(max_relative_error(values_of<float>(probs), ref.probs), 1e-6);
+    EXPECT_EQ(values_of<int32_t>(ids), ref.ids);
+    EXPECT_LT(max_relative_error(values_of<float>(weights), ref.weights), 1e-6);
+    EXPECT_TRUE(any_nonzero(values_of<float>(weights)));
+  }
+}
+
+TEST(GatingTest, TiesGoToLowerExpertId) {
+  // Row 0: all equal. Row 1: experts 1 and 2 tie for first, 0 and 3 tie below them.
+  const std::vector<double> logits = {0.5, 0.5, 0.5, 0.5, -1.0, 2.0, 2.0, -1.0};
+  const Gated plain = gate_double(logits, 2, 4, 3, false);
+  EXPECT_EQ(plain.ids, (std::vector<int32_t>{0, 1, 2, 1, 2, 0}));
+  for (int j = 0; j < 3; ++j) EXPECT_DOUBLE_EQ(plain.weights[j], 0.25);
+  const Gated renorm = gate_double(logits, 2, 4, 3, true);
+  EXPECT_EQ(renorm.ids, plain.ids);
+  for (int j = 0; j < 3; ++j) EXPECT_NEAR(renorm.weights[j], 1.0 / 3.0, 1e-15);
+  EXPECT_DOUBLE_EQ(renorm.weights[3], renorm.weights[4]);
+}
+
+TEST(GatingTest, KEqualsNumExperts) {
+  const std::vector<double> logits = {0.1, 2.0, -1.0, 0.7};
+  const Gated plain = gate_double(logits, 1, 4, 4, false);
+  EXPECT_EQ(plain.ids, (std::vector<int32_t>{1, 3, 0, 2}));
+  for (int j = 0; j < 4; ++j) EXPECT_DOUBLE_EQ(plain.weights[j], plain.probs[plain.ids[j]]);
+  // The probabilities already sum to one, so renormalising changes neither the
+  // weights nor their gradient.
+  const Gated renorm = gate_double(logits, 1, 4, 4, true);
+  EXPECT_LT(max_relative_error(renorm.weights, plain.weights), 1e-15);
+  const std::vector<double> dweights = {0.3, -1.2, 0.8, 0.4};
+  std::vector<double> dlogits_plain(4), dlogits_renorm(4);
+  cpu::gating_backward(plain.probs.data(), plain.ids.data(), dweights.data(), dlogits_plain.data(),
+                       1, 4, 4, false);
+  cpu::gating_backward(renorm.probs.data(), renorm.ids.data(), dweights.data(),
+                       dlogits_renorm.data(), 1, 4, 4, true);
+  EXPECT_TRUE(any_nonzero(dlogits_plain));
+  EXPECT_LT(max_relative_error(dlogits_renorm, dlogits_plain), 1e-15);
+}
+
+TEST(GatingTest, KEqualsOne) {
+  const std::vector<double> logits = {0.2, -0.4, 1.5};
+  const Gated plain = gate_double(logits, 1, 3, 1, false);
+  EXPECT_EQ(plain.ids, (std::vector<int32_t>{2}));
+  EXPECT_DOUBLE_EQ(plain.weights[0], plain.probs[2]);
+  const Gated renorm = gate_double(logits, 1, 3, 1, true);
+  EXPECT_DOUBLE_EQ(renorm.weights[0], 1.0);
+
+  // Without renormalisation dlogit_e = dw * p_i * (delta_ie - p_e).
+  const double dw = 0.9;
+  std::vector<double> dlogits(3);
+  cpu::gating_backward(plain.probs.data(), plain.ids.data(), &dw, dlogits.data(), 1, 3, 1, false);
+  const auto& p = plain.probs;
+  for (int e = 0; e < 3; ++e) {
+    EXPECT_NEAR(dlogits[e], dw * p[2] * ((e == 2 ? 1.0 : 0.0) - p[e]), 1e-15);
+  }
+  cpu::gating_backward(renorm.probs.data(), renorm.ids.data(), &dw, dlogits.data(), 1, 3, 1, true);
+  for (double d : dlogits) EXPECT_NEAR(d, 0.0, 1e-15);
+}
+
+TEST(GatingTest, BackwardMatchesFiniteDifferences) {
+  const int64_t n = 5, num_experts = 6;
+  const int k = 3;
+  // Logits spread far enough apart that no perturbation reorders the top-k.
+  std::vector<double> logits = random_vector<double>(n * num_experts, 12, -0.2, 0.2);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t e = 0; e < num_experts; ++e) logits[r * num_experts + (e + r) % num_experts] += e;
+  }
+  const auto dweights = random_vector<double>(n * k, 13);
+  for (bool renormalize : {false, true}) {
+    const Gated g = gate_double(logits, n, num_experts, k, renormalize);
+    std::vector<double> dlogits(n * num_experts);
+    cpu::gating_backward(g.probs.data(), g.ids.data(), dweights.data(), dlogits.data(), n,
+                         num_experts, k, renormalize);
+    const auto numeric = numeric_gradient(logits, [&](const std::vector<double>& x) {
+      const Gated gx = gate_double(x, n, num_experts, k, renormalize);
+      EXPECT_EQ(gx.ids, g.ids);
+      double l = 0;
+      for (int64_t a = 0; a < n * k; ++a) l += dweights[a] * gx.weights[a];
+      return l;
+    });
+    EXPECT_TRUE(any_nonzero(dlogits));
+    EXPECT_LT(max_relative_error(dlogits, numeric), 1e-8) << "renormalize " << renormalize;
+  }
+}
+
+TEST(GatingTest, FloatBackwardMatchesDoubleTemplate) {
+  const int64_t n = 17, num_experts = 8;
+  const int k = 2;
+  const auto logits = random_vector<float>(n * num_experts, 14, -3.0, 3.0);
+  const auto dweights = random_vector<float>(n * k, 15);
+  for (bool renormalize : {false, true}) {
+    Tensor probs = Tensor::empty({n, num_experts});
+    Tensor ids = Tensor::empty({n, k}, DType::kI32);
+    Tensor weights = Tensor::empty({n, k});
+    gating_forward(cpu_device(), make_tensor({n, num_experts}, logits), k, renormalize, probs, ids,
+                   weights);
+    Tensor dlogits = Tensor::empty({n, num_experts});
+    gating_backward(cpu_device(), probs, ids, make_tensor({n, k}, dweights), renormalize, dlogits);
+
+    const Gated g = gate_double(to_double(logits), n, num_experts, k, renormalize);
+    EXPECT_EQ(values_of<int32_t>(ids), g.ids);
+    std::vector<double> expected(n * num_experts);
+    const auto dweights_d = to_double(dweights);
+    cpu::gating_backward(g.probs.data(), g.ids.data(), dweights_d.data(), expected.data(), n,
+                         num_experts, k, renormalize);
+    EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
+  }
+}
+
+TEST(RouterZLossTest, ForwardMatchesDoubleReference) {
+  const int64_t n = 2000, num_experts = 16;
+  const auto logits = random_vector<float>(n * num_experts, 21, -5.0, 5.0);
+  double expected = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    double sum = 0;
+    for (int64_t e = 0; e < num_experts; ++e) sum += std::exp(double(logits[r * num_experts + e]));
+    expected += std::log(sum) * std::log(sum);
+  }
+  expected /= n;
+  const double got = router_z_loss_forward(cpu_device(), make_tensor({n, num_experts}, logits));
+  EXPECT_NEAR(got, expected, 1e-6 * expected);
+  EXPECT_GT(got, 0.0);
+}
+
+TEST(RouterZLossTest, BackwardAccumulatesFiniteDifferenceGradient) {
+  const int64_t n = 4, num_experts = 5;
+  const double scale = 0.37;
+  const auto logits = random_vector<double>(n * num_experts, 22, -4.0, 4.0);
+  const auto initial = random_vector<double>(n * num_experts, 23);
+  std::vector<double> dlogits = initial;
+  cpu::router_z_loss_backward(logits.data(), scale, dlogits.data(), n, num_experts);
+  std::vector<double> added(n * num_experts);
+  for (size_t i = 0; i < added.size(); ++i) added[i] = dlogits[i] - initial[i];
+  const auto numeric = numeric_gradient(logits, [&](const std::vector<double>& x) {
+    return scale * cpu::router_z_loss_forward(x.data(), n, num_experts);
+  });
+  EXPECT_TRUE(any_nonzero(added));
+  EXPECT_LT(max_relative_error(added, numeric), 1e-8);
+
+  // Large logits: the max shift keeps exp finite.
+  const std::vector<double> big = {1000.0, 999.0};
+  std::vector<double> dbig(2, 0.0);
+  cpu::router_z_loss_backward(big.data(), 1.0, dbig.data(), 1, 2);
+  EXPECT_TRUE(std::isfinite(dbig[0]) && std::isfinite(dbig[1]));
+  EXPECT_TRUE(std::isfinite(cpu::router_z_loss_forward(big.data(), 1, 2)));
+}
+
+TEST(RouterZLossTest, FloatBackwardMatchesDoubleTemplate) {
+  const int64_t n = 9, num_experts = 7;
+  const auto logits = random_vector<float>(n * num_experts, 24, -3.0, 3.0);
+  const auto initial = random_vector<float>(n * num_experts, 25);
+  Tensor dlogits = make_tensor({n, num_experts}, initial);
+  router_z_loss_backward(cpu_device(), make_tensor({n, num_experts}, logits), 0.5f, dlogits);
+  std::vector<double> expected = to_double(initial);
+  const auto logits_d = to_double(logits);
+  cpu::router_z_loss_backward(logits_d.data(), 0.5, expected.data(), n, num_experts);
+  EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
+}
+
+}  // namespace
+}  // namespace switchyard

@@ -1,0 +1,217 @@
+#include "kernels/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "tests/test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::any_nonzero;
+using testing::max_relative_error;
+using testing::random_integers;
+using testing::random_vector;
+
+Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
+  Tensor t = Tensor::empty(shape);
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+Tensor to_tensor(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+std::vector<float> to_vector(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+template <typename T> std::vector<double> to_double(const std::vector<T>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+// c = alpha op(a) op(b) + beta c, with a, b, c stored row-major with the given strides.
+std::vector<double> naive_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                               const std::vector<double>& a, int64_t lda,
+                               const std::vector<double>& b, int64_t ldb, double beta,
+                               std::vector<double> c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double x = ta ? a[p * lda + i] : a[i * lda + p];
+        const double y = tb ? b[j * ldb + p] : b[p * ldb + j];
+        acc += x * y;
+      }
+      c[i * ldc + j] = alpha * acc + beta * c[i * ldc + j];
+    }
+  }
+  return c;
+}
+
+TEST(GemmTest, DoubleMatchesNaiveForAllTransposesAndStrides) {
+  const int64_t m = 7, n = 13, k = 5;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      // Leading dimensions larger than the row length exercise strided access.
+      const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 1;
+      const auto a = random_vector<double>((ta ? k : m) * lda, 1);
+      const auto b = random_vector<double>((tb ? n : k) * ldb, 2);
+      auto c = random_vector<double>(m * ldc, 3);
+      const auto expected = naive_gemm(ta, tb, m, n, k, 0.7, a, lda, b, ldb, -1.3, c, ldc);
+      cpu::gemm<double>(ta, tb, m, n, k, 0.7, a.data(), lda, b.data(), ldb, -1.3, c.data(), ldc);
+      EXPECT_LT(max_relative_error(c, expected), 1e-13) << "ta=" << ta << " tb=" << tb;
+      EXPECT_TRUE(any_nonzero(c));
+    }
+  }
+}
+
+TEST(GemmTest, EmptyInnerDimensionOnlyScales) {
+  std::vector<double> c = {1, 2, 3, 4, 5, 6};
+  cpu::gemm<double>(false, false, 2, 3, 0, 1.0, nullptr, 0, nullptr, 3, 2.0, c.data(), 3);
+  EXPECT_EQ(c, (std::vector<double>{2, 4, 6, 8, 10, 12}));
+}
+
+TEST(GemmTest, MatmulIsExactOnIntegers) {
+  const int64_t m = 9, n = 11, k = 6;
+  const auto a = random_integers<float>(m * k, 4, -4, 4);
+  const auto b = random_integers<float>(n * k, 5, -4, 4);
+  Tensor ta = to_tensor(a, {m, k}), tb = to_tensor(b, {n, k});
+  Tensor tc = Tensor::empty({m, n});
+  matmul(cpu_device(), ta, false, tb, true, tc);
+  const auto expected =
+      naive_gemm(false, true, m, n, k, 1, to_double(a), k, to_double(b), k, 0,
+                 std::vector<double>(m * n), n);
+  EXPECT_EQ(to_double(to_vector(tc)), expected);
+  EXPECT_TRUE(any_nonzero(to_vector(tc)));
+}
+
+TEST(GemmTest, MatmulReadsHigherRankAsMatrices) {
+  // a: (2, 3, 5) is a (6, 5) matrix; a^T @ b with b: (6, 7) gives (5, 7).
+  const auto a = random_vector<float>(30, 6);
+  const auto b = random_vector<float>(42, 7);
+  auto c = random_vector<float>(35, 8);
+  Tensor ta = to_tensor(a, {2, 3, 5}), tb = to_tensor(b, {6, 7}), tc = to_tensor(c, {5, 7});
+  matmul(cpu_device(), ta, true, tb, false, tc, 0.5f, 2.0f);
+  const auto expected =
+      naive_gemm(true, false, 5, 7, 6, 0.5, to_double(a), 5, to_double(b), 7, 2.0, to_double(c), 7);
+  EXPECT_LT(max_relative_error(to_vector(tc), expected), 1e-5);
+  EXPECT_TRUE(any_nonzero(to_vector(tc)));
+}
+
+// Grouped products against per-group naive products. Group sizes include zeros, first
+// and in the middle.
+class GroupedMatmulTest : public ::testing::Test {
+ protected:
+  const std::vector<int32_t> sizes_ = {0, 5, 0, 3, 9};
+  const int64_t groups_ = 5, rows_ = 17, n_ = 7, k_ = 11;
+};
+
+TEST_F(GroupedMatmulTest, ForwardAndBackwardMatchNaive) {
+  const auto a_nt = random_vector<double>(rows_ * k_, 10);  // (R, K)
+  const auto a_nn = random_vector<double>(rows_ * n_, 11);  // (R, N)
+  const auto w = random_vector<double>(groups_ * n_ * k_, 12);
+  std::vector<double> out_nt(rows_ * n_), out_nn(rows_ * k_);
+  auto dw = random_vector<double>(groups_ * n_ * k_, 13);
+  std::vector<double> expected_nt(rows_ * n_), expected_nn(rows_ * k_), expected_dw = dw;
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups_; ++g) {
+    const int64_t r = sizes_[g];
+    const std::vector<double> wg(w.begin() + g * n_ * k_, w.begin() + (g + 1) * n_ * k_);
+    for (int64_t i = 0; i < r; ++i) {
+      for (int64_t j = 0; j < n_; ++j) {
+        for (int64_t p = 0; p < k_; ++p) {
+          expected_nt[(row + i) * n_ + j] += a_nt[(row + i) * k_ + p] * wg[j * k_ + p];
+          expected_nn[(row + i) * k_ + p] += a_nn[(row + i) * n_ + j] * wg[j * k_ + p];
+          expected_dw[g * n_ * k_ + j * k_ + p] += a_nn[(row + i) * n_ + j] * a_nt[(row + i) * k_ + p];
+        }
+      }
+    }
+    row += r;
+  }
+  cpu::grouped_matmul_nt<double>(a_nt.data(), w.data(), sizes_.data(), groups_, n_, k_,
+                                 out_nt.data());
+  cpu::grouped_matmul_nn<double>(a_nn.data(), w.data(), sizes_.data(), groups_, n_, k_,
+                                 out_nn.data());
+  cpu::grouped_matmul_tn_accumulate<double>(a_nn.data(), a_nt.data(), sizes_.data(), groups_, n_,
+                                            k_, dw.data());
+  EXPECT_LT(max_relative_error(out_nt, expected_nt), 1e-13);
+  EXPECT_LT(max_relative_error(out_nn, expected_nn), 1e-13);
+  EXPECT_LT(max_relative_error(dw, expected_dw), 1e-13);
+  EXPECT_TRUE(any_nonzero(out_nt));
+  EXPECT_TRUE(any_nonzero(out_nn));
+}
+
+// For loss = sum(gy * grouped_nt(a, w)): dL/da = grouped_nn(gy, w) and
+// dL/dw = grouped_tn(gy, a). Checked against central differences in double.
+TEST_F(GroupedMatmulTest, BackwardPairMatchesFiniteDifferences) {
+  auto a = random_vector<double>(rows_ * k_, 20);
+  auto w = random_vector<double>(groups_ * n_ * k_, 21);
+  const auto gy = random_vector<double>(rows_ * n_, 22);
+  auto loss = [&] {
+    std::vector<double> out(rows_ * n_);
+    cpu::grouped_matmul_nt<double>(a.data(), w.data(), sizes_.data(), groups_, n_, k_,
+                                   out.data());
+    double l = 0;
+    for (size_t i = 0; i < out.size(); ++i) l += gy[i] * out[i];
+    return l;
+  };
+  std::vector<double> da(rows_ * k_), dw(groups_ * n_ * k_, 0.0);
+  cpu::grouped_matmul_nn<double>(gy.data(), w.data(), sizes_.data(), groups_, n_, k_, da.data());
+  cpu::grouped_matmul_tn_accumulate<double>(gy.data(), a.data(), sizes_.data(), groups_, n_, k_,
+                                            dw.data());
+  const double eps = 1e-6;
+  auto numeric = [&](std::vector<double>& x) {
+    std::vector<double> grad(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double saved = x[i];
+      x[i] = saved + eps;
+      const double up = loss();
+      x[i] = saved - eps;
+      const double down = loss();
+      x[i] = saved;
+      grad[i] = (up - down) / (2 * eps);
+    }
+    return grad;
+  };
+  EXPECT_LT(max_relative_error(da, numeric(a)), 1e-6);
+  EXPECT_LT(max_relative_error(dw, numeric(w)), 1e-6);
+  EXPECT_TRUE(any_nonzero(da));
+  EXPECT_TRUE(any_nonzero(dw));
+}
+
+TEST_F(GroupedMatmulTest, FloatOpsMatchDoubleTemplates) {
+  const auto a_nt = random_vector<float>(rows_ * k_, 30);
+  const auto a_nn = random_vector<float>(rows_ * n_, 31);
+  const auto w = random_vector<float>(groups_ * n_ * k_, 32);
+  const auto dw0 = random_vector<float>(groups_ * n_ * k_, 33);
+  Tensor t_a_nt = to_tensor(a_nt, {rows_, k_}), t_a_nn = to_tensor(a_nn, {rows_, n_});
+  Tensor t_w = to_tensor(w, {groups_, n_, k_}), t_dw = to_tensor(dw0, {groups_, n_, k_});
+  Tensor t_sizes = to_tensor(sizes_);
+  Tensor out_nt = Tensor::empty({rows_, n_}), out_nn = Tensor::empty({rows_, k_});
+  grouped_matmul_nt(cpu_device(), t_a_nt, t_w, t_sizes, out_nt);
+  grouped_matmul_nn(cpu_device(), t_a_nn, t_w, t_sizes, out_nn);
+  grouped_matmul_tn_accumulate(cpu_device(), t_a_nn, t_a_nt, t_sizes, t_dw);
+
+  std::vector<double> ref_nt(rows_ * n_), ref_nn(rows_ * k_), ref_dw = to_double(dw0);
+  cpu::grouped_matmul_nt<double>(to_double(a_nt).data(), to_double(w).data(), sizes_.data(),
+                                 groups_, n_, k_, ref_nt.data());
+  cpu::grouped_matmul_nn<double>(to_double(a_nn).data(), to_double(w).data(), sizes_.data(),
+                                 groups_, n_, k_, ref_nn.data());
+  cpu::grouped_matmul_tn_accumulate<double>(to_double(a_nn).data(), to_double(a_nt).data(),
+                                            sizes_.data(), groups_, n_, k_, ref_dw.data());
+  EXPECT_LT(max_relative_error(to_vector(out_nt), ref_nt), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(out_nn), ref_nn), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(t_dw), ref_dw), 1e-5);
+  EXPECT_TRUE(any_nonzero(to_vector(out_nt)));
+  EXPECT_TRUE(any_nonzero(to_vector(out_nn)));
+}
+
+}  // namespace
+}  // namespace switchyard

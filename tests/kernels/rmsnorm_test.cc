@@ -1,0 +1,142 @@
+#include "kernels/rmsnorm.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/rmsnorm.h"
+#include "tests/test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::any_nonzero;
+using testing::max_relative_error;
+using testing::random_vector;
+
+constexpr int64_t kRows = 13, kDim = 37;
+constexpr double kEps = 1e-5;
+
+Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
+  Tensor t = Tensor::empty(shape);
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+std::vector<float> to_vector(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+std::vector<double> to_double(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+std::vector<double> naive_rmsnorm(const std::vector<double>& x, const std::vector<double>& w) {
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < kRows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < kDim; ++i) ss += x[r * kDim + i] * x[r * kDim + i];
+    const double rstd = 1.0 / std::sqrt(ss / kDim + kEps);
+    for (int64_t i = 0; i < kDim; ++i) y[r * kDim + i] = x[r * kDim + i] * rstd * w[i];
+  }
+  return y;
+}
+
+TEST(RmsnormTest, ForwardMatchesNaive) {
+  const auto x = random_vector<double>(kRows * kDim, 1, -2, 2);
+  const auto w = random_vector<double>(kDim, 2, 0.5, 1.5);
+  std::vector<double> y(x.size()), rstd(kRows);
+  cpu::rmsnorm_forward<double>(x.data(), w.data(), kEps, kRows, kDim, y.data(), rstd.data());
+  EXPECT_LT(max_relative_error(y, naive_rmsnorm(x, w)), 1e-14);
+  EXPECT_TRUE(any_nonzero(y));
+}
+
+TEST(RmsnormTest, BackwardMatchesFiniteDifferences) {
+  auto x = random_vector<double>(kRows * kDim, 3, -2, 2);
+  auto w = random_vector<double>(kDim, 4, 0.5, 1.5);
+  const auto gy = random_vector<double>(kRows * kDim, 5);
+  auto loss = [&] {
+    const auto y = naive_rmsnorm(x, w);
+    double l = 0;
+    for (size_t i = 0; i < y.size(); ++i) l += gy[i] * y[i];
+    return l;
+  };
+  std::vector<double> y(x.size()), rstd(kRows), dx(x.size());
+  cpu::rmsnorm_forward<double>(x.data(), w.data(), kEps, kRows, kDim, y.data(), rstd.data());
+  // dweight accumulates onto what is there.
+  const auto dw0 = random_vector<double>(kDim, 6);
+  auto dw = dw0;
+  cpu::rmsnorm_backward<double>(gy.data(), x.data(), w.data(), rstd.data(), kRows, kDim,
+                                dx.data(), dw.data());
+  const double eps = 1e-6;
+  auto numeric = [&](std::vector<double>& p, const std::vector<double>& base) {
+    std::vector<double> grad(p.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double saved = p[i];
+      p[i] = saved + eps;
+      const double up = loss();
+      p[i] = saved - eps;
+      const double down = loss();
+      p[i] = saved;
+      grad[i] = base[i] + (up - down) / (2 * eps);
+    }
+    return grad;
+  };
+  EXPECT_LT(max_relative_error(dx, numeric(x, std::vector<double>(x.size()))), 1e-6);
+  EXPECT_LT(max_relative_error(dw, numeric(w, dw0)), 1e-6);
+  EXPECT_TRUE(any_nonzero(dx));
+}
+
+TEST(RmsnormTest, FloatOpMatchesDoubleTemplate) {
+  const auto x = random_vector<float>(kRows * kDim, 7, -2, 2);
+  const auto w = random_vector<float>(kDim, 8, 0.5, 1.5);
+  const auto gy = random_vector<float>(kRows * kDim, 9);
+  const auto dw0 = random_vector<float>(kDim, 10);
+  Tensor tx = to_tensor(x, {kRows, kDim}), tw = to_tensor(w, {kDim});
+  Tensor tgy = to_tensor(gy, {kRows, kDim}), tdw = to_tensor(dw0, {kDim});
+  Tensor ty = Tensor::empty({kRows, kDim}), trstd = Tensor::empty({kRows});
+  Tensor tdx = Tensor::empty({kRows, kDim});
+  rmsnorm_forward(cpu_device(), tx, tw, kEps, ty, trstd);
+  rmsnorm_backward(cpu_device(), tgy, tx, tw, trstd, tdx, tdw);
+
+  const auto xd = to_double(x), wd = to_double(w), gyd = to_double(gy);
+  std::vector<double> y(x.size()), rstd(kRows), dx(x.size());
+  auto dw = to_double(dw0);
+  cpu::rmsnorm_forward<double>(xd.data(), wd.data(), kEps, kRows, kDim, y.data(), rstd.data());
+  cpu::rmsnorm_backward<double>(gyd.data(), xd.data(), wd.data(), rstd.data(), kRows, kDim,
+                                dx.data(), dw.data());
+  EXPECT_LT(max_relative_error(to_vector(ty), y), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(trstd), rstd), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tdx), dx), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tdw), dw), 1e-5);
+  EXPECT_TRUE(any_nonzero(to_vector(ty)));
+  EXPECT_TRUE(any_nonzero(to_vector(tdx)));
+}
+
+// Enough work for the parallel loops; one thread and several must agree bit for bit.
+TEST(RmsnormTest, LargeInputIsDeterministic) {
+  const int64_t rows = 257, dim = 300;
+  const auto x = random_vector<float>(rows * dim, 11);
+  const auto w = random_vector<float>(dim, 12);
+  const auto gy = random_vector<float>(rows * dim, 13);
+  std::vector<float> first;
+  const int saved_threads = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<float> y(x.size()), rstd(rows), dx(x.size()), dw(dim, 0.0f);
+    cpu::rmsnorm_forward<float>(x.data(), w.data(), 1e-5f, rows, dim, y.data(), rstd.data());
+    cpu::rmsnorm_backward<float>(gy.data(), x.data(), w.data(), rstd.data(), rows, dim,
+                                 dx.data(), dw.data());
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), dw.begin(), dw.end());
+    if (first.empty()) first = y;
+    else EXPECT_EQ(y, first);
+  }
+  omp_set_num_threads(saved_threads);
+}
+
+}  // namespace
+}  // namespace switchyard

@@ -1,0 +1,146 @@
+#include "kernels/rope.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/rope.h"
+#include "tests/test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::any_nonzero;
+using testing::max_relative_error;
+using testing::random_vector;
+
+constexpr int64_t kBatch = 2, kSeq = 7, kHeads = 3, kHeadDim = 10;
+constexpr int64_t kNumel = kBatch * kSeq * kHeads * kHeadDim;
+constexpr float kTheta = 10000.0f;
+
+Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
+  Tensor t = Tensor::empty(shape);
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+std::vector<float> to_vector(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+// The angle transformers computes: fp32 inverse frequency, fp32 product.
+float reference_angle(int64_t p, int64_t i, int64_t d) {
+  const float inv_freq = 1.0f / powf(kTheta, static_cast<float>(2 * i) / static_cast<float>(d));
+  return static_cast<float>(p) * inv_freq;
+}
+
+// Explicit rotate-half: out[j] = x[j] cos - x[j+d/2] sin, out[j+d/2] = x[j+d/2] cos + x[j] sin.
+std::vector<double> reference_rope(const std::vector<double>& x) {
+  std::vector<double> out(x.size());
+  const int64_t half = kHeadDim / 2;
+  for (int64_t b = 0; b < kBatch; ++b) {
+    for (int64_t p = 0; p < kSeq; ++p) {
+      for (int64_t h = 0; h < kHeads; ++h) {
+        const int64_t base = ((b * kSeq + p) * kHeads + h) * kHeadDim;
+        for (int64_t j = 0; j < half; ++j) {
+          const double angle = reference_angle(p, j, kHeadDim);
+          const double c = std::cos(angle), s = std::sin(angle);
+          out[base + j] = x[base + j] * c - x[base + j + half] * s;
+          out[base + j + half] = x[base + j + half] * c + x[base + j] * s;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(RopeTest, TableMatchesTransformersFormula) {
+  const int64_t seq = 4096, d = 128;
+  Tensor table = rope_table(seq, d, kTheta);
+  ASSERT_EQ(table.shape(), (Shape{seq, d / 2, 2}));
+  std::vector<double> expected;
+  for (int64_t p = 0; p < seq; ++p) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double angle = reference_angle(p, i, d);
+      expected.push_back(std::cos(angle));
+      expected.push_back(std::sin(angle));
+    }
+  }
+  EXPECT_LT(max_relative_error(to_vector(table), expected), 1e-7);
+}
+
+TEST(RopeTest, ForwardMatchesRotateHalf) {
+  auto x = random_vector<double>(kNumel, 1);
+  const auto expected = reference_rope(x);
+  std::vector<double> table(kSeq * kHeadDim);
+  cpu::rope_table<double>(kSeq, kHeadDim, kTheta, table.data());
+  cpu::rope_forward<double>(table.data(), x.data(), kBatch, kSeq, kHeads, kHeadDim);
+  EXPECT_LT(max_relative_error(x, expected), 1e-14);
+  EXPECT_TRUE(any_nonzero(x));
+}
+
+TEST(RopeTest, BackwardMatchesFiniteDifferences) {
+  auto x = random_vector<double>(kNumel, 2);
+  const auto gy = random_vector<double>(kNumel, 3);
+  std::vector<double> table(kSeq * kHeadDim);
+  cpu::rope_table<double>(kSeq, kHeadDim, kTheta, table.data());
+  auto loss = [&] {
+    auto y = x;
+    cpu::rope_forward<double>(table.data(), y.data(), kBatch, kSeq, kHeads, kHeadDim);
+    double l = 0;
+    for (size_t i = 0; i < y.size(); ++i) l += gy[i] * y[i];
+    return l;
+  };
+  auto dx = gy;
+  cpu::rope_backward<double>(table.data(), dx.data(), kBatch, kSeq, kHeads, kHeadDim);
+  const double eps = 1e-6;
+  std::vector<double> numeric(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + eps;
+    const double up = loss();
+    x[i] = saved - eps;
+    const double down = loss();
+    x[i] = saved;
+    numeric[i] = (up - down) / (2 * eps);
+  }
+  EXPECT_LT(max_relative_error(dx, numeric), 1e-6);
+  EXPECT_TRUE(any_nonzero(dx));
+}
+
+TEST(RopeTest, FloatOpMatchesDoubleTemplate) {
+  const auto x = random_vector<float>(kNumel, 4);
+  const auto gy = random_vector<float>(kNumel, 5);
+  // A table longer than the sequence is fine: positions index its first rows.
+  Tensor table = rope_table(kSeq + 5, kHeadDim, kTheta);
+  Tensor tx = to_tensor(x, {kBatch, kSeq, kHeads, kHeadDim});
+  Tensor tgy = to_tensor(gy, {kBatch, kSeq, kHeads, kHeadDim});
+  rope_forward(cpu_device(), table, tx);
+  rope_backward(cpu_device(), table, tgy);
+
+  std::vector<double> dtable((kSeq + 5) * kHeadDim);
+  cpu::rope_table<double>(kSeq + 5, kHeadDim, kTheta, dtable.data());
+  std::vector<double> y(x.begin(), x.end()), dx(gy.begin(), gy.end());
+  cpu::rope_forward<double>(dtable.data(), y.data(), kBatch, kSeq, kHeads, kHeadDim);
+  cpu::rope_backward<double>(dtable.data(), dx.data(), kBatch, kSeq, kHeads, kHeadDim);
+  EXPECT_LT(max_relative_error(to_vector(tx), y), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tgy), dx), 1e-5);
+  EXPECT_TRUE(any_nonzero(to_vector(tx)));
+  EXPECT_TRUE(any_nonzero(to_vector(tgy)));
+}
+
+TEST(RopeTest, BackwardUndoesForward) {
+  auto x = random_vector<double>(kNumel, 6);
+  const auto original = x;
+  std::vector<double> table(kSeq * kHeadDim);
+  cpu::rope_table<double>(kSeq, kHeadDim, kTheta, table.data());
+  cpu::rope_forward<double>(table.data(), x.data(), kBatch, kSeq, kHeads, kHeadDim);
+  EXPECT_GT(max_relative_error(x, original), 1e-3);
+  cpu::rope_backward<double>(table.data(), x.data(), kBatch, kSeq, kHeads, kHeadDim);
+  EXPECT_LT(max_relative_error(x, original), 1e-14);
+}
+
+}  // namespace
+}  // namespace switchyard

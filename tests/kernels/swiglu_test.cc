@@ -1,0 +1,121 @@
+#include "kernels/swiglu.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/swiglu.h"
+#include "tests/test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::any_nonzero;
+using testing::max_relative_error;
+using testing::random_vector;
+
+Tensor make_tensor(const Shape& shape, const std::vector<float>& values) {
+  Tensor t = Tensor::empty(shape);
+  std::copy(values.begin(), values.end(), t.data<float>());
+  return t;
+}
+
+std::vector<float> values_of(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+std::vector<double> to_double(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+// Naive reference: silu(a) = a / (1 + exp(-a)).
+std::vector<double> reference_swiglu(const std::vector<double>& gate_up, int64_t rows,
+                                     int64_t inter) {
+  std::vector<double> out(rows * inter);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < inter; ++i) {
+      const double a = gate_up[r * 2 * inter + i];
+      const double u = gate_up[r * 2 * inter + inter + i];
+      out[r * inter + i] = a / (1.0 + std::exp(-a)) * u;
+    }
+  }
+  return out;
+}
+
+TEST(SwigluTest, ForwardMatchesDoubleReference) {
+  const int64_t rows = 7, inter = 13;
+  const auto gate_up = random_vector<float>(rows * 2 * inter, 1, -4.0, 4.0);
+  Tensor gu = make_tensor({rows, 2 * inter}, gate_up);
+  Tensor out = Tensor::empty({rows, inter});
+  swiglu_forward(cpu_device(), gu, out);
+  const auto got = values_of(out);
+  EXPECT_TRUE(any_nonzero(got));
+  EXPECT_LT(max_relative_error(got, reference_swiglu(to_double(gate_up), rows, inter)), 1e-5);
+}
+
+TEST(SwigluTest, ForwardStableForLargeMagnitudes) {
+  const std::vector<double> gate_up = {-1000.0, -80.0, 80.0, 1000.0, 2.0, 2.0, 2.0, 2.0};
+  std::vector<double> out(4);
+  cpu::swiglu_forward(gate_up.data(), out.data(), 1, 4);
+  EXPECT_EQ(out[0], 0.0);
+  EXPECT_NEAR(out[1], -80.0 * 2.0 * std::exp(-80.0), 1e-40);
+  EXPECT_DOUBLE_EQ(out[2], 160.0);
+  EXPECT_DOUBLE_EQ(out[3], 2000.0);
+
+  std::vector<double> dgate_up(8);
+  const std::vector<double> dout(4, 1.0);
+  cpu::swiglu_backward(dout.data(), gate_up.data(), dgate_up.data(), 1, 4);
+  for (double d : dgate_up) EXPECT_TRUE(std::isfinite(d));
+  EXPECT_DOUBLE_EQ(dgate_up[3], 2.0);
+}
+
+TEST(SwigluTest, BackwardMatchesFiniteDifferences) {
+  const int64_t rows = 3, inter = 5;
+  auto gate_up = random_vector<double>(rows * 2 * inter, 2, -3.0, 3.0);
+  const auto dout = random_vector<double>(rows * inter, 3);
+  std::vector<double> grad(gate_up.size());
+  cpu::swiglu_backward(dout.data(), gate_up.data(), grad.data(), rows, inter);
+
+  auto loss = [&]() {
+    std::vector<double> out(rows * inter);
+    cpu::swiglu_forward(gate_up.data(), out.data(), rows, inter);
+    double l = 0;
+    for (size_t i = 0; i < out.size(); ++i) l += dout[i] * out[i];
+    return l;
+  };
+  const double h = 1e-6;
+  std::vector<double> numeric(gate_up.size());
+  for (size_t i = 0; i < gate_up.size(); ++i) {
+    const double x = gate_up[i];
+    gate_up[i] = x + h;
+    const double plus = loss();
+    gate_up[i] = x - h;
+    const double minus = loss();
+    gate_up[i] = x;
+    numeric[i] = (plus - minus) / (2 * h);
+  }
+  EXPECT_TRUE(any_nonzero(grad));
+  EXPECT_LT(max_relative_error(grad, numeric), 1e-7);
+}
+
+TEST(SwigluTest, FloatBackwardMatchesDoubleTemplate) {
+  const int64_t rows = 9, inter = 11;
+  const auto gate_up = random_vector<float>(rows * 2 * inter, 4, -4.0, 4.0);
+  const auto dout = random_vector<float>(rows * inter, 5);
+  Tensor gu = make_tensor({rows, 2 * inter}, gate_up);
+  Tensor d = make_tensor({rows, inter}, dout);
+  Tensor dgu = Tensor::empty({rows, 2 * inter});
+  swiglu_backward(cpu_device(), d, gu, dgu);
+
+  const auto gate_up_d = to_double(gate_up);
+  const auto dout_d = to_double(dout);
+  std::vector<double> expected(gate_up.size());
+  cpu::swiglu_backward(dout_d.data(), gate_up_d.data(), expected.data(), rows, inter);
+  EXPECT_LT(max_relative_error(values_of(dgu), expected), 1e-5);
+}
+
+}  // namespace
+}  // namespace switchyard
