@@ -89,6 +89,16 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
   int64_t window_steps = 0;
   double dropped = 0, assignments = 0, worst_load = 0;
 
+  const bool can_eval = corpus.val_windows() > 0;
+  auto run_eval = [&](int64_t step) {
+    const double val = evaluate(dev, model, corpus, recipe);
+    nlohmann::ordered_json j = {{"step", step}, {"val_loss", val}};
+    metrics << j.dump() << "\n" << std::flush;
+    sink.on_eval(step, val);
+  };
+  // The untrained baseline, so every curve starts from a measured point.
+  if (can_eval && tc.eval_interval() > 0) run_eval(0);
+
   for (int64_t step = 1; step <= tc.steps(); ++step) {
     LossParts step_loss;
     for (int64_t m = 0; m < accumulation; ++m) {
@@ -145,12 +155,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
       dropped = assignments = worst_load = 0;
     }
     const bool eval_now = (tc.eval_interval() > 0 && step % tc.eval_interval() == 0) || step == tc.steps();
-    if (eval_now && corpus.val_tokens() > tc.seq_len()) {
-      const double val = evaluate(dev, model, corpus, recipe);
-      nlohmann::ordered_json j = {{"step", step}, {"val_loss", val}};
-      metrics << j.dump() << "\n" << std::flush;
-      sink.on_eval(step, val);
-    }
+    if (eval_now && can_eval) run_eval(step);
   }
   if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));
 
