@@ -38,6 +38,9 @@ ROPE_THETA = 10000.0
 NORM_EPS = 1e-5
 VOCAB = 256
 
+# Arguments that are paths rather than part of the measured configuration.
+NON_SHAPE_ARGS = {"switchyard", "sgemm_peak", "json"}
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -45,7 +48,7 @@ def parse_args():
     p.add_argument("--sgemm-peak", required=True, help="path to the sgemm_peak binary")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for both")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed ones")
-    p.add_argument("--steps", type=int, default=3, help="timed steps")
+    p.add_argument("--steps", type=int, default=5, help="timed steps")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
@@ -191,14 +194,14 @@ def main():
           f"experts {implementations['experts']})")
     print(f"sgemm peak: {sgemm_gflops:.1f} GFLOP/s; "
           f"train FLOPs/token: {flops_per_token / 1e6:.1f} M")
-    print(f"{'':<10}{'tokens/s':>10}{'MFU':>8}")
+    print(f"{'':<10}{'tokens/s':>10}{'MFU':>8}   (MFU: train FLOPs/token x tokens/s / sgemm peak)")
     print(f"{'engine':<10}{engine_tps:>10.1f}{engine_mfu:>8.1%}")
     print(f"{'pytorch':<10}{pytorch_tps:>10.1f}{pytorch_mfu:>8.1%}")
     print(f"ratio engine/pytorch: {engine_tps / pytorch_tps:.2f}")
 
     if args.json:
         result = {
-            "shape": vars(args) | {"json": None, "switchyard": None, "sgemm_peak": None},
+            "config": {k: v for k, v in vars(args).items() if k not in NON_SHAPE_ARGS},
             "torch": torch.__version__,
             "pytorch_implementations": implementations,
             "sgemm_gflops": sgemm_gflops,

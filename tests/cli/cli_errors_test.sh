@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Bad input to the CLI ends with exactly one line on stderr, a non-zero exit, no abort
+# and no half-written run directory.
+#   cli_errors_test.sh SWITCHYARD_BINARY REPO_ROOT
+set -u
+bin="$1"
+root="$2"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failures=0
+passed=0
+
+# expect_error NAME EXPECTED_SUBSTRING RUN_DIR_THAT_MUST_NOT_EXIST -- COMMAND...
+expect_error() {
+  local name="$1" want="$2" run_dir="$3"
+  shift 4
+  "$@" >"$work/out" 2>"$work/err"
+  local status=$?
+  local lines
+  lines=$(wc -l <"$work/err")
+  if [[ $status -eq 0 || $status -ge 128 ]]; then
+    echo "FAIL $name: exit status $status"; failures=$((failures + 1)); return
+  fi
+  if [[ $lines -ne 1 ]] || ! grep -q -- "$want" "$work/err"; then
+    echo "FAIL $name: stderr was:"; cat "$work/err"; failures=$((failures + 1)); return
+  fi
+  if [[ -n "$run_dir" && -e "$run_dir" ]]; then
+    echo "FAIL $name: left $run_dir behind"; failures=$((failures + 1)); return
+  fi
+  echo "ok   $name: $(cat "$work/err")"
+  passed=$((passed + 1))
+}
+
+tiny="$root/recipes/tiny.textproto"
+printf 'model { hidden_size: 64 \n' >"$work/syntax.textproto"
+printf 'model { hiden_size: 64 }\n' >"$work/unknown.textproto"
+sed 's/top_k: 2/top_k: 9/' "$tiny" >"$work/topk.textproto"
+sed 's#corpus: .*#corpus: "/nonexistent/corpus.txt"#' "$tiny" >"$work/nocorpus.textproto"
+: >"$work/empty.txt"
+sed "s#corpus: .*#corpus: \"$work/empty.txt\"#" "$tiny" >"$work/emptycorpus.textproto"
+
+expect_error "syntax error" "syntax.textproto:2" "$work/r1" -- "$bin" train "$work/syntax.textproto" --run-dir "$work/r1"
+expect_error "unknown field" "hiden_size" "$work/r2" -- "$bin" train "$work/unknown.textproto" --run-dir "$work/r2"
+expect_error "top_k > experts" "moe.top_k" "$work/r3" -- "$bin" train "$work/topk.textproto" --run-dir "$work/r3"
+expect_error "heads do not divide hidden" "model.num_heads" "$work/r4" -- "$bin" train "$tiny" --run-dir "$work/r4" --set model.num_heads=3 --set model.num_kv_heads=3
+expect_error "kv heads do not divide heads" "model.num_kv_heads" "$work/r5" -- "$bin" train "$tiny" --run-dir "$work/r5" --set model.num_kv_heads=3
+expect_error "unknown override" "train.stesp" "$work/r6" -- "$bin" train "$tiny" --run-dir "$work/r6" --set train.stesp=5
+expect_error "override of wrong type" "train.steps" "$work/r7" -- "$bin" train "$tiny" --run-dir "$work/r7" --set train.steps=many
+expect_error "missing recipe" "nope.textproto" "$work/r8" -- "$bin" train "$work/nope.textproto" --run-dir "$work/r8"
+expect_error "missing corpus" "/nonexistent/corpus.txt" "$work/r9" -- "$bin" train "$work/nocorpus.textproto" --run-dir "$work/r9"
+expect_error "empty corpus" "empty" "$work/r10" -- "$bin" train "$work/emptycorpus.textproto" --run-dir "$work/r10"
+touch "$work/file"
+short=(--set train.steps=1 --set optimizer.warmup_steps=0 --set train.eval_interval=0)
+expect_error "unwritable run dir" "run directory" "" -- "$bin" train "$tiny" --run-dir "$work/file/sub" "${short[@]}"
+expect_error "missing weights" "recipe.textproto" "" -- "$bin" sample "$work/none" --prompt hi
+
+if "$bin" train "$tiny" --run-dir "$work/run" "${short[@]}" >/dev/null; then
+  weights="$work/run/checkpoints/final"
+  expect_error "eval of missing data" "missing.txt" "" -- "$bin" eval "$weights" --data "$work/missing.txt"
+  head -c 1000 "$weights/model.safetensors" >"$work/short" && mv "$work/short" "$weights/model.safetensors"
+  expect_error "truncated weights" "model.safetensors" "" -- "$bin" sample "$weights" --prompt hi
+else
+  echo "FAIL a one-step training run failed"; failures=$((failures + 1))
+fi
+
+echo "$passed passed, $failures failed"
+[[ $failures -eq 0 ]]
