@@ -12,9 +12,9 @@ cpu::AttentionShape check_qkv(const Tensor& q, const Tensor& k, const Tensor& v)
   SY_CHECK_MSG(q.dtype() == DType::kF32 && k.dtype() == DType::kF32 && v.dtype() == DType::kF32,
                "attention: q, k, v must be f32");
   const cpu::AttentionShape s{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
-  SY_CHECK_MSG(k.shape() == v.shape() && k.dim(0) == s.batch && k.dim(1) == s.seq &&
-                   k.dim(3) == s.head_dim,
-               "attention: k and v do not match q");
+  SY_CHECK_MSG(
+      k.shape() == v.shape() && k.dim(0) == s.batch && k.dim(1) == s.seq && k.dim(3) == s.head_dim,
+      "attention: k and v do not match q");
   SY_CHECK_MSG(s.kv_heads > 0 && s.heads % s.kv_heads == 0,
                "attention: heads must be a multiple of kv_heads");
   return s;
@@ -24,8 +24,8 @@ Shape probs_shape(const cpu::AttentionShape& s) { return {s.batch, s.heads, s.se
 
 }  // namespace
 
-void attention_forward(Device& dev, const Tensor& q, const Tensor& k, const Tensor& v,
-                       Tensor& out, Tensor& probs) {
+void attention_forward(Device& dev, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                       Tensor& probs) {
   SY_CHECK_MSG(!dev.is_cuda(), "attention_forward: no CUDA implementation yet");
   const cpu::AttentionShape s = check_qkv(q, k, v);
   SY_CHECK_MSG(out.shape() == q.shape() && probs.shape() == probs_shape(s),
@@ -35,8 +35,7 @@ void attention_forward(Device& dev, const Tensor& q, const Tensor& k, const Tens
 }
 
 void attention_backward(Device& dev, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& probs, Tensor& dq, Tensor& dk,
-                        Tensor& dv) {
+                        const Tensor& v, const Tensor& probs, Tensor& dq, Tensor& dk, Tensor& dv) {
   SY_CHECK_MSG(!dev.is_cuda(), "attention_backward: no CUDA implementation yet");
   const cpu::AttentionShape s = check_qkv(q, k, v);
   SY_CHECK_MSG(dout.shape() == q.shape() && dq.shape() == q.shape() && dk.shape() == k.shape() &&

@@ -9,9 +9,9 @@ namespace {
 int64_t check_operands(const Tensor& logits, const Tensor& targets) {
   SY_CHECK_MSG(logits.rank() == 2 && logits.dtype() == DType::kF32 && logits.dim(1) > 0,
                "cross_entropy: logits must be f32 (n, vocab)");
-  SY_CHECK_MSG(targets.rank() == 1 && targets.dtype() == DType::kI32 &&
-                   targets.dim(0) == logits.dim(0),
-               "cross_entropy: targets must be i32 (n)");
+  SY_CHECK_MSG(
+      targets.rank() == 1 && targets.dtype() == DType::kI32 && targets.dim(0) == logits.dim(0),
+      "cross_entropy: targets must be i32 (n)");
   const int32_t* t = targets.data<int32_t>();
   for (int64_t r = 0; r < targets.numel(); ++r) {
     SY_CHECK_MSG(t[r] < logits.dim(1), "cross_entropy: target outside the vocabulary");
@@ -21,14 +21,14 @@ int64_t check_operands(const Tensor& logits, const Tensor& targets) {
 
 }  // namespace
 
-void cross_entropy_forward(Device& dev, const Tensor& logits, const Tensor& targets,
-                           Tensor& losses, Tensor& lse) {
+void cross_entropy_forward(Device& dev, const Tensor& logits, const Tensor& targets, Tensor& losses,
+                           Tensor& lse) {
   SY_CHECK_MSG(!dev.is_cuda(), "cross_entropy_forward: no CUDA implementation yet");
   const int64_t n = check_operands(logits, targets);
   SY_CHECK_MSG(losses.numel() == n && lse.numel() == n,
                "cross_entropy_forward: losses and lse must be (n)");
-  cpu::cross_entropy_forward<float>(logits.data<float>(), targets.data<int32_t>(), n,
-                                    logits.dim(1), losses.data<float>(), lse.data<float>());
+  cpu::cross_entropy_forward<float>(logits.data<float>(), targets.data<int32_t>(), n, logits.dim(1),
+                                    losses.data<float>(), lse.data<float>());
 }
 
 void cross_entropy_backward(Device& dev, const Tensor& logits, const Tensor& targets,

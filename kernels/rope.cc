@@ -33,8 +33,8 @@ void rope_forward(Device& dev, const Tensor& table, Tensor& x) {
 void rope_backward(Device& dev, const Tensor& table, Tensor& dx) {
   SY_CHECK_MSG(!dev.is_cuda(), "rope_backward: no CUDA implementation yet");
   check_rope_operands("rope_backward: dx must be f32 (batch, seq, heads, head_dim)", table, dx);
-  cpu::rope_backward<float>(table.data<float>(), dx.data<float>(), dx.dim(0), dx.dim(1),
-                            dx.dim(2), dx.dim(3));
+  cpu::rope_backward<float>(table.data<float>(), dx.data<float>(), dx.dim(0), dx.dim(1), dx.dim(2),
+                            dx.dim(3));
 }
 
 }  // namespace switchyard

@@ -1,10 +1,13 @@
 // CPU causal attention with grouped KV heads, built on GEMMs per (batch, head) that read
 // the (batch, seq, heads, head_dim) layouts in place through leading-dimension strides.
 // Queries are processed in row blocks so that the products skip the blocks above the
-// causal diagonal.
+// causal diagonal. Heads run one after another and only OpenBLAS threads (each GEMM):
+// OpenMP loops between the GEMMs were slower on 2 cores, because the idle OpenMP and
+// OpenBLAS workers spin against each other.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -27,13 +30,41 @@ struct AttentionShape {
 
 namespace attention_internal {
 
+// exp(x) for x <= 0 in float, written so that loops over it vectorize (std::exp does
+// not without -ffast-math, and the softmax exponentials would cost as much as the
+// GEMMs). Cephes' polynomial after reduction by ln 2; within about 1.5 ulp.
+inline float exp_nonpositive(float x) {
+  // Clamps x to >= -87 so 2^n stays a normal float (exp(-87) is nothing next to the row
+  // max). Non-positive floats order like their bits read as unsigned; a float compare
+  // here would stop GCC from vectorizing the loop (it may trap).
+  x = std::bit_cast<float>(std::min(std::bit_cast<uint32_t>(x), std::bit_cast<uint32_t>(-87.0f)));
+  const float n = static_cast<float>(static_cast<int32_t>(x * 1.44269504f - 0.5f));
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  return y * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+template <typename T>
+T exp_nonpositive(T x) {
+  return std::exp(x);
+}
+
 // p: one row of scores in place over [0, len) -> softmax; [len, width) set to zero.
-template <typename T> void causal_softmax_row(T* p, int64_t len, int64_t width) {
+template <typename T>
+void causal_softmax_row(T* p, int64_t len, int64_t width) {
   T max = p[0];
-  for (int64_t j = 1; j < len; ++j) max = std::max(max, p[j]);
+#pragma omp simd reduction(max : max)
+  for (int64_t j = 1; j < len; ++j) max = p[j] > max ? p[j] : max;
   T sum = T(0);
+#pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < len; ++j) {
-    p[j] = std::exp(p[j] - max);
+    p[j] = exp_nonpositive(p[j] - max);
     sum += p[j];
   }
   const T inv = T(1) / sum;
@@ -42,8 +73,10 @@ template <typename T> void causal_softmax_row(T* p, int64_t len, int64_t width) 
 }
 
 // ds row over [0, len): p * (dp - sum(dp * p)); [len, width) set to zero. ds holds dp.
-template <typename T> void softmax_backward_row(const T* p, T* ds, int64_t len, int64_t width) {
+template <typename T>
+void softmax_backward_row(const T* p, T* ds, int64_t len, int64_t width) {
   T dot = T(0);
+#pragma omp simd reduction(+ : dot)
   for (int64_t j = 0; j < len; ++j) dot += ds[j] * p[j];
   for (int64_t j = 0; j < len; ++j) ds[j] = p[j] * (ds[j] - dot);
   std::fill(ds + len, ds + width, T(0));
@@ -59,27 +92,23 @@ void attention_forward(const T* q, const T* k, const T* v, const AttentionShape&
   const int64_t ld_q = s.heads * D, ld_kv = s.kv_heads * D;
   const int64_t group = s.heads / s.kv_heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(D));
-  for (int64_t bh = 0; bh < s.batch * s.heads; ++bh) {
-    const int64_t b = bh / s.heads, h = bh % s.heads, g = h / group;
-    T* p = probs + bh * S * S;
-    for (int64_t r0 = 0; r0 < S; r0 += kAttentionBlock) {
-      const int64_t r1 = std::min(S, r0 + kAttentionBlock);
-      gemm<T>(false, true, r1 - r0, r1, D, scale, q + b * S * ld_q + h * D + r0 * ld_q, ld_q,
-              k + b * S * ld_kv + g * D, ld_kv, T(0), p + r0 * S, S);
-    }
-  }
-  const int64_t rows = s.batch * s.heads * S;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    attention_internal::causal_softmax_row(probs + r * S, r % S + 1, S);
-  }
-  for (int64_t bh = 0; bh < s.batch * s.heads; ++bh) {
-    const int64_t b = bh / s.heads, h = bh % s.heads, g = h / group;
-    const T* p = probs + bh * S * S;
-    for (int64_t r0 = 0; r0 < S; r0 += kAttentionBlock) {
-      const int64_t r1 = std::min(S, r0 + kAttentionBlock);
-      gemm<T>(false, false, r1 - r0, D, r1, T(1), p + r0 * S, S, v + b * S * ld_kv + g * D,
-              ld_kv, T(0), out + b * S * ld_q + h * D + r0 * ld_q, ld_q);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t g = h / group;
+      const T* qh = q + b * S * ld_q + h * D;
+      const T* kg = k + b * S * ld_kv + g * D;
+      const T* vg = v + b * S * ld_kv + g * D;
+      T* oh = out + b * S * ld_q + h * D;
+      T* p = probs + (b * s.heads + h) * S * S;
+      for (int64_t r0 = 0; r0 < S; r0 += kAttentionBlock) {
+        const int64_t r1 = std::min(S, r0 + kAttentionBlock);
+        gemm<T>(false, true, r1 - r0, r1, D, scale, qh + r0 * ld_q, ld_q, kg, ld_kv, T(0),
+                p + r0 * S, S);
+        for (int64_t i = r0; i < r1; ++i)
+          attention_internal::causal_softmax_row(p + i * S, i + 1, S);
+        gemm<T>(false, false, r1 - r0, D, r1, T(1), p + r0 * S, S, vg, ld_kv, T(0), oh + r0 * ld_q,
+                ld_q);
+      }
     }
   }
 }
@@ -94,51 +123,38 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
   const int64_t ld_q = s.heads * D, ld_kv = s.kv_heads * D;
   const int64_t group = s.heads / s.kv_heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(D));
-  // Score gradients of the query heads of one KV head: (group, S, S).
-  std::vector<T> ds_buffer(static_cast<size_t>(group * S * S));
+  std::vector<T> ds_buffer(static_cast<size_t>(S * S));
+  T* ds = ds_buffer.data();
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t g = 0; g < s.kv_heads; ++g) {
       const T* kg = k + b * S * ld_kv + g * D;
       const T* vg = v + b * S * ld_kv + g * D;
-      const int64_t h0 = g * group;
-      // dP = dO V^T, causal blocks only.
-      for (int64_t j = 0; j < group; ++j) {
-        T* ds = ds_buffer.data() + j * S * S;
-        for (int64_t r0 = 0; r0 < S; r0 += kAttentionBlock) {
-          const int64_t r1 = std::min(S, r0 + kAttentionBlock);
-          gemm<T>(false, true, r1 - r0, r1, D, T(1), dout + b * S * ld_q + (h0 + j) * D + r0 * ld_q,
-                  ld_q, vg, ld_kv, T(0), ds + r0 * S, S);
-        }
-      }
-      // dS = P * (dP - rowsum(dP * P)), zero past the diagonal up to the block edge.
-      const T* p_group = probs + (b * s.heads + h0) * S * S;
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < group * S; ++r) {
-        const int64_t i = r % S;
-        attention_internal::softmax_backward_row(p_group + r * S, ds_buffer.data() + r * S, i + 1,
-                                                 std::min(S, (i / kAttentionBlock + 1) * kAttentionBlock));
-      }
-      for (int64_t j = 0; j < group; ++j) {
-        const int64_t h = h0 + j;
+      T* dkg = dk + b * S * ld_kv + g * D;
+      T* dvg = dv + b * S * ld_kv + g * D;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         const T* qh = q + b * S * ld_q + h * D;
         const T* doh = dout + b * S * ld_q + h * D;
-        const T* p = p_group + j * S * S;
-        const T* ds = ds_buffer.data() + j * S * S;
+        const T* p = probs + (b * s.heads + h) * S * S;
         T* dqh = dq + b * S * ld_q + h * D;
         for (int64_t r0 = 0; r0 < S; r0 += kAttentionBlock) {
           const int64_t r1 = std::min(S, r0 + kAttentionBlock);
+          gemm<T>(false, true, r1 - r0, r1, D, T(1), doh + r0 * ld_q, ld_q, vg, ld_kv, T(0),
+                  ds + r0 * S, S);
+          for (int64_t i = r0; i < r1; ++i) {
+            attention_internal::softmax_backward_row(p + i * S, ds + i * S, i + 1, r1);
+          }
           gemm<T>(false, false, r1 - r0, D, r1, scale, ds + r0 * S, S, kg, ld_kv, T(0),
                   dqh + r0 * ld_q, ld_q);
         }
         // dk, dv rows [c0, c1) only see query rows i >= c0 (causality); the first head of
         // the group writes them, the others add.
-        const T beta = j == 0 ? T(0) : T(1);
+        const T beta = h == g * group ? T(0) : T(1);
         for (int64_t c0 = 0; c0 < S; c0 += kAttentionBlock) {
           const int64_t c1 = std::min(S, c0 + kAttentionBlock);
-          gemm<T>(true, false, c1 - c0, D, S - c0, scale, ds + c0 * S + c0, S, qh + c0 * ld_q,
-                  ld_q, beta, dk + b * S * ld_kv + g * D + c0 * ld_kv, ld_kv);
-          gemm<T>(true, false, c1 - c0, D, S - c0, T(1), p + c0 * S + c0, S, doh + c0 * ld_q,
-                  ld_q, beta, dv + b * S * ld_kv + g * D + c0 * ld_kv, ld_kv);
+          gemm<T>(true, false, c1 - c0, D, S - c0, scale, ds + c0 * S + c0, S, qh + c0 * ld_q, ld_q,
+                  beta, dkg + c0 * ld_kv, ld_kv);
+          gemm<T>(true, false, c1 - c0, D, S - c0, T(1), p + c0 * S + c0, S, doh + c0 * ld_q, ld_q,
+                  beta, dvg + c0 * ld_kv, ld_kv);
         }
       }
     }

@@ -21,8 +21,7 @@ void embedding_forward(const int32_t* ids, const T* table, int64_t n, int64_t hi
 // and walk the tokens in order, so repeated ids add up in the same order for any
 // thread count.
 template <typename T>
-void embedding_backward(const int32_t* ids, const T* dout, int64_t n, int64_t hidden,
-                        T* dtable) {
+void embedding_backward(const int32_t* ids, const T* dout, int64_t n, int64_t hidden, T* dtable) {
   constexpr int64_t kBlock = 256;
   const int64_t num_blocks = (hidden + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n * hidden >= kParallelMinWork)

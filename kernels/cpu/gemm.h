@@ -66,8 +66,8 @@ void grouped_matmul_tn_accumulate(const T* a, const T* b, const int32_t* sizes, 
                                   int64_t n, int64_t k, T* dw) {
   int64_t row = 0;
   for (int64_t g = 0; g < groups; ++g) {
-    gemm<T>(true, false, n, k, sizes[g], T(1), a + row * n, n, b + row * k, k, T(1),
-            dw + g * n * k, k);
+    gemm<T>(true, false, n, k, sizes[g], T(1), a + row * n, n, b + row * k, k, T(1), dw + g * n * k,
+            k);
     row += sizes[g];
   }
 }

@@ -13,8 +13,7 @@ namespace switchyard::cpu {
 
 // x: (rows, dim), weight: (dim) -> y: (rows, dim), rstd: (rows).
 template <typename T>
-void rmsnorm_forward(const T* x, const T* weight, T eps, int64_t rows, int64_t dim, T* y,
-                     T* rstd) {
+void rmsnorm_forward(const T* x, const T* weight, T eps, int64_t rows, int64_t dim, T* y, T* rstd) {
 #pragma omp parallel for schedule(static) if (rows * dim >= kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * dim;

@@ -29,8 +29,8 @@ void rope_table(int64_t seq, int64_t head_dim, float theta, T* table) {
 // x: (batch, seq, heads, head_dim) rotated in place by +angle (forward) or -angle
 // (backward: the rotation is orthogonal, so its transpose is its inverse).
 template <typename T>
-void rope_rotate(const T* table, T* x, int64_t batch, int64_t seq, int64_t heads,
-                 int64_t head_dim, bool inverse) {
+void rope_rotate(const T* table, T* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                 bool inverse) {
   const int64_t half = head_dim / 2;
   const T sign = inverse ? T(-1) : T(1);
 #pragma omp parallel for schedule(static) if (batch * seq * heads * head_dim >= kParallelMinWork)

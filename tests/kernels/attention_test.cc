@@ -21,9 +21,7 @@ constexpr cpu::AttentionShape kShort{2, 9, 4, 2, 6};
 constexpr cpu::AttentionShape kLong{2, 2 * cpu::kAttentionBlock + 22, 4, 2, 6};
 
 int64_t q_numel(const cpu::AttentionShape& s) { return s.batch * s.seq * s.heads * s.head_dim; }
-int64_t kv_numel(const cpu::AttentionShape& s) {
-  return s.batch * s.seq * s.kv_heads * s.head_dim;
-}
+int64_t kv_numel(const cpu::AttentionShape& s) { return s.batch * s.seq * s.kv_heads * s.head_dim; }
 int64_t probs_numel(const cpu::AttentionShape& s) { return s.batch * s.heads * s.seq * s.seq; }
 
 Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
@@ -121,8 +119,10 @@ TEST(AttentionTest, FutureKeysAndValuesDoNotChangeEarlierOutputs) {
   for (int64_t i = 0; i < s.seq; ++i) {
     const std::vector<double> b(before.begin() + i * row, before.begin() + (i + 1) * row);
     const std::vector<double> a(after.begin() + i * row, after.begin() + (i + 1) * row);
-    if (i < t) EXPECT_EQ(a, b) << "position " << i;
-    else EXPECT_NE(a, b) << "position " << i;
+    if (i < t)
+      EXPECT_EQ(a, b) << "position " << i;
+    else
+      EXPECT_NE(a, b) << "position " << i;
   }
 }
 
@@ -134,8 +134,8 @@ void check_backward(const cpu::AttentionShape& s, int64_t stride, uint64_t seed)
   std::vector<double> out, probs;
   run_forward(s, in, out, probs);
   std::vector<double> dq(q_numel(s)), dk(kv_numel(s)), dv(kv_numel(s));
-  cpu::attention_backward<double>(gy.data(), in.q.data(), in.k.data(), in.v.data(),
-                                  probs.data(), s, dq.data(), dk.data(), dv.data());
+  cpu::attention_backward<double>(gy.data(), in.q.data(), in.k.data(), in.v.data(), probs.data(), s,
+                                  dq.data(), dk.data(), dv.data());
   auto loss = [&] {
     const auto y = naive_attention(s, in);
     double l = 0;
@@ -165,9 +165,7 @@ void check_backward(const cpu::AttentionShape& s, int64_t stride, uint64_t seed)
 
 TEST(AttentionTest, BackwardMatchesFiniteDifferences) { check_backward(kShort, 1, 10); }
 
-TEST(AttentionTest, BackwardMatchesFiniteDifferencesAcrossBlocks) {
-  check_backward(kLong, 37, 20);
-}
+TEST(AttentionTest, BackwardMatchesFiniteDifferencesAcrossBlocks) { check_backward(kLong, 37, 20); }
 
 TEST(AttentionTest, FloatOpsMatchDoubleTemplates) {
   const auto& s = kLong;
@@ -189,8 +187,8 @@ TEST(AttentionTest, FloatOpsMatchDoubleTemplates) {
   std::vector<double> out, probs;
   run_forward(s, in, out, probs);
   std::vector<double> dq(q_numel(s)), dk(kv_numel(s)), dv(kv_numel(s));
-  cpu::attention_backward<double>(gy_d.data(), in.q.data(), in.k.data(), in.v.data(),
-                                  probs.data(), s, dq.data(), dk.data(), dv.data());
+  cpu::attention_backward<double>(gy_d.data(), in.q.data(), in.k.data(), in.v.data(), probs.data(),
+                                  s, dq.data(), dk.data(), dv.data());
   EXPECT_LT(max_relative_error(to_vector(tout), out), 1e-5);
   EXPECT_LT(max_relative_error(to_vector(tprobs), probs), 1e-5);
   EXPECT_LT(max_relative_error(to_vector(tdq), dq), 1e-5);

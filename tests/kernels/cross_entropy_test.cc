@@ -50,7 +50,8 @@ std::vector<double> naive_losses(const std::vector<double>& logits,
   for (int64_t r = 0; r < kRows; ++r) {
     if (targets[r] < 0) continue;
     long double sum = 0;
-    for (int64_t j = 0; j < kVocab; ++j) sum += std::exp(static_cast<long double>(logits[r * kVocab + j]));
+    for (int64_t j = 0; j < kVocab; ++j)
+      sum += std::exp(static_cast<long double>(logits[r * kVocab + j]));
     losses[r] = static_cast<double>(std::log(sum) - logits[r * kVocab + targets[r]]);
   }
   return losses;
@@ -74,8 +75,8 @@ TEST(CrossEntropyTest, BackwardMatchesFiniteDifferences) {
   const double scale = 0.37;
   auto loss = [&] {
     std::vector<double> losses(kRows), lse(kRows);
-    cpu::cross_entropy_forward<double>(logits.data(), targets.data(), kRows, kVocab,
-                                       losses.data(), lse.data());
+    cpu::cross_entropy_forward<double>(logits.data(), targets.data(), kRows, kVocab, losses.data(),
+                                       lse.data());
     double l = 0;
     for (double x : losses) l += scale * x;
     return l;

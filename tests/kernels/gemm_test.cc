@@ -32,7 +32,8 @@ std::vector<float> to_vector(const Tensor& t) {
   return std::vector<float>(p, p + t.numel());
 }
 
-template <typename T> std::vector<double> to_double(const std::vector<T>& v) {
+template <typename T>
+std::vector<double> to_double(const std::vector<T>& v) {
   return std::vector<double>(v.begin(), v.end());
 }
 
@@ -85,9 +86,8 @@ TEST(GemmTest, MatmulIsExactOnIntegers) {
   Tensor ta = to_tensor(a, {m, k}), tb = to_tensor(b, {n, k});
   Tensor tc = Tensor::empty({m, n});
   matmul(cpu_device(), ta, false, tb, true, tc);
-  const auto expected =
-      naive_gemm(false, true, m, n, k, 1, to_double(a), k, to_double(b), k, 0,
-                 std::vector<double>(m * n), n);
+  const auto expected = naive_gemm(false, true, m, n, k, 1, to_double(a), k, to_double(b), k, 0,
+                                   std::vector<double>(m * n), n);
   EXPECT_EQ(to_double(to_vector(tc)), expected);
   EXPECT_TRUE(any_nonzero(to_vector(tc)));
 }
@@ -129,7 +129,8 @@ TEST_F(GroupedMatmulTest, ForwardAndBackwardMatchNaive) {
         for (int64_t p = 0; p < k_; ++p) {
           expected_nt[(row + i) * n_ + j] += a_nt[(row + i) * k_ + p] * wg[j * k_ + p];
           expected_nn[(row + i) * k_ + p] += a_nn[(row + i) * n_ + j] * wg[j * k_ + p];
-          expected_dw[g * n_ * k_ + j * k_ + p] += a_nn[(row + i) * n_ + j] * a_nt[(row + i) * k_ + p];
+          expected_dw[g * n_ * k_ + j * k_ + p] +=
+              a_nn[(row + i) * n_ + j] * a_nt[(row + i) * k_ + p];
         }
       }
     }
@@ -156,8 +157,7 @@ TEST_F(GroupedMatmulTest, BackwardPairMatchesFiniteDifferences) {
   const auto gy = random_vector<double>(rows_ * n_, 22);
   auto loss = [&] {
     std::vector<double> out(rows_ * n_);
-    cpu::grouped_matmul_nt<double>(a.data(), w.data(), sizes_.data(), groups_, n_, k_,
-                                   out.data());
+    cpu::grouped_matmul_nt<double>(a.data(), w.data(), sizes_.data(), groups_, n_, k_, out.data());
     double l = 0;
     for (size_t i = 0; i < out.size(); ++i) l += gy[i] * out[i];
     return l;

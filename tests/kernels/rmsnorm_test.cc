@@ -69,8 +69,8 @@ TEST(RmsnormTest, BackwardMatchesFiniteDifferences) {
   // dweight accumulates onto what is there.
   const auto dw0 = random_vector<double>(kDim, 6);
   auto dw = dw0;
-  cpu::rmsnorm_backward<double>(gy.data(), x.data(), w.data(), rstd.data(), kRows, kDim,
-                                dx.data(), dw.data());
+  cpu::rmsnorm_backward<double>(gy.data(), x.data(), w.data(), rstd.data(), kRows, kDim, dx.data(),
+                                dw.data());
   const double eps = 1e-6;
   auto numeric = [&](std::vector<double>& p, const std::vector<double>& base) {
     std::vector<double> grad(p.size());
@@ -128,12 +128,14 @@ TEST(RmsnormTest, LargeInputIsDeterministic) {
     omp_set_num_threads(threads);
     std::vector<float> y(x.size()), rstd(rows), dx(x.size()), dw(dim, 0.0f);
     cpu::rmsnorm_forward<float>(x.data(), w.data(), 1e-5f, rows, dim, y.data(), rstd.data());
-    cpu::rmsnorm_backward<float>(gy.data(), x.data(), w.data(), rstd.data(), rows, dim,
-                                 dx.data(), dw.data());
+    cpu::rmsnorm_backward<float>(gy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(),
+                                 dw.data());
     y.insert(y.end(), dx.begin(), dx.end());
     y.insert(y.end(), dw.begin(), dw.end());
-    if (first.empty()) first = y;
-    else EXPECT_EQ(y, first);
+    if (first.empty())
+      first = y;
+    else
+      EXPECT_EQ(y, first);
   }
   omp_set_num_threads(saved_threads);
 }
