@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   cmake g++ make pkg-config
   libabsl-dev libprotobuf-dev protobuf-compiler
-  libopenblas-dev
+  libopenblas-openmp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libhdf5-dev hdf5-tools
   libopenmpi-dev openmpi-bin
