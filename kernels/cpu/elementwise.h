@@ -1,6 +1,6 @@
 // CPU elementwise and reduction kernels, templates on the element type so tests can
-// run them in double. Shared helpers (stable sigmoid, ordered chunked sums) live here
-// for the other CPU kernels.
+// run them in double. The shared helpers (parallel threshold, ordered chunked sums)
+// live here for the other CPU kernels.
 #pragma once
 
 #include <algorithm>
@@ -8,18 +8,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/vector_math.h"
+
 namespace switchyard::cpu {
 
 // Below this much work an OpenMP team costs more than it saves.
 inline constexpr int64_t kParallelMinWork = 1 << 15;
-
-// Never evaluates exp of a large positive argument, so it neither overflows nor
-// loses the small tail for very negative x.
-template <typename T> T sigmoid(T x) {
-  if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
-  const T e = std::exp(x);
-  return e / (T(1) + e);
-}
 
 // Sum of term(i) for i in [0, n), in double. The partial sums are over fixed chunks
 // and added in chunk order, so the result does not depend on the thread count.
