@@ -1,0 +1,136 @@
+"""Data pipeline throughput: `switchyard data prepare` against the sentencepiece Python
+package encoding the same text in the same run, and the loader's tokens/s.
+
+Runs, in order:
+  1. `switchyard data tokenizer` trains a BPE model on data/corpus/tinyshakespeare.txt;
+  2. the corpus is repeated to --megabytes of text and `switchyard data prepare` turns it
+     into shards (timed as a whole process: reading, encoding on --threads cores, HDF5
+     writing, checksums);
+  3. sentencepiece (Python) encodes the same documents (blank-line-separated paragraphs)
+     with the same model and thread count, timing encode() alone (no file I/O, no output);
+  4. the loader reads shuffled windows of the prepared train split (tests/data token_tool).
+Prints MB/s for both encoders, their ratio, tokens/s of the loader; optionally writes JSON.
+Both encoders must produce the same ids, which the script checks (h5py reads the shards).
+
+Run with the project Python environment, e.g.
+  ~/.cache/switchyard/pyenv/bin/python bench/prepare_throughput.py \\
+      --switchyard build/engine/cli/switchyard --token-tool build/tests/data_token_tool
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import sentencepiece as spm
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / "data" / "corpus" / "tinyshakespeare.txt"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--switchyard", required=True, help="path to the switchyard binary")
+    p.add_argument("--token-tool", required=True, help="path to tests/data's token_tool binary")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--megabytes", type=float, default=25.0, help="text to prepare")
+    p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--seq", type=int, default=1024, help="loader window length")
+    p.add_argument("--global-batch", type=int, default=32, help="loader windows per step")
+    p.add_argument("--json", help="also write the results here")
+    return p.parse_args()
+
+
+def paragraphs(text):
+    """Documents as data/document_reader.h defines them for plain text."""
+    documents, lines = [], []
+    for line in text.split("\n"):
+        if line in ("", "\r"):
+            if lines:
+                documents.append("\n".join(lines))
+            lines = []
+        else:
+            lines.append(line)
+    if lines:
+        documents.append("\n".join(lines))
+    return documents
+
+
+def run(*cmd):
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, cmd))} failed:\n{result.stderr}")
+    return result.stdout
+
+
+def main():
+    args = parse_args()
+    corpus = CORPUS.read_text(encoding="utf-8")
+    repeats = max(1, round(args.megabytes * 1e6 / len(corpus.encode("utf-8"))))
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model = tmp / "tok.model"
+        run(args.switchyard, "data", "tokenizer", "--input", CORPUS, "--vocab-size",
+            args.vocab_size, "--out", model)
+        text_path = tmp / "input.txt"
+        # A blank line between copies keeps the paragraphs (documents) of each copy intact.
+        text = "\n\n".join([corpus.rstrip("\n")] * repeats) + "\n"
+        text_path.write_text(text, encoding="utf-8")
+        megabytes = text_path.stat().st_size / 1e6
+
+        start = time.perf_counter()
+        run(args.switchyard, "data", "prepare", "--tokenizer", model, "--input", text_path,
+            "--out", tmp / "dataset", "--threads", args.threads, "--val-fraction", 0)
+        engine_s = time.perf_counter() - start
+        index = json.loads((tmp / "dataset" / "index.json").read_text())
+        engine_ids = np.concatenate([h5py.File(tmp / "dataset" / e["file"], "r")["tokens"][:]
+                                     for e in index["splits"]["train"]])
+        engine_tokens = len(engine_ids)
+
+        documents = paragraphs(text)
+        sp = spm.SentencePieceProcessor(model_file=str(model))
+        start = time.perf_counter()
+        encoded = sp.encode(documents, num_threads=args.threads)
+        python_s = time.perf_counter() - start
+        python_ids = np.fromiter((i for ids in encoded for i in ids + [sp.eos_id()]), dtype=np.int64)
+        if not np.array_equal(python_ids, engine_ids):
+            raise SystemExit(f"the engine's ids differ from sentencepiece's "
+                             f"({engine_tokens} and {len(python_ids)} tokens)")
+
+        steps = max(1, (engine_tokens // args.seq) // args.global_batch)
+        loader = json.loads(run(args.token_tool, "bench-loader", tmp / "dataset", args.seq,
+                                args.global_batch, steps))
+
+    results = {
+        "megabytes": round(megabytes, 2),
+        "tokens": engine_tokens,
+        "threads": args.threads,
+        "vocab_size": args.vocab_size,
+        "engine_prepare_s": round(engine_s, 3),
+        "engine_prepare_mb_per_s": round(megabytes / engine_s, 2),
+        "python_sentencepiece_encode_s": round(python_s, 3),
+        "python_sentencepiece_mb_per_s": round(megabytes / python_s, 2),
+        "ratio_engine_over_python": round(python_s / engine_s, 3),
+        "loader_seq_len": args.seq,
+        "loader_global_batch": args.global_batch,
+        "loader_tokens_per_s": round(loader["tokens_per_s"]),
+    }
+    print(f"prepare {megabytes:.1f} MB, {engine_tokens} tokens, {args.threads} threads, "
+          f"vocab {args.vocab_size}")
+    print(f"  switchyard data prepare (whole process):  {results['engine_prepare_mb_per_s']:8.2f} MB/s")
+    print(f"  sentencepiece Python encode() only:       {results['python_sentencepiece_mb_per_s']:8.2f} MB/s")
+    print(f"  ratio engine / python:                    {results['ratio_engine_over_python']:8.3f}")
+    print(f"loader (seq {args.seq}, global batch {args.global_batch}, shuffled windows): "
+          f"{results['loader_tokens_per_s'] / 1e6:.1f}M tokens/s")
+    print(json.dumps(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+// Training batches from a TokenDataset: packed windows (see TokenDataset::read_window)
+// in a seeded order, split over data-parallel ranks, read ahead on a background thread.
+//
+// Global-batch semantics, so that every parallel layout trains on the same tokens:
+//   - Epoch e visits all W windows of the split in the order of a permutation drawn from
+//     (seed, e); epochs follow one another without a gap.
+//   - Optimizer step s consumes the next G = global_batch windows of that endless
+//     sequence (a step may straddle two epochs).
+//   - Data-parallel rank r of D takes the contiguous slice [r*G/D, (r+1)*G/D) of each
+//     step's windows, and next_batch() hands them out in order, micro-batch by
+//     micro-batch; after the slice of step s comes the slice of step s+1.
+// The batches are a pure function of (dataset, seq_len, seed, G, D, r): read-ahead,
+// timing and restarts change nothing.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data/token_dataset.h"
+
+namespace switchyard {
+
+// Where a loader stands; checkpoints save it. (epoch, position) is the first window of
+// the current step in epoch order, which does not depend on the parallel layout;
+// `consumed` counts the windows of this rank's slice of that step already returned (0
+// at step boundaries, where checkpoints are taken, so any layout can resume).
+struct LoaderState {
+  int64_t epoch = 0;
+  int64_t position = 0;
+  int64_t consumed = 0;
+  bool operator==(const LoaderState&) const = default;
+};
+
+struct LoaderOptions {
+  int64_t seq_len = 0;
+  uint64_t seed = 0;
+  int64_t global_batch = 0;  // windows per optimizer step, over all ranks
+  int dp_rank = 0;
+  int dp_size = 1;
+  int64_t prefetch_steps = 2;  // rank slices read ahead
+};
+
+// The order in which epoch `epoch` visits windows 0..windows-1 (a seeded Fisher-Yates
+// shuffle). 8 bytes per window.
+std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t windows);
+
+class Loader {
+ public:
+  static absl::StatusOr<std::unique_ptr<Loader>> create(const TokenDataset& dataset,
+                                                        const LoaderOptions& options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Fills ids and targets (micro_batch x seq_len each, row-major) with this rank's next
+  // micro_batch windows. Errors (a shard that turned unreadable, an id at or above the
+  // vocabulary size) name the shard and position.
+  absl::Status next_batch(int64_t micro_batch, int32_t* ids, int32_t* targets);
+
+  LoaderState state() const;
+  // Continues exactly where `state` was taken. A state in the middle of a step
+  // (consumed > 0) must come from the same global batch and layout.
+  absl::Status restore(const LoaderState& state);
+
+  int64_t windows_per_epoch() const { return windows_; }
+  int64_t local_batch() const { return local_batch_; }
+
+ private:
+  Loader(const TokenDataset& dataset, const LoaderOptions& options);
+
+  // One rank slice of one step, read by the background thread.
+  struct Block {
+    int64_t step_start = 0;  // global index of the step's first window
+    std::vector<int32_t> ids;
+    std::vector<int32_t> targets;
+    absl::Status status;
+  };
+
+  void start_reader(int64_t step_start);
+  void stop_reader();
+  void read_ahead(int64_t step_start);
+  absl::Status fill_block(Block& block);
+  const std::vector<int64_t>& permutation(int64_t epoch);
+
+  const TokenDataset dataset_;
+  const LoaderOptions options_;
+  const int64_t windows_;
+  const int64_t local_batch_;
+
+  // Consumer position: the step being handed out and how far into this rank's slice.
+  int64_t step_start_ = 0;
+  int64_t consumed_ = 0;
+
+  // Shared with the reader thread.
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Block> ready_;
+  bool stopping_ = false;
+  std::thread reader_;
+
+  // Reader thread only: the permutations of the last two epochs it touched.
+  int64_t cached_epochs_[2] = {-1, -1};
+  std::vector<int64_t> cached_permutations_[2];
+};
+
+}  // namespace switchyard

@@ -1,0 +1,109 @@
+#include "data/token_dataset.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "data/dataset_index.h"
+#include "data/sha256.h"
+#include "engine/runtime/check.h"
+#include "engine/runtime/status_macros.h"
+
+namespace switchyard {
+
+namespace fs = std::filesystem;
+
+absl::StatusOr<TokenDataset> TokenDataset::open(const std::string& dir, std::string_view split,
+                                                const DatasetOpenOptions& options) {
+  SY_ASSIGN_OR_RETURN(const DatasetIndex index, read_dataset_index(dir));
+  const std::string index_path = (fs::path(dir) / kIndexFileName).string();
+  if (index.format_version != kTokenFormatVersion)
+    return absl::InvalidArgumentError(
+        absl::StrCat(index_path, ": format_version ", index.format_version,
+                     "; this build reads version ", kTokenFormatVersion));
+  if (!options.expected_tokenizer_sha256.empty() &&
+      options.expected_tokenizer_sha256 != index.tokenizer_sha256)
+    return absl::FailedPreconditionError(absl::StrCat(
+        index_path, ": the dataset was made with tokenizer sha256 ", index.tokenizer_sha256,
+        ", not the expected ", options.expected_tokenizer_sha256));
+  if (options.expected_vocab_size > 0 && options.expected_vocab_size != index.vocab_size)
+    return absl::FailedPreconditionError(absl::StrCat(index_path, ": the dataset has vocab_size ",
+                                                      index.vocab_size, ", not the expected ",
+                                                      options.expected_vocab_size));
+  const auto split_it = index.splits.find(std::string(split));
+  if (split_it == index.splits.end() || split_it->second.empty())
+    return absl::NotFoundError(
+        absl::StrCat(index_path, ": the dataset has no ", std::string(split), " shards"));
+
+  TokenDataset d;
+  d.dir_ = dir;
+  d.split_ = std::string(split);
+  d.vocab_size_ = index.vocab_size;
+  d.tokenizer_sha256_ = index.tokenizer_sha256;
+  d.special_ids_ = index.special_ids;
+  if (!index.tokenizer_file.empty())
+    d.tokenizer_path_ = (fs::path(dir) / index.tokenizer_file).string();
+  for (const ShardEntry& entry : split_it->second) {
+    const std::string path = (fs::path(dir) / entry.file).string();
+    std::error_code ec;
+    const auto bytes = fs::file_size(path, ec);
+    if (ec) return absl::NotFoundError(absl::StrCat(path, ": listed in the index but missing"));
+    if (static_cast<int64_t>(bytes) != entry.bytes)
+      return absl::DataLossError(absl::StrCat(path, ": is ", bytes, " bytes, the index says ",
+                                              entry.bytes, " (truncated or replaced?)"));
+    if (options.verify_checksums) {
+      SY_ASSIGN_OR_RETURN(const std::string sha, sha256_file(path));
+      if (sha != entry.sha256)
+        return absl::DataLossError(absl::StrCat(path, ": sha256 ", sha,
+                                                " does not match the index (", entry.sha256,
+                                                "); the shard is corrupted"));
+    }
+    SY_ASSIGN_OR_RETURN(std::shared_ptr<ShardReader> shard, ShardReader::open(path));
+    const ShardAttributes& a = shard->attributes();
+    if (a.tokenizer_sha256 != index.tokenizer_sha256)
+      return absl::FailedPreconditionError(absl::StrCat(path, ": made with tokenizer sha256 ",
+                                                        a.tokenizer_sha256, ", the index says ",
+                                                        index.tokenizer_sha256));
+    if (a.vocab_size != index.vocab_size)
+      return absl::FailedPreconditionError(absl::StrCat(path, ": has vocab_size ", a.vocab_size,
+                                                        ", the index says ", index.vocab_size));
+    if (shard->num_tokens() != entry.tokens || shard->num_documents() != entry.documents)
+      return absl::DataLossError(absl::StrCat(path, ": holds ", shard->num_tokens(), " tokens in ",
+                                              shard->num_documents(), " documents, the index says ",
+                                              entry.tokens, " in ", entry.documents));
+    d.num_documents_ += shard->num_documents();
+    d.shard_starts_.push_back(d.shard_starts_.back() + shard->num_tokens());
+    d.shards_.push_back(std::move(shard));
+  }
+  return d;
+}
+
+absl::Status TokenDataset::read_tokens(int64_t start, int64_t count, int32_t* out) const {
+  SY_CHECK(start >= 0 && count >= 0 && start + count <= num_tokens());
+  // The last shard whose first token is at or before `start`.
+  size_t s = std::upper_bound(shard_starts_.begin(), shard_starts_.end(), start) -
+             shard_starts_.begin() - 1;
+  while (count > 0) {
+    const int64_t local = start - shard_starts_[s];
+    const int64_t take = std::min(count, shards_[s]->num_tokens() - local);
+    SY_RETURN_IF_ERROR(shards_[s]->read_tokens(local, take, out));
+    out += take;
+    start += take;
+    count -= take;
+    ++s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TokenDataset::read_window(int64_t window, int64_t seq_len, int32_t* ids,
+                                       int32_t* targets) const {
+  SY_CHECK(window >= 0 && window < num_windows(seq_len));
+  thread_local std::vector<int32_t> tokens;
+  tokens.resize(static_cast<size_t>(seq_len + 1));
+  SY_RETURN_IF_ERROR(read_tokens(window * seq_len, seq_len + 1, tokens.data()));
+  std::copy(tokens.begin(), tokens.end() - 1, ids);
+  std::copy(tokens.begin() + 1, tokens.end(), targets);
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard

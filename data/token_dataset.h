@@ -1,0 +1,69 @@
+// One split ("train" or "val") of a prepared token dataset directory, read as a single
+// token stream: the split's shards in index order, concatenated.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
+
+namespace switchyard {
+
+struct DatasetOpenOptions {
+  // Hash every shard against the index (a full read of the split). Without it, opening
+  // still checks each shard's size, structure and attributes against the index.
+  bool verify_checksums = false;
+  // When set, the dataset must have been made with this tokenizer / vocabulary size.
+  std::string expected_tokenizer_sha256;
+  int64_t expected_vocab_size = 0;
+};
+
+class TokenDataset {
+ public:
+  // Errors name the directory, the index or the shard at fault.
+  static absl::StatusOr<TokenDataset> open(const std::string& dir, std::string_view split,
+                                           const DatasetOpenOptions& options = {});
+
+  const std::string& dir() const { return dir_; }
+  const std::string& split() const { return split_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  const std::string& tokenizer_sha256() const { return tokenizer_sha256_; }
+  const SpecialTokenIds& special_ids() const { return special_ids_; }
+  // The tokenizer model kept in the directory, or "" when there is none.
+  const std::string& tokenizer_path() const { return tokenizer_path_; }
+  int64_t num_tokens() const { return shard_starts_.back(); }
+  int64_t num_documents() const { return num_documents_; }
+  const std::vector<std::shared_ptr<const ShardReader>>& shards() const { return shards_; }
+
+  // Tokens [start, start + count) of the split's stream, across shard boundaries.
+  // Thread-safe.
+  absl::Status read_tokens(int64_t start, int64_t count, int32_t* out) const;
+
+  // Packed windows: window w covers tokens [w * seq_len, w * seq_len + seq_len + 1);
+  // ids are its first seq_len tokens and targets its last seq_len, so every token after
+  // the first is a target exactly once. Windows may cross document and shard boundaries.
+  int64_t num_windows(int64_t seq_len) const {
+    return num_tokens() > 0 ? (num_tokens() - 1) / seq_len : 0;
+  }
+  // Fills ids and targets (seq_len each) with window `window`. Thread-safe.
+  absl::Status read_window(int64_t window, int64_t seq_len, int32_t* ids, int32_t* targets) const;
+
+ private:
+  std::string dir_;
+  std::string split_;
+  int64_t vocab_size_ = 0;
+  std::string tokenizer_sha256_;
+  SpecialTokenIds special_ids_;
+  std::string tokenizer_path_;
+  int64_t num_documents_ = 0;
+  std::vector<std::shared_ptr<const ShardReader>> shards_;
+  std::vector<int64_t> shard_starts_ = {0};  // shards + 1 entries
+};
+
+}  // namespace switchyard

@@ -1,0 +1,101 @@
+// One HDF5 token shard (schema in docs/data.md):
+//   /tokens       1-D uint16 (vocabularies up to 65536) or uint32, chunked: the token stream
+//   /doc_offsets  1-D int64, num_documents + 1 entries: 0, the end of each document, ...;
+//                 the last equals the length of /tokens
+//   root attributes: format_version, tokenizer_sha256, vocab_size, unk_id, bos_id, eos_id,
+//                 pad_id (-1 where the tokenizer has none)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data/tokenizer.h"
+
+namespace switchyard {
+
+inline constexpr int64_t kTokenFormatVersion = 1;
+inline constexpr int64_t kUint16VocabLimit = 65536;
+
+enum class TokenDType { kUint16, kUint32 };
+
+TokenDType token_dtype_for_vocab(int64_t vocab_size);
+const char* token_dtype_name(TokenDType dtype);
+
+struct ShardAttributes {
+  int64_t format_version = kTokenFormatVersion;
+  std::string tokenizer_sha256;
+  int64_t vocab_size = 0;
+  SpecialTokenIds special_ids;
+};
+
+// Writes a shard at `path` (the caller picks a temporary name and renames it when
+// close() succeeded). Tokens are buffered and appended in chunk-sized blocks.
+class ShardWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<ShardWriter>> create(const std::string& path,
+                                                             const ShardAttributes& attributes);
+  ~ShardWriter();
+
+  // Appends one document (its ids, end-of-document token included). Ids must be below
+  // the vocabulary size.
+  absl::Status append_document(const int32_t* ids, int64_t count);
+  // Flushes, writes /doc_offsets and the attributes, closes and fsyncs the file.
+  absl::Status close();
+
+  int64_t num_tokens() const { return num_tokens_; }
+  int64_t num_documents() const { return static_cast<int64_t>(doc_offsets_.size()) - 1; }
+  TokenDType dtype() const { return dtype_; }
+
+ private:
+  ShardWriter() = default;
+  absl::Status flush();
+
+  std::string path_;
+  ShardAttributes attributes_;
+  TokenDType dtype_ = TokenDType::kUint16;
+  struct Handles;
+  std::unique_ptr<Handles> h5_;
+  std::vector<uint32_t> pending_;  // tokens not yet in the file
+  std::vector<int64_t> doc_offsets_ = {0};
+  int64_t num_tokens_ = 0;
+  int64_t flushed_tokens_ = 0;
+  bool closed_ = false;
+};
+
+// Reads a shard. Opening checks the structure (datasets, types, attributes, document
+// offsets); token values are checked as they are read. Thread-safe.
+class ShardReader {
+ public:
+  static absl::StatusOr<std::shared_ptr<ShardReader>> open(const std::string& path);
+  ~ShardReader();
+
+  const std::string& path() const { return path_; }
+  const ShardAttributes& attributes() const { return attributes_; }
+  TokenDType dtype() const { return dtype_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  int64_t num_documents() const { return num_documents_; }
+
+  // Tokens [start, start + count) as int32. An id at or above the vocabulary size is an
+  // error naming the shard and the position.
+  absl::Status read_tokens(int64_t start, int64_t count, int32_t* out) const;
+  absl::StatusOr<std::vector<int64_t>> read_doc_offsets() const;
+  // Largest token id, reading the whole shard (validation; it also catches ids at or
+  // above the vocabulary size).
+  absl::StatusOr<int64_t> scan_max_token() const;
+
+ private:
+  ShardReader() = default;
+  std::string path_;
+  ShardAttributes attributes_;
+  TokenDType dtype_ = TokenDType::kUint16;
+  int64_t num_tokens_ = 0;
+  int64_t num_documents_ = 0;
+  struct Handles;
+  std::unique_ptr<Handles> h5_;
+};
+
+}  // namespace switchyard

@@ -1,0 +1,205 @@
+#include "engine/cli/data_commands.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "data/inspect.h"
+#include "data/prepare.h"
+#include "data/tokenizer.h"
+#include "engine/runtime/status_macros.h"
+
+namespace switchyard {
+namespace {
+
+// 1234567 -> "1.23M"
+std::string human(double n) {
+  if (n >= 1e9) return absl::StrFormat("%.2fG", n / 1e9);
+  if (n >= 1e6) return absl::StrFormat("%.2fM", n / 1e6);
+  if (n >= 1e4) return absl::StrFormat("%.1fk", n / 1e3);
+  return absl::StrFormat("%.0f", n);
+}
+
+// A live line redrawn with \r on a terminal; a plain line every 10 s otherwise (logs).
+class TerminalDataProgress : public DataProgressSink {
+ public:
+  TerminalDataProgress() : live_(isatty(STDOUT_FILENO) == 1) {}
+  ~TerminalDataProgress() override { end_line(); }
+
+  void on_progress(const DataProgress& p) override {
+    const auto now = std::chrono::steady_clock::now();
+    const double since = std::chrono::duration<double>(now - last_).count();
+    if (!p.finished && since < (live_ ? 0.1 : 10.0)) return;
+    last_ = now;
+    const double s = std::max(p.elapsed_s, 1e-9);
+    std::string line =
+        absl::StrFormat("%-9s %.1f/%.1f MB", p.stage, p.bytes_done / 1e6, p.bytes_total / 1e6);
+    if (p.bytes_total > 0)
+      absl::StrAppendFormat(&line, " %3.0f%%", 100.0 * p.bytes_done / p.bytes_total);
+    absl::StrAppendFormat(&line, "  %s docs", human(p.documents));
+    if (p.tokens > 0) absl::StrAppendFormat(&line, "  %s tokens", human(p.tokens));
+    absl::StrAppendFormat(&line, "  | %.1f MB/s  %s docs/s", p.bytes_done / 1e6 / s,
+                          human(p.documents / s));
+    if (p.tokens > 0) absl::StrAppendFormat(&line, "  %s tok/s", human(p.tokens / s));
+    absl::StrAppendFormat(&line, "  %.1fs", p.elapsed_s);
+    if (live_) {
+      std::printf("\r%s\x1b[K", line.c_str());
+      pending_ = true;
+      if (p.finished) end_line();
+    } else {
+      std::printf("%s\n", line.c_str());
+    }
+    std::fflush(stdout);
+  }
+
+  void on_message(const std::string& text) override {
+    end_line();
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+
+  // Ends a live line, so that what follows (an error on stderr) starts on its own line.
+  void end_line() {
+    if (!pending_) return;
+    std::printf("\n");
+    std::fflush(stdout);
+    pending_ = false;
+  }
+
+ private:
+  const bool live_;
+  bool pending_ = false;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+std::string special_ids_text(const SpecialTokenIds& s) {
+  return absl::StrFormat("unk %d, bos %d, eos %d, pad %d", s.unk, s.bos, s.eos, s.pad);
+}
+
+}  // namespace
+
+DataCommands::DataCommands(CLI::App& app) {
+  data_ = app.add_subcommand("data", "tokenizers and token datasets");
+  data_->require_subcommand(1);
+
+  tokenizer_ =
+      data_->add_subcommand("tokenizer", "train a SentencePiece tokenizer (byte fallback)");
+  tokenizer_->add_option("--input", inputs_, "text or JSON Lines files (.gz too)")->required();
+  tokenizer_->add_option("--vocab-size", vocab_size_, "pieces in the vocabulary")->required();
+  tokenizer_->add_option("--model-type", model_type_, "bpe or unigram")
+      ->check(CLI::IsMember({"bpe", "unigram"}));
+  tokenizer_->add_option("--out", out_, "model file to write (e.g. tok.model)")->required();
+  tokenizer_->add_option("--text-field", text_field_, "JSON Lines field holding the text");
+  tokenizer_->add_option("--threads", threads_, "training threads; 0 uses every core");
+
+  prepare_ = data_->add_subcommand("prepare", "tokenize text into HDF5 token shards");
+  prepare_->add_option("--tokenizer", tokenizer_path_, "SentencePiece model")->required();
+  prepare_->add_option("--input", inputs_, "text or JSON Lines files (.gz too)")->required();
+  prepare_->add_option("--out", out_, "dataset directory to create")->required();
+  prepare_->add_option("--val-fraction", val_fraction_, "fraction of documents held out");
+  prepare_->add_option("--shard-tokens", shard_tokens_, "tokens per shard (at least)");
+  prepare_->add_option("--text-field", text_field_, "JSON Lines field holding the text");
+  prepare_->add_option("--threads", threads_, "encoding threads; 0 uses every core");
+
+  inspect_ = app.add_subcommand("inspect", "describe and validate a token dataset or shard");
+  inspect_->add_option("path", inspect_path_, "dataset directory or .h5 shard")->required();
+  inspect_->add_option("--tokenizer", tokenizer_path_,
+                       "model to decode the sample with (default: the dataset's own)");
+  inspect_->add_option("--sample-tokens", sample_tokens_, "tokens of the sample to decode");
+}
+
+bool DataCommands::parsed() const { return data_->parsed() || inspect_->parsed(); }
+
+absl::Status DataCommands::run() {
+  if (tokenizer_->parsed()) return run_tokenizer();
+  if (prepare_->parsed()) return run_prepare();
+  return run_inspect();
+}
+
+absl::Status DataCommands::run_tokenizer() {
+  TokenizerTrainOptions options;
+  options.inputs = inputs_;
+  options.vocab_size = vocab_size_;
+  options.model_type = model_type_;
+  options.text_field = text_field_;
+  options.threads = threads_;
+  TerminalDataProgress progress;
+  return train_tokenizer(options, out_, progress);
+}
+
+absl::Status DataCommands::run_prepare() {
+  PrepareOptions options;
+  options.tokenizer_path = tokenizer_path_;
+  options.inputs = inputs_;
+  options.out_dir = out_;
+  options.val_fraction = val_fraction_;
+  options.shard_tokens = shard_tokens_;
+  options.text_field = text_field_;
+  options.threads = threads_;
+  TerminalDataProgress progress;
+  SY_ASSIGN_OR_RETURN(const PrepareSummary s, prepare_dataset(options, progress));
+  progress.end_line();
+  std::printf(
+      "prepared %s: train %lld tokens, %lld documents, %lld shards; val %lld tokens, %lld "
+      "documents, %lld shards; %.1f MB of text in %.1f s (%.2f MB/s)\n",
+      out_.c_str(), static_cast<long long>(s.tokens[0]), static_cast<long long>(s.documents[0]),
+      static_cast<long long>(s.shards[0]), static_cast<long long>(s.tokens[1]),
+      static_cast<long long>(s.documents[1]), static_cast<long long>(s.shards[1]),
+      s.input_bytes / 1e6, s.seconds, s.input_bytes / 1e6 / std::max(s.seconds, 1e-9));
+  return absl::OkStatus();
+}
+
+absl::Status DataCommands::run_inspect() {
+  InspectOptions options;
+  options.tokenizer_path = tokenizer_path_;
+  options.sample_tokens = sample_tokens_;
+  SY_ASSIGN_OR_RETURN(const InspectReport r, inspect_token_data(inspect_path_, options));
+  std::printf("%s: %s, format version %lld\n", r.path.c_str(),
+              r.is_directory ? "token dataset" : "token shard",
+              static_cast<long long>(r.format_version));
+  std::printf("  tokenizer sha256 %s, vocab_size %lld, special ids: %s\n",
+              r.tokenizer_sha256.c_str(), static_cast<long long>(r.vocab_size),
+              special_ids_text(r.special_ids).c_str());
+  struct Totals {
+    int64_t shards = 0, tokens = 0, documents = 0, bytes = 0;
+  };
+  std::map<std::string, Totals> totals;
+  for (const ShardReport& s : r.shards) {
+    std::printf("  %-28s %-5s %-6s %12lld tokens %9lld docs %12lld bytes  max id %lld  %s\n",
+                std::filesystem::path(s.path).filename().c_str(), s.split.c_str(),
+                token_dtype_name(s.dtype), static_cast<long long>(s.tokens),
+                static_cast<long long>(s.documents), static_cast<long long>(s.bytes),
+                static_cast<long long>(s.max_token_id),
+                s.checksum_checked ? "sha256 ok" : "(no index: checksum not checked)");
+    Totals& t = totals[s.split];
+    ++t.shards;
+    t.tokens += s.tokens;
+    t.documents += s.documents;
+    t.bytes += s.bytes;
+  }
+  if (r.is_directory)
+    for (const auto& [split, t] : totals)
+      std::printf("  %s: %lld shards, %lld tokens, %lld documents, %.1f MB\n", split.c_str(),
+                  static_cast<long long>(t.shards), static_cast<long long>(t.tokens),
+                  static_cast<long long>(t.documents), t.bytes / 1e6);
+  std::printf("  valid: structure, document offsets, every token id < %lld%s\n",
+              static_cast<long long>(r.vocab_size),
+              r.shards.front().checksum_checked ? ", checksums" : "");
+  if (!r.sample_tokenizer.empty()) {
+    std::printf("  sample (%zu tokens, decoded with %s):\n    %s\n", r.sample_ids.size(),
+                r.sample_tokenizer.c_str(), absl::StrReplaceAll(r.sample, {{"\n", "\\n"}}).c_str());
+  } else {
+    std::string ids;
+    for (int32_t id : r.sample_ids) absl::StrAppend(&ids, ids.empty() ? "" : " ", id);
+    std::printf("  sample ids (no tokenizer; pass --tokenizer to decode): %s\n", ids.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard
