@@ -1,6 +1,7 @@
 // Final model weights of a run: a directory with the resolved recipe
-// (`recipe.textproto`) and the fp32 parameters under their registry names
-// (`model.safetensors`). `switchyard eval` and `switchyard sample` read it.
+// (`recipe.textproto`), the fp32 parameters under their registry names
+// (`model.safetensors`) and the tokenizer the model was trained with
+// (`tokenizer.model`). `switchyard eval` and `switchyard sample` read it.
 #pragma once
 
 #include <string>
@@ -12,8 +13,9 @@
 
 namespace switchyard {
 
+// `tokenizer_path` (may be empty) is copied in as tokenizer.model.
 absl::Status save_weights(const std::string& dir, const config::Recipe& recipe,
-                          const ParamStore& params);
+                          const ParamStore& params, const std::string& tokenizer_path);
 absl::StatusOr<config::Recipe> load_weights_recipe(const std::string& dir);
 // Copies the saved tensors into `params` (already allocated); every parameter must be
 // present with its shape, and the file must hold nothing else.

@@ -11,7 +11,7 @@
 namespace switchyard {
 
 struct CorpusDatasetOptions {
-  int64_t vocab_size = 0;  // of the BPE tokenizer trained on the corpus; at least 300
+  int64_t vocab_size = 0;  // of the BPE tokenizer trained on the corpus; at least kMinTokenizerVocabSize
   double val_fraction = 0.1;
   std::string cache_dir;  // empty: default_dataset_cache_dir()
 };

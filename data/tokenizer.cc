@@ -18,10 +18,11 @@ absl::Status train_tokenizer(const TokenizerTrainOptions& options, const std::st
   if (options.model_type != "bpe" && options.model_type != "unigram")
     return absl::InvalidArgumentError(
         absl::StrCat("unknown tokenizer model type \"", options.model_type, "\" (bpe or unigram)"));
-  if (options.vocab_size < 300)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "vocab size ", options.vocab_size,
-        " is too small: the special and byte pieces alone take 260; use at least 300"));
+  if (options.vocab_size < kMinTokenizerVocabSize)
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocab size ", options.vocab_size,
+                     " is too small: the special and byte pieces alone take 260; use at least ",
+                     kMinTokenizerVocabSize));
   SY_ASSIGN_OR_RETURN(const int64_t bytes_total, total_file_bytes(options.inputs));
 
   // Sentences stream from the inputs one document at a time; an error stops the

@@ -35,6 +35,9 @@ struct SpecialTokenIds {
 
 inline constexpr SpecialTokenIds kTrainedSpecialIds = {0, 1, 2, 3};
 
+// The special and byte pieces alone take 260; below this there is no room for merges.
+inline constexpr int64_t kMinTokenizerVocabSize = 300;
+
 struct TokenizerTrainOptions {
   std::vector<std::string> inputs;  // text / JSON Lines files, see data/document_reader.h
   int64_t vocab_size = 0;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -16,7 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/weights.h"
-#include "data/byte_corpus.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
+#include "engine/cli/data_commands.h"
 #include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
@@ -61,12 +64,15 @@ class TerminalSink : public ProgressSink {
   }
 };
 
-// A relative corpus path in a recipe is relative to the recipe file's directory.
+// Relative data paths in a recipe are relative to the recipe file's directory.
 void resolve_paths(config::Recipe& recipe, const std::string& recipe_path) {
-  const std::string& corpus = recipe.data().corpus();
-  if (!corpus.empty() && fs::path(corpus).is_relative())
-    recipe.mutable_data()->set_corpus(
-        (fs::path(recipe_path).parent_path() / corpus).lexically_normal().string());
+  auto resolve = [&](const std::string& path) {
+    if (path.empty() || fs::path(path).is_absolute()) return path;
+    return (fs::path(recipe_path).parent_path() / path).lexically_normal().string();
+  };
+  config::DataConfig* data = recipe.mutable_data();
+  data->set_corpus(resolve(data->corpus()));
+  data->set_dataset(resolve(data->dataset()));
 }
 
 absl::Status dry_run(const config::Recipe& recipe) {
@@ -88,14 +94,15 @@ absl::Status dry_run(const config::Recipe& recipe) {
 }
 
 absl::Status run_train(const std::string& recipe_path, const std::string& run_dir,
-                       const std::vector<std::string>& overrides, bool dry, double peak_gflops) {
+                       const std::vector<std::string>& overrides, bool dry, double peak_gflops,
+                       const std::string& cache_dir) {
   SY_ASSIGN_OR_RETURN(config::Recipe recipe, config::load_recipe(recipe_path, overrides));
   resolve_paths(recipe, recipe_path);
   if (dry) return dry_run(recipe);
   if (run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
   TerminalSink sink;
   sink.on_message(absl::StrCat("switchyard train: ", config::summarize_recipe(recipe)));
-  TrainOptions options{run_dir, peak_gflops * 1e9};
+  TrainOptions options{run_dir, peak_gflops * 1e9, cache_dir};
   return train(recipe, options, sink);
 }
 
@@ -103,36 +110,43 @@ struct LoadedModel {
   config::Recipe recipe;
   ParamStore params;
   std::unique_ptr<Transformer> model;
+  std::optional<Tokenizer> tokenizer;
 };
 
 absl::Status load_model(const std::string& dir, LoadedModel& out) {
   SY_ASSIGN_OR_RETURN(out.recipe, load_weights_recipe(dir));
+  SY_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(dir + "/tokenizer.model"));
   set_cpu_threads(out.recipe.runtime().threads());
   out.model = std::make_unique<Transformer>(out.recipe, out.params);
   out.params.allocate(cpu_device());
   return load_weights(dir, out.params);
 }
 
-absl::Status run_eval(const std::string& dir, const std::string& data, int64_t batches) {
+absl::Status run_eval(const std::string& dir, const std::string& data, const std::string& split,
+                      int64_t max_windows) {
   LoadedModel lm;
   SY_RETURN_IF_ERROR(load_model(dir, lm));
+  DatasetOpenOptions open_options;
+  open_options.expected_tokenizer_sha256 = lm.tokenizer->sha256();
+  SY_ASSIGN_OR_RETURN(const TokenDataset dataset, TokenDataset::open(data, split, open_options));
   const int64_t seq = lm.recipe.train().seq_len();
-  // --data names a text file evaluated whole: every full window, in order.
-  SY_ASSIGN_OR_RETURN(ByteCorpus corpus, ByteCorpus::load_for_eval(data, seq));
-  const int64_t mb = 1;
-  const int64_t windows = corpus.val_windows();
-  const int64_t n_batches = batches > 0 ? std::min(batches, windows) : windows;
-  Tensor ids = Tensor::empty({mb, seq}, DType::kI32), targets = Tensor::empty({mb, seq}, DType::kI32);
+  const int64_t windows = max_windows > 0 ? std::min(max_windows, dataset.num_windows(seq))
+                                          : dataset.num_windows(seq);
+  if (windows == 0)
+    return absl::InvalidArgumentError(absl::StrCat(data, ": the ", split,
+                                                    " split is shorter than one window of ",
+                                                    seq + 1, " tokens"));
+  Tensor ids = Tensor::empty({1, seq}, DType::kI32), targets = Tensor::empty({1, seq}, DType::kI32);
   Rng rng(0);
   double sum = 0;
   int64_t tokens = 0;
-  for (int64_t b = 0; b < n_batches; ++b) {
-    corpus.val_batch(b, mb, ids.data<int32_t>(), targets.data<int32_t>());
+  for (int64_t w = 0; w < windows; ++w) {
+    SY_RETURN_IF_ERROR(dataset.read_window(w, seq, ids.data<int32_t>(), targets.data<int32_t>()));
     LossParts p = lm.model->forward(cpu_device(), ids, targets, false, rng);
     sum += p.cross_entropy * p.target_tokens;
     tokens += p.target_tokens;
   }
-  nlohmann::ordered_json j = {{"val_loss", tokens ? sum / tokens : 0.0}, {"tokens", tokens}};
+  nlohmann::ordered_json j = {{"val_loss", sum / tokens}, {"tokens", tokens}, {"split", split}};
   std::printf("%s\n", j.dump().c_str());
   return absl::OkStatus();
 }
@@ -141,23 +155,26 @@ absl::Status run_sample(const std::string& dir, const std::string& prompt, int64
                         double temperature, uint64_t seed) {
   LoadedModel lm;
   SY_RETURN_IF_ERROR(load_model(dir, lm));
-  if (prompt.empty()) return absl::InvalidArgumentError("--prompt must not be empty");
+  const Tokenizer& tokenizer = *lm.tokenizer;
   const int64_t window = lm.recipe.train().seq_len();
   const int64_t vocab = lm.recipe.model().vocab_size();
-  std::vector<int32_t> ids = ByteCorpus::encode(prompt);
+  // Only the tokenizer's ids are valid outputs (the embedding may be padded beyond them).
+  const int64_t valid = std::min<int64_t>(vocab, tokenizer.vocab_size());
+  const int32_t eos = tokenizer.special_ids().eos;
+  std::vector<int32_t> ids = tokenizer.encode(prompt);
+  if (ids.empty()) ids.push_back(eos);
+  const size_t prompt_tokens = ids.size();
   Rng rng(seed);
-  std::string generated;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t len = std::min<int64_t>(window, static_cast<int64_t>(ids.size()));
     Tensor in = Tensor::empty({1, len}, DType::kI32);
     std::copy(ids.end() - len, ids.end(), in.data<int32_t>());
     Tensor logits = lm.model->logits(cpu_device(), in);
     const float* last = logits.data<float>() + (len - 1) * vocab;
-    // Byte-level sampling: only the 256 byte ids are valid outputs.
-    const int64_t valid = std::min<int64_t>(vocab, kByteVocabSize);
     int32_t next = 0;
     if (temperature <= 0) {
-      for (int64_t v = 1; v < valid; ++v) if (last[v] > last[next]) next = static_cast<int32_t>(v);
+      for (int64_t v = 1; v < valid; ++v)
+        if (last[v] > last[next]) next = static_cast<int32_t>(v);
     } else {
       double max_logit = last[0];
       for (int64_t v = 1; v < valid; ++v) max_logit = std::max<double>(max_logit, last[v]);
@@ -168,9 +185,26 @@ absl::Status run_sample(const std::string& dir, const std::string& prompt, int64
       for (next = 0; next < valid - 1 && (u -= p[next]) > 0; ++next) {}
     }
     ids.push_back(next);
-    generated.push_back(static_cast<char>(next));
   }
-  std::printf("%s%s\n", prompt.c_str(), generated.c_str());
+  // Documents end with eos in the training data: show each boundary as a blank line.
+  std::string text = prompt;
+  std::vector<int32_t> piece;
+  auto flush = [&]() -> absl::Status {
+    SY_ASSIGN_OR_RETURN(std::string decoded, tokenizer.decode(piece));
+    text += decoded;
+    piece.clear();
+    return absl::OkStatus();
+  };
+  for (size_t i = prompt_tokens; i < ids.size(); ++i) {
+    if (ids[i] == eos) {
+      SY_RETURN_IF_ERROR(flush());
+      text += "\n\n";
+    } else {
+      piece.push_back(ids[i]);
+    }
+  }
+  SY_RETURN_IF_ERROR(flush());
+  std::printf("%s\n", text.c_str());
   return absl::OkStatus();
 }
 
@@ -193,7 +227,7 @@ int main(int argc, char** argv) {
   CLI::App app{"switchyard: training engine for sparse Mixture-of-Experts language models"};
   app.require_subcommand(1);
 
-  std::string recipe_path, run_dir;
+  std::string recipe_path, run_dir, cache_dir;
   std::vector<std::string> overrides;
   bool dry = false;
   double peak_gflops = kDefaultCpuPeakGflops;
@@ -203,15 +237,19 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--set", overrides, "override a recipe field: path=value (repeatable)");
   train_cmd->add_flag("--dry-run", dry, "print parameter and FLOP counts, train nothing");
   train_cmd->add_option("--peak-gflops", peak_gflops, "peak GFLOP/s the MFU is measured against");
+  train_cmd->add_option("--dataset-cache", cache_dir,
+                        "where a data.corpus is prepared on first use (default "
+                        "~/.cache/switchyard/datasets)");
 
-  std::string weights_dir, data, prompt;
+  std::string weights_dir, data, prompt, split = "val";
   int64_t batches = 0, tokens = 200;
   double temperature = 0.8;
   uint64_t seed = 1;
-  auto* eval_cmd = app.add_subcommand("eval", "print the loss of saved weights on a text file as JSON");
+  auto* eval_cmd = app.add_subcommand("eval", "print the loss of saved weights on a dataset as JSON");
   eval_cmd->add_option("checkpoint", weights_dir, "weights directory (<run-dir>/checkpoints/final)")->required();
-  eval_cmd->add_option("--data", data, "text file to evaluate on")->required();
-  eval_cmd->add_option("--batches", batches, "evaluate at most this many windows of train.seq_len");
+  eval_cmd->add_option("--data", data, "dataset directory (made by `data prepare`)")->required();
+  eval_cmd->add_option("--split", split, "split to evaluate: val or train");
+  eval_cmd->add_option("--windows", batches, "evaluate at most this many windows of train.seq_len");
 
   auto* sample_cmd = app.add_subcommand("sample", "generate text from saved weights");
   sample_cmd->add_option("checkpoint", weights_dir, "weights directory")->required();
@@ -220,9 +258,12 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--temperature", temperature, "0 picks the most likely token");
   sample_cmd->add_option("--seed", seed, "sampling seed");
 
+  DataCommands data_commands(app);
+
   CLI11_PARSE(app, argc, argv);
-  if (train_cmd->parsed()) return report(run_train(recipe_path, run_dir, overrides, dry, peak_gflops));
-  if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, batches));
+  if (data_commands.parsed()) return report(data_commands.run());
+  if (train_cmd->parsed()) return report(run_train(recipe_path, run_dir, overrides, dry, peak_gflops, cache_dir));
+  if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, split, batches));
   if (sample_cmd->parsed()) return report(run_sample(weights_dir, prompt, tokens, temperature, seed));
   return 1;
 }

@@ -300,13 +300,16 @@ absl::Status validate_train(const Recipe& recipe) {
 
 absl::Status validate_data(const Recipe& recipe) {
   const DataConfig& data = recipe.data();
-  if (data.corpus().empty()) return invalid("data.corpus must name a text file");
-  if (recipe.model().vocab_size() < 256) {
-    return invalid(absl::StrCat("model.vocab_size (", recipe.model().vocab_size(),
-                                ") must be >= 256: data.corpus is read as bytes"));
+  if (data.corpus().empty() == data.dataset().empty())
+    return invalid("exactly one of data.dataset and data.corpus must be set");
+  if (!data.corpus().empty() && recipe.model().vocab_size() < kMinCorpusVocabSize) {
+    return invalid(absl::StrCat("model.vocab_size (", recipe.model().vocab_size(), ") must be >= ",
+                                kMinCorpusVocabSize,
+                                " to train a tokenizer on data.corpus (256 byte pieces, "
+                                "special tokens and merges)"));
   }
   SY_RETURN_IF_ERROR(check_unit_interval("data.val_fraction", data.val_fraction()));
-  if (recipe.train().eval_interval() > 0 && data.val_fraction() == 0) {
+  if (!data.corpus().empty() && recipe.train().eval_interval() > 0 && data.val_fraction() == 0) {
     return invalid(absl::StrCat("train.eval_interval (", recipe.train().eval_interval(),
                                 ") needs data.val_fraction > 0 (nothing is held out)"));
   }

@@ -17,6 +17,11 @@
 
 namespace switchyard::config {
 
+// Smallest model.vocab_size for a tokenizer trained on data.corpus; the same as
+// kMinTokenizerVocabSize in data/tokenizer.h (the config layer sits below data, and a
+// data test checks that the two agree).
+inline constexpr int64_t kMinCorpusVocabSize = 300;
+
 // Parses a textproto recipe and fills defaults (no validation). Syntax errors,
 // unknown fields and values of the wrong type give InvalidArgument
 // "<source_name>:<line>:<col>: <message>".

@@ -6,13 +6,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/weights.h"
-#include "data/byte_corpus.h"
+#include "data/corpus_cache.h"
+#include "data/loader.h"
+#include "data/token_dataset.h"
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
@@ -33,15 +36,22 @@ Batch make_batch(int64_t batch, int64_t seq) {
   return {Tensor::empty({batch, seq}, DType::kI32), Tensor::empty({batch, seq}, DType::kI32)};
 }
 
-double evaluate(Device& dev, Transformer& model, const ByteCorpus& corpus,
-                const config::Recipe& recipe) {
+// Cross-entropy over the first eval_batches x micro_batch windows of the validation
+// split, in order (wrapping around a short split).
+absl::StatusOr<double> evaluate(Device& dev, Transformer& model, const TokenDataset& val,
+                                const config::Recipe& recipe) {
   const int64_t mb = recipe.train().micro_batch_size();
-  Batch b = make_batch(mb, recipe.train().seq_len());
+  const int64_t seq = recipe.train().seq_len();
+  const int64_t windows = val.num_windows(seq);
+  Batch b = make_batch(mb, seq);
   Rng rng(0);
   double sum = 0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < recipe.train().eval_batches(); ++i) {
-    corpus.val_batch(i, mb, b.ids.data<int32_t>(), b.targets.data<int32_t>());
+    for (int64_t j = 0; j < mb; ++j)
+      SY_RETURN_IF_ERROR(val.read_window((i * mb + j) % windows, seq,
+                                         b.ids.data<int32_t>() + j * seq,
+                                         b.targets.data<int32_t>() + j * seq));
     LossParts parts = model.forward(dev, b.ids, b.targets, /*training=*/false, rng);
     sum += parts.cross_entropy * parts.target_tokens;
     tokens += parts.target_tokens;
@@ -49,13 +59,50 @@ double evaluate(Device& dev, Transformer& model, const ByteCorpus& corpus,
   return tokens ? sum / tokens : 0.0;
 }
 
+// Shows data preparation (first use of a corpus) through the trainer's sink.
+class DataMessages : public DataProgressSink {
+ public:
+  explicit DataMessages(ProgressSink& sink) : sink_(sink) {}
+  void on_message(const std::string& text) override { sink_.on_message(text); }
+
+ private:
+  ProgressSink& sink_;
+};
+
+absl::StatusOr<std::string> dataset_dir(const config::Recipe& recipe, const TrainOptions& options,
+                                        ProgressSink& sink) {
+  if (recipe.data().corpus().empty()) return recipe.data().dataset();
+  DataMessages messages(sink);
+  CorpusDatasetOptions corpus_options;
+  corpus_options.vocab_size = recipe.model().vocab_size();
+  corpus_options.val_fraction = recipe.data().val_fraction();
+  corpus_options.cache_dir = options.dataset_cache_dir;
+  return ensure_prepared_corpus(recipe.data().corpus(), corpus_options, messages);
+}
+
 }  // namespace
 
 absl::Status train(const config::Recipe& recipe, const TrainOptions& options, ProgressSink& sink) {
   const auto& tc = recipe.train();
-  SY_ASSIGN_OR_RETURN(ByteCorpus corpus,
-                      ByteCorpus::load(recipe.data().corpus(), recipe.data().val_fraction(),
-                                       tc.seq_len()));
+  SY_ASSIGN_OR_RETURN(const std::string data_dir, dataset_dir(recipe, options, sink));
+  SY_ASSIGN_OR_RETURN(const TokenDataset train_data, TokenDataset::open(data_dir, "train"));
+  if (train_data.vocab_size() > recipe.model().vocab_size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        data_dir, ": its tokenizer has ", train_data.vocab_size(),
+        " tokens, more than model.vocab_size (", recipe.model().vocab_size(), ")"));
+  std::optional<TokenDataset> val_data;
+  if (tc.eval_interval() > 0) {
+    SY_ASSIGN_OR_RETURN(val_data, TokenDataset::open(data_dir, "val"));
+    if (val_data->num_windows(tc.seq_len()) == 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          data_dir, ": the validation split is shorter than one window of train.seq_len + 1 (",
+          tc.seq_len() + 1, ") tokens; set train.eval_interval=0 or hold out more data"));
+  }
+  LoaderOptions loader_options;
+  loader_options.seq_len = tc.seq_len();
+  loader_options.seed = tc.seed();
+  loader_options.global_batch = tc.global_batch_size();
+  SY_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::create(train_data, loader_options));
 
   std::error_code ec;
   fs::create_directories(options.run_dir, ec);
@@ -73,9 +120,10 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
   AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params);
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
-      "model: %.2fM parameters, %.2fM active per token; %d threads; %lld training tokens",
-      stats.total_params / 1e6, stats.active_params / 1e6, cpu_threads(),
-      static_cast<long long>(corpus.train_tokens())));
+      "model: %.2fM parameters, %.2fM active per token; %d threads; data: %s (%lld training "
+      "tokens)",
+      stats.total_params / 1e6, stats.active_params / 1e6, cpu_threads(), data_dir,
+      static_cast<long long>(train_data.num_tokens())));
 
   const int64_t micro = tc.micro_batch_size();
   const int64_t accumulation = tc.global_batch_size() / micro;
@@ -89,21 +137,21 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
   int64_t window_steps = 0;
   double dropped = 0, assignments = 0, worst_load = 0;
 
-  const bool can_eval = corpus.val_windows() > 0;
-  auto run_eval = [&](int64_t step) {
-    const double val = evaluate(dev, model, corpus, recipe);
+  auto run_eval = [&](int64_t step) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(const double val, evaluate(dev, model, *val_data, recipe));
     nlohmann::ordered_json j = {{"step", step}, {"val_loss", val}};
     metrics << j.dump() << "\n" << std::flush;
     sink.on_eval(step, val);
+    return absl::OkStatus();
   };
   // The untrained baseline, so every curve starts from a measured point.
-  if (can_eval && tc.eval_interval() > 0) run_eval(0);
+  if (val_data) SY_RETURN_IF_ERROR(run_eval(0));
 
   for (int64_t step = 1; step <= tc.steps(); ++step) {
     LossParts step_loss;
     for (int64_t m = 0; m < accumulation; ++m) {
-      corpus.train_batch(tc.seed(), step, m * micro, micro, batch.ids.data<int32_t>(),
-                         batch.targets.data<int32_t>());
+      SY_RETURN_IF_ERROR(
+          loader->next_batch(micro, batch.ids.data<int32_t>(), batch.targets.data<int32_t>()));
       LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true, routing_rng);
       model.backward(dev, 1.0f / static_cast<float>(accumulation));
       step_loss.total += parts.total / accumulation;
@@ -154,14 +202,17 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
       window_steps = 0;
       dropped = assignments = worst_load = 0;
     }
-    const bool eval_now = (tc.eval_interval() > 0 && step % tc.eval_interval() == 0) || step == tc.steps();
-    if (eval_now && can_eval) run_eval(step);
+    if (val_data && (step % tc.eval_interval() == 0 || step == tc.steps()))
+      SY_RETURN_IF_ERROR(run_eval(step));
   }
   if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));
 
   const std::string weights_dir =
       (fs::path(options.run_dir) / recipe.checkpoint().dir() / "final").string();
-  SY_RETURN_IF_ERROR(save_weights(weights_dir, recipe, params));
+  config::Recipe saved = recipe;
+  saved.mutable_data()->clear_corpus();
+  saved.mutable_data()->set_dataset(data_dir);
+  SY_RETURN_IF_ERROR(save_weights(weights_dir, saved, params, train_data.tokenizer_path()));
   sink.on_message(absl::StrCat("saved final weights to ", weights_dir));
   return absl::OkStatus();
 }

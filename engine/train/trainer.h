@@ -40,10 +40,13 @@ struct TrainOptions {
   std::string run_dir;
   // Peak FLOP/s the MFU is measured against.
   double peak_flops = 0;
+  // Where a data.corpus is prepared into a dataset on first use; empty means the
+  // default cache (data/corpus_cache.h).
+  std::string dataset_cache_dir;
 };
 
 // Trains `recipe` (already validated, paths resolved) and writes into options.run_dir:
-// metrics.jsonl, and the final weights under <checkpoint.dir>/final.
+// metrics.jsonl, and the final weights (with the tokenizer) under <checkpoint.dir>/final.
 absl::Status train(const config::Recipe& recipe, const TrainOptions& options, ProgressSink& sink);
 
 }  // namespace switchyard

@@ -50,7 +50,8 @@ expect_error "missing recipe" "nope.textproto" "$work/r8" -- "$bin" train "$work
 expect_error "missing corpus" "/nonexistent/corpus.txt" "$work/r9" -- "$bin" train "$work/nocorpus.textproto" --run-dir "$work/r9"
 expect_error "empty corpus" "empty" "$work/r10" -- "$bin" train "$work/emptycorpus.textproto" --run-dir "$work/r10"
 touch "$work/file"
-short=(--set train.steps=1 --set optimizer.warmup_steps=0 --set train.eval_interval=0)
+short=(--set train.steps=1 --set optimizer.warmup_steps=0 --set train.eval_interval=0
+       --dataset-cache "$work/cache")
 expect_error "unwritable run dir" "run directory" "" -- "$bin" train "$tiny" --run-dir "$work/file/sub" "${short[@]}"
 expect_error "missing weights" "recipe.textproto" "" -- "$bin" sample "$work/none" --prompt hi
 
@@ -61,6 +62,20 @@ if "$bin" train "$tiny" --run-dir "$work/run" "${short[@]}" >/dev/null; then
   expect_error "truncated weights" "model.safetensors" "" -- "$bin" sample "$weights" --prompt hi
 else
   echo "FAIL a one-step training run failed"; failures=$((failures + 1))
+fi
+
+printf 'not a sentencepiece model\n' >"$work/bad.model"
+printf 'some text\n\nmore text\n' >"$work/text.txt"
+expect_error "tokenizer of missing input" "missing.txt" "" -- "$bin" data tokenizer --input "$work/missing.txt" --vocab-size 400 --out "$work/t.model"
+expect_error "tokenizer vocabulary too small" "vocab size 100" "" -- "$bin" data tokenizer --input "$work/text.txt" --vocab-size 100 --out "$work/t.model"
+expect_error "prepare with a bad tokenizer" "bad.model" "$work/ds" -- "$bin" data prepare --tokenizer "$work/bad.model" --input "$work/text.txt" --out "$work/ds"
+expect_error "inspect of a missing path" "nothing.h5" "" -- "$bin" inspect "$work/nothing.h5"
+if [[ -d "$work/cache" ]]; then
+  dataset=$(ls -d "$work"/cache/*/ | head -1)
+  shard="$dataset/train-00000-of-00001.h5"
+  head -c 5000 "$shard" >"$work/short.h5" && cp "$work/short.h5" "$shard"
+  expect_error "inspect of a truncated shard" "train-00000-of-00001.h5" "" -- "$bin" inspect "$dataset"
+  expect_error "training on a truncated shard" "train-00000-of-00001.h5" "$work/r11" -- "$bin" train "$tiny" --run-dir "$work/r11" "${short[@]}"
 fi
 
 echo "$passed passed, $failures failed"

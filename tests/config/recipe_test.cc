@@ -34,7 +34,7 @@ fs::path repo_root() {
 // A small valid recipe that leans on defaults; each validation case breaks one thing.
 constexpr char kValidRecipe[] = R"pb(
   name: "test"
-  model { vocab_size: 256 hidden_size: 64 num_layers: 2 num_heads: 4 moe_layer_interval: 1 }
+  model { vocab_size: 512 hidden_size: 64 num_layers: 2 num_heads: 4 moe_layer_interval: 1 }
   moe { num_experts: 4 top_k: 2 expert_ffn_hidden_size: 128 }
   optimizer { lr: 1e-3 warmup_steps: 10 }
   train { global_batch_size: 8 micro_batch_size: 4 seq_len: 32 steps: 100 }
@@ -81,7 +81,7 @@ TEST(RecipeTest, ShippedShapes) {
   const fs::path recipes = repo_root() / "recipes";
   absl::StatusOr<Recipe> tiny = load_recipe((recipes / "tiny.textproto").string(), {});
   ASSERT_TRUE(tiny.ok()) << tiny.status();
-  EXPECT_EQ(tiny->model().vocab_size(), 256);
+  EXPECT_EQ(tiny->model().vocab_size(), 1024);
   EXPECT_EQ(effective_head_dim(tiny->model()), 32);
   EXPECT_EQ(tiny->model().max_position_embeddings(), 128);
   for (int layer = 0; layer < 4; ++layer) EXPECT_TRUE(is_moe_layer(*tiny, layer));
@@ -282,7 +282,7 @@ INSTANTIATE_TEST_SUITE_P(
     RecipeTest, ValidationTest,
     ::testing::Values(
         ValidationCase{{"model.vocab_size=0"}, "model.vocab_size (0) must be > 0"},
-        ValidationCase{{"model.vocab_size=100"}, "model.vocab_size (100) must be >= 256"},
+        ValidationCase{{"model.vocab_size=100"}, "model.vocab_size (100) must be >= 300"},
         ValidationCase{{"model.hidden_size=-8"}, "model.hidden_size (-8) must be > 0"},
         ValidationCase{{"model.num_layers=0"}, "model.num_layers (0) must be > 0"},
         ValidationCase{{"model.num_heads=0"}, "model.num_heads (0) must be > 0"},
@@ -339,7 +339,8 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"train.steps=-1", "optimizer.warmup_steps=0"},
                        "train.steps (-1) must be >= 0"},
         ValidationCase{{"train.eval_interval=-5"}, "train.eval_interval (-5) must be >= 0"},
-        ValidationCase{{"data.corpus="}, "data.corpus must name a text file"},
+        ValidationCase{{"data.corpus="}, "exactly one of data.dataset and data.corpus"},
+        ValidationCase{{"data.dataset=prepared"}, "exactly one of data.dataset and data.corpus"},
         ValidationCase{{"data.val_fraction=1"}, "data.val_fraction (1) must be in [0, 1)"},
         ValidationCase{{"data.val_fraction=0", "train.eval_interval=10"},
                        "train.eval_interval (10) needs data.val_fraction > 0"},

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "data/sha256.h"
+#include "engine/config/recipe.h"
 #include "tests/data/data_test_util.h"
 
 namespace switchyard {
@@ -15,6 +16,10 @@ using ::switchyard::testing::message_of;
 using ::switchyard::testing::ScratchDir;
 using ::switchyard::testing::small_tokenizer_path;
 using ::switchyard::testing::write_text;
+
+TEST(TokenizerTest, RecipeMinimumVocabularyAgrees) {
+  EXPECT_EQ(kMinTokenizerVocabSize, config::kMinCorpusVocabSize);
+}
 
 TEST(Sha256Test, KnownDigests) {
   EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");

@@ -31,7 +31,7 @@ moe {{ num_experts: {EXPERTS} top_k: {TOP_K} gating: TOPK_SOFTMAX aux_loss_coef:
        z_loss_coef: 0 expert_ffn_hidden_size: {FFN} }}
 optimizer {{ lr: 1e-3 }}
 train {{ global_batch_size: {BATCH} seq_len: {SEQ} steps: 1 }}
-data {{ corpus: "unused.txt" }}
+data {{ dataset: "unused" }}
 """
 
 
