@@ -18,6 +18,8 @@ import sentencepiece as spm
 TOOL = os.environ["TOKEN_TOOL"]
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "data", "corpus", "tinyshakespeare.txt")
 SEQ = 32
+SWITCHYARD = os.environ["SWITCHYARD"]
+RECIPE = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "tiny.textproto")
 
 
 def tool(*args, expect_ok=True):
@@ -131,6 +133,35 @@ def test_loader_reads_h5py_shards(work, sp):
     first_epoch = starts[:windows]
     assert sorted(first_epoch) == list(range(windows))
     assert first_epoch != list(range(windows))
+
+
+def test_engine_trains_on_h5py_shards(work, sp):
+    """Shards a user writes with h5py from their own tokenizer's ids are a dataset that
+    `switchyard train` trains and evaluates on."""
+    paragraphs = [p for p in (work / "corpus.txt").read_text(encoding="utf-8").split("\n\n") if p]
+    sha = hashlib.sha256((work / "tok.model").read_bytes()).hexdigest()
+    data = work / "train_from_h5py"
+    data.mkdir()
+    for split, docs in [("train", paragraphs[:-40]), ("val", paragraphs[-40:])]:
+        ids, ends = [], []
+        for doc in docs:
+            ids += sp.encode(doc) + [sp.eos_id()]
+            ends.append(len(ids))
+        write_shard(data / f"{split}-00000-of-00001.h5", ids, ends, 600, sha)
+    write_index(data, {"train": ["train-00000-of-00001.h5"], "val": ["val-00000-of-00001.h5"]},
+                600, sha)
+    run = work / "run"
+    result = subprocess.run(
+        [SWITCHYARD, "train", RECIPE, "--run-dir", run, "--set", f"data.dataset={data}",
+         "--set", "data.corpus=", "--set", "model.vocab_size=600", "--set", "train.steps=4",
+         "--set", "optimizer.warmup_steps=1", "--set", "train.eval_interval=2",
+         "--set", "train.eval_batches=1"],
+        capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [m["val_loss"] for m in metrics if "val_loss" in m]
+    assert len(evals) == 3 and all(np.isfinite(evals))
+    assert evals[-1] < evals[0]
 
 
 def test_bad_h5py_shards_are_one_line_errors(work):
