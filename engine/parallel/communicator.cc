@@ -1,0 +1,90 @@
+#include "engine/parallel/communicator.h"
+
+namespace switchyard {
+namespace {
+
+void check_cpu(const Tensor& tensor) {
+  SY_CHECK_MSG(tensor.defined(), "collective on an undefined tensor");
+  SY_CHECK_MSG(!tensor.device().is_cuda(), "CPU communicator given a CUDA tensor");
+}
+
+int64_t sum_of(const std::vector<int64_t>& counts) {
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    SY_CHECK_MSG(c >= 0, "negative row count");
+    total += c;
+  }
+  return total;
+}
+
+}  // namespace
+
+int64_t row_elements(const Tensor& tensor) {
+  int64_t n = 1;
+  for (int i = 1; i < tensor.rank(); ++i) n *= tensor.dim(i);
+  return n;
+}
+
+void Communicator::all_reduce_sum(Tensor& tensor) {
+  check_cpu(tensor);
+  SY_CHECK_MSG(tensor.dtype() == DType::kF32, "all_reduce_sum needs an f32 tensor");
+  all_reduce_sum_f32(tensor.data<float>(), tensor.numel());
+}
+
+void Communicator::all_reduce_sum(double* values, int64_t n) {
+  SY_CHECK(n >= 0 && (values != nullptr || n == 0));
+  all_reduce_sum_f64(values, n);
+}
+
+void Communicator::all_reduce_sum(int64_t* values, int64_t n) {
+  SY_CHECK(n >= 0 && (values != nullptr || n == 0));
+  all_reduce_sum_i64(values, n);
+}
+
+void Communicator::reduce_scatter_sum(const Tensor& in, Tensor& out) {
+  check_cpu(in);
+  check_cpu(out);
+  SY_CHECK_MSG(in.dtype() == DType::kF32 && out.dtype() == DType::kF32,
+               "reduce_scatter_sum needs f32 tensors");
+  SY_CHECK_MSG(in.numel() == size() * out.numel(),
+               "reduce_scatter_sum input must hold size() * out.numel() elements");
+  reduce_scatter_sum_f32(in.data<float>(), out.data<float>(), out.numel());
+}
+
+void Communicator::all_gather(const Tensor& in, Tensor& out) {
+  check_cpu(in);
+  check_cpu(out);
+  SY_CHECK_MSG(in.dtype() == out.dtype(), "all_gather dtypes differ");
+  SY_CHECK_MSG(out.numel() == size() * in.numel(),
+               "all_gather output must hold size() * in.numel() elements");
+  all_gather_impl(in, out);
+}
+
+void Communicator::all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows,
+                                Tensor& recv, const std::vector<int64_t>& recv_rows) {
+  check_cpu(send);
+  check_cpu(recv);
+  SY_CHECK_MSG(send.dtype() == recv.dtype(), "all_to_all_v dtypes differ");
+  SY_CHECK_MSG(send.rank() >= 1 && recv.rank() >= 1, "all_to_all_v needs tensors with rows");
+  SY_CHECK_MSG(row_elements(send) == row_elements(recv), "all_to_all_v row sizes differ");
+  SY_CHECK_MSG(
+      static_cast<int>(send_rows.size()) == size() && static_cast<int>(recv_rows.size()) == size(),
+      "all_to_all_v needs one row count per rank");
+  SY_CHECK_MSG(sum_of(send_rows) == send.rows(), "send_rows do not add up to send's rows");
+  SY_CHECK_MSG(sum_of(recv_rows) == recv.rows(), "recv_rows do not add up to recv's rows");
+  all_to_all_v_impl(send, send_rows, recv, recv_rows);
+}
+
+std::vector<int64_t> Communicator::all_to_all_counts(const std::vector<int64_t>& send_counts) {
+  SY_CHECK_MSG(static_cast<int>(send_counts.size()) == size(),
+               "all_to_all_counts needs one count per rank");
+  return all_to_all_counts_impl(send_counts);
+}
+
+void Communicator::broadcast(Tensor& tensor, int root) {
+  check_cpu(tensor);
+  SY_CHECK_MSG(root >= 0 && root < size(), "broadcast root out of range");
+  broadcast_impl(tensor, root);
+}
+
+}  // namespace switchyard

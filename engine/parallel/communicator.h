@@ -1,0 +1,81 @@
+// Collective communication over a process group, on CPU tensors.
+//
+// Every member of the group must call the same collectives in the same order with
+// matching sizes; a mismatch is a bug and hangs or aborts the job. Argument errors
+// visible on one rank (wrong dtype, wrong sizes) are CHECK failures.
+//
+// Determinism: for a fixed group size every collective gives the same bits for the
+// same inputs, on every rank and in every run (resume and layout-equivalence tests
+// compare bits). Collectives that only move bytes are deterministic by nature; the
+// floating-point sums are computed by the engine in a fixed order (see each method),
+// never by MPI's reduction algorithms, whose summation order depends on message size.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/runtime/tensor.h"
+
+namespace switchyard {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // This process's index in the group, in [0, size()).
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place: every rank's `tensor` (f32) becomes the element-wise sum over the group.
+  // Summed in rank order 0, 1, ..., size-1 (((x0 + x1) + x2) + ...) by the rank that
+  // owns each chunk, then shared, so every rank holds identical bits.
+  void all_reduce_sum(Tensor& tensor);
+  // The same for `n` host values (losses, token counts, norms); same summation order.
+  // Integer sums are exact in any order.
+  void all_reduce_sum(double* values, int64_t n);
+  void all_reduce_sum(int64_t* values, int64_t n);
+
+  // `in` (f32) holds size() * out.numel() elements, read as size() equal chunks;
+  // rank r's `out` gets the element-wise sum over the group of chunk r, summed in rank
+  // order as all_reduce_sum does.
+  void reduce_scatter_sum(const Tensor& in, Tensor& out);
+
+  // `out` (same dtype, size() * in.numel() elements) gets every rank's `in`
+  // concatenated in rank order. Any dtype.
+  void all_gather(const Tensor& in, Tensor& out);
+
+  // Row exchange for expert parallelism. `send` is row-major with sum(send_rows) rows,
+  // sent as consecutive blocks: block j (send_rows[j] rows) goes to rank j. `recv`
+  // (same dtype and row size, sum(recv_rows) rows) receives rank i's block for this
+  // rank as its block i, in rank order. recv_rows[i] must equal what rank i sends
+  // here; all_to_all_counts() gives it. Counts may be zero. Any dtype.
+  void all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                    const std::vector<int64_t>& recv_rows);
+  // Exchanges one count per peer: returns r with r[i] = rank i's send_counts[this rank].
+  // Call it with all_to_all_v's send_rows to get its recv_rows.
+  std::vector<int64_t> all_to_all_counts(const std::vector<int64_t>& send_counts);
+
+  // Every rank's `tensor` gets the bytes of rank `root`'s tensor (same dtype, numel).
+  void broadcast(Tensor& tensor, int root);
+
+  // Returns once every rank of the group has called it.
+  virtual void barrier() = 0;
+
+ protected:
+  // The public methods check their arguments, then call these.
+  virtual void all_reduce_sum_f32(float* values, int64_t n) = 0;
+  virtual void all_reduce_sum_f64(double* values, int64_t n) = 0;
+  virtual void all_reduce_sum_i64(int64_t* values, int64_t n) = 0;
+  virtual void reduce_scatter_sum_f32(const float* in, float* out, int64_t out_n) = 0;
+  virtual void all_gather_impl(const Tensor& in, Tensor& out) = 0;
+  virtual void all_to_all_v_impl(const Tensor& send, const std::vector<int64_t>& send_rows,
+                                 Tensor& recv, const std::vector<int64_t>& recv_rows) = 0;
+  virtual std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& send_counts) = 0;
+  virtual void broadcast_impl(Tensor& tensor, int root) = 0;
+};
+
+// Elements per row (product of all but the leading dimension); unlike
+// Tensor::row_size() it is defined for tensors with zero rows.
+int64_t row_elements(const Tensor& tensor);
+
+}  // namespace switchyard

@@ -1,0 +1,70 @@
+// The parallel layout of a job and the process groups that realise it.
+//
+// world = dp x tp, ranks numbered with tp fastest: rank = dp_index * tp + tp_index.
+//   tp group:        the tp consecutive ranks of one dp_index (dense layers split weights)
+//   dp group:        the ranks with the same tp_index (replicas of one tp shard)
+//   ep group:        ep consecutive ranks (rank / ep equal); experts are split over it
+//   expert_dp group: the ranks with the same position in their ep group (rank % ep
+//                    equal); replicas of the same experts, world / ep of them
+// MoE layers fold the tp ranks' tokens apart before routing (DESIGN.md, Topology), so
+// the ep group need not align with tp groups; ep only has to divide the world.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/config/recipe.pb.h"
+#include "engine/parallel/communicator.h"
+
+namespace switchyard {
+
+struct Layout {
+  int world_size = 1;
+  int tensor_parallel_size = 1;
+  int data_parallel_size = 1;
+  int expert_parallel_size = 1;
+  int expert_data_parallel_size = 1;
+  // Experts held by each rank of an ep group (moe.num_experts / ep; 0 without MoE).
+  int num_local_experts = 0;
+  // Sequences per optimizer step (fixed by the recipe, whatever the layout), per
+  // forward/backward pass on one dp rank, and passes per step on each dp rank.
+  int64_t global_batch_size = 0;
+  int64_t micro_batch_size = 0;
+  int64_t micro_batches_per_step = 0;
+
+  // A rank's index inside each of its groups; it is also that rank's rank in the
+  // group's communicator.
+  int tp_index(int rank) const { return rank % tensor_parallel_size; }
+  int dp_index(int rank) const { return rank / tensor_parallel_size; }
+  int ep_index(int rank) const { return rank % expert_parallel_size; }
+  int expert_dp_index(int rank) const { return rank / expert_parallel_size; }
+  // The world ranks of each group `rank` belongs to, in group order.
+  std::vector<int> tp_group(int rank) const;
+  std::vector<int> dp_group(int rank) const;
+  std::vector<int> ep_group(int rank) const;
+  std::vector<int> expert_dp_group(int rank) const;
+};
+
+// Checks the recipe's parallel settings against `world_size` before any work starts and
+// derives the layout. Errors are InvalidArgument, one line naming the field, e.g.
+// "parallel.tensor_parallel_size (3) must divide the world size (4)". Zero fields take
+// their recipe defaults (tp, ep 1; micro_batch_size = global_batch_size).
+absl::StatusOr<Layout> make_layout(const config::Recipe& recipe, int world_size);
+
+// One communicator per group of this process's rank.
+struct ProcessGroups {
+  std::unique_ptr<Communicator> world;
+  std::unique_ptr<Communicator> tp;
+  std::unique_ptr<Communicator> dp;
+  std::unique_ptr<Communicator> ep;
+  std::unique_ptr<Communicator> expert_dp;
+};
+
+// Builds the groups of `layout` for this process: MPI communicators split from the
+// world when MpiRuntime was launched (collective: every rank must call it), else
+// LocalCommunicators (layout.world_size must then be 1). Needs MpiRuntime::initialize.
+ProcessGroups make_process_groups(const Layout& layout);
+
+}  // namespace switchyard
