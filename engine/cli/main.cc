@@ -23,6 +23,8 @@
 #include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
+#include "engine/parallel/mpi_runtime.h"
+#include "engine/parallel/topology.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/trainer.h"
 #include "kernels/threads.h"
@@ -98,11 +100,21 @@ absl::Status run_train(const std::string& recipe_path, const std::string& run_di
                        const std::string& cache_dir) {
   SY_ASSIGN_OR_RETURN(config::Recipe recipe, config::load_recipe(recipe_path, overrides));
   resolve_paths(recipe, recipe_path);
-  if (dry) return dry_run(recipe);
+  const MpiRuntime& runtime = MpiRuntime::get();
+  // The layout is checked before any work, in a dry run too.
+  SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, runtime.world_size()));
+  if (dry) return runtime.world_rank() == 0 ? dry_run(recipe) : absl::OkStatus();
   if (run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
+  ProcessGroups groups = make_process_groups(layout);
   TerminalSink sink;
-  sink.on_message(absl::StrCat("switchyard train: ", config::summarize_recipe(recipe)));
-  TrainOptions options{run_dir, peak_gflops * 1e9, cache_dir};
+  if (runtime.world_rank() == 0)
+    sink.on_message(absl::StrCat("switchyard train: ", config::summarize_recipe(recipe)));
+  TrainOptions options;
+  options.run_dir = run_dir;
+  options.peak_flops = peak_gflops * 1e9;
+  options.dataset_cache_dir = cache_dir;
+  options.groups = &groups;
+  options.threads_per_rank = runtime.launched() ? runtime.threads_per_rank() : 0;
   return train(recipe, options, sink);
 }
 
@@ -208,8 +220,17 @@ absl::Status run_sample(const std::string& dir, const std::string& prompt, int64
   return absl::OkStatus();
 }
 
+// One line on stderr. Under a launcher the failing rank names itself and ends the whole
+// job, so no rank is left waiting in a collective for it.
 int report(const absl::Status& status) {
   if (status.ok()) return 0;
+  const MpiRuntime& runtime = MpiRuntime::get();
+  if (runtime.world_size() > 1) {
+    std::fprintf(stderr, "switchyard: error (rank %d): %s\n", runtime.world_rank(),
+                 std::string(status.message()).c_str());
+    std::fflush(stderr);
+    abort_job(1);
+  }
   std::fprintf(stderr, "switchyard: error: %s\n", std::string(status.message()).c_str());
   return 1;
 }
@@ -223,6 +244,7 @@ int main(int argc, char** argv) {
   // faulting in fresh pages for every allocation.
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  MpiRuntime::initialize(&argc, &argv);
 
   CLI::App app{"switchyard: training engine for sparse Mixture-of-Experts language models"};
   app.require_subcommand(1);
@@ -236,7 +258,7 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--run-dir", run_dir, "directory for metrics and weights");
   train_cmd->add_option("--set", overrides, "override a recipe field: path=value (repeatable)");
   train_cmd->add_flag("--dry-run", dry, "print parameter and FLOP counts, train nothing");
-  train_cmd->add_option("--peak-gflops", peak_gflops, "peak GFLOP/s the MFU is measured against");
+  train_cmd->add_option("--peak-gflops", peak_gflops, "peak GFLOP/s of all the ranks together, for the MFU");
   train_cmd->add_option("--dataset-cache", cache_dir,
                         "where a data.corpus is prepared on first use (default "
                         "~/.cache/switchyard/datasets)");

@@ -97,19 +97,22 @@ absl::StatusOr<Layout> make_layout(const config::Recipe& recipe, int world_size)
   return layout;
 }
 
+ProcessGroups local_process_groups() {
+  ProcessGroups groups;
+  groups.world = std::make_unique<LocalCommunicator>();
+  groups.tp = std::make_unique<LocalCommunicator>();
+  groups.dp = std::make_unique<LocalCommunicator>();
+  groups.ep = std::make_unique<LocalCommunicator>();
+  groups.expert_dp = std::make_unique<LocalCommunicator>();
+  return groups;
+}
+
 ProcessGroups make_process_groups(const Layout& layout) {
   const MpiRuntime& runtime = MpiRuntime::get();
   SY_CHECK_MSG(layout.world_size == runtime.world_size(),
                "layout made for another world size than the job's");
+  if (!runtime.launched()) return local_process_groups();
   ProcessGroups groups;
-  if (!runtime.launched()) {
-    groups.world = std::make_unique<LocalCommunicator>();
-    groups.tp = std::make_unique<LocalCommunicator>();
-    groups.dp = std::make_unique<LocalCommunicator>();
-    groups.ep = std::make_unique<LocalCommunicator>();
-    groups.expert_dp = std::make_unique<LocalCommunicator>();
-    return groups;
-  }
   std::unique_ptr<MpiCommunicator> world = MpiCommunicator::duplicate(MPI_COMM_WORLD);
   const int rank = world->rank();
   // Colors name the group; keys order it so group rank == the Layout's index.

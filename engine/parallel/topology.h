@@ -62,6 +62,9 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> expert_dp;
 };
 
+// Every group of size 1, for a single process (needs no MpiRuntime).
+ProcessGroups local_process_groups();
+
 // Builds the groups of `layout` for this process: MPI communicators split from the
 // world when MpiRuntime was launched (collective: every rank must call it), else
 // LocalCommunicators (layout.world_size must then be 1). Needs MpiRuntime::initialize.

@@ -27,9 +27,18 @@ Param& ParamStore::add(std::string name, Shape shape, ShardSpec spec, ParamInit 
 }
 
 void ParamStore::allocate(Device& device) {
+  int64_t dense = 0, expert = 0;
+  for (const Param& p : params_) (p.spec.expert ? expert : dense) += shape_numel(p.shape);
+  dense_grads_ = Tensor::zeros({dense}, DType::kF32, MemoryKind::kGradients, device);
+  expert_grads_ = Tensor::zeros({expert}, DType::kF32, MemoryKind::kGradients, device);
+  dense = expert = 0;
   for (Param& p : params_) {
     p.value = Tensor::empty(p.shape, DType::kF32, MemoryKind::kParameters, device);
-    p.grad = Tensor::zeros(p.shape, DType::kF32, MemoryKind::kGradients, device);
+    int64_t& offset = p.spec.expert ? expert : dense;
+    Tensor& flat = p.spec.expert ? expert_grads_ : dense_grads_;
+    const int64_t n = shape_numel(p.shape);
+    p.grad = flat.slice_rows(offset, offset + n).reshape(p.shape);
+    offset += n;
   }
 }
 
@@ -54,7 +63,8 @@ void ParamStore::initialize(uint64_t seed) {
 }
 
 void ParamStore::zero_grads() {
-  for (Param& p : params_) p.grad.zero_();
+  dense_grads_.zero_();
+  expert_grads_.zero_();
 }
 
 Param* ParamStore::find(const std::string& name) {

@@ -38,12 +38,18 @@ class ParamStore {
  public:
   // Registers a parameter; memory comes with allocate().
   Param& add(std::string name, Shape shape, ShardSpec spec, ParamInit init, float init_std = 0.0f);
-  // Allocates values and zeroed gradients on `device`.
+  // Allocates values and zeroed gradients on `device`. The gradients of all dense
+  // parameters are views into one flat buffer, and those of all expert parameters into
+  // another, so that each is reduced over its group in one collective.
   void allocate(Device& device);
   // Deterministic initialisation: every parameter draws from its own stream derived
   // from (seed, name), so the result does not depend on registration order.
   void initialize(uint64_t seed);
   void zero_grads();
+
+  // Flat gradient buffers (1-D; empty when there are no such parameters).
+  Tensor& dense_grads() { return dense_grads_; }
+  Tensor& expert_grads() { return expert_grads_; }
 
   std::deque<Param>& params() { return params_; }
   const std::deque<Param>& params() const { return params_; }
@@ -53,6 +59,8 @@ class ParamStore {
  private:
   // A deque keeps references returned by add() valid as more parameters register.
   std::deque<Param> params_;
+  Tensor dense_grads_;
+  Tensor expert_grads_;
 };
 
 }  // namespace switchyard

@@ -80,11 +80,57 @@ absl::StatusOr<std::string> dataset_dir(const config::Recipe& recipe, const Trai
   return ensure_prepared_corpus(recipe.data().corpus(), corpus_options, messages);
 }
 
+// Reports only on world rank 0; the other ranks stay silent.
+class RankZeroSink : public ProgressSink {
+ public:
+  RankZeroSink(ProgressSink& sink, bool active) : sink_(sink), active_(active) {}
+  void on_step(const StepMetrics& m) override {
+    if (active_) sink_.on_step(m);
+  }
+  void on_eval(int64_t step, double val_loss) override {
+    if (active_) sink_.on_eval(step, val_loss);
+  }
+  void on_message(const std::string& text) override {
+    if (active_) sink_.on_message(text);
+  }
+
+ private:
+  ProgressSink& sink_;
+  bool active_;
+};
+
+// Sums values over the data-parallel group and divides by its size.
+void average(Communicator& dp, std::vector<double>& values) {
+  dp.all_reduce_sum(values.data(), static_cast<int64_t>(values.size()));
+  for (double& v : values) v /= dp.size();
+}
+
+std::string megabytes(int64_t bytes) { return absl::StrFormat("%.1f MB", bytes / 1048576.0); }
+
 }  // namespace
 
-absl::Status train(const config::Recipe& recipe, const TrainOptions& options, ProgressSink& sink) {
+absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
+                   ProgressSink& terminal) {
+  ProcessGroups local_groups;
+  if (options.groups == nullptr) local_groups = local_process_groups();
+  ProcessGroups& groups = options.groups ? *options.groups : local_groups;
+  const int rank = groups.world->rank();
+  const bool reporter = rank == 0;
+  RankZeroSink sink(terminal, reporter);
+  SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
+  if (layout.tensor_parallel_size > 1 || layout.expert_parallel_size > 1)
+    return absl::UnimplementedError(
+        "parallel.tensor_parallel_size and parallel.expert_parallel_size above 1 are not "
+        "implemented yet; data parallelism (any world size) is");
+  if (recipe.parallel().zero_stage() > 0)
+    return absl::UnimplementedError("parallel.zero_stage above 0 is not implemented yet");
+
   const auto& tc = recipe.train();
-  SY_ASSIGN_OR_RETURN(const std::string data_dir, dataset_dir(recipe, options, sink));
+  // Rank 0 prepares a corpus on first use; the others then find it in the cache.
+  if (!reporter) groups.world->barrier();
+  absl::StatusOr<std::string> prepared = dataset_dir(recipe, options, sink);
+  if (reporter) groups.world->barrier();
+  SY_ASSIGN_OR_RETURN(const std::string data_dir, std::move(prepared));
   SY_ASSIGN_OR_RETURN(const TokenDataset train_data, TokenDataset::open(data_dir, "train"));
   if (train_data.vocab_size() > recipe.model().vocab_size())
     return absl::InvalidArgumentError(absl::StrCat(
@@ -102,16 +148,23 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
   loader_options.seq_len = tc.seq_len();
   loader_options.seed = tc.seed();
   loader_options.global_batch = tc.global_batch_size();
+  loader_options.dp_rank = layout.dp_index(rank);
+  loader_options.dp_size = layout.data_parallel_size;
   SY_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::create(train_data, loader_options));
 
-  std::error_code ec;
-  fs::create_directories(options.run_dir, ec);
   const std::string metrics_path = options.run_dir + "/metrics.jsonl";
-  std::ofstream metrics(metrics_path, std::ios::trunc);
-  if (ec || !metrics)
-    return absl::PermissionDeniedError(absl::StrCat(options.run_dir, ": cannot write the run directory"));
+  std::ofstream metrics;
+  if (reporter) {
+    std::error_code ec;
+    fs::create_directories(options.run_dir, ec);
+    if (!ec) metrics.open(metrics_path, std::ios::trunc);
+    if (ec || !metrics)
+      return absl::PermissionDeniedError(
+          absl::StrCat(options.run_dir, ": cannot write the run directory"));
+  }
 
-  set_cpu_threads(recipe.runtime().threads());
+  set_cpu_threads(recipe.runtime().threads() > 0 ? recipe.runtime().threads()
+                                                 : options.threads_per_rank);
   Device& dev = cpu_device();
   ParamStore params;
   Transformer model(recipe, params);
@@ -120,13 +173,17 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
   AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params);
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
-      "model: %.2fM parameters, %.2fM active per token; %d threads; data: %s (%lld training "
-      "tokens)",
-      stats.total_params / 1e6, stats.active_params / 1e6, cpu_threads(), data_dir,
+      "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d) x %d threads; data: "
+      "%s (%lld training tokens)",
+      stats.total_params / 1e6, stats.active_params / 1e6, layout.world_size,
+      layout.data_parallel_size, cpu_threads(), data_dir,
       static_cast<long long>(train_data.num_tokens())));
 
   const int64_t micro = tc.micro_batch_size();
-  const int64_t accumulation = tc.global_batch_size() / micro;
+  const int64_t accumulation = layout.micro_batches_per_step;
+  // Each micro-batch's mean loss counts 1 / (micro-batches over all ranks) of the step's
+  // loss, so the summed gradients equal the single-process ones.
+  const int64_t global_micro_batches = accumulation * layout.data_parallel_size;
   const int64_t tokens_per_step = tc.global_batch_size() * tc.seq_len();
   Batch batch = make_batch(micro, tc.seq_len());
   Rng routing_rng = Rng(tc.seed()).fork(0x6a7e);
@@ -140,7 +197,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
   auto run_eval = [&](int64_t step) -> absl::Status {
     SY_ASSIGN_OR_RETURN(const double val, evaluate(dev, model, *val_data, recipe));
     nlohmann::ordered_json j = {{"step", step}, {"val_loss", val}};
-    metrics << j.dump() << "\n" << std::flush;
+    if (reporter) metrics << j.dump() << "\n" << std::flush;
     sink.on_eval(step, val);
     return absl::OkStatus();
   };
@@ -153,7 +210,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
       SY_RETURN_IF_ERROR(
           loader->next_batch(micro, batch.ids.data<int32_t>(), batch.targets.data<int32_t>()));
       LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true, routing_rng);
-      model.backward(dev, 1.0f / static_cast<float>(accumulation));
+      model.backward(dev, 1.0f / static_cast<float>(global_micro_batches));
       step_loss.total += parts.total / accumulation;
       step_loss.cross_entropy += parts.cross_entropy / accumulation;
       step_loss.aux_loss += parts.aux_loss / accumulation;
@@ -163,7 +220,34 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
       assignments += rs.assignments;
       worst_load = std::max(worst_load, rs.worst_load_ratio);
     }
+    groups.dp->all_reduce_sum(params.dense_grads());
+    groups.expert_dp->all_reduce_sum(params.expert_grads());
     StepReport report = optimizer.step(dev);
+    if (step == 1) {
+      const MemoryStats& mem = dev.memory_stats();
+      auto peak = [&](MemoryKind k) { return mem.peak_bytes[static_cast<int>(k)]; };
+      sink.on_message(absl::StrCat(
+          "memory per rank: parameters ", megabytes(peak(MemoryKind::kParameters)),
+          ", gradients ", megabytes(peak(MemoryKind::kGradients)), ", optimizer state ",
+          megabytes(peak(MemoryKind::kOptimizerState)), ", peak activations ",
+          megabytes(peak(MemoryKind::kActivations))));
+      if (reporter) {
+        nlohmann::ordered_json j = {
+            {"memory_bytes",
+             {{"parameters", peak(MemoryKind::kParameters)},
+              {"gradients", peak(MemoryKind::kGradients)},
+              {"optimizer_state", peak(MemoryKind::kOptimizerState)},
+              {"activations", peak(MemoryKind::kActivations)}}}};
+        metrics << j.dump() << "\n" << std::flush;
+      }
+    }
+    std::vector<double> losses = {step_loss.total, step_loss.cross_entropy, step_loss.aux_loss,
+                                  step_loss.z_loss};
+    average(*groups.dp, losses);
+    step_loss.total = losses[0];
+    step_loss.cross_entropy = losses[1];
+    step_loss.aux_loss = losses[2];
+    step_loss.z_loss = losses[3];
     if (!std::isfinite(step_loss.total))
       return absl::InternalError(absl::StrCat("the loss became ", step_loss.total, " at step ", step,
                                               "; lower optimizer.lr or enable optimizer.grad_clip"));
@@ -196,7 +280,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
           {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu},
           {"dropped_fraction", m.dropped_fraction}, {"worst_load_ratio", m.worst_load_ratio},
           {"elapsed_s", m.elapsed_s}};
-      metrics << j.dump() << "\n" << std::flush;
+      if (reporter) metrics << j.dump() << "\n" << std::flush;
       sink.on_step(m);
       window_start = now;
       window_steps = 0;
@@ -205,6 +289,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options, Pr
     if (val_data && (step % tc.eval_interval() == 0 || step == tc.steps()))
       SY_RETURN_IF_ERROR(run_eval(step));
   }
+  if (!reporter) return absl::OkStatus();
   if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));
 
   const std::string weights_dir =

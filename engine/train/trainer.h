@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "engine/config/recipe.pb.h"
+#include "engine/parallel/topology.h"
 
 namespace switchyard {
 
@@ -43,6 +44,11 @@ struct TrainOptions {
   // Where a data.corpus is prepared into a dataset on first use; empty means the
   // default cache (data/corpus_cache.h).
   std::string dataset_cache_dir;
+  // The job's process groups (from make_process_groups); null trains in one process.
+  // Only world rank 0 reports through the sink and writes into run_dir.
+  ProcessGroups* groups = nullptr;
+  // CPU threads when the recipe leaves runtime.threads at 0 (0: every core).
+  int threads_per_rank = 0;
 };
 
 // Trains `recipe` (already validated, paths resolved) and writes into options.run_dir:

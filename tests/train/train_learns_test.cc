@@ -67,9 +67,14 @@ TEST(Training, TinyRecipeLearns) {
   EXPECT_LT(end, start - 1.5);
   EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints/final/model.safetensors"));
   std::ifstream metrics(fs::path(dir) / "metrics.jsonl");
-  int lines = 0;
-  for (std::string line; std::getline(metrics, line);) ++lines;
-  EXPECT_EQ(lines, 6 + 2);  // a line per log interval of 10 steps, plus two evals
+  int lines = 0, memory_lines = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    ++lines;
+    if (line.find("\"memory_bytes\"") != std::string::npos) ++memory_lines;
+  }
+  // A line per log interval of 10 steps, two evals and the memory report.
+  EXPECT_EQ(lines, 6 + 2 + 1);
+  EXPECT_EQ(memory_lines, 1);
   fs::remove_all(dir);
 }
 
