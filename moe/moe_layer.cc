@@ -19,8 +19,11 @@ Tensor activation(Device& dev, const Shape& shape, DType dtype = DType::kF32) {
 }  // namespace
 
 MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
-                   const config::ModelConfig& model, const config::MoeConfig& moe)
+                   const config::ModelConfig& model, const config::MoeConfig& moe,
+                   Communicator* expert_parallel)
     : num_experts_(moe.num_experts()),
+      num_local_experts_(moe.num_experts() / (expert_parallel ? expert_parallel->size() : 1)),
+      ep_(expert_parallel && expert_parallel->size() > 1 ? expert_parallel : nullptr),
       top_k_(moe.top_k()),
       gating_(moe.gating()),
       capacity_factor_(moe.capacity_factor()) {
@@ -29,10 +32,14 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
   const float std = model.init_std();
   router_ = &params.add(prefix + "gate.weight", {num_experts_, hidden}, ShardSpec{},
                         ParamInit::kNormal, std);
-  gate_up_ = &params.add(prefix + "experts.gate_up_proj", {num_experts_, 2 * ffn, hidden},
+  // This rank's shard of the experts: [first, first + local) of the E.
+  const int64_t first = static_cast<int64_t>(ep_ ? ep_->rank() : 0) * num_local_experts_;
+  gate_up_ = &params.add(prefix + "experts.gate_up_proj", {num_local_experts_, 2 * ffn, hidden},
                          ShardSpec{.expert = true}, ParamInit::kNormal, std);
-  down_ = &params.add(prefix + "experts.down_proj", {num_experts_, hidden, ffn},
+  gate_up_->init_offset = first * 2 * ffn * hidden;
+  down_ = &params.add(prefix + "experts.down_proj", {num_local_experts_, hidden, ffn},
                       ShardSpec{.expert = true}, ParamInit::kNormal, std);
+  down_->init_offset = first * hidden * ffn;
   if (moe.num_shared_experts() > 0) {
     shared_ = std::make_unique<SwigluFfn>(
         params, prefix + "shared_expert.", hidden,
@@ -47,7 +54,6 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
                          RouterStats& stats) {
   const int64_t n = x.rows();
   const int64_t hidden = x.row_size();
-  const int64_t ffn = down_->shape[2];
   const int E = num_experts_;
   x_ = x;
 
@@ -100,14 +106,16 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   if (rows > 0)
     stats.worst_load_ratio = std::max(stats.worst_load_ratio, static_cast<double>(max_rows) * E / rows);
 
-  xp_ = activation(dev, {rows, hidden});
-  permute_gather(dev, x, dest_rows_, xp_);
-  gate_up_out_ = activation(dev, {rows, 2 * ffn});
-  grouped_matmul_nt(dev, xp_, gate_up_->value, tokens_per_expert_, gate_up_out_);
-  act_ = activation(dev, {rows, ffn});
-  swiglu_forward(dev, gate_up_out_, act_);
-  expert_out_ = activation(dev, {rows, hidden});
-  grouped_matmul_nt(dev, act_, down_->value, tokens_per_expert_, expert_out_);
+  Tensor permuted = activation(dev, {rows, hidden});
+  permute_gather(dev, x, dest_rows_, permuted);
+  if (ep_) {
+    xp_ = dispatch(dev, permuted);
+  } else {
+    xp_ = permuted;
+    local_counts_ = tokens_per_expert_;
+  }
+  Tensor local_out = experts_forward(dev, xp_, local_counts_);
+  expert_out_ = ep_ ? gather_back(dev, local_out) : local_out;
   Tensor y = activation(dev, {n, hidden});
   unpermute_combine(dev, expert_out_, dest_rows_, weights_, y);
 
@@ -122,6 +130,74 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
     }
   }
   return y;
+}
+
+Tensor MoeLayer::experts_forward(Device& dev, const Tensor& xe, const Tensor& counts) {
+  const int64_t rows = xe.rows();
+  const int64_t ffn = down_->shape[2];
+  gate_up_out_ = activation(dev, {rows, 2 * ffn});
+  grouped_matmul_nt(dev, xe, gate_up_->value, counts, gate_up_out_);
+  act_ = activation(dev, {rows, ffn});
+  swiglu_forward(dev, gate_up_out_, act_);
+  Tensor out = activation(dev, {rows, xe.row_size()});
+  grouped_matmul_nt(dev, act_, down_->value, counts, out);
+  return out;
+}
+
+Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
+  const int P = ep_->size();
+  const int local = num_local_experts_;
+  const int32_t* per_expert = tokens_per_expert_.data<int32_t>();
+  // Rows per (destination rank, its local expert): the counts travel first.
+  Tensor send_counts = activation(dev, {num_experts_, 1}, DType::kI32);
+  send_counts.copy_from(tokens_per_expert_.reshape({num_experts_, 1}));
+  Tensor recv_counts = activation(dev, {num_experts_, 1}, DType::kI32);
+  const std::vector<int64_t> per_rank(P, local);
+  ep_->all_to_all_v(send_counts, per_rank, recv_counts, per_rank);
+  const int32_t* from = recv_counts.data<int32_t>();  // from[i * local + e]
+
+  send_rows_.assign(P, 0);
+  recv_rows_.assign(P, 0);
+  local_counts_ = activation(dev, {local}, DType::kI32);
+  int32_t* counts = local_counts_.data<int32_t>();
+  std::fill(counts, counts + local, 0);
+  for (int j = 0; j < P; ++j)
+    for (int e = 0; e < local; ++e) {
+      send_rows_[j] += per_expert[j * local + e];
+      recv_rows_[j] += from[j * local + e];
+      counts[e] += from[j * local + e];
+    }
+  int64_t received_rows = 0;
+  for (int64_t r : recv_rows_) received_rows += r;
+  Tensor received = activation(dev, {received_rows, rows.row_size()});
+  ep_->all_to_all_v(rows, send_rows_, received, recv_rows_);
+
+  // Received rows come by source rank, then local expert; the grouped GEMMs want them
+  // by local expert, then source rank.
+  std::vector<int64_t> next(local, 0);
+  for (int e = 1; e < local; ++e) next[e] = next[e - 1] + counts[e - 1];
+  regroup_rows_ = activation(dev, {received_rows, 1}, DType::kI32);
+  int32_t* place = regroup_rows_.data<int32_t>();
+  int64_t r = 0;
+  for (int i = 0; i < P; ++i)
+    for (int e = 0; e < local; ++e)
+      for (int32_t q = 0; q < from[i * local + e]; ++q) place[r++] = static_cast<int32_t>(next[e]++);
+  Tensor grouped = activation(dev, {received_rows, rows.row_size()});
+  permute_gather(dev, received, regroup_rows_, grouped);
+  return grouped;
+}
+
+Tensor MoeLayer::gather_back(Device& dev, const Tensor& expert_rows) {
+  const int64_t received_rows = expert_rows.rows();
+  Tensor ones = activation(dev, {received_rows, 1});
+  std::fill(ones.data<float>(), ones.data<float>() + received_rows, 1.0f);
+  Tensor by_source = activation(dev, expert_rows.shape());
+  unpermute_combine(dev, expert_rows, regroup_rows_, ones, by_source);
+  int64_t rows = 0;
+  for (int64_t s : send_rows_) rows += s;
+  Tensor out = activation(dev, {rows, expert_rows.row_size()});
+  ep_->all_to_all_v(by_source, recv_rows_, out, send_rows_);
+  return out;
 }
 
 Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad,
@@ -147,18 +223,34 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
     add_(dev, dx, shared_->backward(dev, dshared));
   }
 
-  Tensor dexpert_out = activation(dev, {rows, hidden});
+  Tensor dexpert_out = activation(dev, {expert_out_.rows(), hidden});
   Tensor dweights = activation(dev, {n, top_k_});
   unpermute_combine_backward(dev, dy, expert_out_, dest_rows_, weights_, dexpert_out, dweights);
-  grouped_matmul_tn_accumulate(dev, dexpert_out, act_, tokens_per_expert_, down_->grad);
+  Tensor dlocal_out = dexpert_out;
+  if (ep_) {
+    // Backward of gather_back: the rows' gradients travel the dispatch direction.
+    Tensor received = activation(dev, {rows, hidden});
+    ep_->all_to_all_v(dexpert_out, send_rows_, received, recv_rows_);
+    dlocal_out = activation(dev, {rows, hidden});
+    permute_gather(dev, received, regroup_rows_, dlocal_out);
+  }
+  grouped_matmul_tn_accumulate(dev, dlocal_out, act_, local_counts_, down_->grad);
   Tensor dact = activation(dev, {rows, ffn});
-  grouped_matmul_nn(dev, dexpert_out, down_->value, tokens_per_expert_, dact);
+  grouped_matmul_nn(dev, dlocal_out, down_->value, local_counts_, dact);
   Tensor dgate_up = activation(dev, {rows, 2 * ffn});
   swiglu_backward(dev, dact, gate_up_out_, dgate_up);
-  grouped_matmul_tn_accumulate(dev, dgate_up, xp_, tokens_per_expert_, gate_up_->grad);
+  grouped_matmul_tn_accumulate(dev, dgate_up, xp_, local_counts_, gate_up_->grad);
   Tensor dxp = activation(dev, {rows, hidden});
-  grouped_matmul_nn(dev, dgate_up, gate_up_->value, tokens_per_expert_, dxp);
-  permute_gather_backward(dev, dxp, dest_rows_, dx);
+  grouped_matmul_nn(dev, dgate_up, gate_up_->value, local_counts_, dxp);
+  Tensor dpermuted = dxp;
+  if (ep_) {
+    // Backward of dispatch: back to source order, then to the routing ranks.
+    Tensor by_source = Tensor::zeros({rows, hidden}, DType::kF32, MemoryKind::kActivations, dev);
+    permute_gather_backward(dev, dxp, regroup_rows_, by_source);
+    dpermuted = activation(dev, {expert_out_.rows(), hidden});
+    ep_->all_to_all_v(by_source, recv_rows_, dpermuted, send_rows_);
+  }
+  permute_gather_backward(dev, dpermuted, dest_rows_, dx);
 
   Tensor dlogits = activation(dev, {n, E});
   const bool renormalize = gating_ != config::SOFTMAX_TOPK;
@@ -170,6 +262,7 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
 
   x_ = probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
   tokens_per_expert_ = dest_rows_ = xp_ = gate_up_out_ = act_ = expert_out_ = Tensor();
+  regroup_rows_ = local_counts_ = Tensor();
   shared_out_ = shared_gate_logit_ = Tensor();
   return dx;
 }

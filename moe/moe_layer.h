@@ -1,11 +1,18 @@
-// One MoE FFN layer on a single rank: router -> gating -> capacity -> permute ->
-// grouped SwiGLU experts -> unpermute/combine, plus optional shared experts.
+// One MoE FFN layer: router -> gating -> capacity -> permute -> (all-to-all over the
+// expert-parallel group) -> grouped SwiGLU experts -> (reverse all-to-all) ->
+// unpermute/combine, plus optional shared experts.
+//
+// With an expert-parallel group of P ranks, rank p holds experts
+// [p * E/P, (p+1) * E/P) (the expert parameters are that shard), routes its own tokens
+// over all E experts, and sends each rank the rows for its experts; rows arrive
+// grouped by source rank and are regrouped by local expert for the grouped GEMMs.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "engine/config/recipe.pb.h"
+#include "engine/parallel/communicator.h"
 #include "engine/runtime/param_store.h"
 #include "engine/runtime/rng.h"
 #include "engine/runtime/tensor.h"
@@ -16,8 +23,9 @@ namespace switchyard {
 
 class MoeLayer {
  public:
+  // `expert_parallel` (may be null: one rank) is the expert-parallel group.
   MoeLayer(ParamStore& params, const std::string& prefix, const config::ModelConfig& model,
-           const config::MoeConfig& moe);
+           const config::MoeConfig& moe, Communicator* expert_parallel);
 
   // x: (n, hidden) -> (n, hidden). Adds this layer's routing to `stats`. `rng` drives
   // GShard's random second-expert dispatch during training.
@@ -30,7 +38,17 @@ class MoeLayer {
   int num_experts() const { return num_experts_; }
 
  private:
+  // Expert parallelism: the forward exchange of permuted rows (grouped by global
+  // expert) to the ranks owning their experts, regrouped there by local expert; and
+  // the way back. Both directions also serve the backward pass.
+  Tensor dispatch(Device& dev, const Tensor& rows);
+  Tensor gather_back(Device& dev, const Tensor& expert_rows);
+  // Runs the local experts on rows grouped by local expert.
+  Tensor experts_forward(Device& dev, const Tensor& xe, const Tensor& counts);
+
   int num_experts_;
+  int num_local_experts_;
+  Communicator* ep_;  // null or of size 1: no exchange
   int top_k_;
   config::Gating gating_;
   float capacity_factor_;
@@ -48,7 +66,12 @@ class MoeLayer {
   Tensor weights_;            // (n, k)
   Tensor tokens_per_expert_;  // (E)
   Tensor dest_rows_;          // (n, k)
-  Tensor xp_;                 // (rows, hidden) permuted tokens
+  // Exchange plan (expert parallelism): rows sent to / received from each rank, the
+  // received rows' places in local-expert order, and the rows per local expert.
+  std::vector<int64_t> send_rows_, recv_rows_;
+  Tensor regroup_rows_;       // (received, 1) i32
+  Tensor local_counts_;       // (local experts) i32
+  Tensor xp_;                 // (rows, hidden) tokens in local-expert order
   Tensor gate_up_out_;        // (rows, 2 * ffn)
   Tensor act_;                // (rows, ffn)
   Tensor expert_out_;         // (rows, hidden)

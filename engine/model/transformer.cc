@@ -30,7 +30,9 @@ struct Transformer::Block {
   Tensor x, attn_rstd, attn_in, h, ffn_rstd, ffn_in;
 };
 
-Transformer::Transformer(const config::Recipe& recipe, ParamStore& params) : recipe_(recipe) {
+Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
+                         Communicator* expert_parallel)
+    : recipe_(recipe) {
   const auto& m = recipe.model();
   const int64_t hidden = m.hidden_size();
   embed_ = &params.add("model.embed_tokens.weight", {m.vocab_size(), hidden},
@@ -45,7 +47,8 @@ Transformer::Transformer(const config::Recipe& recipe, ParamStore& params) : rec
     block->ffn_norm = &params.add(prefix + "post_attention_layernorm.weight", {hidden},
                                   ShardSpec{}, ParamInit::kOnes);
     if (config::is_moe_layer(recipe, i)) {
-      block->moe = std::make_unique<MoeLayer>(params, prefix + "mlp.", m, recipe.moe());
+      block->moe =
+          std::make_unique<MoeLayer>(params, prefix + "mlp.", m, recipe.moe(), expert_parallel);
       ++num_moe_layers_;
     } else {
       block->dense = std::make_unique<SwigluFfn>(params, prefix + "mlp.", hidden,

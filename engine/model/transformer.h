@@ -28,8 +28,11 @@ struct LossParts {
 
 class Transformer {
  public:
-  // Registers every parameter in `params` (allocation is the caller's).
-  Transformer(const config::Recipe& recipe, ParamStore& params);
+  // Registers every parameter in `params` (allocation is the caller's). With an
+  // expert-parallel group of more than one rank, the MoE layers hold and run this
+  // rank's shard of the experts.
+  Transformer(const config::Recipe& recipe, ParamStore& params,
+              Communicator* expert_parallel = nullptr);
   ~Transformer();
 
   // ids, targets: (batch, seq) i32; a negative target is not scored. Returns the losses;

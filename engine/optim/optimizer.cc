@@ -20,8 +20,8 @@ double learning_rate(const config::OptimizerConfig& opt, int64_t step, int64_t t
 }
 
 AdamWOptimizer::AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total_steps,
-                               ParamStore& params)
-    : opt_(opt), total_steps_(total_steps), params_(params) {
+                               ParamStore& params, Communicator* expert_parallel)
+    : opt_(opt), total_steps_(total_steps), params_(params), expert_parallel_(expert_parallel) {
   for (const Param& p : params_.params()) {
     exp_avg_.push_back(Tensor::zeros(p.shape, DType::kF32, MemoryKind::kOptimizerState,
                                      p.value.device()));
@@ -33,9 +33,13 @@ AdamWOptimizer::AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total
 StepReport AdamWOptimizer::step(Device& dev) {
   ++step_;
   StepReport report;
-  double sum_sq = 0;
-  for (const Param& p : params_.params()) sum_sq += sum_squares(dev, p.grad);
-  report.grad_norm = std::sqrt(sum_sq);
+  // Dense gradients are replicated; expert gradients are shards whose squares add up
+  // over the expert-parallel group.
+  double dense_sq = 0, expert_sq = 0;
+  for (const Param& p : params_.params())
+    (p.spec.expert ? expert_sq : dense_sq) += sum_squares(dev, p.grad);
+  if (expert_parallel_) expert_parallel_->all_reduce_sum(&expert_sq, 1);
+  report.grad_norm = std::sqrt(dense_sq + expert_sq);
   float grad_scale = 1.0f;
   if (opt_.grad_clip() > 0 && report.grad_norm > opt_.grad_clip()) {
     grad_scale = static_cast<float>(opt_.grad_clip() / (report.grad_norm + 1e-6));

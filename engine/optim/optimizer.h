@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/config/recipe.pb.h"
+#include "engine/parallel/communicator.h"
 #include "engine/runtime/param_store.h"
 
 namespace switchyard {
@@ -22,7 +23,10 @@ struct StepReport {
 
 class AdamWOptimizer {
  public:
-  AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total_steps, ParamStore& params);
+  // `expert_parallel` (may be null) is the group over which expert parameters are
+  // sharded: the global gradient norm sums their squares over it.
+  AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total_steps, ParamStore& params,
+                 Communicator* expert_parallel = nullptr);
   // Applies one update from the accumulated gradients (which are then zeroed).
   StepReport step(Device& dev);
   int64_t steps_taken() const { return step_; }
@@ -31,6 +35,7 @@ class AdamWOptimizer {
   config::OptimizerConfig opt_;
   int64_t total_steps_;
   ParamStore& params_;
+  Communicator* expert_parallel_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
 };

@@ -54,7 +54,9 @@ void ParamStore::initialize(uint64_t seed) {
         for (int64_t i = 0; i < n; ++i) v[i] = 0.0f;
         break;
       case ParamInit::kNormal: {
-        Rng rng = Rng(seed).fork(name_hash(p.name));
+        // normal() takes two draws per value; skip those of the elements before the shard.
+        Rng base = Rng(seed).fork(name_hash(p.name));
+        Rng rng(base.seed(), base.counter() + 2 * static_cast<uint64_t>(p.init_offset));
         for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(rng.normal() * p.init_std);
         break;
       }

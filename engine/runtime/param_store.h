@@ -30,6 +30,10 @@ struct Param {
   ParamInit init = ParamInit::kNormal;
   float init_std = 0.02f;
   bool weight_decay = true;
+  // For a shard of a larger tensor (experts split over ranks): elements of the whole
+  // tensor before this shard, so that initialisation draws exactly the values the
+  // whole tensor would hold there.
+  int64_t init_offset = 0;
   Tensor value;  // fp32 (master) weights
   Tensor grad;   // accumulated over micro-batches
 };

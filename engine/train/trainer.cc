@@ -118,10 +118,10 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   const bool reporter = rank == 0;
   RankZeroSink sink(terminal, reporter);
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
-  if (layout.tensor_parallel_size > 1 || layout.expert_parallel_size > 1)
+  if (layout.tensor_parallel_size > 1)
     return absl::UnimplementedError(
-        "parallel.tensor_parallel_size and parallel.expert_parallel_size above 1 are not "
-        "implemented yet; data parallelism (any world size) is");
+        "parallel.tensor_parallel_size above 1 is not implemented yet; data and expert "
+        "parallelism are");
   if (recipe.parallel().zero_stage() > 0)
     return absl::UnimplementedError("parallel.zero_stage above 0 is not implemented yet");
 
@@ -167,10 +167,10 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
                                                  : options.threads_per_rank);
   Device& dev = cpu_device();
   ParamStore params;
-  Transformer model(recipe, params);
+  Transformer model(recipe, params, groups.ep.get());
   params.allocate(dev);
   params.initialize(tc.seed());
-  AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params);
+  AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params, groups.ep.get());
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
       "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d) x %d threads; data: "
@@ -186,7 +186,6 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   const int64_t global_micro_batches = accumulation * layout.data_parallel_size;
   const int64_t tokens_per_step = tc.global_batch_size() * tc.seq_len();
   Batch batch = make_batch(micro, tc.seq_len());
-  Rng routing_rng = Rng(tc.seed()).fork(0x6a7e);
 
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
@@ -209,6 +208,10 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     for (int64_t m = 0; m < accumulation; ++m) {
       SY_RETURN_IF_ERROR(
           loader->next_batch(micro, batch.ids.data<int32_t>(), batch.targets.data<int32_t>()));
+      // Random routing decisions (GShard) depend on (seed, step, micro-batch) only, so
+      // every parallel layout makes the same ones.
+      const int64_t global_micro = layout.dp_index(rank) * accumulation + m;
+      Rng routing_rng = Rng(tc.seed()).fork(0x6a7e0000ULL + step * 65537ULL + global_micro);
       LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true, routing_rng);
       model.backward(dev, 1.0f / static_cast<float>(global_micro_batches));
       step_loss.total += parts.total / accumulation;
@@ -289,6 +292,21 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     if (val_data && (step % tc.eval_interval() == 0 || step == tc.steps()))
       SY_RETURN_IF_ERROR(run_eval(step));
   }
+  // The saved weights are whole: expert shards are gathered over the expert-parallel
+  // group (a collective, so every rank takes part).
+  ParamStore whole;
+  Transformer whole_model(recipe, whole);
+  if (reporter) whole.allocate(dev);
+  for (Param& p : params.params()) {
+    if (!p.spec.expert || groups.ep->size() == 1) {
+      if (reporter) whole.find(p.name)->value.copy_from(p.value);
+      continue;
+    }
+    Tensor gathered = Tensor::empty(whole.find(p.name)->shape, DType::kF32,
+                                    MemoryKind::kOther, dev);
+    groups.ep->all_gather(p.value, gathered);
+    if (reporter) whole.find(p.name)->value.copy_from(gathered);
+  }
   if (!reporter) return absl::OkStatus();
   if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));
 
@@ -297,7 +315,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   config::Recipe saved = recipe;
   saved.mutable_data()->clear_corpus();
   saved.mutable_data()->set_dataset(data_dir);
-  SY_RETURN_IF_ERROR(save_weights(weights_dir, saved, params, train_data.tokenizer_path()));
+  SY_RETURN_IF_ERROR(save_weights(weights_dir, saved, whole, train_data.tokenizer_path()));
   sink.on_message(absl::StrCat("saved final weights to ", weights_dir));
   return absl::OkStatus();
 }

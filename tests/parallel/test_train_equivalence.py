@@ -42,29 +42,72 @@ def train(tmp_path, name, ranks, extra=()):
     return losses, weights
 
 
+LAYOUTS = {  # name: (ranks, overrides)
+    "dp2": (2, []),
+    "dp4": (4, []),
+    "ep2": (2, ["--set", "parallel.expert_parallel_size=2"]),
+    "ep4": (4, ["--set", "parallel.expert_parallel_size=4"]),
+    "dp2xep2": (4, ["--set", "parallel.expert_parallel_size=2"]),
+}
+ROUTING = {  # name: overrides
+    "dropless": [],
+    "capacity": ["--set", "moe.capacity_factor=1.25"],
+    "gshard": ["--set", "moe.gating=GSHARD_TOP2", "--set", "moe.capacity_factor=1.0"],
+}
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return train(tmp_path_factory.mktemp("single"), "single", 1)
+def single(tmp_path_factory):
+    runs = {}
+
+    def run(routing):
+        if routing not in runs:
+            runs[routing] = train(tmp_path_factory.mktemp(routing), "single", 1, ROUTING[routing])
+        return runs[routing]
+
+    return run
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("capacity", ["0", "1.25"])
-def test_data_parallel_matches_single_process(tmp_path, reference, ranks, capacity):
-    if capacity != "0":
-        single_losses, single_weights = train(tmp_path, "single", 1,
-                                              ["--set", f"moe.capacity_factor={capacity}"])
-    else:
-        single_losses, single_weights = reference
-    losses, weights = train(tmp_path, f"dp{ranks}", ranks,
-                            ["--set", f"moe.capacity_factor={capacity}"])
+@pytest.mark.parametrize("routing", ROUTING)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_matches_single_process(tmp_path, single, layout, routing):
+    if routing == "gshard" and layout not in ("dp2", "dp2xep2"):
+        pytest.skip("one data-parallel and one expert-parallel layout cover GShard routing")
+    single_losses, single_weights = single(routing)
+    ranks, overrides = LAYOUTS[layout]
+    losses, weights = train(tmp_path, layout, ranks, overrides + ROUTING[routing])
     assert losses.shape == (STEPS, 4)
     np.testing.assert_allclose(losses, single_losses, rtol=1e-5)
     assert set(weights) == set(single_weights)
-    # AdamW divides by sqrt(v): where a gradient element is near zero, the rounding of
-    # the gradient sums moves its update by a fraction of lr (3e-3), so weights get an
-    # absolute tolerance far below one step rather than a relative one.
-    for name, value in single_weights.items():
-        np.testing.assert_allclose(weights[name], value, rtol=1e-3, atol=1e-4, err_msg=name)
+    assert_weights_match(weights, single_weights)
+
+
+def assert_weights_match(weights, reference):
+    """AdamW divides by sqrt(v): where a gradient element is near zero, the rounding of
+    the gradient sums can move its update by a fraction of lr (3e-3). So: nearly every
+    element agrees to 1e-5, and none is off by as much as half a step. A wrong gradient
+    moves whole rows by about lr each step."""
+    for name, value in reference.items():
+        diff = np.abs(weights[name] - value)
+        assert diff.max() < 1.5e-3, (name, diff.max())
+        assert np.mean(diff > 1e-5) < 1e-3, (name, np.mean(diff > 1e-5))
+
+
+def test_expert_parallelism_shards_expert_memory(tmp_path):
+    def memory(ranks, overrides):
+        run_dir = tmp_path / f"mem{ranks}{len(overrides)}"
+        subprocess.run(mpirun(ranks) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir),
+                                        "--dataset-cache", str(tmp_path / "datasets"), *COMMON,
+                                        *overrides],
+                       check=True, capture_output=True, env=ENV, timeout=300)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            if "memory_bytes" in line:
+                return json.loads(line)["memory_bytes"]
+
+    dp4 = memory(4, [])
+    ep4 = memory(4, ["--set", "parallel.expert_parallel_size=4"])
+    for kind in ("parameters", "gradients", "optimizer_state"):
+        assert ep4[kind] < 0.5 * dp4[kind], kind
 
 
 def test_a_failing_rank_ends_the_job(tmp_path):
