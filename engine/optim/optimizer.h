@@ -23,10 +23,21 @@ struct StepReport {
 
 class AdamWOptimizer {
  public:
-  // `expert_parallel` (may be null) is the group over which expert parameters are
-  // sharded: the global gradient norm sums their squares over it.
+  // Groups (each may be null: one process):
+  //  - expert_parallel: expert parameters are sharded over it; the global gradient
+  //    norm sums their squares over it.
+  //  - dense_replicas / expert_replicas: the ranks holding identical copies of the dense
+  //    (data-parallel group) and expert (expert-data-parallel group) parameters. With
+  //    `shard_state` (ZeRO stage 1) each parameter's AdamW state lives on one replica,
+  //    its owner, which updates it and broadcasts the new values to the others.
+  struct Groups {
+    Communicator* expert_parallel = nullptr;
+    Communicator* dense_replicas = nullptr;
+    Communicator* expert_replicas = nullptr;
+    bool shard_state = false;
+  };
   AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total_steps, ParamStore& params,
-                 Communicator* expert_parallel = nullptr);
+                 const Groups& groups);
   // Applies one update from the accumulated gradients (which are then zeroed).
   StepReport step(Device& dev);
   int64_t steps_taken() const { return step_; }
@@ -35,7 +46,10 @@ class AdamWOptimizer {
   config::OptimizerConfig opt_;
   int64_t total_steps_;
   ParamStore& params_;
-  Communicator* expert_parallel_;
+  Groups groups_;
+  // Per parameter: the replica that owns its state (-1: every replica updates it), and
+  // that state (empty on the other replicas).
+  std::vector<int> owner_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
 };

@@ -122,8 +122,10 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     return absl::UnimplementedError(
         "parallel.tensor_parallel_size above 1 is not implemented yet; data and expert "
         "parallelism are");
-  if (recipe.parallel().zero_stage() > 0)
-    return absl::UnimplementedError("parallel.zero_stage above 0 is not implemented yet");
+  if (recipe.parallel().zero_stage() > 1)
+    return absl::UnimplementedError(
+        "parallel.zero_stage 2 and 3 are not implemented yet; stage 1 (optimizer state "
+        "sharded over the data-parallel replicas) is");
 
   const auto& tc = recipe.train();
   // Rank 0 prepares a corpus on first use; the others then find it in the cache.
@@ -170,7 +172,12 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   Transformer model(recipe, params, groups.ep.get());
   params.allocate(dev);
   params.initialize(tc.seed());
-  AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params, groups.ep.get());
+  AdamWOptimizer::Groups optimizer_groups;
+  optimizer_groups.expert_parallel = groups.ep.get();
+  optimizer_groups.dense_replicas = groups.dp.get();
+  optimizer_groups.expert_replicas = groups.expert_dp.get();
+  optimizer_groups.shard_state = recipe.parallel().zero_stage() >= 1;
+  AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params, optimizer_groups);
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
       "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d) x %d threads; data: "

@@ -48,6 +48,10 @@ LAYOUTS = {  # name: (ranks, overrides)
     "ep2": (2, ["--set", "parallel.expert_parallel_size=2"]),
     "ep4": (4, ["--set", "parallel.expert_parallel_size=4"]),
     "dp2xep2": (4, ["--set", "parallel.expert_parallel_size=2"]),
+    "dp2-zero1": (2, ["--set", "parallel.zero_stage=1"]),
+    "dp4-zero1": (4, ["--set", "parallel.zero_stage=1"]),
+    "dp2xep2-zero1": (4, ["--set", "parallel.expert_parallel_size=2",
+                          "--set", "parallel.zero_stage=1"]),
 }
 ROUTING = {  # name: overrides
     "dropless": [],
@@ -93,7 +97,7 @@ def assert_weights_match(weights, reference):
         assert np.mean(diff > 1e-5) < 1e-3, (name, np.mean(diff > 1e-5))
 
 
-def test_expert_parallelism_shards_expert_memory(tmp_path):
+def test_sharding_saves_memory(tmp_path):
     def memory(ranks, overrides):
         run_dir = tmp_path / f"mem{ranks}{len(overrides)}"
         subprocess.run(mpirun(ranks) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir),
@@ -108,6 +112,9 @@ def test_expert_parallelism_shards_expert_memory(tmp_path):
     ep4 = memory(4, ["--set", "parallel.expert_parallel_size=4"])
     for kind in ("parameters", "gradients", "optimizer_state"):
         assert ep4[kind] < 0.5 * dp4[kind], kind
+    zero1 = memory(4, ["--set", "parallel.zero_stage=1"])
+    assert zero1["optimizer_state"] < 0.4 * dp4["optimizer_state"]
+    assert zero1["parameters"] == dp4["parameters"]
 
 
 def test_a_failing_rank_ends_the_job(tmp_path):
