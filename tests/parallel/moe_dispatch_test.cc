@@ -1,0 +1,233 @@
+// Expert parallelism against a single-process reference: the all-to-all dispatch and
+// combine of MoeLayer must give, on every rank, exactly what the same layer with all E
+// experts on one process gives for that rank's tokens.
+//
+// Every rank builds the reference layer (no communicator, all experts) with the same
+// seeded parameters, and an expert-parallel layer over the world holding the router and
+// this rank's E/P experts copied from it. Each rank routes its own tokens: the reference
+// processes them alone, the expert-parallel layer sends them to the experts' ranks.
+//
+// Inputs and parameters are small dyadic values (integers, and multiples of 1/8 for the
+// router), so every GEMM before the SwiGLU is exact. Exactness of the forward output
+// does not depend on that alone: each token's expert computation is the same
+// operations in the same order on both paths (an output row of a GEMM depends only on
+// that input row and the weights, the silu is element-wise, and the combine sums a
+// token's k expert outputs in the same order), so the outputs must match bit for bit.
+// Capacity drops too: the capacity and the drop decisions are made per rank, from the
+// rank's own tokens, on both paths.
+//
+// Backward: dx and the router gradient come from each token's own rows, in the same
+// order on both paths; they are compared to a relative 1e-5 (in practice they match
+// exactly). The expert weight gradients sum rows from all ranks inside one GEMM on the
+// expert-parallel path but rank by rank (then over ranks) on the reference, a different
+// summation order over non-dyadic values (silu, softmax weights): they are compared to
+// 1e-5 of the gradient's largest magnitude (see max_normwise_error; observed ~2e-7,
+// while the element-wise relative error reaches ~1.5e-5 on elements whose terms cancel).
+//
+// Each test makes all its collective calls before checking, so a failed check on one
+// rank cannot leave the others waiting.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/config/recipe.pb.h"
+#include "engine/runtime/param_store.h"
+#include "engine/runtime/rng.h"
+#include "engine/runtime/tensor.h"
+#include "gtest/gtest.h"
+#include "moe/moe_layer.h"
+#include "moe/router_stats.h"
+#include "tests/parallel/parallel_test_env.h"
+#include "tests/test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::any_nonzero;
+using testing::max_relative_error;
+using testing::random_integers;
+using testing::world;
+
+constexpr int64_t kHidden = 16;
+constexpr int64_t kFfn = 8;
+constexpr int64_t kTokens = 24;
+constexpr int kTopK = 2;
+const std::string kPrefix = "moe.";
+
+template <typename T>
+Tensor tensor_of(const std::vector<T>& values, const Shape& shape) {
+  Tensor t = Tensor::empty(shape, dtype_of<T>());
+  EXPECT_EQ(t.numel(), static_cast<int64_t>(values.size()));
+  std::memcpy(t.raw_data(), values.data(), t.nbytes());
+  return t;
+}
+
+template <typename T>
+std::vector<T> values_of(const Tensor& t) {
+  return std::vector<T>(t.data<T>(), t.data<T>() + t.numel());
+}
+
+void fill(Tensor& t, const std::vector<float>& values) {
+  ASSERT_EQ(t.numel(), static_cast<int64_t>(values.size()));
+  std::memcpy(t.raw_data(), values.data(), t.nbytes());
+}
+
+// max_i |a_i - b_i| / max(1, max_i |b_i|): the error relative to the tensor's scale.
+// Element-wise relative error is the wrong measure for a sum taken in another order:
+// its rounding error scales with the terms, and an element whose terms cancel can have
+// a larger relative error while being exact to the precision of the sum.
+double max_normwise_error(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double scale = 1, worst = 0;
+  for (float y : b) scale = std::max(scale, std::abs(static_cast<double>(y)));
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  }
+  return worst / scale;
+}
+
+std::vector<float> scaled(std::vector<float> v, float scale) {
+  for (float& x : v) x *= scale;
+  return v;
+}
+
+struct Layer {
+  ParamStore params;
+  std::unique_ptr<MoeLayer> layer;
+  Param& param(const std::string& name) {
+    Param* p = params.find(kPrefix + name);
+    SY_CHECK_MSG(p != nullptr, "missing parameter");
+    return *p;
+  }
+};
+
+std::unique_ptr<Layer> make_layer(const config::ModelConfig& model, const config::MoeConfig& moe,
+                                  Communicator* ep) {
+  auto l = std::make_unique<Layer>();
+  l->layer = std::make_unique<MoeLayer>(l->params, kPrefix, model, moe, ep);
+  l->params.allocate(cpu_device());
+  return l;
+}
+
+struct Result {
+  std::vector<float> y, dx;
+  RouterStats stats;
+};
+
+Result run(Layer& l, const Tensor& x, const Tensor& dy, const Tensor& aux_prob_grad,
+           int experts) {
+  Result r;
+  Rng rng(7);
+  r.stats.reset(experts, kTopK);
+  Tensor y = l.layer->forward(cpu_device(), x, /*training=*/false, rng, r.stats);
+  r.y = values_of<float>(y);
+  Tensor dx = l.layer->backward(cpu_device(), dy, aux_prob_grad, /*z_loss_scale=*/1e-2f);
+  r.dx = values_of<float>(dx);
+  return r;
+}
+
+// capacity_factor 0: dropless; 1: tokens beyond ceil(n * k / E) per expert are dropped.
+void check_against_reference(int experts, float capacity_factor) {
+  Communicator& comm = world();
+  const int P = comm.size();
+  const int rank = comm.rank();
+  if (experts % P != 0) GTEST_SKIP() << P << " ranks do not divide " << experts << " experts";
+  const int local = experts / P;
+
+  config::ModelConfig model;
+  model.set_hidden_size(kHidden);
+  model.set_init_std(0.02f);
+  config::MoeConfig moe;
+  moe.set_num_experts(experts);
+  moe.set_top_k(kTopK);
+  moe.set_gating(config::TOPK_SOFTMAX);
+  moe.set_expert_ffn_hidden_size(kFfn);
+  moe.set_capacity_factor(capacity_factor);
+
+  std::unique_ptr<Layer> ref = make_layer(model, moe, nullptr);
+  std::unique_ptr<Layer> ep = make_layer(model, moe, &comm);
+
+  // Same parameters on every rank (same seeds); router logits are multiples of 1/8.
+  fill(ref->param("gate.weight").value,
+       scaled(random_integers<float>(experts * kHidden, 11, -2, 2), 0.125f));
+  fill(ref->param("experts.gate_up_proj").value,
+       random_integers<float>(experts * 2 * kFfn * kHidden, 12, -1, 1));
+  fill(ref->param("experts.down_proj").value,
+       random_integers<float>(experts * kHidden * kFfn, 13, -1, 1));
+  ep->param("gate.weight").value.copy_from(ref->param("gate.weight").value);
+  for (const char* name : {"experts.gate_up_proj", "experts.down_proj"}) {
+    EXPECT_EQ(ep->param(name).value.dim(0), local);
+    ep->param(name).value.copy_from(
+        ref->param(name).value.slice_rows(rank * local, (rank + 1) * local));
+  }
+
+  // This rank's own tokens and output gradient.
+  Tensor x = tensor_of(random_integers<float>(kTokens * kHidden, 100 + rank, -2, 2),
+                       {kTokens, kHidden});
+  Tensor dy = tensor_of(random_integers<float>(kTokens * kHidden, 200 + rank, -2, 2),
+                        {kTokens, kHidden});
+  Tensor aux_prob_grad =
+      tensor_of(scaled(random_integers<float>(experts, 300 + rank, -4, 4), 1.0f / 64), {experts});
+
+  const Result want = run(*ref, x, dy, aux_prob_grad, experts);  // no communication
+  const Result got = run(*ep, x, dy, aux_prob_grad, experts);    // all-to-all
+
+  // Expert gradients: the expert-parallel shards, gathered in rank order, against the
+  // sum over ranks of every rank's reference gradients for all experts.
+  std::vector<std::vector<float>> gathered, summed;
+  for (const char* name : {"experts.gate_up_proj", "experts.down_proj"}) {
+    const Tensor& shard = ep->param(name).grad;
+    Tensor all = Tensor::empty({shard.numel() * P});
+    comm.all_gather(shard, all);
+    gathered.push_back(values_of<float>(all));
+    Tensor ref_grad = Tensor::empty(ref->param(name).grad.shape());
+    ref_grad.copy_from(ref->param(name).grad);
+    comm.all_reduce_sum(ref_grad);
+    summed.push_back(values_of<float>(ref_grad));
+  }
+  int64_t dropped = want.stats.dropped_assignments;
+  comm.all_reduce_sum(&dropped, 1);
+  // All collectives are done; checks only from here on.
+
+  // Forward: bit for bit.
+  EXPECT_TRUE(any_nonzero(want.y));
+  ASSERT_EQ(got.y.size(), want.y.size());
+  for (size_t i = 0; i < want.y.size(); ++i)
+    EXPECT_EQ(got.y[i], want.y[i]) << "rank " << rank << " y[" << i << "]";
+  EXPECT_EQ(got.stats.selections_per_expert, want.stats.selections_per_expert);
+  EXPECT_EQ(got.stats.prob_sum_per_expert, want.stats.prob_sum_per_expert);
+  EXPECT_EQ(got.stats.dropped_assignments, want.stats.dropped_assignments);
+  if (capacity_factor > 0)
+    EXPECT_GT(dropped, 0) << "the capacity case should drop assignments somewhere";
+  else
+    EXPECT_EQ(dropped, 0);
+
+  // Backward.
+  EXPECT_TRUE(any_nonzero(want.dx));
+  EXPECT_LE(max_relative_error(got.dx, want.dx), 1e-5) << "dx";
+  const std::vector<float> router_got = values_of<float>(ep->param("gate.weight").grad);
+  const std::vector<float> router_want = values_of<float>(ref->param("gate.weight").grad);
+  EXPECT_TRUE(any_nonzero(router_want));
+  EXPECT_LE(max_relative_error(router_got, router_want), 1e-5) << "router grad";
+  const char* names[] = {"experts.gate_up_proj", "experts.down_proj"};
+  for (size_t i = 0; i < gathered.size(); ++i) {
+    EXPECT_TRUE(any_nonzero(summed[i])) << names[i];
+    EXPECT_LE(max_normwise_error(gathered[i], summed[i]), 1e-5) << names[i] << " grad";
+  }
+}
+
+TEST(MoeDispatchTest, DroplessMatchesSingleProcessReference) { check_against_reference(8, 0.0f); }
+
+TEST(MoeDispatchTest, CapacityDropsMatchSingleProcessReference) {
+  check_against_reference(8, 1.0f);
+}
+
+TEST(MoeDispatchTest, FourExpertsMatchSingleProcessReference) { check_against_reference(4, 0.0f); }
+
+}  // namespace
+}  // namespace switchyard
