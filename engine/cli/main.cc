@@ -3,6 +3,9 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -33,6 +36,17 @@ namespace switchyard {
 namespace {
 
 namespace fs = std::filesystem;
+
+// SIGTERM or SIGINT asks training to checkpoint and stop at the next step boundary
+// (preemption); a second one ends the process at once.
+std::atomic<bool> g_stop_requested{false};
+
+void on_stop_signal(int signal) {
+  if (g_stop_requested.exchange(true)) _exit(128 + signal);
+  static const char kMessage[] =
+      "switchyard: stopping after this step's checkpoint (signal again to stop now)\n";
+  [[maybe_unused]] ssize_t n = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+}
 
 // OpenBLAS sgemm peak measured on the 2-core reference machine (docs/benchmarks.md).
 constexpr double kDefaultCpuPeakGflops = 180.0;
@@ -115,6 +129,9 @@ absl::Status run_train(const std::string& recipe_path, const std::string& run_di
   options.dataset_cache_dir = cache_dir;
   options.groups = &groups;
   options.threads_per_rank = runtime.launched() ? runtime.threads_per_rank() : 0;
+  options.stop_requested = &g_stop_requested;
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
   return train(recipe, options, sink);
 }
 

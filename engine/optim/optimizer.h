@@ -41,6 +41,15 @@ class AdamWOptimizer {
   // Applies one update from the accumulated gradients (which are then zeroed).
   StepReport step(Device& dev);
   int64_t steps_taken() const { return step_; }
+  // Resuming: the bias corrections and schedule continue from `steps`.
+  void set_steps_taken(int64_t steps) { step_ = steps; }
+
+  // State of the i-th parameter (registration order): its owner among the replicas
+  // (-1: every replica holds it) and, where this rank holds it, the moments.
+  int owner(size_t i) const { return owner_[i]; }
+  bool holds_state(size_t i) const { return exp_avg_[i].shape() != Shape{0}; }
+  Tensor& exp_avg(size_t i) { return exp_avg_[i]; }
+  Tensor& exp_avg_sq(size_t i) { return exp_avg_sq_[i]; }
 
  private:
   config::OptimizerConfig opt_;

@@ -19,12 +19,6 @@ int64_t sum_of(const std::vector<int64_t>& counts) {
 
 }  // namespace
 
-int64_t row_elements(const Tensor& tensor) {
-  int64_t n = 1;
-  for (int i = 1; i < tensor.rank(); ++i) n *= tensor.dim(i);
-  return n;
-}
-
 void Communicator::all_reduce_sum(Tensor& tensor) {
   check_cpu(tensor);
   SY_CHECK_MSG(tensor.dtype() == DType::kF32, "all_reduce_sum needs an f32 tensor");
@@ -66,7 +60,7 @@ void Communicator::all_to_all_v(const Tensor& send, const std::vector<int64_t>& 
   check_cpu(recv);
   SY_CHECK_MSG(send.dtype() == recv.dtype(), "all_to_all_v dtypes differ");
   SY_CHECK_MSG(send.rank() >= 1 && recv.rank() >= 1, "all_to_all_v needs tensors with rows");
-  SY_CHECK_MSG(row_elements(send) == row_elements(recv), "all_to_all_v row sizes differ");
+  SY_CHECK_MSG(send.row_size() == recv.row_size(), "all_to_all_v row sizes differ");
   SY_CHECK_MSG(
       static_cast<int>(send_rows.size()) == size() && static_cast<int>(recv_rows.size()) == size(),
       "all_to_all_v needs one row count per rank");

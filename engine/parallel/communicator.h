@@ -74,8 +74,4 @@ class Communicator {
   virtual void broadcast_impl(Tensor& tensor, int root) = 0;
 };
 
-// Elements per row (product of all but the leading dimension); unlike
-// Tensor::row_size() it is defined for tensors with zero rows.
-int64_t row_elements(const Tensor& tensor);
-
 }  // namespace switchyard

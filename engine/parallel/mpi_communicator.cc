@@ -148,7 +148,7 @@ void MpiCommunicator::all_to_all_v_impl(const Tensor& send, const std::vector<in
   // element counts) must fit in an int.
   MPI_Datatype row_type;
   SY_MPI_CHECK(
-      MPI_Type_contiguous(to_mpi_count(row_elements(send)), mpi_type(send.dtype()), &row_type));
+      MPI_Type_contiguous(to_mpi_count(send.row_size()), mpi_type(send.dtype()), &row_type));
   SY_MPI_CHECK(MPI_Type_commit(&row_type));
   std::vector<int> send_counts(size_), send_displs(size_), recv_counts(size_), recv_displs(size_);
   int64_t send_offset = 0;

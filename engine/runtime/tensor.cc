@@ -69,6 +69,13 @@ int64_t Tensor::dim(int i) const {
   return shape_[i];
 }
 
+int64_t Tensor::row_size() const {
+  // The product of the trailing dimensions, so that it stays defined with zero rows.
+  int64_t n = 1;
+  for (size_t i = 1; i < shape_.size(); ++i) n *= shape_[i];
+  return n;
+}
+
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   SY_CHECK(!shape_.empty() && 0 <= begin && begin <= end && end <= shape_[0]);
   Tensor t = *this;

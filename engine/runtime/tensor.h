@@ -64,7 +64,7 @@ class Tensor {
 
   // Rows (leading-dimension entries) and the size of one row in elements.
   int64_t rows() const { return shape_.empty() ? 1 : shape_[0]; }
-  int64_t row_size() const { return shape_.empty() ? 1 : numel() / shape_[0]; }
+  int64_t row_size() const;
 
   void* raw_data() const {
     return static_cast<char*>(storage_->data()) + offset_bytes_;

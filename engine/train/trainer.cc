@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
 #include "data/corpus_cache.h"
 #include "data/loader.h"
@@ -78,6 +79,44 @@ absl::StatusOr<std::string> dataset_dir(const config::Recipe& recipe, const Trai
   corpus_options.val_fraction = recipe.data().val_fraction();
   corpus_options.cache_dir = options.dataset_cache_dir;
   return ensure_prepared_corpus(recipe.data().corpus(), corpus_options, messages);
+}
+
+// A checkpoint resumes a run of the same model, batch and data order; the parallel
+// layout may differ.
+absl::Status check_resumable(const checkpoint::Manifest& manifest, const config::Recipe& recipe,
+                             const std::string& dir) {
+  const config::Recipe& saved = manifest.recipe();
+  auto differs = [](const google::protobuf::Message& a, const google::protobuf::Message& b) {
+    return a.SerializeAsString() != b.SerializeAsString();
+  };
+  std::string field;
+  if (differs(saved.model(), recipe.model())) field = "model";
+  else if (differs(saved.moe(), recipe.moe())) field = "moe";
+  else if (saved.train().seq_len() != recipe.train().seq_len()) field = "train.seq_len";
+  else if (saved.train().global_batch_size() != recipe.train().global_batch_size())
+    field = "train.global_batch_size";
+  else if (saved.train().seed() != recipe.train().seed()) field = "train.seed";
+  if (!field.empty())
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, ": this checkpoint was saved with other ", field,
+        " settings; resume with the recipe it was saved with, or use another --run-dir"));
+  if (manifest.step() > recipe.train().steps())
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, ": the checkpoint is at step ", manifest.step(), ", beyond train.steps (",
+        recipe.train().steps(), ")"));
+  return absl::OkStatus();
+}
+
+// The lines of an existing metrics.jsonl whose step is at most `last_step`.
+std::vector<std::string> metrics_lines_up_to(const std::string& path, int64_t last_step) {
+  std::vector<std::string> kept;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) continue;  // a line cut short by a crash
+    if (!j.contains("step") || j["step"].get<int64_t>() <= last_step) kept.push_back(line);
+  }
+  return kept;
 }
 
 // Reports only on world rank 0; the other ranks stay silent.
@@ -154,15 +193,33 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   loader_options.dp_size = layout.data_parallel_size;
   SY_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::create(train_data, loader_options));
 
+  // The recipe as checkpoints and final weights record it: the dataset it resolved to.
+  config::Recipe saved_recipe = recipe;
+  saved_recipe.mutable_data()->clear_corpus();
+  saved_recipe.mutable_data()->set_dataset(data_dir);
+
+  const std::string checkpoints_dir =
+      (fs::path(options.run_dir) / recipe.checkpoint().dir()).string();
+  SY_ASSIGN_OR_RETURN(const std::string resume_dir, latest_checkpoint(checkpoints_dir));
+  checkpoint::Manifest manifest;
+  if (!resume_dir.empty()) {
+    SY_ASSIGN_OR_RETURN(manifest, read_manifest(resume_dir));
+    SY_RETURN_IF_ERROR(check_resumable(manifest, recipe, resume_dir));
+  }
+
   const std::string metrics_path = options.run_dir + "/metrics.jsonl";
   std::ofstream metrics;
   if (reporter) {
     std::error_code ec;
     fs::create_directories(options.run_dir, ec);
+    // A resumed run keeps the lines up to its checkpoint and continues after them.
+    std::vector<std::string> kept;
+    if (!resume_dir.empty()) kept = metrics_lines_up_to(metrics_path, manifest.step());
     if (!ec) metrics.open(metrics_path, std::ios::trunc);
     if (ec || !metrics)
       return absl::PermissionDeniedError(
           absl::StrCat(options.run_dir, ": cannot write the run directory"));
+    for (const std::string& line : kept) metrics << line << "\n";
   }
 
   set_cpu_threads(recipe.runtime().threads() > 0 ? recipe.runtime().threads()
@@ -178,6 +235,66 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   optimizer_groups.expert_replicas = groups.expert_dp.get();
   optimizer_groups.shard_state = recipe.parallel().zero_stage() >= 1;
   AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params, optimizer_groups);
+  int64_t first_step = 1;
+  if (!resume_dir.empty()) {
+    size_t i = 0;
+    for (Param& p : params.params()) {
+      const int64_t first_row = p.spec.expert ? groups.ep->rank() * p.shape[0] : 0;
+      SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, "param/" + p.name, first_row, p.value));
+      if (optimizer.holds_state(i)) {
+        SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, "exp_avg/" + p.name, first_row,
+                                     optimizer.exp_avg(i)));
+        SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, "exp_avg_sq/" + p.name, first_row,
+                                     optimizer.exp_avg_sq(i)));
+      }
+      ++i;
+    }
+    optimizer.set_steps_taken(manifest.step());
+    SY_RETURN_IF_ERROR(loader->restore(
+        LoaderState{manifest.loader().epoch(), manifest.loader().position(), 0}));
+    first_step = manifest.step() + 1;
+    sink.on_message(absl::StrCat("resuming from ", resume_dir, " (step ", manifest.step(), ")"));
+  }
+
+  auto save_checkpoint_at = [&](int64_t step) -> absl::Status {
+    std::vector<SliceToSave> mine;
+    size_t i = 0;
+    for (Param& p : params.params()) {
+      // Each slice is written once: by the first replica, or by the owner of ZeRO state.
+      Communicator& replicas = p.spec.expert ? *groups.expert_dp : *groups.dp;
+      Shape global = p.shape;
+      if (p.spec.expert) global[0] *= groups.ep->size();
+      const int64_t first_row = p.spec.expert ? groups.ep->rank() * p.shape[0] : 0;
+      auto slice = [&](const std::string& kind, const Tensor& value) {
+        return SliceToSave{kind + "/" + p.name, value, global, p.spec.expert,
+                           p.spec.tensor_parallel_dim, first_row};
+      };
+      if (replicas.rank() == 0) mine.push_back(slice("param", p.value));
+      const int owner = optimizer.owner(i);
+      if (replicas.rank() == (owner < 0 ? 0 : owner)) {
+        mine.push_back(slice("exp_avg", optimizer.exp_avg(i)));
+        mine.push_back(slice("exp_avg_sq", optimizer.exp_avg_sq(i)));
+      }
+      ++i;
+    }
+    CheckpointContents contents;
+    contents.recipe = saved_recipe;
+    contents.layout.set_world_size(layout.world_size);
+    contents.layout.set_tensor_parallel_size(layout.tensor_parallel_size);
+    contents.layout.set_data_parallel_size(layout.data_parallel_size);
+    contents.layout.set_expert_parallel_size(layout.expert_parallel_size);
+    contents.layout.set_zero_stage(recipe.parallel().zero_stage());
+    contents.step = step;
+    const LoaderState position = loader->state();
+    contents.loader.set_epoch(position.epoch);
+    contents.loader.set_position(position.position);
+    SY_ASSIGN_OR_RETURN(const std::string dir,
+                        save_checkpoint(checkpoints_dir, contents, mine,
+                                        recipe.checkpoint().keep(), *groups.world));
+    sink.on_message(absl::StrCat("saved checkpoint ", dir));
+    return absl::OkStatus();
+  };
+
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
       "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d) x %d threads; data: "
@@ -208,9 +325,9 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     return absl::OkStatus();
   };
   // The untrained baseline, so every curve starts from a measured point.
-  if (val_data) SY_RETURN_IF_ERROR(run_eval(0));
+  if (val_data && first_step == 1) SY_RETURN_IF_ERROR(run_eval(0));
 
-  for (int64_t step = 1; step <= tc.steps(); ++step) {
+  for (int64_t step = first_step; step <= tc.steps(); ++step) {
     LossParts step_loss;
     for (int64_t m = 0; m < accumulation; ++m) {
       SY_RETURN_IF_ERROR(
@@ -298,6 +415,18 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     }
     if (val_data && (step % tc.eval_interval() == 0 || step == tc.steps()))
       SY_RETURN_IF_ERROR(run_eval(step));
+
+    // A stop request on any rank stops every rank at this same step boundary.
+    int64_t stop = options.stop_requested && options.stop_requested->load() ? 1 : 0;
+    groups.world->all_reduce_sum(&stop, 1);
+    const int64_t interval = recipe.checkpoint().interval_steps();
+    if ((interval > 0 && step % interval == 0) || step == tc.steps() || stop > 0)
+      SY_RETURN_IF_ERROR(save_checkpoint_at(step));
+    if (stop > 0 && step < tc.steps()) {
+      sink.on_message(absl::StrCat("stopped after step ", step,
+                                   "; run the same command again to continue"));
+      return absl::OkStatus();
+    }
   }
   // The saved weights are whole: expert shards are gathered over the expert-parallel
   // group (a collective, so every rank takes part).
@@ -319,10 +448,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
 
   const std::string weights_dir =
       (fs::path(options.run_dir) / recipe.checkpoint().dir() / "final").string();
-  config::Recipe saved = recipe;
-  saved.mutable_data()->clear_corpus();
-  saved.mutable_data()->set_dataset(data_dir);
-  SY_RETURN_IF_ERROR(save_weights(weights_dir, saved, whole, train_data.tokenizer_path()));
+  SY_RETURN_IF_ERROR(save_weights(weights_dir, saved_recipe, whole, train_data.tokenizer_path()));
   sink.on_message(absl::StrCat("saved final weights to ", weights_dir));
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 // metrics.jsonl, progress through a sink, final weights.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -49,10 +50,15 @@ struct TrainOptions {
   ProcessGroups* groups = nullptr;
   // CPU threads when the recipe leaves runtime.threads at 0 (0: every core).
   int threads_per_rank = 0;
+  // Set (by a signal handler) to stop at the next step boundary after a checkpoint.
+  const std::atomic<bool>* stop_requested = nullptr;
 };
 
 // Trains `recipe` (already validated, paths resolved) and writes into options.run_dir:
-// metrics.jsonl, and the final weights (with the tokenizer) under <checkpoint.dir>/final.
+// metrics.jsonl, checkpoints under <checkpoint.dir> (every checkpoint.interval_steps,
+// at the end, and when stopped), and the final weights (with the tokenizer) under
+// <checkpoint.dir>/final. When run_dir already holds a checkpoint, training resumes
+// from the newest one and continues exactly as if it had never stopped.
 absl::Status train(const config::Recipe& recipe, const TrainOptions& options, ProgressSink& sink);
 
 }  // namespace switchyard

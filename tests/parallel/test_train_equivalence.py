@@ -98,8 +98,8 @@ def assert_weights_match(weights, reference):
 
 
 def test_sharding_saves_memory(tmp_path):
-    def memory(ranks, overrides):
-        run_dir = tmp_path / f"mem{ranks}{len(overrides)}"
+    def memory(name, ranks, overrides):
+        run_dir = tmp_path / name
         subprocess.run(mpirun(ranks) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir),
                                         "--dataset-cache", str(tmp_path / "datasets"), *COMMON,
                                         *overrides],
@@ -108,11 +108,11 @@ def test_sharding_saves_memory(tmp_path):
             if "memory_bytes" in line:
                 return json.loads(line)["memory_bytes"]
 
-    dp4 = memory(4, [])
-    ep4 = memory(4, ["--set", "parallel.expert_parallel_size=4"])
+    dp4 = memory("dp4", 4, [])
+    ep4 = memory("ep4", 4, ["--set", "parallel.expert_parallel_size=4"])
     for kind in ("parameters", "gradients", "optimizer_state"):
         assert ep4[kind] < 0.5 * dp4[kind], kind
-    zero1 = memory(4, ["--set", "parallel.zero_stage=1"])
+    zero1 = memory("zero1", 4, ["--set", "parallel.zero_stage=1"])
     assert zero1["optimizer_state"] < 0.4 * dp4["optimizer_state"]
     assert zero1["parameters"] == dp4["parameters"]
 

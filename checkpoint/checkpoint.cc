@@ -1,0 +1,236 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "data/hdf5_handle.h"
+#include "data/sha256.h"
+#include "engine/runtime/status_macros.h"
+
+namespace switchyard {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+constexpr char kManifestFile[] = "manifest.pb";
+constexpr char kLatestFile[] = "latest";
+
+std::string step_dir_name(int64_t step) { return absl::StrCat("step_", step); }
+
+absl::Status fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return absl::DataLossError(absl::StrCat(path, ": cannot open to sync"));
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok ? absl::OkStatus() : absl::DataLossError(absl::StrCat(path, ": fsync failed"));
+}
+
+std::string slice_bytes_sha256(const Tensor& t) {
+  return sha256_hex(std::string_view(static_cast<const char*>(t.raw_data()), t.nbytes()));
+}
+
+absl::Status write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << bytes;
+    out.flush();
+    if (!out) return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
+  }
+  SY_RETURN_IF_ERROR(fsync_path(tmp));
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(path, ": cannot rename into place: ", ec.message()));
+  return absl::OkStatus();
+}
+
+// Writes this rank's slices into one HDF5 file and returns their manifest entries.
+absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
+    const std::string& dir, const std::string& file, const std::vector<SliceToSave>& mine) {
+  silence_hdf5_errors();
+  const std::string path = (fs::path(dir) / file).string();
+  H5Handle h5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!h5.valid()) return absl::DataLossError(absl::StrCat(path, ": cannot create"));
+  H5Handle link_props(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(link_props.get(), 1);
+  std::vector<checkpoint::TensorSlice> entries;
+  for (const SliceToSave& s : mine) {
+    std::vector<hsize_t> dims(s.value.shape().begin(), s.value.shape().end());
+    if (dims.empty()) dims.push_back(1);
+    H5Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                   H5Sclose);
+    H5Handle dataset(H5Dcreate2(h5.get(), s.key.c_str(), H5T_IEEE_F32LE, space.get(),
+                                link_props.get(), H5P_DEFAULT, H5P_DEFAULT),
+                     H5Dclose);
+    if (!dataset.valid() || H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
+                                     H5P_DEFAULT, s.value.raw_data()) < 0)
+      return absl::DataLossError(absl::StrCat(path, ": cannot write ", s.key));
+    checkpoint::TensorSlice& e = entries.emplace_back();
+    e.set_tensor(s.key);
+    for (int64_t d : s.global_shape) e.add_global_shape(d);
+    e.set_expert(s.expert);
+    e.set_tensor_parallel_dim(s.tensor_parallel_dim);
+    e.set_first_row(s.first_row);
+    e.set_rows(s.value.shape().empty() ? 1 : s.value.dim(0));
+    e.set_file(file);
+    e.set_dataset(s.key);
+    e.set_sha256(slice_bytes_sha256(s.value));
+  }
+  if (!h5.reset()) return absl::DataLossError(absl::StrCat(path, ": closing failed (disk full?)"));
+  SY_RETURN_IF_ERROR(fsync_path(path));
+  return entries;
+}
+
+void prune(const std::string& checkpoints_dir, int64_t newest, int keep) {
+  if (keep <= 0) return;
+  std::vector<int64_t> steps;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
+    const std::string name = entry.path().filename().string();
+    int64_t step = 0;
+    if (name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos &&
+        std::sscanf(name.c_str(), "step_%ld", &step) == 1 && step <= newest)
+      steps.push_back(step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  std::error_code ec;
+  for (size_t i = static_cast<size_t>(keep); i < steps.size(); ++i)
+    fs::remove_all(fs::path(checkpoints_dir) / step_dir_name(steps[i]), ec);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> save_checkpoint(const std::string& checkpoints_dir,
+                                            const CheckpointContents& contents,
+                                            const std::vector<SliceToSave>& mine, int keep,
+                                            Communicator& world) {
+  const int rank = world.rank();
+  const std::string final_dir = (fs::path(checkpoints_dir) / step_dir_name(contents.step)).string();
+  const std::string tmp_dir = final_dir + ".tmp";
+  if (rank == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
+    fs::create_directories(tmp_dir, ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat(tmp_dir, ": cannot create: ", ec.message()));
+  }
+  world.barrier();
+
+  // Every rank writes its slices and their entries; rank 0 merges the entries.
+  checkpoint::Manifest part;
+  if (!mine.empty()) {
+    SY_ASSIGN_OR_RETURN(auto entries,
+                        write_rank_file(tmp_dir, absl::StrCat("rank_", rank, ".h5"), mine));
+    for (auto& e : entries) *part.add_slices() = std::move(e);
+  }
+  SY_RETURN_IF_ERROR(write_file_atomically(
+      (fs::path(tmp_dir) / absl::StrCat("rank_", rank, ".entries")).string(),
+      part.SerializeAsString()));
+  world.barrier();
+
+  if (rank == 0) {
+    checkpoint::Manifest manifest;
+    manifest.set_format_version(kFormatVersion);
+    *manifest.mutable_recipe() = contents.recipe;
+    *manifest.mutable_layout() = contents.layout;
+    manifest.set_step(contents.step);
+    *manifest.mutable_loader() = contents.loader;
+    for (int r = 0; r < world.size(); ++r) {
+      const fs::path entries_path = fs::path(tmp_dir) / absl::StrCat("rank_", r, ".entries");
+      std::ifstream in(entries_path, std::ios::binary);
+      std::stringstream bytes;
+      bytes << in.rdbuf();
+      checkpoint::Manifest rank_part;
+      if (!rank_part.ParseFromString(bytes.str()))
+        return absl::DataLossError(absl::StrCat(entries_path.string(), ": unreadable"));
+      for (const auto& e : rank_part.slices()) *manifest.add_slices() = e;
+      fs::remove(entries_path);
+    }
+    SY_RETURN_IF_ERROR(write_file_atomically((fs::path(tmp_dir) / kManifestFile).string(),
+                                             manifest.SerializeAsString()));
+    SY_RETURN_IF_ERROR(fsync_path(tmp_dir));
+    std::error_code ec;
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec) return absl::DataLossError(absl::StrCat(final_dir, ": cannot rename into place: ", ec.message()));
+    SY_RETURN_IF_ERROR(fsync_path(checkpoints_dir));
+    SY_RETURN_IF_ERROR(write_file_atomically((fs::path(checkpoints_dir) / kLatestFile).string(),
+                                             step_dir_name(contents.step) + "\n"));
+    prune(checkpoints_dir, contents.step, keep);
+  }
+  world.barrier();
+  return final_dir;
+}
+
+absl::StatusOr<std::string> latest_checkpoint(const std::string& checkpoints_dir) {
+  const fs::path latest = fs::path(checkpoints_dir) / kLatestFile;
+  if (!fs::exists(latest)) return std::string();
+  std::ifstream in(latest);
+  std::string name;
+  std::getline(in, name);
+  const fs::path dir = fs::path(checkpoints_dir) / name;
+  if (name.rfind("step_", 0) != 0 || !fs::exists(dir / kManifestFile))
+    return absl::DataLossError(absl::StrCat(latest.string(), ": names \"", name,
+                                            "\", which is not a complete checkpoint"));
+  return dir.string();
+}
+
+absl::StatusOr<checkpoint::Manifest> read_manifest(const std::string& checkpoint_dir) {
+  const fs::path path = fs::path(checkpoint_dir) / kManifestFile;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(checkpoint_dir, ": no ", kManifestFile, " (not a checkpoint)"));
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  checkpoint::Manifest manifest;
+  if (!manifest.ParseFromString(bytes.str()))
+    return absl::DataLossError(absl::StrCat(path.string(), ": not a valid manifest"));
+  if (manifest.format_version() != kFormatVersion)
+    return absl::DataLossError(absl::StrCat(path.string(), ": format version ",
+                                            manifest.format_version(), ", expected ",
+                                            kFormatVersion));
+  return manifest;
+}
+
+absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Manifest& manifest,
+                       const std::string& key, int64_t first_row, Tensor& out) {
+  silence_hdf5_errors();
+  const int64_t rows = out.shape().empty() ? 1 : out.dim(0);
+  const int64_t row_elements = out.shape().empty() ? 1 : out.row_size();
+  int64_t covered = 0;
+  for (const checkpoint::TensorSlice& s : manifest.slices()) {
+    if (s.tensor() != key) continue;
+    const int64_t lo = std::max(first_row, s.first_row());
+    const int64_t hi = std::min(first_row + rows, s.first_row() + s.rows());
+    if (lo >= hi) continue;
+    const std::string path = (fs::path(checkpoint_dir) / s.file()).string();
+    H5Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    if (!h5.valid()) return absl::DataLossError(absl::StrCat(path, ": cannot open (missing or corrupt)"));
+    H5Handle dataset(H5Dopen2(h5.get(), s.dataset().c_str(), H5P_DEFAULT), H5Dclose);
+    Tensor slice = Tensor::empty({s.rows(), row_elements});
+    if (!dataset.valid() ||
+        H5Sget_simple_extent_npoints(H5Dget_space(dataset.get())) != slice.numel() ||
+        H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                slice.raw_data()) < 0)
+      return absl::DataLossError(absl::StrCat(path, ": cannot read ", key));
+    if (slice_bytes_sha256(slice) != s.sha256())
+      return absl::DataLossError(absl::StrCat(path, ": checksum mismatch in ", key));
+    Tensor dst = out.reshape({rows, row_elements}).slice_rows(lo - first_row, hi - first_row);
+    dst.copy_from(slice.slice_rows(lo - s.first_row(), hi - s.first_row()));
+    covered += hi - lo;
+  }
+  if (covered != rows)
+    return absl::DataLossError(absl::StrCat(checkpoint_dir, ": rows [", first_row, ", ",
+                                            first_row + rows, ") of ", key,
+                                            " are not all in the checkpoint"));
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard

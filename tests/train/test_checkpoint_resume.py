@@ -1,0 +1,146 @@
+"""Checkpoints: a run killed at any moment (SIGKILL, even while writing a checkpoint)
+and resumed, or stopped with SIGTERM and resumed, gives the same losses bit for bit as
+a run that never stopped; a checkpoint saved by one layout resumes on another.
+
+Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+SWITCHYARD = os.environ["SWITCHYARD"]
+MPIEXEC = os.environ["MPIEXEC"]
+RECIPE = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "tiny.textproto")
+STEPS = 8
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def command(run_dir, cache, ranks=1, extra=()):
+    launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
+    return launcher + [
+        SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir), "--dataset-cache", str(cache),
+        "--set", f"train.steps={STEPS}", "--set", "optimizer.warmup_steps=1",
+        "--set", "train.log_interval=1", "--set", "train.eval_interval=4",
+        "--set", "train.eval_batches=1", "--set", "train.global_batch_size=8",
+        "--set", "train.micro_batch_size=2", "--set", "model.num_layers=2",
+        "--set", "train.seq_len=64", "--set", "checkpoint.interval_steps=2",
+        "--set", "checkpoint.keep=5", *extra]
+
+
+def losses(run_dir):
+    """step -> (loss, grad_norm) and eval step -> val_loss, from metrics.jsonl."""
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if "loss" in m:
+            out[("train", m["step"])] = (m["loss"], m["grad_norm"], m["aux_loss"])
+        elif "val_loss" in m:
+            out[("val", m["step"])] = m["val_loss"]
+    return out
+
+
+def run(cmd):
+    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def steps_logged(run_dir):
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if '"loss"' in line)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("whole")
+    run(command(root / "run", root / "cache"))
+    return losses(root / "run"), root / "cache"
+
+
+def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path, uninterrupted):
+    reference, cache = uninterrupted
+    run_dir = tmp_path / "run"
+    rng = random.Random(7)
+    for _ in range(3):
+        process = subprocess.Popen(command(run_dir, cache), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, env=ENV)
+        time.sleep(rng.uniform(0.2, 1.5))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    run(command(run_dir, cache))
+    assert losses(run_dir) == reference
+
+
+def test_sigterm_checkpoints_and_stops_cleanly(tmp_path, uninterrupted):
+    reference, cache = uninterrupted
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(command(run_dir, cache), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.monotonic() + 120
+    while steps_logged(run_dir) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    if "stopped after step" in out:
+        stopped = int(out.split("stopped after step ")[1].split(";")[0])
+        assert (run_dir / "checkpoints" / f"step_{stopped}").is_dir()
+    run(command(run_dir, cache))
+    assert losses(run_dir) == reference
+
+
+def rewind(run_dir, step):
+    """Makes step_<step> the newest checkpoint, as if the run had stopped there."""
+    checkpoints = run_dir / "checkpoints"
+    for entry in checkpoints.iterdir():
+        if entry.name.startswith("step_") and int(entry.name[5:]) > step:
+            shutil.rmtree(entry)
+    (checkpoints / "latest").write_text(f"step_{step}\n")
+
+
+@pytest.mark.parametrize("saved_by,resumed_by", [
+    ((2, ["--set", "parallel.expert_parallel_size=2"]), (1, [])),
+    ((1, []), (4, ["--set", "parallel.expert_parallel_size=2", "--set", "parallel.zero_stage=1"])),
+])
+def test_another_layout_resumes(tmp_path, uninterrupted, saved_by, resumed_by):
+    reference, cache = uninterrupted
+    run_dir = tmp_path / "run"
+    run(command(run_dir, cache, saved_by[0], saved_by[1]))
+    rewind(run_dir, 4)
+    run(command(run_dir, cache, resumed_by[0], resumed_by[1]))
+    resumed = losses(run_dir)
+    assert resumed.keys() == reference.keys()
+    for key, value in reference.items():
+        assert resumed[key] == pytest.approx(value, rel=1e-5), key
+
+
+def test_keep_prunes_old_checkpoints(tmp_path, uninterrupted):
+    _, cache = uninterrupted
+    run_dir = tmp_path / "run"
+    run(command(run_dir, cache, extra=["--set", "checkpoint.keep=2"]))
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["final", "latest", "step_6", "step_8"]
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_8\n"
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, uninterrupted):
+    _, cache = uninterrupted
+    run_dir = tmp_path / "run"
+    run(command(run_dir, cache))
+    rewind(run_dir, 6)
+    h5 = run_dir / "checkpoints" / "step_6" / "rank_0.h5"
+    data = bytearray(h5.read_bytes())
+    data[-100] ^= 0xFF
+    h5.write_bytes(bytes(data))
+    result = subprocess.run(command(run_dir, cache), capture_output=True, text=True, env=ENV,
+                            timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "rank_0.h5" in result.stderr, result.stderr

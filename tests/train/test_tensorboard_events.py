@@ -1,0 +1,170 @@
+"""TensorBoard event files written by the engine read back with the tensorboard package:
+its record reader (which checks both CRCs), the legacy EventAccumulator, and the plugin
+accumulator the TensorBoard UI uses (which migrates simple_value/histo/image summaries
+into its scalars/histograms/images plugins).
+
+Run by ctest with the interop environment's Python; TENSORBOARD_TOOL names
+tests/train/tensorboard_tool (see that file for the summaries it writes).
+"""
+import io
+import os
+import re
+import struct
+import subprocess
+import zlib
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_file_loader
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.backend.event_processing import plugin_event_accumulator
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+from tensorboard.util import tensor_util
+
+TOOL = os.environ["TENSORBOARD_TOOL"]
+STEPS = range(5)
+HIST_VALUES = [i * 0.5 - 3 for i in range(100)] + [1e6]
+HEIGHT, WIDTH = 6, 10
+
+
+def expected_pixels():
+    return np.array([[[25 * x, 40 * y, 128] for x in range(WIDTH)] for y in range(HEIGHT)],
+                    dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("tb") / "run"
+    result = subprocess.run([TOOL, str(log_dir)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    path = result.stdout.strip()
+    assert os.path.dirname(path) == str(log_dir)
+    return log_dir, path
+
+
+def test_file_name(log):
+    log_dir, path = log
+    assert os.listdir(log_dir) == [os.path.basename(path)]
+    assert re.fullmatch(r"events\.out\.tfevents\.\d{10}\.[^/]+\.\d+\.switchyard",
+                        os.path.basename(path)), path
+
+
+def test_records_framing_and_crcs(log):
+    _, path = log
+    data = open(path, "rb").read()
+    at, count = 0, 0
+    while at < len(data):
+        header = data[at:at + 8]
+        (length,) = struct.unpack("<Q", header)
+        (length_crc,) = struct.unpack("<I", data[at + 8:at + 12])
+        assert length_crc == masked_crc32c(header)
+        body = data[at + 12:at + 12 + length]
+        (body_crc,) = struct.unpack("<I", data[at + 12 + length:at + 16 + length])
+        assert body_crc == masked_crc32c(body)
+        at += 16 + length
+        count += 1
+    assert at == len(data)
+    assert count == 1 + 2 * len(STEPS) + 2
+
+
+def test_raw_events(log):
+    _, path = log
+    events = list(event_file_loader.LegacyEventFileLoader(path).Load())
+    assert events[0].file_version == "brain.Event:2"
+    assert events[0].wall_time > 1.6e9
+    assert all(e.wall_time >= events[0].wall_time for e in events)
+    tags = [v.tag for e in events[1:] for v in e.summary.value]
+    assert tags == ["train/loss", "train/lr"] * len(STEPS) + ["moe/expert_load",
+                                                             "samples/gradient"]
+
+
+def test_scalars_histogram_image_via_event_accumulator(log):
+    log_dir, _ = log
+    acc = event_accumulator.EventAccumulator(str(log_dir), size_guidance={
+        event_accumulator.SCALARS: 0, event_accumulator.HISTOGRAMS: 0,
+        event_accumulator.IMAGES: 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert sorted(tags["scalars"]) == ["train/loss", "train/lr"]
+    assert tags["histograms"] == ["moe/expert_load"]
+    assert tags["images"] == ["samples/gradient"]
+
+    loss = acc.Scalars("train/loss")
+    assert [s.step for s in loss] == list(STEPS)
+    assert [s.value for s in loss] == pytest.approx([4 / (s + 1) for s in STEPS], rel=1e-6)
+    lr = acc.Scalars("train/lr")
+    assert [s.step for s in lr] == list(STEPS)
+    assert [s.value for s in lr] == pytest.approx([1e-3 * s for s in STEPS], rel=1e-6)
+
+    (hist_event,) = acc.Histograms("moe/expert_load")
+    h = hist_event.histogram_value
+    assert hist_event.step == 4
+    assert h.min == -3.0 and h.max == 1e6
+    assert h.num == len(HIST_VALUES)
+    assert h.sum == pytest.approx(sum(HIST_VALUES))
+    assert h.sum_squares == pytest.approx(sum(v * v for v in HIST_VALUES))
+    assert len(h.bucket) == len(h.bucket_limit)
+    assert sum(h.bucket) == len(HIST_VALUES)
+    assert list(h.bucket_limit) == sorted(h.bucket_limit)
+    # Each value falls in the bucket whose range [previous limit, limit) holds it.
+    limits = np.array(h.bucket_limit)
+    counts = np.zeros(len(limits))
+    for v in HIST_VALUES:
+        counts[np.searchsorted(limits, v, side="right")] += 1
+    assert counts.tolist() == list(h.bucket)
+
+    (image,) = acc.Images("samples/gradient")
+    assert image.step == 4
+    assert (image.height, image.width) == (HEIGHT, WIDTH)
+    png = image.encoded_image_string
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (WIDTH, HEIGHT)
+    # Decode: Pillow where installed (it comes with tensorboard's optional deps), else zlib.
+    try:
+        from PIL import Image
+    except ImportError:
+        Image = None
+    if Image is not None:
+        decoded = Image.open(io.BytesIO(png))
+        assert decoded.format == "PNG" and decoded.mode == "RGB"
+        assert decoded.size == (WIDTH, HEIGHT)
+        np.testing.assert_array_equal(np.asarray(decoded), expected_pixels())
+    else:
+        (idat_len,) = struct.unpack(">I", png[33:37])
+        assert png[37:41] == b"IDAT"
+        raw = np.frombuffer(zlib.decompress(png[41:41 + idat_len]), dtype=np.uint8)
+        rows = raw.reshape(HEIGHT, 1 + 3 * WIDTH)
+        assert (rows[:, 0] == 0).all()
+        np.testing.assert_array_equal(rows[:, 1:].reshape(HEIGHT, WIDTH, 3), expected_pixels())
+
+
+def test_plugin_accumulator_as_the_ui_reads_it(log):
+    log_dir, _ = log
+    acc = plugin_event_accumulator.EventAccumulator(str(log_dir), size_guidance={
+        plugin_event_accumulator.TENSORS: 0})
+    acc.Reload()
+    content = acc.PluginTagToContent
+    assert set(content("scalars")) == {"train/loss", "train/lr"}
+    assert set(content("histograms")) == {"moe/expert_load"}
+    assert set(content("images")) == {"samples/gradient"}
+    loss = acc.Tensors("train/loss")
+    assert [t.step for t in loss] == list(STEPS)
+    assert [float(tensor_util.make_ndarray(t.tensor_proto)) for t in loss] == pytest.approx(
+        [4 / (s + 1) for s in STEPS], rel=1e-6)
+    (hist,) = acc.Tensors("moe/expert_load")
+    buckets = tensor_util.make_ndarray(hist.tensor_proto)  # rows of [left, right, count]
+    assert buckets.shape[1] == 3
+    assert buckets[:, 2].sum() == len(HIST_VALUES)
+    assert buckets[0, 0] == -3.0
+    (img,) = acc.Tensors("samples/gradient")
+    width, height, png = tensor_util.make_ndarray(img.tensor_proto)
+    assert (int(width), int(height)) == (WIDTH, HEIGHT)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_log_dir_that_is_a_file_fails_cleanly(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    result = subprocess.run([TOOL, str(not_a_dir)], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "not a directory" in result.stderr.lower(), result.stderr
