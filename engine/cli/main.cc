@@ -22,6 +22,7 @@
 #include "checkpoint/weights.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "engine/cli/convert_command.h"
 #include "engine/cli/data_commands.h"
 #include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
@@ -298,9 +299,11 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--seed", seed, "sampling seed");
 
   DataCommands data_commands(app);
+  ConvertCommand convert_command(app);
 
   CLI11_PARSE(app, argc, argv);
   if (data_commands.parsed()) return report(data_commands.run());
+  if (convert_command.parsed()) return report(convert_command.run());
   if (train_cmd->parsed()) return report(run_train(recipe_path, run_dir, overrides, dry, peak_gflops, cache_dir));
   if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, split, batches));
   if (sample_cmd->parsed()) return report(run_sample(weights_dir, prompt, tokens, temperature, seed));

@@ -1,0 +1,341 @@
+#include "checkpoint/hf_export.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/safetensors.h"
+#include "engine/config/recipe.h"
+#include "engine/runtime/status_macros.h"
+
+namespace switchyard {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+constexpr char kMixtral[] = "MixtralForCausalLM";
+constexpr char kQwen2Moe[] = "Qwen2MoeForCausalLM";
+
+// The shortest decimal that reads back as the same float, as a double: the recipe holds
+// floats, and 1e-5f printed as a double would be 9.999999747378752e-06.
+double json_float(float value) {
+  for (int precision = 6; precision < 9; ++precision) {
+    const double d = std::strtod(absl::StrFormat("%.*g", precision, value).c_str(), nullptr);
+    if (static_cast<float>(d) == value) return d;
+  }
+  return value;
+}
+
+uint16_t bf16_round_nearest_even(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  // Keep NaN a (quiet) NaN: rounding could carry its payload into the infinity pattern.
+  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+Tensor cast(const Tensor& f32, DType dtype) {
+  if (dtype == DType::kF32) return f32;
+  Tensor out = Tensor::empty(f32.shape(), DType::kBF16);
+  const float* src = f32.data<float>();
+  uint16_t* dst = static_cast<uint16_t*>(out.raw_data());
+  for (int64_t i = 0; i < f32.numel(); ++i) dst[i] = bf16_round_nearest_even(src[i]);
+  return out;
+}
+
+// A copy of the shape.numel() contiguous elements of `src` from element `begin` on.
+Tensor copy_range(const Tensor& src, int64_t begin, const Shape& shape) {
+  Tensor out = Tensor::empty(shape, DType::kF32);
+  std::memcpy(out.raw_data(), src.data<float>() + begin, out.nbytes());
+  return out;
+}
+
+absl::Status write_text(const std::string& path, const std::string& text) {
+  {
+    std::ofstream out(path + ".tmp", std::ios::trunc);
+    out << text;
+    if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  }
+  std::error_code ec;
+  fs::rename(path + ".tmp", path, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::Status write_json(const std::string& path, const Json& json) {
+  return write_text(path, json.dump(2) + "\n");
+}
+
+std::string torch_dtype_name(DType dtype) { return dtype == DType::kBF16 ? "bfloat16" : "float32"; }
+
+Json config_json(const config::Recipe& recipe, const std::string& architecture,
+                 const std::map<std::string, Tensor>& weights, DType dtype) {
+  const config::ModelConfig& model = recipe.model();
+  const config::MoeConfig& moe = recipe.moe();
+  const bool mixtral = architecture == kMixtral;
+  Json j;
+  j["architectures"] = {architecture};
+  j["model_type"] = mixtral ? "mixtral" : "qwen2_moe";
+  j["vocab_size"] = model.vocab_size();
+  j["hidden_size"] = model.hidden_size();
+  j["intermediate_size"] = mixtral || model.ffn_hidden_size() == 0 ? moe.expert_ffn_hidden_size()
+                                                                   : model.ffn_hidden_size();
+  j["num_hidden_layers"] = model.num_layers();
+  j["num_attention_heads"] = model.num_heads();
+  j["num_key_value_heads"] = config::effective_kv_heads(model);
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = model.max_position_embeddings();
+  j["initializer_range"] = json_float(model.init_std());
+  j["rms_norm_eps"] = json_float(model.norm_eps());
+  j["rope_theta"] = json_float(model.rope_theta());
+  j["rope_scaling"] = nullptr;
+  j["sliding_window"] = nullptr;
+  j["attention_dropout"] = 0.0;
+  j["num_experts_per_tok"] = moe.top_k();
+  j["router_aux_loss_coef"] = json_float(moe.aux_loss_coef());
+  j["output_router_logits"] = false;
+  if (mixtral) {
+    j["num_local_experts"] = moe.num_experts();
+    j["router_jitter_noise"] = 0.0;
+  } else {
+    j["num_experts"] = moe.num_experts();
+    j["moe_intermediate_size"] = moe.expert_ffn_hidden_size();
+    // Several engine shared experts run as one FFN of their summed width.
+    int64_t shared_size = 0;
+    for (const auto& [name, tensor] : weights) {
+      if (name.ends_with(".mlp.shared_expert.gate_up_proj.weight")) shared_size = tensor.shape()[1];
+    }
+    j["shared_expert_intermediate_size"] = shared_size;
+    j["decoder_sparse_step"] = model.moe_layer_interval();
+    Json dense = Json::array();
+    for (int i = 0; i < model.first_dense_layers() && i < model.num_layers(); ++i) dense.push_back(i);
+    j["mlp_only_layers"] = dense;
+    j["norm_topk_prob"] = moe.gating() == config::TOPK_SOFTMAX;
+    j["qkv_bias"] = true;
+    j["use_sliding_window"] = false;
+    j["max_window_layers"] = model.num_layers();
+  }
+  j["tie_word_embeddings"] = model.tie_embeddings();
+  j["bos_token_id"] = 1;
+  j["eos_token_id"] = 2;
+  j["pad_token_id"] = 3;
+  j["use_cache"] = true;
+  j["torch_dtype"] = torch_dtype_name(dtype);
+  return j;
+}
+
+// Registry names -> transformers names, in the registry file's layer order.
+absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
+                                            const std::string& architecture,
+                                            std::map<std::string, Tensor>& weights,
+                                            const std::string& source) {
+  const bool mixtral = architecture == kMixtral;
+  NamedTensors out;
+  auto take = [&](const std::string& name) -> absl::StatusOr<Tensor> {
+    auto it = weights.find(name);
+    if (it == weights.end()) return absl::DataLossError(absl::StrCat(source, ": missing tensor ", name));
+    if (it->second.dtype() != DType::kF32)
+      return absl::DataLossError(absl::StrCat(source, ": tensor ", name, " is not F32"));
+    Tensor t = it->second;
+    weights.erase(it);
+    return t;
+  };
+  auto move = [&](const std::string& from, const std::string& to) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Tensor t, take(from));
+    out.emplace_back(to, t);
+    return absl::OkStatus();
+  };
+  // A fused (2, ffn, hidden) gate/up parameter becomes two (ffn, hidden) matrices.
+  auto split_gate_up = [&](const std::string& from, const std::string& gate,
+                           const std::string& up) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Tensor t, take(from));
+    const Shape half = {t.shape()[1], t.shape()[2]};
+    out.emplace_back(gate, copy_range(t, 0, half));
+    out.emplace_back(up, copy_range(t, shape_numel(half), half));
+    return absl::OkStatus();
+  };
+
+  SY_RETURN_IF_ERROR(move("model.embed_tokens.weight", "model.embed_tokens.weight"));
+  for (int layer = 0; layer < recipe.model().num_layers(); ++layer) {
+    const std::string p = absl::StrCat("model.layers.", layer, ".");
+    SY_RETURN_IF_ERROR(move(p + "input_layernorm.weight", p + "input_layernorm.weight"));
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+      const std::string name = absl::StrCat(p, "self_attn.", proj);
+      SY_RETURN_IF_ERROR(move(name + ".weight", name + ".weight"));
+      if (recipe.model().attention_bias() && std::string(proj) != "o_proj")
+        SY_RETURN_IF_ERROR(move(name + ".bias", name + ".bias"));
+    }
+    SY_RETURN_IF_ERROR(
+        move(p + "post_attention_layernorm.weight", p + "post_attention_layernorm.weight"));
+    if (!config::is_moe_layer(recipe, layer)) {
+      SY_RETURN_IF_ERROR(split_gate_up(p + "mlp.gate_up_proj.weight", p + "mlp.gate_proj.weight",
+                                       p + "mlp.up_proj.weight"));
+      SY_RETURN_IF_ERROR(move(p + "mlp.down_proj.weight", p + "mlp.down_proj.weight"));
+      continue;
+    }
+    const std::string moe = mixtral ? p + "block_sparse_moe." : p + "mlp.";
+    SY_RETURN_IF_ERROR(move(p + "mlp.gate.weight", moe + "gate.weight"));
+    SY_ASSIGN_OR_RETURN(Tensor gate_up, take(p + "mlp.experts.gate_up_proj"));
+    SY_ASSIGN_OR_RETURN(Tensor down, take(p + "mlp.experts.down_proj"));
+    const int64_t experts = gate_up.shape()[0], ffn = gate_up.shape()[1] / 2,
+                  hidden = gate_up.shape()[2];
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::string ep = absl::StrCat(moe, "experts.", e, ".");
+      const int64_t base = e * 2 * ffn * hidden;
+      out.emplace_back(ep + (mixtral ? "w1.weight" : "gate_proj.weight"),
+                       copy_range(gate_up, base, {ffn, hidden}));
+      out.emplace_back(ep + (mixtral ? "w3.weight" : "up_proj.weight"),
+                       copy_range(gate_up, base + ffn * hidden, {ffn, hidden}));
+      out.emplace_back(ep + (mixtral ? "w2.weight" : "down_proj.weight"),
+                       copy_range(down, e * hidden * ffn, {hidden, ffn}));
+    }
+    if (recipe.moe().num_shared_experts() > 0) {
+      SY_RETURN_IF_ERROR(split_gate_up(p + "mlp.shared_expert.gate_up_proj.weight",
+                                       p + "mlp.shared_expert.gate_proj.weight",
+                                       p + "mlp.shared_expert.up_proj.weight"));
+      SY_RETURN_IF_ERROR(move(p + "mlp.shared_expert.down_proj.weight",
+                              p + "mlp.shared_expert.down_proj.weight"));
+      SY_RETURN_IF_ERROR(
+          move(p + "mlp.shared_expert_gate.weight", p + "mlp.shared_expert_gate.weight"));
+    }
+  }
+  SY_RETURN_IF_ERROR(move("model.norm.weight", "model.norm.weight"));
+  if (!recipe.model().tie_embeddings()) SY_RETURN_IF_ERROR(move("lm_head.weight", "lm_head.weight"));
+  if (!weights.empty())
+    return absl::DataLossError(absl::StrCat(source, ": unexpected tensor ", weights.begin()->first,
+                                            " for this recipe"));
+  return out;
+}
+
+absl::Status write_weights(const std::string& out_dir, const NamedTensors& tensors,
+                           const HfExportOptions& options) {
+  std::vector<NamedTensors> shards(1);
+  int64_t shard_bytes = 0, total_bytes = 0;
+  for (const auto& [name, f32] : tensors) {
+    Tensor t = cast(f32, options.dtype);
+    const int64_t bytes = static_cast<int64_t>(t.nbytes());
+    if (!shards.back().empty() && shard_bytes + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().emplace_back(name, t);
+    shard_bytes += bytes;
+    total_bytes += bytes;
+  }
+  if (shards.size() == 1) return write_safetensors(out_dir + "/model.safetensors", shards[0]);
+  Json weight_map = Json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file =
+        absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size());
+    SY_RETURN_IF_ERROR(write_safetensors(out_dir + "/" + file, shards[i]));
+    for (const auto& entry : shards[i]) weight_map[entry.first] = file;
+  }
+  Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+  return write_json(out_dir + "/model.safetensors.index.json", index);
+}
+
+// Our tokenizers add no dummy prefix and no bos: legacy false with add_prefix_space
+// false keeps transformers from prepending "▁", and add_bos_token false matches the
+// training data, which has no bos.
+absl::Status write_tokenizer(const std::string& weights_dir, const std::string& out_dir,
+                             const config::Recipe& recipe) {
+  const std::string source = weights_dir + "/tokenizer.model";
+  if (!fs::exists(source)) return absl::OkStatus();
+  std::error_code ec;
+  fs::copy_file(source, out_dir + "/tokenizer.model", fs::copy_options::overwrite_existing, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(source, ": cannot copy: ", ec.message()));
+  const Json specials = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"},
+                         {"pad_token", "<pad>"}};
+  Json config = {{"tokenizer_class", "LlamaTokenizer"},
+                 {"add_bos_token", false},
+                 {"add_eos_token", false},
+                 {"add_prefix_space", false},
+                 {"legacy", false},
+                 {"clean_up_tokenization_spaces", false},
+                 {"model_max_length", recipe.model().max_position_embeddings()}};
+  config.update(specials);
+  SY_RETURN_IF_ERROR(write_json(out_dir + "/tokenizer_config.json", config));
+  return write_json(out_dir + "/special_tokens_map.json", specials);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe) {
+  const config::ModelConfig& model = recipe.model();
+  const config::MoeConfig& moe = recipe.moe();
+  auto refuse = [](const std::string& why) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot export to transformers: ", why));
+  };
+  if (model.moe_layer_interval() == 0 || moe.num_experts() == 0)
+    return refuse("the model has no MoE layers (model.moe_layer_interval 0)");
+  if (moe.gating() == config::GSHARD_TOP2)
+    return refuse("moe.gating GSHARD_TOP2 (sampled second expert) exists in no transformers class");
+  if (model.qk_norm())
+    return refuse("model.qk_norm is not supported by MixtralForCausalLM or Qwen2MoeForCausalLM");
+  if (config::effective_head_dim(model) * model.num_heads() != model.hidden_size())
+    return refuse(absl::StrCat("model.head_dim (", config::effective_head_dim(model),
+                               ") x model.num_heads must equal model.hidden_size (transformers "
+                               "4.x ignores head_dim)"));
+  if (moe.num_shared_experts() > 0) {
+    if (!moe.shared_expert_gate())
+      return refuse("Qwen2MoeForCausalLM always gates its shared expert: moe.shared_expert_gate "
+                    "must be true");
+    if (!model.attention_bias())
+      return refuse("Qwen2MoeForCausalLM has q/k/v biases: model.attention_bias must be true");
+    return std::string(kQwen2Moe);
+  }
+  for (int layer = 0; layer < model.num_layers(); ++layer) {
+    if (!config::is_moe_layer(recipe, layer))
+      return refuse(absl::StrCat("layer ", layer, " is dense and MixtralForCausalLM (no shared "
+                                 "experts) has only MoE layers"));
+  }
+  if (model.attention_bias())
+    return refuse("model.attention_bias: MixtralForCausalLM (no shared experts) has no biases");
+  if (moe.gating() != config::TOPK_SOFTMAX)
+    return refuse(absl::StrCat("moe.gating ", config::Gating_Name(moe.gating()),
+                               ": MixtralForCausalLM (no shared experts) renormalises the top-k "
+                               "weights (TOPK_SOFTMAX)"));
+  return std::string(kMixtral);
+}
+
+absl::Status export_hf(const std::string& weights_dir, const std::string& out_dir,
+                       const HfExportOptions& options) {
+  if (options.dtype != DType::kF32 && options.dtype != DType::kBF16)
+    return absl::InvalidArgumentError("--dtype must be fp32 or bf16");
+  if (options.max_shard_bytes <= 0)
+    return absl::InvalidArgumentError("--max-shard-size must be > 0");
+  const std::string recipe_path = weights_dir + "/recipe.textproto";
+  if (!fs::exists(recipe_path))
+    return absl::NotFoundError(
+        absl::StrCat(weights_dir, ": not a weights directory (no recipe.textproto)"));
+  SY_ASSIGN_OR_RETURN(const config::Recipe recipe, config::load_recipe(recipe_path, {}));
+  SY_ASSIGN_OR_RETURN(const std::string architecture, hf_architecture_for(recipe));
+  const std::string source = weights_dir + "/model.safetensors";
+  SY_ASSIGN_OR_RETURN(auto weights, read_safetensors(source));
+  const Json config = config_json(recipe, architecture, weights, options.dtype);
+  SY_ASSIGN_OR_RETURN(const NamedTensors tensors,
+                      rename_tensors(recipe, architecture, weights, source));
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(out_dir, ": cannot create: ", ec.message()));
+  SY_RETURN_IF_ERROR(write_weights(out_dir, tensors, options));
+  SY_RETURN_IF_ERROR(write_json(out_dir + "/config.json", config));
+  const Json generation = {{"bos_token_id", 1}, {"eos_token_id", 2}, {"pad_token_id", 3}};
+  SY_RETURN_IF_ERROR(write_json(out_dir + "/generation_config.json", generation));
+  return write_tokenizer(weights_dir, out_dir, recipe);
+}
+
+}  // namespace switchyard

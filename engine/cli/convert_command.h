@@ -1,0 +1,38 @@
+// The convert subcommands of the switchyard binary:
+//   switchyard convert to-hf WEIGHTS_DIR OUT [--dtype bf16|fp32] [--max-shard-size 5GB]
+//   switchyard convert from-hf HF_DIR OUT_WEIGHTS_DIR
+// Wiring in main(): construct ConvertCommand on the app before parsing, then
+//   if (convert_command.parsed()) return report(convert_command.run());
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace switchyard {
+
+class ConvertCommand {
+ public:
+  explicit ConvertCommand(CLI::App& app);
+
+  // Whether the parsed command line chose one of these commands.
+  bool parsed() const;
+  // Runs the chosen command; the result line goes to stdout, errors come back.
+  absl::Status run();
+
+ private:
+  absl::Status run_to_hf();
+  absl::Status run_from_hf();
+
+  CLI::App* convert_ = nullptr;
+  CLI::App* to_hf_ = nullptr;
+  CLI::App* from_hf_ = nullptr;
+
+  std::string in_;
+  std::string out_;
+  std::string dtype_ = "fp32";
+  std::string max_shard_size_ = "5GB";
+};
+
+}  // namespace switchyard
