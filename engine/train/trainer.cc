@@ -21,6 +21,7 @@
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/train/tensorboard_writer.h"
 #include "kernels/threads.h"
 
 namespace switchyard {
@@ -221,6 +222,12 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
           absl::StrCat(options.run_dir, ": cannot write the run directory"));
     for (const std::string& line : kept) metrics << line << "\n";
   }
+  // TensorBoard events beside metrics.jsonl (a new file per run or resume, as TensorBoard
+  // expects).
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+  if (reporter) {
+    SY_ASSIGN_OR_RETURN(tensorboard, TensorBoardWriter::create(options.run_dir));
+  }
 
   set_cpu_threads(recipe.runtime().threads() > 0 ? recipe.runtime().threads()
                                                  : options.threads_per_rank);
@@ -320,7 +327,11 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   auto run_eval = [&](int64_t step) -> absl::Status {
     SY_ASSIGN_OR_RETURN(const double val, evaluate(dev, model, *val_data, recipe));
     nlohmann::ordered_json j = {{"step", step}, {"val_loss", val}};
-    if (reporter) metrics << j.dump() << "\n" << std::flush;
+    if (reporter) {
+      metrics << j.dump() << "\n" << std::flush;
+      SY_RETURN_IF_ERROR(tensorboard->add_scalar("eval/val_loss", val, step));
+      SY_RETURN_IF_ERROR(tensorboard->flush());
+    }
     sink.on_eval(step, val);
     return absl::OkStatus();
   };
@@ -407,7 +418,17 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
           {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu},
           {"dropped_fraction", m.dropped_fraction}, {"worst_load_ratio", m.worst_load_ratio},
           {"elapsed_s", m.elapsed_s}};
-      if (reporter) metrics << j.dump() << "\n" << std::flush;
+      if (reporter) {
+        metrics << j.dump() << "\n" << std::flush;
+        for (const auto& [key, value] : j.items())
+          if (key != "step" && key != "elapsed_s")
+            SY_RETURN_IF_ERROR(tensorboard->add_scalar("train/" + key, value.get<double>(), step));
+        const RouterStats& rs = model.router_stats();
+        if (!rs.selections_per_expert.empty())
+          SY_RETURN_IF_ERROR(tensorboard->add_histogram("moe/selections_per_expert",
+                                                        rs.selections_per_expert, step));
+        SY_RETURN_IF_ERROR(tensorboard->flush());
+      }
       sink.on_step(m);
       window_start = now;
       window_steps = 0;

@@ -75,6 +75,13 @@ TEST(Training, TinyRecipeLearns) {
   // A line per log interval of 10 steps, two evals and the memory report.
   EXPECT_EQ(lines, 6 + 2 + 1);
   EXPECT_EQ(memory_lines, 1);
+  // TensorBoard events beside metrics.jsonl (their format is tested on its own).
+  int event_files = 0;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0 &&
+        fs::file_size(entry.path()) > 1000)
+      ++event_files;
+  EXPECT_EQ(event_files, 1);
   fs::remove_all(dir);
 }
 
