@@ -233,4 +233,18 @@ absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Mani
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> verify_checkpoint(const std::string& checkpoint_dir,
+                                          const checkpoint::Manifest& manifest) {
+  int64_t verified = 0;
+  for (const checkpoint::TensorSlice& s : manifest.slices()) {
+    Shape shape(s.global_shape().begin(), s.global_shape().end());
+    if (shape.empty()) shape.push_back(1);
+    shape[0] = s.rows();
+    Tensor rows = Tensor::empty(shape);
+    SY_RETURN_IF_ERROR(read_rows(checkpoint_dir, manifest, s.tensor(), s.first_row(), rows));
+    ++verified;
+  }
+  return verified;
+}
+
 }  // namespace switchyard

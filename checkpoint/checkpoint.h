@@ -54,4 +54,8 @@ absl::StatusOr<checkpoint::Manifest> read_manifest(const std::string& checkpoint
 absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Manifest& manifest,
                        const std::string& key, int64_t first_row, Tensor& out);
 
+// Reads every slice of the checkpoint and verifies its checksum; returns how many.
+absl::StatusOr<int64_t> verify_checkpoint(const std::string& checkpoint_dir,
+                                          const checkpoint::Manifest& manifest);
+
 }  // namespace switchyard

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "data/inspect.h"
+#include "engine/cli/inspect_checkpoint.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "engine/runtime/status_macros.h"
@@ -107,8 +108,8 @@ DataCommands::DataCommands(CLI::App& app) {
   prepare_->add_option("--text-field", text_field_, "JSON Lines field holding the text");
   prepare_->add_option("--threads", threads_, "encoding threads; 0 uses every core");
 
-  inspect_ = app.add_subcommand("inspect", "describe and validate a token dataset or shard");
-  inspect_->add_option("path", inspect_path_, "dataset directory or .h5 shard")->required();
+  inspect_ = app.add_subcommand("inspect", "describe and validate a token dataset, a shard or a checkpoint");
+  inspect_->add_option("path", inspect_path_, "dataset directory, .h5 shard, or checkpoint (step_<N> or checkpoints directory)")->required();
   inspect_->add_option("--tokenizer", tokenizer_path_,
                        "model to decode the sample with (default: the dataset's own)");
   inspect_->add_option("--sample-tokens", sample_tokens_, "tokens of the sample to decode");
@@ -156,6 +157,7 @@ absl::Status DataCommands::run_prepare() {
 }
 
 absl::Status DataCommands::run_inspect() {
+  if (is_checkpoint(inspect_path_)) return inspect_checkpoint(inspect_path_);
   InspectOptions options;
   options.tokenizer_path = tokenizer_path_;
   options.sample_tokens = sample_tokens_;

@@ -136,11 +136,13 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
     run(command(run_dir, cache))
     rewind(run_dir, 6)
+    report = run([SWITCHYARD, "inspect", str(run_dir / "checkpoints")]).stdout
+    assert "checkpoint at step 6" in report and "slices verified" in report
     h5 = run_dir / "checkpoints" / "step_6" / "rank_0.h5"
     data = bytearray(h5.read_bytes())
     data[-100] ^= 0xFF
     h5.write_bytes(bytes(data))
-    result = subprocess.run(command(run_dir, cache), capture_output=True, text=True, env=ENV,
-                            timeout=300)
-    assert result.returncode == 1
-    assert result.stderr.count("\n") == 1 and "rank_0.h5" in result.stderr, result.stderr
+    for cmd in (command(run_dir, cache), [SWITCHYARD, "inspect", str(run_dir / "checkpoints")]):
+        result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+        assert result.returncode == 1
+        assert result.stderr.count("\n") == 1 and "rank_0.h5" in result.stderr, result.stderr
