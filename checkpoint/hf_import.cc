@@ -10,11 +10,11 @@
 #include <utility>
 #include <vector>
 
-#include <google/protobuf/text_format.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
 #include "engine/config/recipe.h"
 #include "engine/runtime/status_macros.h"
 
@@ -437,27 +437,8 @@ absl::Status import_hf(const std::string& hf_dir, const std::string& out_dir) {
   TensorMapper mapper(std::move(hf_tensors), hf_dir);
   SY_ASSIGN_OR_RETURN(const auto tensors, map_tensors(recipe, family, mapper));
 
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(out_dir, ": cannot create: ", ec.message()));
-  SY_RETURN_IF_ERROR(write_safetensors(out_dir + "/model.safetensors", tensors));
-  if (fs::exists(hf_dir + "/tokenizer.model")) {
-    fs::copy_file(hf_dir + "/tokenizer.model", out_dir + "/tokenizer.model",
-                  fs::copy_options::overwrite_existing, ec);
-    if (ec) return absl::DataLossError(absl::StrCat(hf_dir, "/tokenizer.model: cannot copy: ", ec.message()));
-  }
-  // The recipe goes last: its presence marks a complete weights directory.
-  std::string text;
-  google::protobuf::TextFormat::PrintToString(recipe, &text);
-  const std::string recipe_path = out_dir + "/recipe.textproto";
-  {
-    std::ofstream out(recipe_path + ".tmp", std::ios::trunc);
-    out << text;
-    if (!out) return absl::DataLossError(absl::StrCat(recipe_path, ": write failed"));
-  }
-  fs::rename(recipe_path + ".tmp", recipe_path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat(recipe_path, ": ", ec.message()));
-  return absl::OkStatus();
+  const std::string tokenizer = hf_dir + "/tokenizer.model";
+  return save_weights(out_dir, recipe, tensors, fs::exists(tokenizer) ? tokenizer : "");
 }
 
 }  // namespace switchyard

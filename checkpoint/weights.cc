@@ -16,10 +16,18 @@ namespace switchyard {
 namespace fs = std::filesystem;
 
 absl::Status save_weights(const std::string& dir, const config::Recipe& recipe,
-                          const ParamStore& params, const std::string& tokenizer_path) {
+                          const std::vector<std::pair<std::string, Tensor>>& tensors,
+                          const std::string& tokenizer_path) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  SY_RETURN_IF_ERROR(write_safetensors(dir + "/model.safetensors", tensors));
+  if (!tokenizer_path.empty()) {
+    const std::string dest = dir + "/tokenizer.model";
+    fs::copy_file(tokenizer_path, dest + ".tmp", fs::copy_options::overwrite_existing, ec);
+    if (!ec) fs::rename(dest + ".tmp", dest, ec);
+    if (ec) return absl::DataLossError(absl::StrCat(dest, ": cannot copy the tokenizer: ", ec.message()));
+  }
   std::string text;
   google::protobuf::TextFormat::PrintToString(recipe, &text);
   const std::string recipe_path = dir + "/recipe.textproto";
@@ -30,15 +38,7 @@ absl::Status save_weights(const std::string& dir, const config::Recipe& recipe,
   }
   fs::rename(recipe_path + ".tmp", recipe_path, ec);
   if (ec) return absl::DataLossError(absl::StrCat(recipe_path, ": ", ec.message()));
-  if (!tokenizer_path.empty()) {
-    const std::string dest = dir + "/tokenizer.model";
-    fs::copy_file(tokenizer_path, dest + ".tmp", fs::copy_options::overwrite_existing, ec);
-    if (!ec) fs::rename(dest + ".tmp", dest, ec);
-    if (ec) return absl::DataLossError(absl::StrCat(dest, ": cannot copy the tokenizer: ", ec.message()));
-  }
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const Param& p : params.params()) tensors.emplace_back(p.name, p.value);
-  return write_safetensors(dir + "/model.safetensors", tensors);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<config::Recipe> load_weights_recipe(const std::string& dir) {

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -13,9 +15,11 @@
 
 namespace switchyard {
 
-// `tokenizer_path` (may be empty) is copied in as tokenizer.model.
+// Writes `tensors` (registry names), copies `tokenizer_path` (may be empty) in as
+// tokenizer.model, and writes the recipe last: its presence marks a complete directory.
 absl::Status save_weights(const std::string& dir, const config::Recipe& recipe,
-                          const ParamStore& params, const std::string& tokenizer_path);
+                          const std::vector<std::pair<std::string, Tensor>>& tensors,
+                          const std::string& tokenizer_path);
 absl::StatusOr<config::Recipe> load_weights_recipe(const std::string& dir);
 // Copies the saved tensors into `params` (already allocated); every parameter must be
 // present with its shape, and the file must hold nothing else.

@@ -451,18 +451,17 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   }
   // The saved weights are whole: expert shards are gathered over the expert-parallel
   // group (a collective, so every rank takes part).
-  ParamStore whole;
-  Transformer whole_model(recipe, whole);
-  if (reporter) whole.allocate(dev);
+  std::vector<std::pair<std::string, Tensor>> whole;
   for (Param& p : params.params()) {
     if (!p.spec.expert || groups.ep->size() == 1) {
-      if (reporter) whole.find(p.name)->value.copy_from(p.value);
+      whole.emplace_back(p.name, p.value);
       continue;
     }
-    Tensor gathered = Tensor::empty(whole.find(p.name)->shape, DType::kF32,
-                                    MemoryKind::kOther, dev);
+    Shape shape = p.shape;
+    shape[0] *= groups.ep->size();
+    Tensor gathered = Tensor::empty(shape, DType::kF32, MemoryKind::kOther, dev);
     groups.ep->all_gather(p.value, gathered);
-    if (reporter) whole.find(p.name)->value.copy_from(gathered);
+    whole.emplace_back(p.name, gathered);
   }
   if (!reporter) return absl::OkStatus();
   if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));
