@@ -31,15 +31,21 @@ if ((${#missing[@]})); then
 fi
 
 if [[ "${1:-}" == "--python" ]]; then
-  # Kept outside the clone so that every run (and CI) reuses it.
+  # Kept outside the clone so that every run (and CI) reuses it. transformers 4.x goes
+  # into a folder of its own (put first on PYTHONPATH by the tests that check exports
+  # against both release lines); the venv's packages serve it otherwise.
+  here="$(dirname "$0")"
   venv="${SWITCHYARD_PYENV:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard/pyenv}"
   stamp="$venv/.switchyard-requirements"
-  want="$(cat "$(dirname "$0")/requirements-interop.txt")"
+  want="$(cat "$here/requirements-interop.txt" "$here/requirements-interop-transformers4.txt")"
   if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
     echo "setup: preparing the Python interop environment in $venv (first run only)"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q -r "$(dirname "$0")/requirements-interop.txt"
+    "$venv/bin/pip" install -q -r "$here/requirements-interop.txt"
+    rm -rf "$venv/transformers4"
+    "$venv/bin/pip" install -q --no-deps --target "$venv/transformers4" \
+      -r "$here/requirements-interop-transformers4.txt"
     printf '%s' "$want" > "$stamp"
   fi
 fi

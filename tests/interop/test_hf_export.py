@@ -66,9 +66,20 @@ def hf_logits(model, ids):
         return model(input_ids=torch.from_numpy(ids.astype(np.int64))).logits.float().numpy()
 
 
+def test_transformers_release_line_is_the_expected_one():
+    import transformers
+    expected = os.environ.get("EXPECT_TRANSFORMERS_MAJOR")
+    if expected:
+        assert transformers.__version__.split(".")[0] == expected, transformers.__version__
+
+
 def load_hf(path, dtype=torch.float32):
+    import transformers
     from transformers import AutoModelForCausalLM
-    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, dtype=dtype)
+    # transformers 4.x names the argument torch_dtype; 5.x renamed it dtype.
+    dtype_arg = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
+                                                       **{dtype_arg: dtype})
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
         assert not info.get(kind), f"{kind}: {info[kind]}"
     return model.eval()
