@@ -411,7 +411,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       m.dropped_fraction = assignments > 0 ? dropped / assignments : 0;
       m.worst_load_ratio = worst_load;
       m.elapsed_s = elapsed_s;
-      m.eta_s = elapsed_s / step * (tc.steps() - step);
+      m.eta_s = elapsed_s / (step - first_step + 1) * (tc.steps() - step);
       nlohmann::ordered_json j = {
           {"step", m.step},       {"loss", m.loss},         {"cross_entropy", m.cross_entropy},
           {"aux_loss", m.aux_loss}, {"z_loss", m.z_loss},   {"lr", m.lr},
