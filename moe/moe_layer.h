@@ -21,6 +21,15 @@
 
 namespace switchyard {
 
+// One forward's routing, sharing the layer's saved tensors: router logits and softmax
+// probabilities (n, E) f32, top-k expert ids (n, k) i32 and their weights (n, k) f32.
+struct MoeRouting {
+  Tensor logits;
+  Tensor probs;
+  Tensor expert_ids;
+  Tensor weights;
+};
+
 class MoeLayer {
  public:
   // `expert_parallel` (may be null: one rank) is the expert-parallel group.
@@ -36,6 +45,9 @@ class MoeLayer {
   Tensor backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad, float z_loss_scale);
 
   int num_experts() const { return num_experts_; }
+  int top_k() const { return top_k_; }
+  // The routing of the last forward, for load-balance analysis (`bench balance`).
+  MoeRouting last_routing() const { return {router_logits_, probs_, expert_ids_, weights_}; }
 
  private:
   // Expert parallelism: the forward exchange of permuted rows (grouped by global

@@ -22,6 +22,7 @@
 #include "checkpoint/weights.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "engine/cli/bench_command.h"
 #include "engine/cli/convert_command.h"
 #include "engine/cli/data_commands.h"
 #include "engine/config/recipe.h"
@@ -81,17 +82,6 @@ class TerminalSink : public ProgressSink {
   }
 };
 
-// Relative data paths in a recipe are relative to the recipe file's directory.
-void resolve_paths(config::Recipe& recipe, const std::string& recipe_path) {
-  auto resolve = [&](const std::string& path) {
-    if (path.empty() || fs::path(path).is_absolute()) return path;
-    return (fs::path(recipe_path).parent_path() / path).lexically_normal().string();
-  };
-  config::DataConfig* data = recipe.mutable_data();
-  data->set_corpus(resolve(data->corpus()));
-  data->set_dataset(resolve(data->dataset()));
-}
-
 absl::Status dry_run(const config::Recipe& recipe) {
   const ModelStats s = compute_model_stats(recipe);
   nlohmann::ordered_json j = {
@@ -114,7 +104,6 @@ absl::Status run_train(const std::string& recipe_path, const std::string& run_di
                        const std::vector<std::string>& overrides, bool dry, double peak_gflops,
                        const std::string& cache_dir) {
   SY_ASSIGN_OR_RETURN(config::Recipe recipe, config::load_recipe(recipe_path, overrides));
-  resolve_paths(recipe, recipe_path);
   const MpiRuntime& runtime = MpiRuntime::get();
   // The layout is checked before any work, in a dry run too.
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, runtime.world_size()));
@@ -300,10 +289,12 @@ int main(int argc, char** argv) {
 
   DataCommands data_commands(app);
   ConvertCommand convert_command(app);
+  BenchCommand bench_command(app);
 
   CLI11_PARSE(app, argc, argv);
   if (data_commands.parsed()) return report(data_commands.run());
   if (convert_command.parsed()) return report(convert_command.run());
+  if (bench_command.parsed()) return report(bench_command.run());
   if (train_cmd->parsed()) return report(run_train(recipe_path, run_dir, overrides, dry, peak_gflops, cache_dir));
   if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, split, batches));
   if (sample_cmd->parsed()) return report(run_sample(weights_dir, prompt, tokens, temperature, seed));

@@ -537,6 +537,14 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path,
     return absl::DataLossError(absl::StrCat("error reading recipe ", path));
   }
   SY_ASSIGN_OR_RETURN(Recipe recipe, parse_without_defaults(text.str(), path));
+  // Data paths written in the file are relative to the file; overrides given on the
+  // command line are taken as they are (relative to the working directory).
+  auto relative_to_file = [&](const std::string& p) {
+    if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
+    return (std::filesystem::path(path).parent_path() / p).lexically_normal().string();
+  };
+  recipe.mutable_data()->set_corpus(relative_to_file(recipe.data().corpus()));
+  recipe.mutable_data()->set_dataset(relative_to_file(recipe.data().dataset()));
   for (const std::string& assignment : overrides) {
     SY_RETURN_IF_ERROR(apply_override(recipe, assignment));
   }

@@ -28,7 +28,9 @@ inline constexpr int64_t kMinCorpusVocabSize = 300;
 absl::StatusOr<Recipe> parse_recipe(std::string_view text, std::string_view source_name);
 
 // Reads the recipe at `path`, applies each override ("field.path=value") in order,
-// fills defaults and validates. An empty recipe name becomes the file's stem.
+// fills defaults and validates. An empty recipe name becomes the file's stem. Relative
+// data paths in the file (data.corpus, data.dataset) are made relative to the file's
+// directory; paths given as overrides are kept as given.
 absl::StatusOr<Recipe> load_recipe(const std::string& path,
                                    const std::vector<std::string>& overrides);
 

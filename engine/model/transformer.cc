@@ -137,6 +137,13 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   return parts;
 }
 
+std::vector<const MoeLayer*> Transformer::moe_layers() const {
+  std::vector<const MoeLayer*> layers;
+  for (const auto& b : blocks_)
+    if (b->moe) layers.push_back(b->moe.get());
+  return layers;
+}
+
 void Transformer::backward(Device& dev, float loss_scale) {
   const int64_t n = batch_ * seq_;
   const int64_t hidden = recipe_.model().hidden_size();

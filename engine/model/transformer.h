@@ -47,6 +47,8 @@ class Transformer {
 
   const RouterStats& router_stats() const { return stats_; }
   bool has_moe() const { return num_moe_layers_ > 0; }
+  // The MoE layers in depth order; their last_routing() describes the last forward.
+  std::vector<const MoeLayer*> moe_layers() const;
 
  private:
   struct Block;

@@ -29,7 +29,6 @@ class CollectingSink : public ProgressSink {
 config::Recipe tiny(const std::vector<std::string>& overrides) {
   auto recipe = config::load_recipe((kRoot / "recipes/tiny.textproto").string(), overrides);
   EXPECT_TRUE(recipe.ok()) << recipe.status();
-  recipe->mutable_data()->set_corpus((kRoot / "data/corpus/tinyshakespeare.txt").string());
   return *recipe;
 }
 

@@ -1,0 +1,181 @@
+#include "moe/balance_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+#include "engine/runtime/device.h"
+#include "engine/runtime/tensor.h"
+#include "kernels/permute.h"
+#include "moe/router_stats.h"
+
+namespace switchyard {
+
+namespace {
+
+constexpr int kNumCapacityFactors = static_cast<int>(std::size(kBalanceCapacityFactors));
+constexpr int64_t kBytesPerElement = 2;  // bf16 activations on the wire
+
+// Assignments kept by permute_plan at `capacity`: the same keep-highest-weight policy
+// the layer uses.
+int64_t kept_assignments(const RoutingSample& s, int num_experts, int top_k, int64_t capacity) {
+  Tensor ids = Tensor::empty({s.tokens, top_k}, DType::kI32);
+  Tensor weights = Tensor::empty({s.tokens, top_k});
+  std::copy(s.expert_ids.begin(), s.expert_ids.end(), ids.data<int32_t>());
+  std::copy(s.weights.begin(), s.weights.end(), weights.data<float>());
+  Tensor tokens_per_expert = Tensor::empty({num_experts}, DType::kI32);
+  Tensor dest_rows = Tensor::empty({s.tokens, top_k}, DType::kI32);
+  permute_plan(cpu_device(), ids, weights, num_experts, capacity, tokens_per_expert, dest_rows);
+  int64_t kept = 0;
+  for (int e = 0; e < num_experts; ++e) kept += tokens_per_expert.data<int32_t>()[e];
+  return kept;
+}
+
+double max_over_mean(const std::vector<int64_t>& v) {
+  if (v.empty()) return 0;
+  double sum = 0, max = 0;
+  for (int64_t x : v) {
+    sum += static_cast<double>(x);
+    max = std::max(max, static_cast<double>(x));
+  }
+  return sum > 0 ? max * static_cast<double>(v.size()) / sum : 0;
+}
+
+void merge(const BalanceCounts& from, BalanceCounts& into) {
+  into.tokens += from.tokens;
+  into.z_sum += from.z_sum;
+  for (int e = 0; e < from.num_experts; ++e) {
+    into.selections[e] += from.selections[e];
+    into.prob_sums[e] += from.prob_sums[e];
+  }
+  for (int c = 0; c < kNumCapacityFactors; ++c) into.dropped[c] += from.dropped[c];
+  for (int p = 0; p < from.expert_parallel; ++p) {
+    into.sent_rows[p] += from.sent_rows[p];
+    into.received_rows[p] += from.received_rows[p];
+  }
+}
+
+}  // namespace
+
+BalanceCounts make_balance_counts(int num_experts, int top_k, int expert_parallel) {
+  BalanceCounts c;
+  c.num_experts = num_experts;
+  c.top_k = top_k;
+  c.expert_parallel = expert_parallel;
+  c.selections.assign(num_experts, 0);
+  c.prob_sums.assign(num_experts, 0.0);
+  c.dropped.assign(kNumCapacityFactors, 0);
+  c.sent_rows.assign(expert_parallel, 0);
+  c.received_rows.assign(expert_parallel, 0);
+  return c;
+}
+
+void add_routing(const RoutingSample& s, BalanceCounts& c) {
+  const int E = c.num_experts;
+  const int k = c.top_k;
+  const int64_t n = s.tokens;
+  c.tokens += n;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int j = 0; j < k; ++j) {
+      const int32_t e = s.expert_ids[t * k + j];
+      if (e >= 0) ++c.selections[e];
+    }
+    const float* probs = &s.probs[t * E];
+    const float* logits = &s.logits[t * E];
+    double max_logit = logits[0];
+    for (int e = 0; e < E; ++e) {
+      c.prob_sums[e] += probs[e];
+      max_logit = std::max<double>(max_logit, logits[e]);
+    }
+    double z = 0;
+    for (int e = 0; e < E; ++e) z += std::exp(logits[e] - max_logit);
+    const double lse = max_logit + std::log(z);
+    c.z_sum += lse * lse;
+  }
+  for (int i = 0; i < kNumCapacityFactors; ++i) {
+    const auto capacity =
+        static_cast<int64_t>(std::ceil(kBalanceCapacityFactors[i] * n * k / E));
+    c.dropped[i] += n * k - kept_assignments(s, E, k, capacity);
+  }
+  const int P = c.expert_parallel;
+  if (P > 1) {
+    const int local_experts = E / P;
+    for (int src = 0; src < P; ++src) {
+      for (int64_t t = src * n / P; t < (src + 1) * n / P; ++t) {
+        for (int j = 0; j < k; ++j) {
+          const int32_t e = s.expert_ids[t * k + j];
+          if (e < 0) continue;
+          const int dst = e / local_experts;
+          if (dst == src) continue;
+          ++c.sent_rows[src];
+          ++c.received_rows[dst];
+        }
+      }
+    }
+  }
+}
+
+BalanceSummary summarize_balance(const BalanceCounts& c, int64_t hidden) {
+  const int E = c.num_experts;
+  BalanceSummary s;
+  s.tokens_per_expert = c.selections;
+  double total = 0;
+  for (int64_t x : c.selections) total += static_cast<double>(x);
+  s.share.assign(E, 0.0);
+  if (total > 0) {
+    const double mean = total / E;
+    double var = 0;
+    for (int e = 0; e < E; ++e) {
+      s.share[e] = static_cast<double>(c.selections[e]) / total;
+      const double d = static_cast<double>(c.selections[e]) - mean;
+      var += d * d;
+      if (s.share[e] > 0) s.entropy -= s.share[e] * std::log(s.share[e]);
+    }
+    s.cv = std::sqrt(var / E) / mean;
+  }
+  s.imbalance = max_over_mean(c.selections);
+  s.entropy_fraction = E > 1 ? s.entropy / std::log(static_cast<double>(E)) : 1.0;
+
+  const double assignments = static_cast<double>(c.tokens) * c.top_k;
+  for (int64_t d : c.dropped)
+    s.dropped.push_back(assignments > 0 ? static_cast<double>(d) / assignments : 0.0);
+
+  RouterStats router;
+  router.reset(E, c.top_k);
+  for (int e = 0; e < E; ++e) {
+    router.selections_per_expert[e] = static_cast<double>(c.selections[e]);
+    router.prob_sum_per_expert[e] = c.prob_sums[e];
+  }
+  router.routed_tokens = c.tokens;
+  s.aux_loss = router.aux_loss();
+  s.z_loss = c.tokens > 0 ? c.z_sum / static_cast<double>(c.tokens) : 0.0;
+
+  if (c.expert_parallel > 1) {
+    s.has_all_to_all = true;
+    AllToAllStats& a = s.all_to_all;
+    for (int p = 0; p < c.expert_parallel; ++p) {
+      a.sent_bytes.push_back(c.sent_rows[p] * hidden * kBytesPerElement);
+      a.received_bytes.push_back(c.received_rows[p] * hidden * kBytesPerElement);
+    }
+    a.sent_imbalance = max_over_mean(a.sent_bytes);
+    a.received_imbalance = max_over_mean(a.received_bytes);
+    a.imbalance = std::max(a.sent_imbalance, a.received_imbalance);
+  }
+  return s;
+}
+
+BalanceSummary summarize_overall(const std::vector<BalanceCounts>& layers, int64_t hidden) {
+  if (layers.empty()) return BalanceSummary();
+  BalanceCounts all =
+      make_balance_counts(layers[0].num_experts, layers[0].top_k, layers[0].expert_parallel);
+  double z_loss = 0;
+  for (const BalanceCounts& layer : layers) {
+    merge(layer, all);
+    if (layer.tokens > 0) z_loss += layer.z_sum / static_cast<double>(layer.tokens);
+  }
+  BalanceSummary s = summarize_balance(all, hidden);
+  s.z_loss = z_loss;
+  return s;
+}
+
+}  // namespace switchyard

@@ -1,0 +1,71 @@
+// Expert load-balance statistics of a model's routing (`switchyard bench balance`):
+// per-expert load, its spread, the assignments that capacity factors would drop, the
+// router losses, and the all-to-all traffic an expert-parallel layout would see. Counts
+// accumulate over batches of one layer; summaries are computed from the counts.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace switchyard {
+
+// The capacity factors whose dropped fraction is reported.
+inline constexpr double kBalanceCapacityFactors[] = {1.0, 1.25, 1.5, 2.0};
+
+// One batch of one layer on the host: n tokens, E experts, top-k.
+struct RoutingSample {
+  int64_t tokens = 0;
+  std::vector<int32_t> expert_ids;  // (n, k)
+  std::vector<float> weights;       // (n, k), the combine weights permute_plan ranks by
+  std::vector<float> probs;         // (n, E) softmax
+  std::vector<float> logits;        // (n, E) router logits
+};
+
+struct BalanceCounts {
+  int num_experts = 0;
+  int top_k = 0;
+  int expert_parallel = 1;  // 1: no all-to-all
+  int64_t tokens = 0;
+  std::vector<int64_t> selections;  // per expert: top-k choices, before capacity
+  std::vector<double> prob_sums;    // per expert: summed router probabilities
+  double z_sum = 0;                 // sum over tokens of logsumexp(logits)^2
+  std::vector<int64_t> dropped;     // per kBalanceCapacityFactors entry
+  // Per rank: rows sent to / received from other ranks (a rank's own rows stay local).
+  std::vector<int64_t> sent_rows, received_rows;
+};
+
+struct AllToAllStats {
+  std::vector<int64_t> sent_bytes, received_bytes;  // per rank
+  double sent_imbalance = 0, received_imbalance = 0;  // max / mean
+  double imbalance = 0;  // the larger of the two
+};
+
+struct BalanceSummary {
+  std::vector<int64_t> tokens_per_expert;
+  std::vector<double> share;
+  double imbalance = 0;  // max / mean tokens per expert
+  double cv = 0;         // standard deviation / mean tokens per expert
+  double entropy = 0;    // of the shares, nats
+  double entropy_fraction = 0;  // entropy / ln E
+  std::vector<double> dropped;  // fraction of assignments, per kBalanceCapacityFactors entry
+  double aux_loss = 0;
+  double z_loss = 0;
+  bool has_all_to_all = false;
+  AllToAllStats all_to_all;
+};
+
+BalanceCounts make_balance_counts(int num_experts, int top_k, int expert_parallel);
+
+// Adds one batch: selections, probability sums and z-loss terms; the assignments
+// permute_plan drops at capacity ceil(cf * n * k / E) for each factor; and, with expert
+// parallelism P > 1, the rows each rank exchanges when the n tokens are split evenly in
+// order over the P ranks and rank p holds experts [p * E/P, (p+1) * E/P) (dropless).
+void add_routing(const RoutingSample& sample, BalanceCounts& counts);
+
+// Statistics of one layer; `hidden` sizes the all-to-all rows (bf16: 2 bytes each).
+BalanceSummary summarize_balance(const BalanceCounts& counts, int64_t hidden);
+// All layers together: counts summed, aux loss over all layers' routing together (as
+// training computes it) and z-loss summed over layers.
+BalanceSummary summarize_overall(const std::vector<BalanceCounts>& layers, int64_t hidden);
+
+}  // namespace switchyard
