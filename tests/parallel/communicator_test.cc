@@ -15,20 +15,9 @@ namespace {
 
 using testing::random_integers;
 using testing::random_vector;
+using testing::tensor_of;
+using testing::values_of;
 using testing::world;
-
-template <typename T>
-Tensor tensor_of(const std::vector<T>& values, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, dtype_of<T>());
-  EXPECT_EQ(t.numel(), static_cast<int64_t>(values.size()));
-  std::memcpy(t.raw_data(), values.data(), t.nbytes());
-  return t;
-}
-
-template <typename T>
-std::vector<T> values_of(const Tensor& t) {
-  return std::vector<T>(t.data<T>(), t.data<T>() + t.numel());
-}
 
 // What rank `rank` contributes to a test: integers in [-50, 50] as floats.
 std::vector<float> integer_input(int64_t n, int rank, uint64_t salt) {

@@ -50,6 +50,8 @@ namespace {
 using testing::any_nonzero;
 using testing::max_relative_error;
 using testing::random_integers;
+using testing::tensor_of;
+using testing::values_of;
 using testing::world;
 
 constexpr int64_t kHidden = 16;
@@ -57,19 +59,6 @@ constexpr int64_t kFfn = 8;
 constexpr int64_t kTokens = 24;
 constexpr int kTopK = 2;
 const std::string kPrefix = "moe.";
-
-template <typename T>
-Tensor tensor_of(const std::vector<T>& values, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, dtype_of<T>());
-  EXPECT_EQ(t.numel(), static_cast<int64_t>(values.size()));
-  std::memcpy(t.raw_data(), values.data(), t.nbytes());
-  return t;
-}
-
-template <typename T>
-std::vector<T> values_of(const Tensor& t) {
-  return std::vector<T>(t.data<T>(), t.data<T>() + t.numel());
-}
 
 void fill(Tensor& t, const std::vector<float>& values) {
   ASSERT_EQ(t.numel(), static_cast<int64_t>(values.size()));

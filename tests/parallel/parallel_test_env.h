@@ -2,11 +2,31 @@
 // run under mpirun and otherwise runs them as a world of one.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
 #include "engine/parallel/communicator.h"
+#include "engine/runtime/tensor.h"
 
 namespace switchyard::testing {
 
 // The job's world: an MpiCommunicator under mpirun, else a LocalCommunicator.
 Communicator& world();
+
+// A CPU tensor holding `values`, and back.
+template <typename T>
+Tensor tensor_of(const std::vector<T>& values, const Shape& shape) {
+  Tensor t = Tensor::empty(shape, dtype_of<T>());
+  EXPECT_EQ(t.numel(), static_cast<int64_t>(values.size()));
+  std::memcpy(t.raw_data(), values.data(), t.nbytes());
+  return t;
+}
+
+template <typename T>
+std::vector<T> values_of(const Tensor& t) {
+  return std::vector<T>(t.data<T>(), t.data<T>() + t.numel());
+}
 
 }  // namespace switchyard::testing
