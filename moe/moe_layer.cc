@@ -69,9 +69,13 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   Tensor selections = activation(dev, {E});
   Tensor prob_sums = activation(dev, {E});
   routing_counts(dev, probs_, expert_ids_, selections, prob_sums);
+  RouterStats::Layer& layer = stats.layers.emplace_back();
+  layer.selections_per_expert.assign(selections.data<float>(), selections.data<float>() + E);
+  layer.prob_sum_per_expert.assign(prob_sums.data<float>(), prob_sums.data<float>() + E);
+  layer.tokens = n;
   for (int e = 0; e < E; ++e) {
-    stats.selections_per_expert[e] += selections.data<float>()[e];
-    stats.prob_sum_per_expert[e] += prob_sums.data<float>()[e];
+    stats.selections_per_expert[e] += layer.selections_per_expert[e];
+    stats.prob_sum_per_expert[e] += layer.prob_sum_per_expert[e];
   }
   stats.routed_tokens += n;
   stats.z_loss += router_z_loss_forward(dev, router_logits_);

@@ -3,6 +3,7 @@
 // OLMoE, over all layers' router outputs together) and feed the progress report.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -21,13 +22,23 @@ struct RouterStats {
   int64_t dropped_assignments = 0;
   // Largest (max tokens per expert / mean tokens per expert) over layers, after capacity.
   double worst_load_ratio = 0;
+  // The same sums for each MoE layer, in forward order.
+  struct Layer {
+    std::vector<double> selections_per_expert;
+    std::vector<double> prob_sum_per_expert;
+    int64_t tokens = 0;
+  };
+  std::vector<Layer> layers;
 
   void reset(int experts, int k);
-  // aux = E * sum_e (selections_e / T) * (prob_sum_e / T), T = routed_tokens; a perfect
-  // balance gives top_k.
-  double aux_loss() const;
-  // d(coef * aux) / d prob[t, e] for every routed token: coef * E * selections_e / T^2.
-  std::vector<float> aux_loss_prob_gradient(double coef) const;
+  // All layers together (transformers' formula): aux = E * sum_e (selections_e / T) *
+  // (prob_sum_e / T), T = routed_tokens. Per layer: the mean over layers of the same
+  // formula on each layer's sums. A perfect balance gives top_k either way.
+  double aux_loss(bool per_layer) const;
+  // d(coef * aux) / d prob[t, e] for every token routed by MoE layer `layer`:
+  // coef * E * selections_e / T^2 (all layers together), or
+  // coef * E * selections_le / T_l^2 / layers (per layer).
+  std::vector<float> aux_loss_prob_gradient(double coef, bool per_layer, size_t layer) const;
 };
 
 }  // namespace switchyard

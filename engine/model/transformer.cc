@@ -130,7 +130,7 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   LossParts parts;
   parts.target_tokens = target_tokens_;
   parts.cross_entropy = target_tokens_ ? sum / target_tokens_ : 0.0;
-  parts.aux_loss = stats_.aux_loss();
+  parts.aux_loss = stats_.aux_loss(recipe_.moe().aux_loss_per_layer());
   parts.z_loss = stats_.z_loss;
   parts.total = parts.cross_entropy + recipe_.moe().aux_loss_coef() * parts.aux_loss +
                 recipe_.moe().z_loss_coef() * parts.z_loss;
@@ -162,18 +162,24 @@ void Transformer::backward(Device& dev, float loss_scale) {
                    final_norm_->grad);
   final_in_ = final_out_ = final_rstd_ = Tensor();
 
-  Tensor aux_prob_grad = activation(dev, {recipe_.moe().num_experts()});
-  if (num_moe_layers_ > 0) {
-    std::vector<float> g = stats_.aux_loss_prob_gradient(recipe_.moe().aux_loss_coef() * loss_scale);
-    std::copy(g.begin(), g.end(), aux_prob_grad.data<float>());
-  }
+  const bool per_layer = recipe_.moe().aux_loss_per_layer();
+  const double aux_scale = recipe_.moe().aux_loss_coef() * loss_scale;
   const float z_scale = recipe_.moe().z_loss_coef() * loss_scale;
+  size_t moe_index = stats_.layers.size();
 
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
     Block& b = **it;
     // dx is the gradient w.r.t. the block output f + h.
-    Tensor dffn_in = b.moe ? b.moe->backward(dev, dx, aux_prob_grad, z_scale)
-                           : b.dense->backward(dev, dx);
+    Tensor dffn_in;
+    if (b.moe) {
+      --moe_index;
+      const std::vector<float> g = stats_.aux_loss_prob_gradient(aux_scale, per_layer, moe_index);
+      Tensor aux_prob_grad = activation(dev, {static_cast<int64_t>(g.size())});
+      std::copy(g.begin(), g.end(), aux_prob_grad.data<float>());
+      dffn_in = b.moe->backward(dev, dx, aux_prob_grad, z_scale);
+    } else {
+      dffn_in = b.dense->backward(dev, dx);
+    }
     Tensor dh = activation(dev, {n, hidden});
     rmsnorm_backward(dev, dffn_in, b.h, b.ffn_norm->value, b.ffn_rstd, dh, b.ffn_norm->grad);
     add_(dev, dh, dx);

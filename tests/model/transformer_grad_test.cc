@@ -16,17 +16,19 @@ namespace {
 struct Case {
   std::string gating;
   float capacity_factor;
+  bool aux_loss_per_layer = false;
 };
 
 config::Recipe tiny_recipe(const Case& c) {
   const std::string text = R"(
     name: "grad-check"
-    model { vocab_size: 64 hidden_size: 16 num_layers: 2 num_heads: 4 num_kv_heads: 2
-            rope_theta: 10000 norm_eps: 1e-5 ffn_hidden_size: 24 moe_layer_interval: 2
+    model { vocab_size: 64 hidden_size: 16 num_layers: 3 num_heads: 4 num_kv_heads: 2
+            rope_theta: 10000 norm_eps: 1e-5 ffn_hidden_size: 24 first_dense_layers: 1
             attention_bias: true qk_norm: true init_std: 0.3 }
     moe { num_experts: 4 top_k: 2 gating: )" + c.gating + R"( capacity_factor: )" +
                            std::to_string(c.capacity_factor) + R"(
           aux_loss_coef: 0.1 z_loss_coef: 0.01 expert_ffn_hidden_size: 12
+          aux_loss_per_layer: )" + (c.aux_loss_per_layer ? "true" : "false") + R"(
           num_shared_experts: 1 shared_expert_ffn_hidden_size: 8 shared_expert_gate: true }
     optimizer { lr: 1e-3 }
     train { global_batch_size: 2 seq_len: 7 steps: 1 }
@@ -87,7 +89,8 @@ TEST_P(TransformerGradTest, BackwardMatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Gating, TransformerGradTest,
                          ::testing::Values(Case{"TOPK_SOFTMAX", 0.0f}, Case{"SOFTMAX_TOPK", 0.0f},
-                                           Case{"GSHARD_TOP2", 0.0f}, Case{"TOPK_SOFTMAX", 1.0f}));
+                                           Case{"GSHARD_TOP2", 0.0f}, Case{"TOPK_SOFTMAX", 1.0f},
+                                           Case{"TOPK_SOFTMAX", 0.0f, true}));
 
 }  // namespace
 }  // namespace switchyard
