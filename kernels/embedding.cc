@@ -9,7 +9,7 @@ void check_ids(const Tensor& ids, int64_t vocab) {
   SY_CHECK_MSG(ids.dtype() == DType::kI32 && ids.rank() == 1, "embedding: ids must be i32 (n)");
   const int32_t* p = ids.data<int32_t>();
   for (int64_t t = 0; t < ids.numel(); ++t) {
-    SY_CHECK_MSG(p[t] >= 0 && p[t] < vocab, "embedding: token id outside the vocabulary");
+    SY_CHECK_MSG(p[t] >= -1 && p[t] < vocab, "embedding: token id outside the vocabulary");
   }
 }
 

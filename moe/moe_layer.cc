@@ -20,10 +20,11 @@ Tensor activation(Device& dev, const Shape& shape, DType dtype = DType::kF32) {
 
 MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
                    const config::ModelConfig& model, const config::MoeConfig& moe,
-                   Communicator* expert_parallel)
+                   Communicator* expert_parallel, Communicator* tensor_parallel)
     : num_experts_(moe.num_experts()),
       num_local_experts_(moe.num_experts() / (expert_parallel ? expert_parallel->size() : 1)),
       ep_(expert_parallel && expert_parallel->size() > 1 ? expert_parallel : nullptr),
+      tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr),
       top_k_(moe.top_k()),
       gating_(moe.gating()),
       capacity_factor_(moe.capacity_factor()) {
@@ -32,18 +33,18 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
   const float std = model.init_std();
   router_ = &params.add(prefix + "gate.weight", {num_experts_, hidden}, ShardSpec{},
                         ParamInit::kNormal, std);
-  // This rank's shard of the experts: [first, first + local) of the E.
-  const int64_t first = static_cast<int64_t>(ep_ ? ep_->rank() : 0) * num_local_experts_;
-  gate_up_ = &params.add(prefix + "experts.gate_up_proj", {num_local_experts_, 2 * ffn, hidden},
+  // This rank's shard of the experts, [rank * local, (rank + 1) * local) of the E.
+  gate_up_ = &params.add(prefix + "experts.gate_up_proj", {num_experts_, 2 * ffn, hidden},
                          ShardSpec{.expert = true}, ParamInit::kNormal, std);
-  gate_up_->init_offset = first * 2 * ffn * hidden;
-  down_ = &params.add(prefix + "experts.down_proj", {num_local_experts_, hidden, ffn},
+  down_ = &params.add(prefix + "experts.down_proj", {num_experts_, hidden, ffn},
                       ShardSpec{.expert = true}, ParamInit::kNormal, std);
-  down_->init_offset = first * hidden * ffn;
+  SY_CHECK_MSG(gate_up_->shape[0] == num_local_experts_,
+               "the parameter placement and the expert-parallel group disagree");
   if (moe.num_shared_experts() > 0) {
     shared_ = std::make_unique<SwigluFfn>(
         params, prefix + "shared_expert.", hidden,
-        static_cast<int64_t>(moe.num_shared_experts()) * moe.shared_expert_ffn_hidden_size(), std);
+        static_cast<int64_t>(moe.num_shared_experts()) * moe.shared_expert_ffn_hidden_size(), std,
+        tp_);
     if (moe.shared_expert_gate())
       shared_gate_ = &params.add(prefix + "shared_expert_gate.weight", {1, hidden}, ShardSpec{},
                                  ParamInit::kNormal, std);
@@ -52,14 +53,19 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
 
 Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
                          RouterStats& stats) {
-  const int64_t n = x.rows();
+  const int group = tp_ ? tp_->size() : 1;
+  const int member = tp_ ? tp_->rank() : 0;
+  const int64_t total = x.rows();
+  SY_CHECK_MSG(total % group == 0, "MoE tokens do not split evenly over the tensor-parallel group");
+  const int64_t n = total / group;
   const int64_t hidden = x.row_size();
   const int E = num_experts_;
-  x_ = x;
+  x_whole_ = x;
+  x_ = group > 1 ? x.slice_rows(member * n, (member + 1) * n) : x;
 
   // Router in fp32.
   router_logits_ = activation(dev, {n, E});
-  matmul(dev, x, false, router_->value, true, router_logits_);
+  matmul(dev, x_, false, router_->value, true, router_logits_);
   probs_ = activation(dev, {n, E});
   expert_ids_ = activation(dev, {n, top_k_}, DType::kI32);
   weights_ = activation(dev, {n, top_k_});
@@ -69,49 +75,55 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   Tensor selections = activation(dev, {E});
   Tensor prob_sums = activation(dev, {E});
   routing_counts(dev, probs_, expert_ids_, selections, prob_sums);
+  double z_loss = router_z_loss_forward(dev, router_logits_);
+  if (tp_) {
+    tp_->all_reduce_sum(selections);
+    tp_->all_reduce_sum(prob_sums);
+    tp_->all_reduce_sum(&z_loss, 1);
+    z_loss /= group;  // the mean over all the group's tokens
+  }
   RouterStats::Layer& layer = stats.layers.emplace_back();
   layer.selections_per_expert.assign(selections.data<float>(), selections.data<float>() + E);
   layer.prob_sum_per_expert.assign(prob_sums.data<float>(), prob_sums.data<float>() + E);
-  layer.tokens = n;
+  layer.tokens = total;
   for (int e = 0; e < E; ++e) {
     stats.selections_per_expert[e] += layer.selections_per_expert[e];
     stats.prob_sum_per_expert[e] += layer.prob_sum_per_expert[e];
   }
-  stats.routed_tokens += n;
-  stats.z_loss += router_z_loss_forward(dev, router_logits_);
+  stats.routed_tokens += total;
+  stats.z_loss += z_loss;
 
   // GShard: the second expert takes the token with probability min(1, 2 * weight); an
   // unsent assignment has expert id -1 in the dispatch plan (the gating backward keeps
-  // the full top-2 selection).
+  // the full top-2 selection). Token t of the group draws the t-th number of `rng`.
   Tensor dispatch_ids = expert_ids_;
   if (gating_ == config::GSHARD_TOP2 && training) {
     dispatch_ids = activation(dev, {n, top_k_}, DType::kI32);
     dispatch_ids.copy_from(expert_ids_);
     int32_t* ids = dispatch_ids.data<int32_t>();
     const float* w = weights_.data<float>();
+    Rng mine(rng.seed(), rng.counter() + static_cast<uint64_t>(member * n));
     for (int64_t t = 0; t < n; ++t)
-      if (rng.uniform() >= 2.0 * w[t * 2 + 1]) ids[t * 2 + 1] = -1;
+      if (mine.uniform() >= 2.0 * w[t * 2 + 1]) ids[t * 2 + 1] = -1;
+    rng = Rng(rng.seed(), rng.counter() + static_cast<uint64_t>(total));
   }
 
-  int64_t capacity = -1;
-  if (capacity_factor_ > 0)
-    capacity = static_cast<int64_t>(std::ceil(capacity_factor_ * n * top_k_ / E));
-  tokens_per_expert_ = activation(dev, {E}, DType::kI32);
-  dest_rows_ = activation(dev, {n, top_k_}, DType::kI32);
-  permute_plan(dev, dispatch_ids, weights_, E, capacity, tokens_per_expert_, dest_rows_);
-
-  int64_t rows = 0, max_rows = 0;
-  for (int e = 0; e < E; ++e) {
-    rows += tokens_per_expert_.data<int32_t>()[e];
-    max_rows = std::max<int64_t>(max_rows, tokens_per_expert_.data<int32_t>()[e]);
+  const std::vector<int64_t> kept = plan_dispatch(dev, dispatch_ids, total);
+  int64_t kept_total = 0, max_kept = 0;
+  for (int64_t k : kept) {
+    kept_total += k;
+    max_kept = std::max(max_kept, k);
   }
-  stats.assignments += n * top_k_;
-  stats.dropped_assignments += n * top_k_ - rows;
-  if (rows > 0)
-    stats.worst_load_ratio = std::max(stats.worst_load_ratio, static_cast<double>(max_rows) * E / rows);
+  stats.assignments += total * top_k_;
+  stats.dropped_assignments += total * top_k_ - kept_total;
+  if (kept_total > 0)
+    stats.worst_load_ratio =
+        std::max(stats.worst_load_ratio, static_cast<double>(max_kept) * E / kept_total);
 
+  int64_t rows = 0;
+  for (int e = 0; e < E; ++e) rows += tokens_per_expert_.data<int32_t>()[e];
   Tensor permuted = activation(dev, {rows, hidden});
-  permute_gather(dev, x, dest_rows_, permuted);
+  permute_gather(dev, x_, dest_rows_, permuted);
   if (ep_) {
     xp_ = dispatch(dev, permuted);
   } else {
@@ -120,13 +132,18 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   }
   Tensor local_out = experts_forward(dev, xp_, local_counts_);
   expert_out_ = ep_ ? gather_back(dev, local_out) : local_out;
-  Tensor y = activation(dev, {n, hidden});
-  unpermute_combine(dev, expert_out_, dest_rows_, weights_, y);
+  Tensor y_mine = activation(dev, {n, hidden});
+  unpermute_combine(dev, expert_out_, dest_rows_, weights_, y_mine);
+  Tensor y = y_mine;
+  if (tp_) {
+    y = activation(dev, {total, hidden});
+    tp_->all_gather(y_mine, y);
+  }
 
   if (shared_) {
     shared_out_ = shared_->forward(dev, x);
     if (shared_gate_) {
-      shared_gate_logit_ = activation(dev, {n, 1});
+      shared_gate_logit_ = activation(dev, {total, 1});
       matmul(dev, x, false, shared_gate_->value, true, shared_gate_logit_);
       sigmoid_gate_forward(dev, shared_out_, shared_gate_logit_, y);
     } else {
@@ -134,6 +151,48 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
     }
   }
   return y;
+}
+
+std::vector<int64_t> MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids,
+                                             int64_t total_tokens) {
+  const int E = num_experts_;
+  const int64_t n = dispatch_ids.dim(0);
+  tokens_per_expert_ = activation(dev, {E}, DType::kI32);
+  dest_rows_ = activation(dev, {n, top_k_}, DType::kI32);
+  auto counts = [](const Tensor& per_expert) {
+    const int32_t* c = per_expert.data<int32_t>();
+    return std::vector<int64_t>(c, c + per_expert.numel());
+  };
+  if (capacity_factor_ <= 0) {
+    permute_plan(dev, dispatch_ids, weights_, E, -1, tokens_per_expert_, dest_rows_);
+    std::vector<int64_t> kept = counts(tokens_per_expert_);
+    if (tp_) tp_->all_reduce_sum(kept.data(), E);
+    return kept;
+  }
+  const int64_t capacity =
+      static_cast<int64_t>(std::ceil(capacity_factor_ * total_tokens * top_k_ / E));
+  if (!tp_) {
+    permute_plan(dev, dispatch_ids, weights_, E, capacity, tokens_per_expert_, dest_rows_);
+    return counts(tokens_per_expert_);
+  }
+  // Capacity keeps each expert's highest-weight assignments among all the group's
+  // tokens: every rank plans the whole group's assignments (a few bytes per token) and
+  // then sends only its own kept ones.
+  Tensor all_ids = activation(dev, {total_tokens, top_k_}, DType::kI32);
+  Tensor all_weights = activation(dev, {total_tokens, top_k_});
+  tp_->all_gather(dispatch_ids, all_ids);
+  tp_->all_gather(weights_, all_weights);
+  Tensor all_per_expert = activation(dev, {E}, DType::kI32);
+  Tensor all_dest = activation(dev, {total_tokens, top_k_}, DType::kI32);
+  permute_plan(dev, all_ids, all_weights, E, capacity, all_per_expert, all_dest);
+  Tensor kept_ids = activation(dev, {n, top_k_}, DType::kI32);
+  kept_ids.copy_from(dispatch_ids);
+  int32_t* ids = kept_ids.data<int32_t>();
+  const int32_t* dest = all_dest.data<int32_t>() + tp_->rank() * n * top_k_;
+  for (int64_t a = 0; a < n * top_k_; ++a)
+    if (dest[a] < 0) ids[a] = -1;
+  permute_plan(dev, kept_ids, weights_, E, -1, tokens_per_expert_, dest_rows_);
+  return counts(all_per_expert);
 }
 
 Tensor MoeLayer::experts_forward(Device& dev, const Tensor& xe, const Tensor& counts) {
@@ -206,20 +265,22 @@ Tensor MoeLayer::gather_back(Device& dev, const Tensor& expert_rows) {
 
 Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad,
                           float z_loss_scale) {
-  const int64_t n = dy.rows();
+  const int group = tp_ ? tp_->size() : 1;
+  const int64_t total = dy.rows();
+  const int64_t n = x_.rows();
   const int64_t hidden = dy.row_size();
   const int64_t rows = xp_.rows();
   const int64_t ffn = down_->shape[2];
   const int E = num_experts_;
-  Tensor dx = Tensor::zeros({n, hidden}, DType::kF32, MemoryKind::kActivations, dev);
+  Tensor dx = Tensor::zeros({total, hidden}, DType::kF32, MemoryKind::kActivations, dev);
 
   if (shared_) {
     Tensor dshared;
     if (shared_gate_) {
-      dshared = activation(dev, {n, hidden});
-      Tensor dgate_logit = activation(dev, {n, 1});
+      dshared = activation(dev, {total, hidden});
+      Tensor dgate_logit = activation(dev, {total, 1});
       sigmoid_gate_backward(dev, dy, shared_out_, shared_gate_logit_, dshared, dgate_logit);
-      matmul(dev, dgate_logit, true, x_, false, shared_gate_->grad, 1.0f, 1.0f);
+      matmul(dev, dgate_logit, true, x_whole_, false, shared_gate_->grad, 1.0f, 1.0f);
       matmul(dev, dgate_logit, false, shared_gate_->value, false, dx, 1.0f, 1.0f);
     } else {
       dshared = dy;
@@ -227,9 +288,13 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
     add_(dev, dx, shared_->backward(dev, dshared));
   }
 
+  const Tensor dy_mine = tp_ ? dy.slice_rows(tp_->rank() * n, (tp_->rank() + 1) * n) : dy;
+  Tensor dx_mine = tp_ ? Tensor::zeros({n, hidden}, DType::kF32, MemoryKind::kActivations, dev)
+                       : dx;
   Tensor dexpert_out = activation(dev, {expert_out_.rows(), hidden});
   Tensor dweights = activation(dev, {n, top_k_});
-  unpermute_combine_backward(dev, dy, expert_out_, dest_rows_, weights_, dexpert_out, dweights);
+  unpermute_combine_backward(dev, dy_mine, expert_out_, dest_rows_, weights_, dexpert_out,
+                             dweights);
   Tensor dlocal_out = dexpert_out;
   if (ep_) {
     // Backward of gather_back: the rows' gradients travel the dispatch direction.
@@ -254,17 +319,32 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
     dpermuted = activation(dev, {expert_out_.rows(), hidden});
     ep_->all_to_all_v(by_source, recv_rows_, dpermuted, send_rows_);
   }
-  permute_gather_backward(dev, dpermuted, dest_rows_, dx);
+  permute_gather_backward(dev, dpermuted, dest_rows_, dx_mine);
 
   Tensor dlogits = activation(dev, {n, E});
   const bool renormalize = gating_ != config::SOFTMAX_TOPK;
   gating_backward(dev, probs_, expert_ids_, dweights, renormalize, dlogits);
-  if (z_loss_scale != 0.0f) router_z_loss_backward(dev, router_logits_, z_loss_scale, dlogits);
+  // The z-loss is a mean over the group's tokens; the kernel divides by this rank's.
+  if (z_loss_scale != 0.0f)
+    router_z_loss_backward(dev, router_logits_, z_loss_scale / static_cast<float>(group), dlogits);
   aux_loss_backward(dev, probs_, aux_prob_grad, dlogits);
-  matmul(dev, dlogits, true, x_, false, router_->grad, 1.0f, 1.0f);
-  matmul(dev, dlogits, false, router_->value, false, dx, 1.0f, 1.0f);
+  if (tp_) {
+    // The router is replicated over the group but saw only this rank's tokens.
+    Tensor drouter = Tensor::zeros(router_->grad.shape(), DType::kF32, MemoryKind::kActivations, dev);
+    matmul(dev, dlogits, true, x_, false, drouter);
+    tp_->all_reduce_sum(drouter);
+    add_(dev, router_->grad, drouter);
+  } else {
+    matmul(dev, dlogits, true, x_, false, router_->grad, 1.0f, 1.0f);
+  }
+  matmul(dev, dlogits, false, router_->value, false, dx_mine, 1.0f, 1.0f);
+  if (tp_) {
+    Tensor dx_routed = activation(dev, {total, hidden});
+    tp_->all_gather(dx_mine, dx_routed);
+    add_(dev, dx, dx_routed);
+  }
 
-  x_ = probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
+  x_whole_ = x_ = probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
   tokens_per_expert_ = dest_rows_ = xp_ = gate_up_out_ = act_ = expert_out_ = Tensor();
   regroup_rows_ = local_counts_ = Tensor();
   shared_out_ = shared_gate_logit_ = Tensor();

@@ -6,6 +6,12 @@
 // [p * E/P, (p+1) * E/P) (the expert parameters are that shard), routes its own tokens
 // over all E experts, and sends each rank the rows for its experts; rows arrive
 // grouped by source rank and are regrouped by local expert for the grouped GEMMs.
+//
+// With a tensor-parallel group of T ranks (parallel folding, DESIGN.md), the T ranks
+// hold the same n tokens; rank r routes rows [r n / T, (r + 1) n / T) and the routed
+// outputs are all-gathered back over the group. Routing statistics, the aux and z
+// losses and the capacity decisions are taken over all n tokens, exactly as one rank
+// would; the shared experts run on all n tokens, split Megatron-style over the group.
 #pragma once
 
 #include <memory>
@@ -32,9 +38,10 @@ struct MoeRouting {
 
 class MoeLayer {
  public:
-  // `expert_parallel` (may be null: one rank) is the expert-parallel group.
+  // `expert_parallel` and `tensor_parallel` may be null (one rank).
   MoeLayer(ParamStore& params, const std::string& prefix, const config::ModelConfig& model,
-           const config::MoeConfig& moe, Communicator* expert_parallel);
+           const config::MoeConfig& moe, Communicator* expert_parallel,
+           Communicator* tensor_parallel = nullptr);
 
   // x: (n, hidden) -> (n, hidden). Adds this layer's routing to `stats`. `rng` drives
   // GShard's random second-expert dispatch during training.
@@ -46,7 +53,8 @@ class MoeLayer {
 
   int num_experts() const { return num_experts_; }
   int top_k() const { return top_k_; }
-  // The routing of the last forward, for load-balance analysis (`bench balance`).
+  // The routing of the last forward (this rank's tokens), for load-balance analysis
+  // (`bench balance`).
   MoeRouting last_routing() const { return {router_logits_, probs_, expert_ids_, weights_}; }
 
  private:
@@ -57,10 +65,16 @@ class MoeLayer {
   Tensor gather_back(Device& dev, const Tensor& expert_rows);
   // Runs the local experts on rows grouped by local expert.
   Tensor experts_forward(Device& dev, const Tensor& xe, const Tensor& counts);
+  // The dispatch plan of this rank's assignments (dispatch_ids: (n, k), -1 not sent):
+  // fills tokens_per_expert_ and dest_rows_ and returns the kept assignments per expert
+  // over all the tensor-parallel group's tokens.
+  std::vector<int64_t> plan_dispatch(Device& dev, const Tensor& dispatch_ids,
+                                     int64_t total_tokens);
 
   int num_experts_;
   int num_local_experts_;
   Communicator* ep_;  // null or of size 1: no exchange
+  Communicator* tp_;  // null or of size 1: every token routed here
   int top_k_;
   config::Gating gating_;
   float capacity_factor_;
@@ -71,7 +85,8 @@ class MoeLayer {
   Param* shared_gate_ = nullptr;  // (1, hidden)
 
   // Saved for backward.
-  Tensor x_;                  // (n, hidden)
+  Tensor x_whole_;            // (n * tp, hidden) the group's tokens
+  Tensor x_;                  // (n, hidden) the rows this rank routes
   Tensor probs_;              // (n, E)
   Tensor router_logits_;      // (n, E)
   Tensor expert_ids_;         // (n, k)

@@ -6,7 +6,8 @@
 namespace switchyard {
 
 SwigluFfn::SwigluFfn(ParamStore& params, const std::string& prefix, int64_t hidden,
-                     int64_t ffn_hidden, float init_std) {
+                     int64_t ffn_hidden, float init_std, Communicator* tensor_parallel)
+    : tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr) {
   gate_up_ = &params.add(prefix + "gate_up_proj.weight", {2, ffn_hidden, hidden},
                          ShardSpec{.tensor_parallel_dim = 1}, ParamInit::kNormal, init_std);
   down_ = &params.add(prefix + "down_proj.weight", {hidden, ffn_hidden},
@@ -23,6 +24,7 @@ Tensor SwigluFfn::forward(Device& dev, const Tensor& x) {
   swiglu_forward(dev, gate_up_out_, act_);
   Tensor y = Tensor::empty({n, down_->shape[0]}, DType::kF32, MemoryKind::kActivations, dev);
   matmul(dev, act_, false, down_->value, true, y);
+  if (tp_) tp_->all_reduce_sum(y);
   return y;
 }
 
@@ -37,6 +39,7 @@ Tensor SwigluFfn::backward(Device& dev, const Tensor& dy) {
   matmul(dev, dgate_up, true, x_, false, gate_up_->grad, 1.0f, 1.0f);
   Tensor dx = Tensor::empty({n, x_.row_size()}, DType::kF32, MemoryKind::kActivations, dev);
   matmul(dev, dgate_up, false, gate_up_->value, false, dx);
+  if (tp_) tp_->all_reduce_sum(dx);
   x_ = gate_up_out_ = act_ = Tensor();
   return dx;
 }

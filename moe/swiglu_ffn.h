@@ -2,10 +2,14 @@
 // and the always-on shared experts. The gate and up projections are one fused
 // parameter of shape (2, ffn, hidden): one GEMM computes both, and the
 // tensor-parallel split of dimension 1 keeps each rank's gate and up rows together.
+// With a tensor-parallel group, gate/up are column-parallel and down row-parallel
+// (Megatron): each rank computes ffn / tp of the hidden units and the partial outputs,
+// and in backward the partial input gradients, are summed over the group.
 #pragma once
 
 #include <string>
 
+#include "engine/parallel/communicator.h"
 #include "engine/runtime/param_store.h"
 #include "engine/runtime/tensor.h"
 
@@ -14,13 +18,14 @@ namespace switchyard {
 class SwigluFfn {
  public:
   SwigluFfn(ParamStore& params, const std::string& prefix, int64_t hidden, int64_t ffn_hidden,
-            float init_std);
+            float init_std, Communicator* tensor_parallel = nullptr);
   // x: (n, hidden) -> (n, hidden). Saves what backward needs.
   Tensor forward(Device& dev, const Tensor& x);
   // dy: (n, hidden) -> dx (n, hidden); parameter gradients accumulate.
   Tensor backward(Device& dev, const Tensor& dy);
 
  private:
+  Communicator* tp_;  // null or of size 1: no reduction
   Param* gate_up_;  // (2, ffn_hidden, hidden)
   Param* down_;     // (hidden, ffn_hidden)
   Tensor x_;        // (n, hidden)

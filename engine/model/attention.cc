@@ -15,8 +15,9 @@ Tensor activation(Device& dev, const Shape& shape) {
 }  // namespace
 
 Attention::Attention(ParamStore& params, const std::string& prefix,
-                     const config::ModelConfig& model)
-    : heads_(model.num_heads()),
+                     const config::ModelConfig& model, Communicator* tensor_parallel)
+    : tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr),
+      heads_(model.num_heads()),
       kv_heads_(model.num_kv_heads()),
       head_dim_(model.head_dim()),
       norm_eps_(model.norm_eps()) {
@@ -36,9 +37,12 @@ Attention::Attention(ParamStore& params, const std::string& prefix,
     k_bias_ = &params.add(prefix + "k_proj.bias", {kv_heads_ * head_dim_}, column, ParamInit::kZeros);
     v_bias_ = &params.add(prefix + "v_proj.bias", {kv_heads_ * head_dim_}, column, ParamInit::kZeros);
   }
+  heads_ = wq_->shape[0] / head_dim_;
+  kv_heads_ = wk_->shape[0] / head_dim_;
   if (model.qk_norm()) {
     // Normalises the whole projection, so it cannot be split over tensor-parallel ranks
-    // without a reduction; it stays replicated.
+    // without a reduction (make_layout refuses that combination).
+    SY_CHECK_MSG(tp_ == nullptr, "q/k norm with tensor parallelism");
     q_norm_ = &params.add(prefix + "q_norm.weight", {heads_ * head_dim_}, ShardSpec{}, ParamInit::kOnes);
     k_norm_ = &params.add(prefix + "k_norm.weight", {kv_heads_ * head_dim_}, ShardSpec{}, ParamInit::kOnes);
   }
@@ -77,6 +81,7 @@ Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t s
   attn_out_ = out4.reshape({batch * seq, heads_ * head_dim_});
   Tensor y = activation(dev, {batch * seq, wo_->shape[0]});
   matmul(dev, attn_out_, false, wo_->value, true, y);
+  if (tp_) tp_->all_reduce_sum(y);
   return y;
 }
 
@@ -113,6 +118,7 @@ Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
   project_backward(dev, dq2, wq_, q_bias_, q_norm_, q_pre_norm_, q_rstd_, dx);
   project_backward(dev, dk2, wk_, k_bias_, k_norm_, k_pre_norm_, k_rstd_, dx);
   project_backward(dev, dv2, wv_, v_bias_, nullptr, Tensor(), Tensor(), dx);
+  if (tp_) tp_->all_reduce_sum(dx);
   x_ = q_ = k_ = v_ = q_pre_norm_ = k_pre_norm_ = q_rstd_ = k_rstd_ = probs_ = attn_out_ = Tensor();
   return dx;
 }

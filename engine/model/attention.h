@@ -1,10 +1,15 @@
 // Causal self-attention with grouped KV heads, rotary embeddings, optional q/k/v
 // biases (Qwen2-MoE) and optional q/k RMSNorm over the whole projection (OLMoE).
+// Tensor parallelism (Megatron): each rank of the group holds heads / tp query heads
+// and kv_heads / tp key/value heads (q/k/v column-parallel), and its slice of the
+// output projection's columns (row-parallel); the partial outputs, and in backward the
+// partial input gradients, are summed over the group.
 #pragma once
 
 #include <string>
 
 #include "engine/config/recipe.pb.h"
+#include "engine/parallel/communicator.h"
 #include "engine/runtime/param_store.h"
 #include "engine/runtime/tensor.h"
 
@@ -12,7 +17,9 @@ namespace switchyard {
 
 class Attention {
  public:
-  Attention(ParamStore& params, const std::string& prefix, const config::ModelConfig& model);
+  // `tensor_parallel` may be null (one rank).
+  Attention(ParamStore& params, const std::string& prefix, const config::ModelConfig& model,
+            Communicator* tensor_parallel = nullptr);
   // x: (batch * seq, hidden) normalised input; rope: table for `seq` positions.
   Tensor forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
   Tensor backward(Device& dev, const Tensor& dy, const Tensor& rope);
@@ -25,7 +32,8 @@ class Attention {
   void project_backward(Device& dev, Tensor& dproj, Param* weight, Param* bias, Param* norm,
                         const Tensor& pre_norm, const Tensor& rstd, Tensor& dx);
 
-  int64_t heads_, kv_heads_, head_dim_;
+  Communicator* tp_;  // null or of size 1: no reduction
+  int64_t heads_, kv_heads_, head_dim_;  // heads of this rank
   float norm_eps_;
   Param *wq_, *wk_, *wv_, *wo_;
   Param *q_bias_ = nullptr, *k_bias_ = nullptr, *v_bias_ = nullptr;

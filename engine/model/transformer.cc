@@ -1,8 +1,11 @@
 #include "engine/model/transformer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "engine/config/recipe.h"
+#include "engine/parallel/tensor_shards.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -31,28 +34,32 @@ struct Transformer::Block {
 };
 
 Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
-                         Communicator* expert_parallel)
-    : recipe_(recipe) {
+                         ModelParallel parallel)
+    : recipe_(recipe),
+      tp_(parallel.tensor_parallel && parallel.tensor_parallel->size() > 1
+              ? parallel.tensor_parallel
+              : nullptr) {
   const auto& m = recipe.model();
   const int64_t hidden = m.hidden_size();
   embed_ = &params.add("model.embed_tokens.weight", {m.vocab_size(), hidden},
                        ShardSpec{.tensor_parallel_dim = 0}, ParamInit::kNormal, m.init_std());
+  vocab_start_ = embed_->origin[0];
   for (int i = 0; i < m.num_layers(); ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     auto block = std::make_unique<Block>();
     block->eps = m.norm_eps();
     block->attn_norm = &params.add(prefix + "input_layernorm.weight", {hidden}, ShardSpec{},
                                    ParamInit::kOnes);
-    block->attention = std::make_unique<Attention>(params, prefix + "self_attn.", m);
+    block->attention = std::make_unique<Attention>(params, prefix + "self_attn.", m, tp_);
     block->ffn_norm = &params.add(prefix + "post_attention_layernorm.weight", {hidden},
                                   ShardSpec{}, ParamInit::kOnes);
     if (config::is_moe_layer(recipe, i)) {
-      block->moe =
-          std::make_unique<MoeLayer>(params, prefix + "mlp.", m, recipe.moe(), expert_parallel);
+      block->moe = std::make_unique<MoeLayer>(params, prefix + "mlp.", m, recipe.moe(),
+                                              parallel.expert_parallel, tp_);
       ++num_moe_layers_;
     } else {
       block->dense = std::make_unique<SwigluFfn>(params, prefix + "mlp.", hidden,
-                                                 m.ffn_hidden_size(), m.init_std());
+                                                 m.ffn_hidden_size(), m.init_std(), tp_);
     }
     blocks_.push_back(std::move(block));
   }
@@ -80,14 +87,15 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   seq_ = ids.dim(1);
   const int64_t n = batch_ * seq_;
   const int64_t hidden = recipe_.model().hidden_size();
-  const int64_t vocab = recipe_.model().vocab_size();
+  const int64_t vocab = lm_head_->shape[0];  // this rank's vocabulary rows
   const Tensor& rope = rope_for(seq_);
-  ids_ = ids.reshape({n});
+  ids_ = tp_ ? shard_ids(dev, ids.reshape({n})) : ids.reshape({n});
   targets_ = targets.reshape({n});
   stats_.reset(recipe_.moe().num_experts(), recipe_.moe().top_k());
 
   Tensor x = activation(dev, {n, hidden});
   embedding_forward(dev, ids_, embed_->value, x);
+  if (tp_) tp_->all_reduce_sum(x);
   for (auto& b : blocks_) {
     b->x = x;
     b->attn_in = activation(dev, {n, hidden});
@@ -111,13 +119,18 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   logits_ = activation(dev, {n, vocab});
   matmul(dev, final_out_, false, lm_head_->value, true, logits_);
   if (logits_out) {
-    *logits_out = activation(dev, {n, vocab});
-    logits_out->copy_from(logits_);
+    *logits_out = tp_ ? gather_shards(*tp_, logits_, 1) : activation(dev, {n, vocab});
+    if (!tp_) logits_out->copy_from(logits_);
   }
 
-  Tensor losses = activation(dev, {n});
+  Tensor losses;
   lse_ = activation(dev, {n});
-  cross_entropy_forward(dev, logits_, targets_, losses, lse_);
+  if (tp_) {
+    losses = vocab_parallel_losses(dev);
+  } else {
+    losses = activation(dev, {n});
+    cross_entropy_forward(dev, logits_, targets_, losses, lse_);
+  }
   double sum = 0;
   target_tokens_ = 0;
   const int32_t* t = targets_.data<int32_t>();
@@ -137,6 +150,46 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   return parts;
 }
 
+Tensor Transformer::shard_ids(Device& dev, const Tensor& ids) const {
+  Tensor shifted = Tensor::empty(ids.shape(), DType::kI32, MemoryKind::kActivations, dev);
+  const int64_t rows = embed_->shape[0];
+  const int32_t* from = ids.data<int32_t>();
+  int32_t* to = shifted.data<int32_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int64_t local = from[i] - vocab_start_;
+    to[i] = local >= 0 && local < rows ? static_cast<int32_t>(local) : -1;
+  }
+  return shifted;
+}
+
+Tensor Transformer::vocab_parallel_losses(Device& dev) {
+  const int64_t n = logits_.rows();
+  const int group = tp_->size();
+  Tensor shard_lse = activation(dev, {n});
+  Tensor target_logits = activation(dev, {n});
+  cross_entropy_shard_forward(dev, logits_, targets_, {vocab_start_, recipe_.model().vocab_size()},
+                              shard_lse, target_logits);
+  // Exactly one rank holds each target's logit; the others add zero.
+  tp_->all_reduce_sum(target_logits);
+  Tensor all_lse = activation(dev, {group, n});
+  tp_->all_gather(shard_lse, all_lse);
+  Tensor losses = activation(dev, {n});
+  const float* part = all_lse.data<float>();
+  const float* target = target_logits.data<float>();
+  const int32_t* t = targets_.data<int32_t>();
+  float* lse = lse_.data<float>();
+  float* loss = losses.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    double max = part[i];
+    for (int r = 1; r < group; ++r) max = std::max<double>(max, part[r * n + i]);
+    double sum = 0;
+    for (int r = 0; r < group; ++r) sum += std::exp(part[r * n + i] - max);
+    lse[i] = static_cast<float>(max + std::log(sum));
+    loss[i] = t[i] < 0 ? 0.0f : lse[i] - target[i];
+  }
+  return losses;
+}
+
 std::vector<const MoeLayer*> Transformer::moe_layers() const {
   std::vector<const MoeLayer*> layers;
   for (const auto& b : blocks_)
@@ -151,11 +204,13 @@ void Transformer::backward(Device& dev, float loss_scale) {
 
   // The logits buffer becomes its own gradient.
   const float ce_scale = target_tokens_ ? loss_scale / static_cast<float>(target_tokens_) : 0.0f;
-  cross_entropy_backward(dev, logits_, targets_, lse_, ce_scale, logits_);
+  cross_entropy_backward(dev, logits_, targets_, lse_, ce_scale, logits_,
+                         {vocab_start_, recipe_.model().vocab_size()});
   Tensor& dlogits = logits_;
   matmul(dev, dlogits, true, final_out_, false, lm_head_->grad, 1.0f, 1.0f);
   Tensor dfinal = activation(dev, {n, hidden});
   matmul(dev, dlogits, false, lm_head_->value, false, dfinal);
+  if (tp_) tp_->all_reduce_sum(dfinal);
   logits_ = lse_ = Tensor();
   Tensor dx = activation(dev, {n, hidden});
   rmsnorm_backward(dev, dfinal, final_in_, final_norm_->value, final_rstd_, dx,

@@ -26,13 +26,20 @@ struct LossParts {
   int64_t target_tokens = 0;
 };
 
+// The groups a model's layers communicate over (null: one rank). The ParamStore's
+// placement must name this process's rank and size in the same groups.
+struct ModelParallel {
+  // Megatron tensor parallelism: vocabulary-parallel embedding, LM head and loss;
+  // column/row-parallel attention and dense FFNs; MoE layers split the tokens.
+  Communicator* tensor_parallel = nullptr;
+  // The MoE layers hold and run this rank's shard of the experts.
+  Communicator* expert_parallel = nullptr;
+};
+
 class Transformer {
  public:
-  // Registers every parameter in `params` (allocation is the caller's). With an
-  // expert-parallel group of more than one rank, the MoE layers hold and run this
-  // rank's shard of the experts.
-  Transformer(const config::Recipe& recipe, ParamStore& params,
-              Communicator* expert_parallel = nullptr);
+  // Registers every parameter in `params` (allocation is the caller's).
+  Transformer(const config::Recipe& recipe, ParamStore& params, ModelParallel parallel = {});
   ~Transformer();
 
   // ids, targets: (batch, seq) i32; a negative target is not scored. Returns the losses;
@@ -53,8 +60,15 @@ class Transformer {
  private:
   struct Block;
   const Tensor& rope_for(int64_t seq);
+  // Vocabulary-parallel pieces (tensor_parallel of more than one rank).
+  // ids shifted into this rank's embedding rows; -1 for another rank's tokens.
+  Tensor shard_ids(Device& dev, const Tensor& ids) const;
+  // Fills lse_ with the whole vocabulary's log-sum-exp and returns the per-token losses.
+  Tensor vocab_parallel_losses(Device& dev);
 
   config::Recipe recipe_;
+  Communicator* tp_;  // null or of size 1
+  int64_t vocab_start_ = 0;  // this rank's first vocabulary row
   Param* embed_;
   Param* final_norm_;
   Param* lm_head_;  // aliases embed_ when tied
@@ -66,7 +80,7 @@ class Transformer {
 
   // Saved for backward.
   int64_t batch_ = 0, seq_ = 0;
-  Tensor ids_, targets_;
+  Tensor ids_, targets_;  // ids_: shifted into this rank's rows under tensor parallelism
   Tensor final_in_, final_rstd_, final_out_;
   Tensor logits_, lse_;
   int64_t target_tokens_ = 0;

@@ -53,13 +53,18 @@ AdamWOptimizer::AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total
 StepReport AdamWOptimizer::step(Device& dev) {
   ++step_;
   StepReport report;
-  // Dense gradients are replicated; expert gradients are shards whose squares add up
-  // over the expert-parallel group.
-  double dense_sq = 0, expert_sq = 0;
-  for (const Param& p : params_.params())
-    (p.spec.expert ? expert_sq : dense_sq) += sum_squares(dev, p.grad);
+  // Replicated gradients count once; the squares of shards add up over the group that
+  // splits them (expert-parallel for experts, tensor-parallel for split dense tensors).
+  double replicated_sq = 0, tensor_parallel_sq = 0, expert_sq = 0;
+  for (const Param& p : params_.params()) {
+    const double sq = sum_squares(dev, p.grad);
+    if (p.spec.expert) expert_sq += sq;
+    else if (p.shape != p.whole_shape) tensor_parallel_sq += sq;
+    else replicated_sq += sq;
+  }
   if (groups_.expert_parallel) groups_.expert_parallel->all_reduce_sum(&expert_sq, 1);
-  report.grad_norm = std::sqrt(dense_sq + expert_sq);
+  if (groups_.tensor_parallel) groups_.tensor_parallel->all_reduce_sum(&tensor_parallel_sq, 1);
+  report.grad_norm = std::sqrt(replicated_sq + tensor_parallel_sq + expert_sq);
   float grad_scale = 1.0f;
   if (opt_.grad_clip() > 0 && report.grad_norm > opt_.grad_clip()) {
     grad_scale = static_cast<float>(opt_.grad_clip() / (report.grad_norm + 1e-6));

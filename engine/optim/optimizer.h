@@ -30,7 +30,10 @@ class AdamWOptimizer {
   //    (data-parallel group) and expert (expert-data-parallel group) parameters. With
   //    `shard_state` (ZeRO stage 1) each parameter's AdamW state lives on one replica,
   //    its owner, which updates it and broadcasts the new values to the others.
+  //  - tensor_parallel: dense parameters split over it (the ParamStore's placement)
+  //    add their squares over it to the global gradient norm.
   struct Groups {
+    Communicator* tensor_parallel = nullptr;
     Communicator* expert_parallel = nullptr;
     Communicator* dense_replicas = nullptr;
     Communicator* expert_replicas = nullptr;

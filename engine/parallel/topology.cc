@@ -6,6 +6,7 @@
 #include "engine/parallel/local_communicator.h"
 #include "engine/parallel/mpi_communicator.h"
 #include "engine/parallel/mpi_runtime.h"
+#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {
@@ -59,6 +60,26 @@ absl::StatusOr<Layout> make_layout(const config::Recipe& recipe, int world_size)
     return invalid(absl::StrCat("model.num_kv_heads (", kv_heads,
                                 ") must be divisible by parallel.tensor_parallel_size (", tp, ")"));
   }
+  auto divisible_by_tp = [tp](const char* field, int64_t value) -> absl::Status {
+    if (value % tp == 0) return absl::OkStatus();
+    return invalid(absl::StrCat(field, " (", value,
+                                ") must be divisible by parallel.tensor_parallel_size (", tp, ")"));
+  };
+  if (tp > 1) {
+    if (model.qk_norm())
+      return invalid(absl::StrCat(
+          "model.qk_norm normalises the whole query/key projection and cannot be split over "
+          "parallel.tensor_parallel_size (", tp, ") ranks; use tensor_parallel_size 1"));
+    SY_RETURN_IF_ERROR(divisible_by_tp("model.vocab_size", model.vocab_size()));
+    bool dense_layers = false;
+    for (int i = 0; i < model.num_layers(); ++i) dense_layers |= !config::is_moe_layer(recipe, i);
+    if (dense_layers)
+      SY_RETURN_IF_ERROR(divisible_by_tp("model.ffn_hidden_size", model.ffn_hidden_size()));
+    if (recipe.moe().num_shared_experts() > 0)
+      SY_RETURN_IF_ERROR(divisible_by_tp(
+          "moe.num_shared_experts x moe.shared_expert_ffn_hidden_size",
+          recipe.moe().num_shared_experts() * recipe.moe().shared_expert_ffn_hidden_size()));
+  }
   if (world_size % ep != 0) {
     return invalid(absl::StrCat("parallel.expert_parallel_size (", ep,
                                 ") must divide the world size (", world_size, ")"));
@@ -82,6 +103,13 @@ absl::StatusOr<Layout> make_layout(const config::Recipe& recipe, int world_size)
     return invalid(absl::StrCat("train.global_batch_size (", global_batch,
                                 ") must be divisible by data-parallel size (", dp,
                                 ") x train.micro_batch_size (", micro_batch, ")"));
+  }
+
+  if (tp > 1 && (micro_batch * train.seq_len()) % tp != 0) {
+    return invalid(absl::StrCat("train.micro_batch_size x train.seq_len (",
+                                micro_batch * train.seq_len(),
+                                " tokens) must be divisible by parallel.tensor_parallel_size (",
+                                tp, "): MoE layers split a micro-batch's tokens over it"));
   }
 
   Layout layout;

@@ -12,12 +12,26 @@ uint64_t name_hash(const std::string& name) {
 }
 }  // namespace
 
-Param& ParamStore::add(std::string name, Shape shape, ShardSpec spec, ParamInit init,
+ParamStore::ParamStore(ShardPlacement placement) : placement_(placement) {}
+
+Param& ParamStore::add(std::string name, Shape whole_shape, ShardSpec spec, ParamInit init,
                        float init_std) {
   SY_CHECK_MSG(find(name) == nullptr, "parameter registered twice");
   Param& p = params_.emplace_back();
   p.name = std::move(name);
-  p.shape = std::move(shape);
+  p.whole_shape = std::move(whole_shape);
+  p.shape = p.whole_shape;
+  p.origin.assign(p.shape.size(), 0);
+  auto split = [&p](size_t dim, int rank, int size) {
+    SY_CHECK_MSG(dim < p.shape.size() && p.shape[dim] % size == 0,
+                 "a sharded parameter dimension does not divide evenly over its group");
+    p.shape[dim] /= size;
+    p.origin[dim] = rank * p.shape[dim];
+  };
+  if (spec.expert) split(0, placement_.expert_parallel_rank, placement_.expert_parallel_size);
+  if (spec.tensor_parallel_dim >= 0 && placement_.tensor_parallel_size > 1)
+    split(static_cast<size_t>(spec.tensor_parallel_dim), placement_.tensor_parallel_rank,
+          placement_.tensor_parallel_size);
   p.spec = spec;
   p.init = init;
   p.init_std = init_std;
@@ -54,10 +68,22 @@ void ParamStore::initialize(uint64_t seed) {
         for (int64_t i = 0; i < n; ++i) v[i] = 0.0f;
         break;
       case ParamInit::kNormal: {
-        // normal() takes two draws per value; skip those of the elements before the shard.
-        Rng base = Rng(seed).fork(name_hash(p.name));
-        Rng rng(base.seed(), base.counter() + 2 * static_cast<uint64_t>(p.init_offset));
-        for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(rng.normal() * p.init_std);
+        // Element i of the whole tensor takes the normal() drawn at counter 2 i (two
+        // draws per value); the shard walks its elements' whole-tensor indices.
+        const Rng base = Rng(seed).fork(name_hash(p.name));
+        const size_t rank = p.shape.size();
+        std::vector<int64_t> whole_stride(rank, 1), index(rank, 0);
+        for (size_t d = rank; d-- > 1;) whole_stride[d - 1] = whole_stride[d] * p.whole_shape[d];
+        for (int64_t i = 0; i < n; ++i) {
+          int64_t whole_index = 0;
+          for (size_t d = 0; d < rank; ++d) whole_index += (p.origin[d] + index[d]) * whole_stride[d];
+          Rng rng(base.seed(), base.counter() + 2 * static_cast<uint64_t>(whole_index));
+          v[i] = static_cast<float>(rng.normal() * p.init_std);
+          for (size_t d = rank; d-- > 0;) {
+            if (++index[d] < p.shape[d]) break;
+            index[d] = 0;
+          }
+        }
         break;
       }
     }

@@ -23,31 +23,46 @@ struct ShardSpec {
 
 enum class ParamInit { kNormal, kOnes, kZeros };
 
+// Where this process sits in the groups that split parameters: tensor-parallel rank
+// and size (dimension spec.tensor_parallel_dim), expert-parallel rank and size
+// (dimension 0 of expert parameters).
+struct ShardPlacement {
+  int tensor_parallel_rank = 0;
+  int tensor_parallel_size = 1;
+  int expert_parallel_rank = 0;
+  int expert_parallel_size = 1;
+};
+
 struct Param {
   std::string name;  // Hugging Face naming where one exists
-  Shape shape;
+  Shape shape;         // this rank's shard
+  Shape whole_shape;   // the tensor over all ranks
+  // Index of the shard's first element in each dimension of the whole tensor.
+  std::vector<int64_t> origin;
   ShardSpec spec;
   ParamInit init = ParamInit::kNormal;
   float init_std = 0.02f;
   bool weight_decay = true;
-  // For a shard of a larger tensor (experts split over ranks): elements of the whole
-  // tensor before this shard, so that initialisation draws exactly the values the
-  // whole tensor would hold there.
-  int64_t init_offset = 0;
   Tensor value;  // fp32 (master) weights
   Tensor grad;   // accumulated over micro-batches
 };
 
 class ParamStore {
  public:
-  // Registers a parameter; memory comes with allocate().
-  Param& add(std::string name, Shape shape, ShardSpec spec, ParamInit init, float init_std = 0.0f);
+  explicit ParamStore(ShardPlacement placement = {});
+
+  // Registers a parameter of `whole_shape`; this rank holds the shard that `spec` and
+  // the placement give (dimensions split evenly, a CHECK failure otherwise). Memory
+  // comes with allocate().
+  Param& add(std::string name, Shape whole_shape, ShardSpec spec, ParamInit init,
+             float init_std = 0.0f);
   // Allocates values and zeroed gradients on `device`. The gradients of all dense
   // parameters are views into one flat buffer, and those of all expert parameters into
   // another, so that each is reduced over its group in one collective.
   void allocate(Device& device);
   // Deterministic initialisation: every parameter draws from its own stream derived
-  // from (seed, name), so the result does not depend on registration order.
+  // from (seed, name), element by element of the whole tensor, so the result depends
+  // neither on registration order nor on the parallel layout.
   void initialize(uint64_t seed);
   void zero_grads();
 
@@ -55,12 +70,14 @@ class ParamStore {
   Tensor& dense_grads() { return dense_grads_; }
   Tensor& expert_grads() { return expert_grads_; }
 
+  const ShardPlacement& placement() const { return placement_; }
   std::deque<Param>& params() { return params_; }
   const std::deque<Param>& params() const { return params_; }
   Param* find(const std::string& name);
   int64_t total_numel() const;
 
  private:
+  ShardPlacement placement_;
   // A deque keeps references returned by add() valid as more parameters register.
   std::deque<Param> params_;
   Tensor dense_grads_;

@@ -20,6 +20,7 @@
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
+#include "engine/parallel/tensor_shards.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/tensorboard_writer.h"
 #include "kernels/threads.h"
@@ -145,6 +146,9 @@ void average(Communicator& dp, std::vector<double>& values) {
   for (double& v : values) v /= dp.size();
 }
 
+// Dense parameters that tensor parallelism splits (experts split over ep instead).
+bool split_over_tp(const Param& p) { return !p.spec.expert && p.shape != p.whole_shape; }
+
 std::string megabytes(int64_t bytes) { return absl::StrFormat("%.1f MB", bytes / 1048576.0); }
 
 }  // namespace
@@ -158,10 +162,6 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   const bool reporter = rank == 0;
   RankZeroSink sink(terminal, reporter);
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
-  if (layout.tensor_parallel_size > 1)
-    return absl::UnimplementedError(
-        "parallel.tensor_parallel_size above 1 is not implemented yet; data and expert "
-        "parallelism are");
   if (recipe.parallel().zero_stage() > 1)
     return absl::UnimplementedError(
         "parallel.zero_stage 2 and 3 are not implemented yet; stage 1 (optimizer state "
@@ -232,11 +232,13 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   set_cpu_threads(recipe.runtime().threads() > 0 ? recipe.runtime().threads()
                                                  : options.threads_per_rank);
   Device& dev = cpu_device();
-  ParamStore params;
-  Transformer model(recipe, params, groups.ep.get());
+  ParamStore params(ShardPlacement{groups.tp->rank(), groups.tp->size(), groups.ep->rank(),
+                                   groups.ep->size()});
+  Transformer model(recipe, params, {groups.tp.get(), groups.ep.get()});
   params.allocate(dev);
   params.initialize(tc.seed());
   AdamWOptimizer::Groups optimizer_groups;
+  optimizer_groups.tensor_parallel = groups.tp.get();
   optimizer_groups.expert_parallel = groups.ep.get();
   optimizer_groups.dense_replicas = groups.dp.get();
   optimizer_groups.expert_replicas = groups.expert_dp.get();
@@ -246,13 +248,20 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   if (!resume_dir.empty()) {
     size_t i = 0;
     for (Param& p : params.params()) {
-      const int64_t first_row = p.spec.expert ? groups.ep->rank() * p.shape[0] : 0;
-      SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, "param/" + p.name, first_row, p.value));
+      auto read = [&](const std::string& kind, Tensor& shard) -> absl::Status {
+        const std::string key = kind + "/" + p.name;
+        if (!split_over_tp(p))
+          return read_rows(resume_dir, manifest, key, p.spec.expert ? p.origin[0] : 0, shard);
+        // Saved whole: this rank takes its tensor-parallel block.
+        Tensor whole = Tensor::empty(p.whole_shape);
+        SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, key, 0, whole));
+        copy_shard(whole, p.spec.tensor_parallel_dim, groups.tp->rank(), groups.tp->size(), shard);
+        return absl::OkStatus();
+      };
+      SY_RETURN_IF_ERROR(read("param", p.value));
       if (optimizer.holds_state(i)) {
-        SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, "exp_avg/" + p.name, first_row,
-                                     optimizer.exp_avg(i)));
-        SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, "exp_avg_sq/" + p.name, first_row,
-                                     optimizer.exp_avg_sq(i)));
+        SY_RETURN_IF_ERROR(read("exp_avg", optimizer.exp_avg(i)));
+        SY_RETURN_IF_ERROR(read("exp_avg_sq", optimizer.exp_avg_sq(i)));
       }
       ++i;
     }
@@ -268,19 +277,24 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     size_t i = 0;
     for (Param& p : params.params()) {
       // Each slice is written once: by the first replica, or by the owner of ZeRO state.
+      // Dense tensors are written whole by tensor-parallel rank 0 (split ones gathered
+      // over the group first), so any tensor-parallel size can load them.
       Communicator& replicas = p.spec.expert ? *groups.expert_dp : *groups.dp;
-      Shape global = p.shape;
-      if (p.spec.expert) global[0] *= groups.ep->size();
-      const int64_t first_row = p.spec.expert ? groups.ep->rank() * p.shape[0] : 0;
-      auto slice = [&](const std::string& kind, const Tensor& value) {
-        return SliceToSave{kind + "/" + p.name, value, global, p.spec.expert,
-                           p.spec.tensor_parallel_dim, first_row};
+      const bool writer = p.spec.expert || groups.tp->rank() == 0;
+      auto save = [&](const std::string& kind, const Tensor& value) {
+        const Tensor whole = split_over_tp(p)
+                                 ? gather_shards(*groups.tp, value, p.spec.tensor_parallel_dim)
+                                 : value;
+        if (writer)
+          mine.push_back(SliceToSave{kind + "/" + p.name, whole, p.whole_shape, p.spec.expert,
+                                     p.spec.tensor_parallel_dim,
+                                     p.spec.expert ? p.origin[0] : 0});
       };
-      if (replicas.rank() == 0) mine.push_back(slice("param", p.value));
+      if (replicas.rank() == 0) save("param", p.value);
       const int owner = optimizer.owner(i);
       if (replicas.rank() == (owner < 0 ? 0 : owner)) {
-        mine.push_back(slice("exp_avg", optimizer.exp_avg(i)));
-        mine.push_back(slice("exp_avg_sq", optimizer.exp_avg_sq(i)));
+        save("exp_avg", optimizer.exp_avg(i));
+        save("exp_avg_sq", optimizer.exp_avg_sq(i));
       }
       ++i;
     }
@@ -304,10 +318,11 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
 
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
-      "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d) x %d threads; data: "
-      "%s (%lld training tokens)",
+      "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d, tp %d, ep %d) x %d "
+      "threads; data: %s (%lld training tokens)",
       stats.total_params / 1e6, stats.active_params / 1e6, layout.world_size,
-      layout.data_parallel_size, cpu_threads(), data_dir,
+      layout.data_parallel_size, layout.tensor_parallel_size, layout.expert_parallel_size,
+      cpu_threads(), data_dir,
       static_cast<long long>(train_data.num_tokens())));
 
   const int64_t micro = tc.micro_batch_size();
@@ -450,18 +465,16 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     }
   }
   // The saved weights are whole: expert shards are gathered over the expert-parallel
-  // group (a collective, so every rank takes part).
+  // group, tensor-parallel shards over the tensor-parallel group (collectives, so every
+  // rank takes part).
   std::vector<std::pair<std::string, Tensor>> whole;
   for (Param& p : params.params()) {
-    if (!p.spec.expert || groups.ep->size() == 1) {
+    if (p.spec.expert)
+      whole.emplace_back(p.name, gather_shards(*groups.ep, p.value, 0));
+    else if (split_over_tp(p))
+      whole.emplace_back(p.name, gather_shards(*groups.tp, p.value, p.spec.tensor_parallel_dim));
+    else
       whole.emplace_back(p.name, p.value);
-      continue;
-    }
-    Shape shape = p.shape;
-    shape[0] *= groups.ep->size();
-    Tensor gathered = Tensor::empty(shape, DType::kF32, MemoryKind::kOther, dev);
-    groups.ep->all_gather(p.value, gathered);
-    whole.emplace_back(p.name, gathered);
   }
   if (!reporter) return absl::OkStatus();
   if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));

@@ -28,10 +28,12 @@ void cross_entropy_forward(const T* logits, const int32_t* targets, int64_t n, i
 }
 
 // dlogits = scale * (softmax(logits) - onehot(target)), written; ignored rows get 0.
-// Each element is read before it is written, so dlogits may alias logits.
+// The logits are columns [vocab_start, vocab_start + vocab) of the vocabulary and lse
+// the log-sum-exp over all of it. Each element is read before it is written, so
+// dlogits may alias logits.
 template <typename T>
 void cross_entropy_backward(const T* logits, const int32_t* targets, const T* lse, T scale,
-                            int64_t n, int64_t vocab, T* dlogits) {
+                            int64_t n, int64_t vocab, int64_t vocab_start, T* dlogits) {
 #pragma omp parallel for schedule(static) if (n * vocab >= kParallelMinWork)
   for (int64_t r = 0; r < n; ++r) {
     const T* x = logits + r * vocab;
@@ -42,7 +44,28 @@ void cross_entropy_backward(const T* logits, const int32_t* targets, const T* ls
     }
     const T shift = lse[r];
     for (int64_t j = 0; j < vocab; ++j) d[j] = scale * std::exp(x[j] - shift);
-    d[targets[r]] -= scale;
+    const int64_t target = targets[r] - vocab_start;
+    if (target >= 0 && target < vocab) d[target] -= scale;
+  }
+}
+
+// One vocabulary shard's log-sum-exp per row, and the target's logit where the target
+// (a whole-vocabulary id) falls in columns [vocab_start, vocab_start + vocab), else 0.
+template <typename T>
+void cross_entropy_shard_forward(const T* logits, const int32_t* targets, int64_t n,
+                                 int64_t vocab, int64_t vocab_start, T* lse, T* target_logits) {
+#pragma omp parallel for schedule(static) if (n * vocab >= kParallelMinWork)
+  for (int64_t r = 0; r < n; ++r) {
+    const T* x = logits + r * vocab;
+    T max = x[0];
+#pragma omp simd reduction(max : max)
+    for (int64_t j = 1; j < vocab; ++j) max = x[j] > max ? x[j] : max;
+    T sum = T(0);
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(x[j] - max);
+    lse[r] = max + std::log(sum);
+    const int64_t target = targets[r] - vocab_start;
+    target_logits[r] = targets[r] >= 0 && target >= 0 && target < vocab ? x[target] : T(0);
   }
 }
 

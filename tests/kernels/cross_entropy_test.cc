@@ -30,6 +30,13 @@ Tensor to_tensor(const std::vector<int32_t>& v) {
   return t;
 }
 
+// NaN everywhere, so an element the op does not write fails the comparison.
+Tensor nan_filled(const Shape& shape) {
+  Tensor t = Tensor::empty(shape);
+  std::fill(t.data<float>(), t.data<float>() + t.numel(), std::nanf(""));
+  return t;
+}
+
 std::vector<float> to_vector(const Tensor& t) {
   const float* p = t.data<float>();
   return std::vector<float>(p, p + t.numel());
@@ -85,7 +92,7 @@ TEST(CrossEntropyTest, BackwardMatchesFiniteDifferences) {
   cpu::cross_entropy_forward<double>(logits.data(), targets.data(), kRows, kVocab, losses.data(),
                                      lse.data());
   cpu::cross_entropy_backward<double>(logits.data(), targets.data(), lse.data(), scale, kRows,
-                                      kVocab, dlogits.data());
+                                      kVocab, 0, dlogits.data());
   const double eps = 1e-6;
   std::vector<double> numeric(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -140,12 +147,61 @@ TEST(CrossEntropyTest, FloatOpsMatchDoubleTemplatesAndMayAlias) {
   cpu::cross_entropy_forward<double>(logits_d.data(), targets.data(), kRows, kVocab,
                                      losses_d.data(), lse_d.data());
   cpu::cross_entropy_backward<double>(logits_d.data(), targets.data(), lse_d.data(), scale, kRows,
-                                      kVocab, dlogits_d.data());
+                                      kVocab, 0, dlogits_d.data());
   EXPECT_LT(max_relative_error(to_vector(losses), losses_d), 1e-5);
   EXPECT_LT(max_relative_error(to_vector(lse), lse_d), 1e-5);
   EXPECT_LT(max_relative_error(to_vector(tlogits), dlogits_d), 1e-5);
   EXPECT_TRUE(any_nonzero(to_vector(losses)));
   EXPECT_TRUE(any_nonzero(to_vector(tlogits)));
+}
+
+TEST(CrossEntropyTest, VocabularyShardsCombineIntoTheWholeLoss) {
+  // Two shards of 20 and 17 columns (kVocab = 37, uneven on purpose): the combined
+  // log-sum-exp and target logits give the whole forward's losses, and each shard's
+  // backward with the whole lse gives its columns of the whole gradient.
+  const auto logits = random_vector<float>(kRows * kVocab, 11, -4, 4);
+  const auto targets = make_targets(12);
+  const float scale = 0.5f;
+  Tensor tlogits = to_tensor(logits, {kRows, kVocab}), ttargets = to_tensor(targets);
+  Tensor losses = Tensor::empty({kRows}), lse = Tensor::empty({kRows});
+  cross_entropy_forward(cpu_device(), tlogits, ttargets, losses, lse);
+  Tensor dwhole = Tensor::empty({kRows, kVocab});
+  cross_entropy_backward(cpu_device(), tlogits, ttargets, lse, scale, dwhole);
+
+  const int64_t starts[] = {0, 20, kVocab};
+  std::vector<double> sum_exp(kRows, 0.0), target_logit(kRows, 0.0);
+  std::vector<Tensor> shards;
+  for (int s = 0; s < 2; ++s) {
+    const int64_t width = starts[s + 1] - starts[s];
+    Tensor shard = Tensor::empty({kRows, width});
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t j = 0; j < width; ++j)
+        shard.data<float>()[r * width + j] = logits[r * kVocab + starts[s] + j];
+    Tensor shard_lse = Tensor::empty({kRows}), shard_target = nan_filled({kRows});
+    cross_entropy_shard_forward(cpu_device(), shard, ttargets, {starts[s], kVocab}, shard_lse,
+                                shard_target);
+    for (int64_t r = 0; r < kRows; ++r) {
+      sum_exp[r] += std::exp(static_cast<double>(shard_lse.data<float>()[r]));
+      target_logit[r] += shard_target.data<float>()[r];
+    }
+    shards.push_back(shard);
+  }
+  for (int64_t r = 0; r < kRows; ++r) {
+    const double combined_lse = std::log(sum_exp[r]);
+    EXPECT_NEAR(combined_lse, lse.data<float>()[r], 1e-5);
+    const double loss = targets[r] < 0 ? 0.0 : combined_lse - target_logit[r];
+    EXPECT_NEAR(loss, losses.data<float>()[r], 1e-5);
+  }
+  for (int s = 0; s < 2; ++s) {
+    const int64_t width = starts[s + 1] - starts[s];
+    Tensor dshard = nan_filled({kRows, width});
+    cross_entropy_backward(cpu_device(), shards[s], ttargets, lse, scale, dshard,
+                           {starts[s], kVocab});
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t j = 0; j < width; ++j)
+        EXPECT_FLOAT_EQ(dshard.data<float>()[r * width + j],
+                        dwhole.data<float>()[r * kVocab + starts[s] + j]);
+  }
 }
 
 }  // namespace

@@ -1,28 +1,29 @@
-// Expert parallelism against a single-process reference: the all-to-all dispatch and
-// combine of MoeLayer must give, on every rank, exactly what the same layer with all E
-// experts on one process gives for that rank's tokens.
+// Expert and tensor parallelism against a single-process reference: the all-to-all
+// dispatch and combine of MoeLayer must give, on every rank, exactly what the same layer
+// with all E experts on one process gives for that rank's tokens.
 //
 // Every rank builds the reference layer (no communicator, all experts) with the same
-// seeded parameters, and an expert-parallel layer over the world holding the router and
-// this rank's E/P experts copied from it. Each rank routes its own tokens: the reference
-// processes them alone, the expert-parallel layer sends them to the experts' ranks.
+// seeded parameters, and a parallel layer over the world holding the router and this
+// rank's E/P experts copied from it.
+//  - Expert parallelism: each rank routes its own tokens; the reference processes them
+//    alone, the expert-parallel layer sends them to the experts' ranks.
+//  - Tensor parallelism (parallel folding) on top: every rank holds the same P x n
+//    tokens, routes its n of them and all-gathers the outputs; the reference processes
+//    all of them.
 //
-// Inputs and parameters are small dyadic values (integers, and multiples of 1/8 for the
-// router), so every GEMM before the SwiGLU is exact. Exactness of the forward output
-// does not depend on that alone: each token's expert computation is the same
-// operations in the same order on both paths (an output row of a GEMM depends only on
-// that input row and the weights, the silu is element-wise, and the combine sums a
-// token's k expert outputs in the same order), so the outputs must match bit for bit.
-// Capacity drops too: the capacity and the drop decisions are made per rank, from the
-// rank's own tokens, on both paths.
+// Inputs and parameters are small dyadic values chosen so that the whole expert
+// computation is exact whatever order a GEMM sums in (which, with OpenBLAS, can depend
+// on the matrix's row count and the CPU): tokens are positive integers, router weights
+// multiples of 1/8, expert weights integers with gate rows in [2, 3], so every gate
+// pre-activation is at least 32 and silu(g) rounds to g. The combine sums a token's k
+// expert outputs in the same order on both paths, so the outputs match bit for bit.
+// Capacity drops too: the capacity and the drop decisions are made from the same
+// tokens on both paths.
 //
-// Backward: dx and the router gradient come from each token's own rows, in the same
-// order on both paths; they are compared to a relative 1e-5 (in practice they match
-// exactly). The expert weight gradients sum rows from all ranks inside one GEMM on the
-// expert-parallel path but rank by rank (then over ranks) on the reference, a different
-// summation order over non-dyadic values (silu, softmax weights): they are compared to
-// 1e-5 of the gradient's largest magnitude (see max_normwise_error; observed ~2e-7,
-// while the element-wise relative error reaches ~1.5e-5 on elements whose terms cancel).
+// Backward: dx and the router gradient are compared to a relative 1e-5. The expert
+// weight gradients sum rows from all ranks inside one GEMM on the parallel path but in
+// another order on the reference, over non-dyadic values (softmax weights): they are
+// compared to 1e-5 of the gradient's largest magnitude (see max_normwise_error).
 //
 // Each test makes all its collective calls before checking, so a failed check on one
 // rank cannot leave the others waiting.
@@ -86,6 +87,7 @@ std::vector<float> scaled(std::vector<float> v, float scale) {
 }
 
 struct Layer {
+  explicit Layer(ShardPlacement placement) : params(placement) {}
   ParamStore params;
   std::unique_ptr<MoeLayer> layer;
   Param& param(const std::string& name) {
@@ -96,9 +98,11 @@ struct Layer {
 };
 
 std::unique_ptr<Layer> make_layer(const config::ModelConfig& model, const config::MoeConfig& moe,
-                                  Communicator* ep) {
-  auto l = std::make_unique<Layer>();
-  l->layer = std::make_unique<MoeLayer>(l->params, kPrefix, model, moe, ep);
+                                  Communicator* ep, Communicator* tp = nullptr) {
+  ShardPlacement placement;
+  if (ep) placement = {0, 1, ep->rank(), ep->size()};
+  auto l = std::make_unique<Layer>(placement);
+  l->layer = std::make_unique<MoeLayer>(l->params, kPrefix, model, moe, ep, tp);
   l->params.allocate(cpu_device());
   return l;
 }
@@ -120,6 +124,55 @@ Result run(Layer& l, const Tensor& x, const Tensor& dy, const Tensor& aux_prob_g
   return r;
 }
 
+struct Setup {
+  config::ModelConfig model;
+  config::MoeConfig moe;
+};
+
+Setup make_setup(int experts, float capacity_factor) {
+  Setup s;
+  s.model.set_hidden_size(kHidden);
+  s.model.set_init_std(0.02f);
+  s.moe.set_num_experts(experts);
+  s.moe.set_top_k(kTopK);
+  s.moe.set_gating(config::TOPK_SOFTMAX);
+  s.moe.set_expert_ffn_hidden_size(kFfn);
+  s.moe.set_capacity_factor(capacity_factor);
+  return s;
+}
+
+// Fills the reference layer's parameters (the same on every rank: same seeds) and copies
+// the router and this rank's experts into the parallel layer.
+void share_parameters(Layer& ref, Layer& parallel, int experts, int rank, int local) {
+  // The experts compute exactly, whatever the GEMMs' summation order: tokens are
+  // positive integers and gate rows integers in [2, 3], so every gate pre-activation is
+  // at least 32, where silu(g) = g / (1 + exp(-g)) rounds to g; every product and sum
+  // after that is a small integer. Router logits are multiples of 1/8.
+  fill(ref.param("gate.weight").value,
+       scaled(random_integers<float>(experts * kHidden, 11, -2, 2), 0.125f));
+  std::vector<float> gate_up = random_integers<float>(experts * 2 * kFfn * kHidden, 12, -1, 1);
+  const std::vector<float> gates = random_integers<float>(gate_up.size(), 14, 2, 3);
+  for (size_t i = 0; i < gate_up.size(); ++i)
+    if ((i / (kFfn * kHidden)) % 2 == 0) gate_up[i] = gates[i];  // expert e's gate rows
+  fill(ref.param("experts.gate_up_proj").value, gate_up);
+  fill(ref.param("experts.down_proj").value,
+       random_integers<float>(experts * kHidden * kFfn, 13, -1, 1));
+  parallel.param("gate.weight").value.copy_from(ref.param("gate.weight").value);
+  for (const char* name : {"experts.gate_up_proj", "experts.down_proj"}) {
+    EXPECT_EQ(parallel.param(name).value.dim(0), local);
+    parallel.param(name).value.copy_from(
+        ref.param(name).value.slice_rows(rank * local, (rank + 1) * local));
+  }
+}
+
+// The expert-parallel shards of `name`'s gradient, gathered in rank order.
+std::vector<float> gathered_expert_grad(Communicator& comm, Layer& parallel, const char* name) {
+  const Tensor& shard = parallel.param(name).grad;
+  Tensor all = Tensor::empty({shard.numel() * comm.size()});
+  comm.all_gather(shard, all);
+  return values_of<float>(all);
+}
+
 // capacity_factor 0: dropless; 1: tokens beyond ceil(n * k / E) per expert are dropped.
 void check_against_reference(int experts, float capacity_factor) {
   Communicator& comm = world();
@@ -127,36 +180,13 @@ void check_against_reference(int experts, float capacity_factor) {
   const int rank = comm.rank();
   if (experts % P != 0) GTEST_SKIP() << P << " ranks do not divide " << experts << " experts";
   const int local = experts / P;
-
-  config::ModelConfig model;
-  model.set_hidden_size(kHidden);
-  model.set_init_std(0.02f);
-  config::MoeConfig moe;
-  moe.set_num_experts(experts);
-  moe.set_top_k(kTopK);
-  moe.set_gating(config::TOPK_SOFTMAX);
-  moe.set_expert_ffn_hidden_size(kFfn);
-  moe.set_capacity_factor(capacity_factor);
-
-  std::unique_ptr<Layer> ref = make_layer(model, moe, nullptr);
-  std::unique_ptr<Layer> ep = make_layer(model, moe, &comm);
-
-  // Same parameters on every rank (same seeds); router logits are multiples of 1/8.
-  fill(ref->param("gate.weight").value,
-       scaled(random_integers<float>(experts * kHidden, 11, -2, 2), 0.125f));
-  fill(ref->param("experts.gate_up_proj").value,
-       random_integers<float>(experts * 2 * kFfn * kHidden, 12, -1, 1));
-  fill(ref->param("experts.down_proj").value,
-       random_integers<float>(experts * kHidden * kFfn, 13, -1, 1));
-  ep->param("gate.weight").value.copy_from(ref->param("gate.weight").value);
-  for (const char* name : {"experts.gate_up_proj", "experts.down_proj"}) {
-    EXPECT_EQ(ep->param(name).value.dim(0), local);
-    ep->param(name).value.copy_from(
-        ref->param(name).value.slice_rows(rank * local, (rank + 1) * local));
-  }
+  const Setup setup = make_setup(experts, capacity_factor);
+  std::unique_ptr<Layer> ref = make_layer(setup.model, setup.moe, nullptr);
+  std::unique_ptr<Layer> ep = make_layer(setup.model, setup.moe, &comm);
+  share_parameters(*ref, *ep, experts, rank, local);
 
   // This rank's own tokens and output gradient.
-  Tensor x = tensor_of(random_integers<float>(kTokens * kHidden, 100 + rank, -2, 2),
+  Tensor x = tensor_of(random_integers<float>(kTokens * kHidden, 100 + rank, 1, 2),
                        {kTokens, kHidden});
   Tensor dy = tensor_of(random_integers<float>(kTokens * kHidden, 200 + rank, -2, 2),
                         {kTokens, kHidden});
@@ -170,10 +200,7 @@ void check_against_reference(int experts, float capacity_factor) {
   // sum over ranks of every rank's reference gradients for all experts.
   std::vector<std::vector<float>> gathered, summed;
   for (const char* name : {"experts.gate_up_proj", "experts.down_proj"}) {
-    const Tensor& shard = ep->param(name).grad;
-    Tensor all = Tensor::empty({shard.numel() * P});
-    comm.all_gather(shard, all);
-    gathered.push_back(values_of<float>(all));
+    gathered.push_back(gathered_expert_grad(comm, *ep, name));
     Tensor ref_grad = Tensor::empty(ref->param(name).grad.shape());
     ref_grad.copy_from(ref->param(name).grad);
     comm.all_reduce_sum(ref_grad);
@@ -210,6 +237,56 @@ void check_against_reference(int experts, float capacity_factor) {
   }
 }
 
+// Tensor and expert parallelism over the world: every rank holds the same P x kTokens
+// tokens and routes kTokens of them; the reference routes all of them at once.
+void check_tensor_parallel_against_reference(int experts, float capacity_factor) {
+  Communicator& comm = world();
+  const int P = comm.size();
+  const int rank = comm.rank();
+  if (experts % P != 0) GTEST_SKIP() << P << " ranks do not divide " << experts << " experts";
+  const Setup setup = make_setup(experts, capacity_factor);
+  std::unique_ptr<Layer> ref = make_layer(setup.model, setup.moe, nullptr);
+  std::unique_ptr<Layer> tp = make_layer(setup.model, setup.moe, &comm, &comm);
+  share_parameters(*ref, *tp, experts, rank, experts / P);
+
+  const int64_t tokens = kTokens * P;
+  Tensor x = tensor_of(random_integers<float>(tokens * kHidden, 400, 1, 2), {tokens, kHidden});
+  Tensor dy = tensor_of(random_integers<float>(tokens * kHidden, 500, -2, 2), {tokens, kHidden});
+  Tensor aux_prob_grad =
+      tensor_of(scaled(random_integers<float>(experts, 600, -4, 4), 1.0f / 64), {experts});
+  const Result want = run(*ref, x, dy, aux_prob_grad, experts);
+  const Result got = run(*tp, x, dy, aux_prob_grad, experts);
+  std::vector<std::vector<float>> gathered;
+  for (const char* name : {"experts.gate_up_proj", "experts.down_proj"})
+    gathered.push_back(gathered_expert_grad(comm, *tp, name));
+  // All collectives are done; checks only from here on.
+
+  ASSERT_EQ(got.y.size(), want.y.size());
+  EXPECT_TRUE(any_nonzero(want.y));
+  for (size_t i = 0; i < want.y.size(); ++i)
+    EXPECT_EQ(got.y[i], want.y[i]) << "rank " << rank << " y[" << i << "]";
+  EXPECT_EQ(got.stats.selections_per_expert, want.stats.selections_per_expert);
+  EXPECT_LE(max_relative_error(got.stats.prob_sum_per_expert, want.stats.prob_sum_per_expert),
+            1e-6);
+  EXPECT_NEAR(got.stats.z_loss, want.stats.z_loss, 1e-6 * want.stats.z_loss);
+  EXPECT_EQ(got.stats.layers[0].tokens, tokens);
+  EXPECT_EQ(got.stats.dropped_assignments, want.stats.dropped_assignments);
+  if (capacity_factor > 0) EXPECT_GT(want.stats.dropped_assignments, 0);
+
+  EXPECT_TRUE(any_nonzero(want.dx));
+  EXPECT_LE(max_relative_error(got.dx, want.dx), 1e-5) << "dx";
+  const std::vector<float> router_want = values_of<float>(ref->param("gate.weight").grad);
+  EXPECT_TRUE(any_nonzero(router_want));
+  EXPECT_LE(max_normwise_error(values_of<float>(tp->param("gate.weight").grad), router_want), 1e-5)
+      << "router grad";
+  const char* names[] = {"experts.gate_up_proj", "experts.down_proj"};
+  for (size_t i = 0; i < gathered.size(); ++i) {
+    const std::vector<float> want_grad = values_of<float>(ref->param(names[i]).grad);
+    EXPECT_TRUE(any_nonzero(want_grad)) << names[i];
+    EXPECT_LE(max_normwise_error(gathered[i], want_grad), 1e-5) << names[i] << " grad";
+  }
+}
+
 TEST(MoeDispatchTest, DroplessMatchesSingleProcessReference) { check_against_reference(8, 0.0f); }
 
 TEST(MoeDispatchTest, CapacityDropsMatchSingleProcessReference) {
@@ -217,6 +294,14 @@ TEST(MoeDispatchTest, CapacityDropsMatchSingleProcessReference) {
 }
 
 TEST(MoeDispatchTest, FourExpertsMatchSingleProcessReference) { check_against_reference(4, 0.0f); }
+
+TEST(MoeDispatchTest, TensorParallelDroplessMatchesSingleProcessReference) {
+  check_tensor_parallel_against_reference(8, 0.0f);
+}
+
+TEST(MoeDispatchTest, TensorParallelCapacityMatchesSingleProcessReference) {
+  check_tensor_parallel_against_reference(8, 1.0f);
+}
 
 }  // namespace
 }  // namespace switchyard

