@@ -1,5 +1,7 @@
 #include "engine/parallel/communicator.h"
 
+#include <chrono>
+
 namespace switchyard {
 namespace {
 
@@ -66,7 +68,10 @@ void Communicator::all_to_all_v(const Tensor& send, const std::vector<int64_t>& 
       "all_to_all_v needs one row count per rank");
   SY_CHECK_MSG(sum_of(send_rows) == send.rows(), "send_rows do not add up to send's rows");
   SY_CHECK_MSG(sum_of(recv_rows) == recv.rows(), "recv_rows do not add up to recv's rows");
+  const auto start = std::chrono::steady_clock::now();
   all_to_all_v_impl(send, send_rows, recv, recv_rows);
+  all_to_all_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 std::vector<int64_t> Communicator::all_to_all_counts(const std::vector<int64_t>& send_counts) {

@@ -61,6 +61,10 @@ class Communicator {
   // Returns once every rank of the group has called it.
   virtual void barrier() = 0;
 
+  // Wall-clock seconds this process has spent inside all_to_all_v, waiting included:
+  // the cost of expert-parallel dispatch as the step sees it.
+  double all_to_all_seconds() const { return all_to_all_seconds_; }
+
  protected:
   // The public methods check their arguments, then call these.
   virtual void all_reduce_sum_f32(float* values, int64_t n) = 0;
@@ -72,6 +76,9 @@ class Communicator {
                                  Tensor& recv, const std::vector<int64_t>& recv_rows) = 0;
   virtual std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& send_counts) = 0;
   virtual void broadcast_impl(Tensor& tensor, int root) = 0;
+
+ private:
+  double all_to_all_seconds_ = 0;
 };
 
 }  // namespace switchyard

@@ -338,6 +338,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   auto window_start = start;
   int64_t window_steps = 0;
   double dropped = 0, assignments = 0, worst_load = 0;
+  double window_all_to_all_s = 0;  // groups.ep's all-to-all seconds at the window start
 
   auto run_eval = [&](int64_t step) -> absl::Status {
     SY_ASSIGN_OR_RETURN(const double val, evaluate(dev, model, *val_data, recipe));
@@ -423,8 +424,15 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       m.mfu = options.peak_flops > 0
                   ? m.tokens_per_s * stats.train_flops_per_token / options.peak_flops
                   : 0;
-      m.dropped_fraction = assignments > 0 ? dropped / assignments : 0;
+      // Drops over every data-parallel replica's micro-batches (a collective: every
+      // rank logs at the same steps).
+      std::vector<double> routed = {dropped, assignments};
+      groups.dp->all_reduce_sum(routed.data(), 2);
+      m.dropped_fraction = routed[1] > 0 ? routed[0] / routed[1] : 0;
       m.worst_load_ratio = worst_load;
+      const double all_to_all_s = groups.ep->all_to_all_seconds();
+      m.all_to_all_share = window_s > 0 ? (all_to_all_s - window_all_to_all_s) / window_s : 0;
+      window_all_to_all_s = all_to_all_s;
       m.elapsed_s = elapsed_s;
       m.eta_s = elapsed_s / (step - first_step + 1) * (tc.steps() - step);
       nlohmann::ordered_json j = {
@@ -432,7 +440,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
           {"aux_loss", m.aux_loss}, {"z_loss", m.z_loss},   {"lr", m.lr},
           {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu},
           {"dropped_fraction", m.dropped_fraction}, {"worst_load_ratio", m.worst_load_ratio},
-          {"elapsed_s", m.elapsed_s}};
+          {"all_to_all_share", m.all_to_all_share}, {"elapsed_s", m.elapsed_s}};
       if (reporter) {
         metrics << j.dump() << "\n" << std::flush;
         for (const auto& [key, value] : j.items())
