@@ -1,12 +1,24 @@
 #include "kernels/embedding.h"
 
+#include <cstdint>
+
 #include "kernels/cpu/embedding.h"
+#ifdef SWITCHYARD_WITH_CUDA
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/embedding.h"
+#endif
 
 namespace switchyard {
 namespace {
 
-void check_ids(const Tensor& ids, int64_t vocab) {
+void check_ids_tensor(const Tensor& ids) {
   SY_CHECK_MSG(ids.dtype() == DType::kI32 && ids.rank() == 1, "embedding: ids must be i32 (n)");
+  SY_CHECK_MSG(ids.numel() <= INT32_MAX, "embedding: too many tokens for i32 indices");
+}
+
+// Ids lie in [-1, vocab) (-1: a row another rank holds); checked here on the CPU, on the
+// device by the CUDA kernels.
+void check_id_values(const Tensor& ids, int64_t vocab) {
   const int32_t* p = ids.data<int32_t>();
   for (int64_t t = 0; t < ids.numel(); ++t) {
     SY_CHECK_MSG(p[t] >= -1 && p[t] < vocab, "embedding: token id outside the vocabulary");
@@ -16,23 +28,41 @@ void check_ids(const Tensor& ids, int64_t vocab) {
 }  // namespace
 
 void embedding_forward(Device& dev, const Tensor& ids, const Tensor& table, Tensor& out) {
-  SY_CHECK_MSG(!dev.is_cuda(), "embedding_forward: no CUDA implementation yet");
   SY_CHECK_MSG(table.rank() == 2, "embedding_forward: table must be (vocab, hidden)");
-  check_ids(ids, table.dim(0));
-  const int64_t n = ids.numel(), hidden = table.dim(1);
+  check_ids_tensor(ids);
+  const int64_t n = ids.numel(), vocab = table.dim(0), hidden = table.dim(1);
   SY_CHECK_MSG(out.numel() == n * hidden && out.dim(-1) == hidden,
                "embedding_forward: out must be (n, hidden)");
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::embedding_forward<float>(ids.data<int32_t>(), table.data<float>(), n, vocab, hidden,
+                                   out.data<float>(),
+                                   op_stream(dev, "embedding_forward", {&ids, &table, &out}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "embedding_forward: this build has no CUDA backend");
+  check_id_values(ids, vocab);
   cpu::embedding_forward<float>(ids.data<int32_t>(), table.data<float>(), n, hidden,
                                 out.data<float>());
 }
 
 void embedding_backward(Device& dev, const Tensor& ids, const Tensor& dout, Tensor& dtable) {
-  SY_CHECK_MSG(!dev.is_cuda(), "embedding_backward: no CUDA implementation yet");
   SY_CHECK_MSG(dtable.rank() == 2, "embedding_backward: dtable must be (vocab, hidden)");
-  check_ids(ids, dtable.dim(0));
-  const int64_t n = ids.numel(), hidden = dtable.dim(1);
+  check_ids_tensor(ids);
+  const int64_t n = ids.numel(), vocab = dtable.dim(0), hidden = dtable.dim(1);
   SY_CHECK_MSG(dout.numel() == n * hidden && dout.dim(-1) == hidden,
                "embedding_backward: dout must be (n, hidden)");
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::embedding_backward<float>(ids.data<int32_t>(), dout.data<float>(), n, vocab, hidden,
+                                    dtable.data<float>(),
+                                    op_stream(dev, "embedding_backward", {&ids, &dout, &dtable}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "embedding_backward: this build has no CUDA backend");
+  check_id_values(ids, vocab);
   cpu::embedding_backward<float>(ids.data<int32_t>(), dout.data<float>(), n, hidden,
                                  dtable.data<float>());
 }

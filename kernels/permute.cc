@@ -1,12 +1,17 @@
 #include "kernels/permute.h"
 
 #include "kernels/cpu/permute.h"
+#ifdef SWITCHYARD_WITH_CUDA
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/permute.h"
+#endif
 
 namespace switchyard {
 namespace {
 
 // Every dest row is -1 (dropped) or a row of the permuted buffer; checked here so a
-// bad plan fails loudly instead of writing out of bounds.
+// bad plan fails loudly instead of writing out of bounds. (The CUDA kernels check the
+// rows they read on the device.)
 void check_dest_rows(const Tensor& dest_rows, int64_t permuted_rows, const char* message) {
   const int32_t* dest = dest_rows.data<int32_t>();
   for (int64_t a = 0; a < dest_rows.numel(); ++a) {
@@ -16,9 +21,12 @@ void check_dest_rows(const Tensor& dest_rows, int64_t permuted_rows, const char*
 
 }  // namespace
 
+// On CUDA, expert_ids, weights and dest_rows are device tensors; tokens_per_expert may be
+// a device tensor or a host one. A host one is filled before the call returns (waiting for
+// the plan), since the caller needs the counts to size the permuted buffer and as the
+// grouped GEMMs' host group sizes.
 void permute_plan(Device& dev, const Tensor& expert_ids, const Tensor& weights, int num_experts,
                   int64_t capacity, Tensor& tokens_per_expert, Tensor& dest_rows) {
-  SY_CHECK_MSG(!dev.is_cuda(), "permute_plan: no CUDA implementation yet");
   SY_CHECK_MSG(expert_ids.rank() == 2, "permute_plan: expert_ids must be (n, k)");
   SY_CHECK_MSG(weights.shape() == expert_ids.shape(), "permute_plan: weights must be (n, k)");
   SY_CHECK_MSG(num_experts >= 1, "permute_plan: num_experts must be positive");
@@ -26,55 +34,98 @@ void permute_plan(Device& dev, const Tensor& expert_ids, const Tensor& weights, 
                "permute_plan: tokens_per_expert must be (E)");
   SY_CHECK_MSG(dest_rows.shape() == expert_ids.shape(), "permute_plan: dest_rows must be (n, k)");
   SY_CHECK_MSG(expert_ids.numel() <= INT32_MAX, "permute_plan: too many assignments for i32 rows");
+  const int64_t n = expert_ids.dim(0);
+  const int k = static_cast<int>(expert_ids.dim(1));
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    const bool counts_on_host = !tokens_per_expert.device().is_cuda();
+    Tensor counts = counts_on_host
+                        ? Tensor::empty({num_experts}, DType::kI32, MemoryKind::kOther, dev)
+                        : tokens_per_expert;
+    cuda::permute_plan(
+        expert_ids.data<int32_t>(), weights.data<float>(), n, k, num_experts, capacity,
+        counts.data<int32_t>(), dest_rows.data<int32_t>(),
+        op_stream(dev, "permute_plan", {&expert_ids, &weights, &counts, &dest_rows}));
+    if (counts_on_host)
+      cuda_copy_to_host(dev, tokens_per_expert.raw_data(), counts.raw_data(), counts.nbytes());
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "permute_plan: this build has no CUDA backend");
   const int32_t* ids = expert_ids.data<int32_t>();
   for (int64_t a = 0; a < expert_ids.numel(); ++a) {
     SY_CHECK_MSG(ids[a] >= -1 && ids[a] < num_experts, "permute_plan: expert id out of range");
   }
-  cpu::permute_plan(ids, weights.data<float>(), expert_ids.dim(0),
-                    static_cast<int>(expert_ids.dim(1)), num_experts, capacity,
+  cpu::permute_plan(ids, weights.data<float>(), n, k, num_experts, capacity,
                     tokens_per_expert.data<int32_t>(), dest_rows.data<int32_t>());
 }
 
 void permute_gather(Device& dev, const Tensor& x, const Tensor& dest_rows, Tensor& xp) {
-  SY_CHECK_MSG(!dev.is_cuda(), "permute_gather: no CUDA implementation yet");
   SY_CHECK_MSG(x.rank() == 2, "permute_gather: x must be (n, H)");
   SY_CHECK_MSG(dest_rows.rank() == 2 && dest_rows.dim(0) == x.dim(0),
                "permute_gather: dest_rows must be (n, k)");
   SY_CHECK_MSG(xp.rank() == 2 && xp.dim(1) == x.dim(1), "permute_gather: xp must be (R, H)");
+  const int k = static_cast<int>(dest_rows.dim(1));
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::permute_gather(x.data<float>(), dest_rows.data<int32_t>(), xp.data<float>(), x.dim(0), k,
+                         x.dim(1), xp.dim(0),
+                         op_stream(dev, "permute_gather", {&x, &dest_rows, &xp}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "permute_gather: this build has no CUDA backend");
   check_dest_rows(dest_rows, xp.dim(0), "permute_gather: dest row outside xp");
-  cpu::permute_gather(x.data<float>(), dest_rows.data<int32_t>(), xp.data<float>(), x.dim(0),
-                      static_cast<int>(dest_rows.dim(1)), x.dim(1));
+  cpu::permute_gather(x.data<float>(), dest_rows.data<int32_t>(), xp.data<float>(), x.dim(0), k,
+                      x.dim(1));
 }
 
 void permute_gather_backward(Device& dev, const Tensor& dxp, const Tensor& dest_rows, Tensor& dx) {
-  SY_CHECK_MSG(!dev.is_cuda(), "permute_gather_backward: no CUDA implementation yet");
   SY_CHECK_MSG(dx.rank() == 2, "permute_gather_backward: dx must be (n, H)");
   SY_CHECK_MSG(dest_rows.rank() == 2 && dest_rows.dim(0) == dx.dim(0),
                "permute_gather_backward: dest_rows must be (n, k)");
   SY_CHECK_MSG(dxp.rank() == 2 && dxp.dim(1) == dx.dim(1),
                "permute_gather_backward: dxp must be (R, H)");
+  const int k = static_cast<int>(dest_rows.dim(1));
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::permute_gather_backward(
+        dxp.data<float>(), dest_rows.data<int32_t>(), dx.data<float>(), dx.dim(0), k, dx.dim(1),
+        dxp.dim(0), op_stream(dev, "permute_gather_backward", {&dxp, &dest_rows, &dx}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "permute_gather_backward: this build has no CUDA backend");
   check_dest_rows(dest_rows, dxp.dim(0), "permute_gather_backward: dest row outside dxp");
   cpu::permute_gather_backward(dxp.data<float>(), dest_rows.data<int32_t>(), dx.data<float>(),
-                               dx.dim(0), static_cast<int>(dest_rows.dim(1)), dx.dim(1));
+                               dx.dim(0), k, dx.dim(1));
 }
 
 void unpermute_combine(Device& dev, const Tensor& yp, const Tensor& dest_rows,
                        const Tensor& weights, Tensor& y) {
-  SY_CHECK_MSG(!dev.is_cuda(), "unpermute_combine: no CUDA implementation yet");
   SY_CHECK_MSG(y.rank() == 2, "unpermute_combine: y must be (n, H)");
   SY_CHECK_MSG(dest_rows.rank() == 2 && dest_rows.dim(0) == y.dim(0),
                "unpermute_combine: dest_rows must be (n, k)");
   SY_CHECK_MSG(weights.shape() == dest_rows.shape(), "unpermute_combine: weights must be (n, k)");
   SY_CHECK_MSG(yp.rank() == 2 && yp.dim(1) == y.dim(1), "unpermute_combine: yp must be (R, H)");
+  const int k = static_cast<int>(dest_rows.dim(1));
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::unpermute_combine(yp.data<float>(), dest_rows.data<int32_t>(), weights.data<float>(),
+                            y.data<float>(), y.dim(0), k, y.dim(1), yp.dim(0),
+                            op_stream(dev, "unpermute_combine", {&yp, &dest_rows, &weights, &y}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "unpermute_combine: this build has no CUDA backend");
   check_dest_rows(dest_rows, yp.dim(0), "unpermute_combine: dest row outside yp");
   cpu::unpermute_combine(yp.data<float>(), dest_rows.data<int32_t>(), weights.data<float>(),
-                         y.data<float>(), y.dim(0), static_cast<int>(dest_rows.dim(1)), y.dim(1));
+                         y.data<float>(), y.dim(0), k, y.dim(1));
 }
 
 void unpermute_combine_backward(Device& dev, const Tensor& dy, const Tensor& yp,
                                 const Tensor& dest_rows, const Tensor& weights, Tensor& dyp,
                                 Tensor& dweights) {
-  SY_CHECK_MSG(!dev.is_cuda(), "unpermute_combine_backward: no CUDA implementation yet");
   SY_CHECK_MSG(dy.rank() == 2, "unpermute_combine_backward: dy must be (n, H)");
   SY_CHECK_MSG(dest_rows.rank() == 2 && dest_rows.dim(0) == dy.dim(0),
                "unpermute_combine_backward: dest_rows must be (n, k)");
@@ -85,11 +136,22 @@ void unpermute_combine_backward(Device& dev, const Tensor& dy, const Tensor& yp,
   SY_CHECK_MSG(yp.rank() == 2 && yp.dim(1) == dy.dim(1),
                "unpermute_combine_backward: yp must be (R, H)");
   SY_CHECK_MSG(dyp.shape() == yp.shape(), "unpermute_combine_backward: dyp must be (R, H)");
+  const int k = static_cast<int>(dest_rows.dim(1));
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::unpermute_combine_backward(dy.data<float>(), yp.data<float>(), dest_rows.data<int32_t>(),
+                                     weights.data<float>(), dyp.data<float>(),
+                                     dweights.data<float>(), dy.dim(0), k, dy.dim(1), yp.dim(0),
+                                     op_stream(dev, "unpermute_combine_backward",
+                                               {&dy, &yp, &dest_rows, &weights, &dyp, &dweights}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "unpermute_combine_backward: this build has no CUDA backend");
   check_dest_rows(dest_rows, yp.dim(0), "unpermute_combine_backward: dest row outside yp");
   cpu::unpermute_combine_backward(dy.data<float>(), yp.data<float>(), dest_rows.data<int32_t>(),
                                   weights.data<float>(), dyp.data<float>(), dweights.data<float>(),
-                                  dy.dim(0), static_cast<int>(dest_rows.dim(1)), dy.dim(1),
-                                  yp.dim(0));
+                                  dy.dim(0), k, dy.dim(1), yp.dim(0));
 }
 
 }  // namespace switchyard

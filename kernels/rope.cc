@@ -1,6 +1,10 @@
 #include "kernels/rope.h"
 
 #include "kernels/cpu/rope.h"
+#ifdef SWITCHYARD_WITH_CUDA
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/rope.h"
+#endif
 
 namespace switchyard {
 namespace {
@@ -23,16 +27,31 @@ Tensor rope_table(int64_t seq, int64_t head_dim, float theta) {
   return table;
 }
 
+// On CUDA the table must be on the device too (a copy of rope_table's host tensor).
 void rope_forward(Device& dev, const Tensor& table, Tensor& x) {
-  SY_CHECK_MSG(!dev.is_cuda(), "rope_forward: no CUDA implementation yet");
   check_rope_operands("rope_forward: x must be f32 (batch, seq, heads, head_dim)", table, x);
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::rope_rotate<float>(table.data<float>(), x.data<float>(), x.dim(0), x.dim(1), x.dim(2),
+                             x.dim(3), false, op_stream(dev, "rope_forward", {&table, &x}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "rope_forward: this build has no CUDA backend");
   cpu::rope_forward<float>(table.data<float>(), x.data<float>(), x.dim(0), x.dim(1), x.dim(2),
                            x.dim(3));
 }
 
 void rope_backward(Device& dev, const Tensor& table, Tensor& dx) {
-  SY_CHECK_MSG(!dev.is_cuda(), "rope_backward: no CUDA implementation yet");
   check_rope_operands("rope_backward: dx must be f32 (batch, seq, heads, head_dim)", table, dx);
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::rope_rotate<float>(table.data<float>(), dx.data<float>(), dx.dim(0), dx.dim(1), dx.dim(2),
+                             dx.dim(3), true, op_stream(dev, "rope_backward", {&table, &dx}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "rope_backward: this build has no CUDA backend");
   cpu::rope_backward<float>(table.data<float>(), dx.data<float>(), dx.dim(0), dx.dim(1), dx.dim(2),
                             dx.dim(3));
 }

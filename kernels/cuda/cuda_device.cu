@@ -1,19 +1,9 @@
 #include "kernels/cuda/cuda_device.h"
 
-#include <cuda_runtime.h>
-
-#include <cstdio>
+#include <cstdint>
 #include <new>
 
-#include "engine/runtime/check.h"
-
-#define SY_CUDA_CHECK(expr)                                                             \
-  do {                                                                                  \
-    cudaError_t sy_err_ = (expr);                                                       \
-    if (sy_err_ != cudaSuccess)                                                         \
-      ::switchyard::internal::check_failed(__FILE__, __LINE__, #expr,                   \
-                                           cudaGetErrorString(sy_err_));                \
-  } while (0)
+#include "kernels/cuda/cuda_check.h"
 
 namespace switchyard {
 
@@ -28,6 +18,13 @@ int cuda_device_count() {
 
 CudaDevice::CudaDevice(int index) : index_(index) { SY_CUDA_CHECK(cudaSetDevice(index)); }
 
+CudaDevice::~CudaDevice() {
+  if (!stream_) return;
+  SY_CUDA_CHECK(cudaSetDevice(index_));
+  if (cublas_) SY_CUBLAS_CHECK(cublasDestroy(cublas_));
+  SY_CUDA_CHECK(cudaStreamDestroy(stream_));
+}
+
 std::string CudaDevice::name() const { return "cuda:" + std::to_string(index_); }
 
 void CudaDevice::synchronize() {
@@ -35,23 +32,77 @@ void CudaDevice::synchronize() {
   SY_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+cudaStream_t CudaDevice::stream() {
+  SY_CUDA_CHECK(cudaSetDevice(index_));
+  if (!stream_) {
+    SY_CUDA_CHECK(cudaStreamCreate(&stream_));
+    // Kernels take their scratch from the device's default pool (cudaMallocAsync); keep
+    // freed blocks there instead of returning them to the driver at every synchronise.
+    cudaMemPool_t pool = nullptr;
+    SY_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
+    uint64_t keep_all = UINT64_MAX;
+    SY_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  }
+  return stream_;
+}
+
+cublasHandle_t CudaDevice::cublas() {
+  cudaStream_t s = stream();
+  if (!cublas_) {
+    SY_CUBLAS_CHECK(cublasCreate(&cublas_));
+    SY_CUBLAS_CHECK(cublasSetStream(cublas_, s));
+  }
+  return cublas_;
+}
+
 void* CudaDevice::raw_allocate(size_t bytes) {
   void* ptr = nullptr;
   SY_CUDA_CHECK(cudaSetDevice(index_));
-  if (cudaMalloc(&ptr, bytes == 0 ? 1 : bytes) != cudaSuccess) throw std::bad_alloc();
+  if (cudaMalloc(&ptr, bytes == 0 ? 1 : bytes) != cudaSuccess) {
+    cudaGetLastError();  // out of memory is reported as bad_alloc, not left sticky
+    throw std::bad_alloc();
+  }
   return ptr;
 }
 
 void CudaDevice::raw_deallocate(void* ptr) { SY_CUDA_CHECK(cudaFree(ptr)); }
 
+CudaDevice& as_cuda(Device& device) {
+  SY_CHECK_MSG(device.is_cuda(), "expected a CUDA device");
+  return static_cast<CudaDevice&>(device);
+}
+
+cudaStream_t op_stream(Device& device, const char* op,
+                       std::initializer_list<const Tensor*> tensors) {
+  CudaDevice& cuda = as_cuda(device);
+  for (const Tensor* t : tensors) {
+    if (!t->device().is_cuda() || t->device().index() != cuda.index()) {
+      const std::string message = std::string(op) + ": a tensor is on " + t->device().name() +
+                                  ", not on the op's device " + cuda.name();
+      internal::check_failed(__FILE__, __LINE__, "tensor.device() == device", message.c_str());
+    }
+  }
+  return cuda.stream();
+}
+
+cublasHandle_t op_cublas(Device& device, const char* op,
+                         std::initializer_list<const Tensor*> tensors) {
+  op_stream(device, op, tensors);
+  return as_cuda(device).cublas();
+}
+
 void cuda_copy_to_device(Device& device, void* dst, const void* src, size_t bytes) {
-  SY_CUDA_CHECK(cudaSetDevice(device.index()));
-  SY_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  if (bytes == 0) return;
+  cudaStream_t stream = as_cuda(device).stream();
+  SY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+  SY_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void cuda_copy_to_host(Device& device, void* dst, const void* src, size_t bytes) {
-  SY_CUDA_CHECK(cudaSetDevice(device.index()));
-  SY_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  if (bytes == 0) return;
+  cudaStream_t stream = as_cuda(device).stream();
+  SY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+  SY_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace switchyard

@@ -1,11 +1,16 @@
-// The CUDA device: allocation through the CUDA runtime. Only compiled when the build
-// has CUDA (SWITCHYARD_CUDA=ON).
+// The CUDA device: allocation through the CUDA runtime, the stream every op runs on and
+// the cuBLAS handle bound to it. Only compiled when the build has CUDA
+// (SWITCHYARD_CUDA=ON).
 #pragma once
 
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <initializer_list>
 #include <string>
 
-#include "absl/status/statusor.h"
 #include "engine/runtime/device.h"
+#include "engine/runtime/tensor.h"
 
 namespace switchyard {
 
@@ -15,10 +20,22 @@ int cuda_device_count();
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int index);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
   DeviceType type() const override { return DeviceType::kCuda; }
   int index() const override { return index_; }
   std::string name() const override;
   void synchronize() override;
+
+  // The stream all ops on this device run on, in issue order; made current with the
+  // device on every call and created on the first. It is a blocking stream: work on the
+  // legacy default stream (a plain cudaMemcpy, cudaMemset) stays ordered with it.
+  cudaStream_t stream();
+  // cuBLAS handle on stream(), created on the first call. Its default math mode with
+  // CUBLAS_COMPUTE_32F gives full fp32 products (no TF32).
+  cublasHandle_t cublas();
 
  protected:
   void* raw_allocate(size_t bytes) override;
@@ -26,9 +43,23 @@ class CudaDevice final : public Device {
 
  private:
   int index_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
 };
 
-// Copies between host memory and device memory of `device` (blocking).
+// `device` as the CUDA device it must be.
+CudaDevice& as_cuda(Device& device);
+
+// The stream op `op` runs on, after checking that every tensor it reads or writes lives
+// on `device`: ops never move data between devices behind the caller's back.
+cudaStream_t op_stream(Device& device, const char* op,
+                       std::initializer_list<const Tensor*> tensors);
+// The same check, for ops that run through cuBLAS: the handle on that stream.
+cublasHandle_t op_cublas(Device& device, const char* op,
+                         std::initializer_list<const Tensor*> tensors);
+
+// Copies between host memory and device memory of `device`, ordered after the work
+// queued on its stream; both return once the bytes have arrived.
 void cuda_copy_to_device(Device& device, void* dst, const void* src, size_t bytes);
 void cuda_copy_to_host(Device& device, void* dst, const void* src, size_t bytes);
 

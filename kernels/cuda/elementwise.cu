@@ -1,0 +1,157 @@
+#include "kernels/cuda/elementwise.h"
+
+#include "kernels/cuda/block_reduce.cuh"
+#include "kernels/cuda/column_sum.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/scratch.h"
+
+namespace switchyard::cuda {
+namespace {
+
+// Partial sums of squares: a fixed number of blocks, so the order of the sum is fixed.
+constexpr int kSumBlocks = 1024;
+
+template <typename T>
+__global__ void add_kernel(T* y, const T* x, float alpha, int64_t n) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride())
+    y[i] = static_cast<T>(static_cast<float>(y[i]) + alpha * static_cast<float>(x[i]));
+}
+
+template <typename T>
+__global__ void scale_kernel(T* x, float alpha, int64_t n) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride())
+    x[i] = static_cast<T>(static_cast<float>(x[i]) * alpha);
+}
+
+template <typename T>
+__global__ void add_bias_kernel(T* y, const T* bias, int64_t rows, int64_t n) {
+  for (int64_t i = grid_start(); i < rows * n; i += grid_stride())
+    y[i] = static_cast<T>(static_cast<float>(y[i]) + static_cast<float>(bias[i % n]));
+}
+
+template <typename T>
+struct ElementTerm {
+  const T* dy;
+  int64_t n;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    return static_cast<float>(dy[r * n + c]);
+  }
+};
+
+template <typename T>
+__global__ void sum_squares_partial_kernel(const T* x, int64_t n, double* partial) {
+  double sum = 0.0;
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    const double v = static_cast<double>(static_cast<float>(x[i]));
+    sum += v * v;
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+__global__ void sum_partials_kernel(const double* partial, int count, double* total) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) *total = sum;
+}
+
+template <typename T>
+__global__ void sigmoid_gate_forward_kernel(const T* x, const T* g, T* y, int64_t rows, int64_t n) {
+  for (int64_t i = grid_start(); i < rows * n; i += grid_stride()) {
+    const float s = sigmoid(static_cast<float>(g[i / n]));
+    y[i] = static_cast<T>(static_cast<float>(y[i]) + s * static_cast<float>(x[i]));
+  }
+}
+
+// One block per row: dx is elementwise, dg needs the row's dot product.
+template <typename T>
+__global__ void sigmoid_gate_backward_kernel(const T* dy, const T* x, const T* g, T* dx, T* dg,
+                                             int64_t rows, int64_t n) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float s = sigmoid(static_cast<float>(g[r]));
+    float dot = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float d = static_cast<float>(dy[r * n + i]);
+      dx[r * n + i] = static_cast<T>(s * d);
+      dot += d * static_cast<float>(x[r * n + i]);
+    }
+    dot = block_sum(dot);
+    if (threadIdx.x == 0) dg[r] = static_cast<T>(s * (1.0f - s) * dot);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void add(T* y, const T* x, float alpha, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_kernel<<<grid_blocks(n), kThreads, 0, stream>>>(y, x, alpha, n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void scale(T* x, float alpha, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_kernel<<<grid_blocks(n), kThreads, 0, stream>>>(x, alpha, n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void add_bias(T* y, const T* bias, int64_t rows, int64_t n, cudaStream_t stream) {
+  if (rows * n == 0) return;
+  add_bias_kernel<<<grid_blocks(rows * n), kThreads, 0, stream>>>(y, bias, rows, n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void bias_backward(const T* dy, T* dbias, int64_t rows, int64_t n, cudaStream_t stream) {
+  column_sums_accumulate(rows, n, ElementTerm<T>{dy, n}, dbias, stream);
+}
+
+template <typename T>
+double sum_squares(const T* x, int64_t n, cudaStream_t stream) {
+  if (n == 0) return 0.0;
+  Scratch<double> partial(kSumBlocks + 1, stream);
+  double* total = partial.get() + kSumBlocks;
+  sum_squares_partial_kernel<<<kSumBlocks, kThreads, 0, stream>>>(x, n, partial.get());
+  SY_CUDA_CHECK_LAUNCH();
+  sum_partials_kernel<<<1, kThreads, 0, stream>>>(partial.get(), kSumBlocks, total);
+  SY_CUDA_CHECK_LAUNCH();
+  double host_total = 0.0;
+  SY_CUDA_CHECK(
+      cudaMemcpyAsync(&host_total, total, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  SY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host_total;
+}
+
+template <typename T>
+void sigmoid_gate_forward(const T* x, const T* g, T* y, int64_t rows, int64_t n,
+                          cudaStream_t stream) {
+  if (rows * n == 0) return;
+  sigmoid_gate_forward_kernel<<<grid_blocks(rows * n), kThreads, 0, stream>>>(x, g, y, rows, n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void sigmoid_gate_backward(const T* dy, const T* x, const T* g, T* dx, T* dg, int64_t rows,
+                           int64_t n, cudaStream_t stream) {
+  if (rows == 0) return;
+  sigmoid_gate_backward_kernel<<<grid_blocks(rows, 1), kThreads, 0, stream>>>(dy, x, g, dx, dg,
+                                                                              rows, n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+template void add<float>(float*, const float*, float, int64_t, cudaStream_t);
+template void scale<float>(float*, float, int64_t, cudaStream_t);
+template void add_bias<float>(float*, const float*, int64_t, int64_t, cudaStream_t);
+template void bias_backward<float>(const float*, float*, int64_t, int64_t, cudaStream_t);
+template double sum_squares<float>(const float*, int64_t, cudaStream_t);
+template void sigmoid_gate_forward<float>(const float*, const float*, float*, int64_t, int64_t,
+                                          cudaStream_t);
+template void sigmoid_gate_backward<float>(const float*, const float*, const float*, float*, float*,
+                                           int64_t, int64_t, cudaStream_t);
+
+}  // namespace switchyard::cuda

@@ -1,0 +1,19 @@
+// CUDA SwiGLU kernels (twins of kernels/cpu/swiglu.h) on a fused gate/up row: gate in
+// [0, I), up in [I, 2I).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace switchyard::cuda {
+
+// gate_up: (rows, 2I) -> out: (rows, I) = silu(gate) * up.
+template <typename T>
+void swiglu_forward(const T* gate_up, T* out, int64_t rows, int64_t inter, cudaStream_t stream);
+// dgate_up: (rows, 2I) written.
+template <typename T>
+void swiglu_backward(const T* dout, const T* gate_up, T* dgate_up, int64_t rows, int64_t inter,
+                     cudaStream_t stream);
+
+}  // namespace switchyard::cuda

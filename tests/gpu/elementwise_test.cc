@@ -1,0 +1,104 @@
+// CUDA elementwise ops against their CPU twins.
+#include "kernels/elementwise.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::all_close;
+using testing::random_tensor;
+using testing::to_device;
+using testing::to_host;
+
+constexpr double kTol = 1e-5;
+
+TEST(ElementwiseGpu, AddAndScaleMatchCpu) {
+  CudaDevice gpu(0);
+  // The large size runs past one grid of blocks, through the grid-stride loop.
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000003}, (int64_t{1} << 24) + 4099}) {
+    SCOPED_TRACE(n);
+    Tensor y = random_tensor({n}, 1);
+    const Tensor x = random_tensor({n}, 2);
+    Tensor gy = to_device(gpu, y);
+    add_(gpu, gy, to_device(gpu, x), 0.37f);
+    add_(cpu_device(), y, x, 0.37f);
+    EXPECT_TRUE(all_close(gy, y, kTol));
+    scale_(gpu, gy, -1.7f);
+    scale_(cpu_device(), y, -1.7f);
+    EXPECT_TRUE(all_close(gy, y, kTol));
+  }
+}
+
+TEST(ElementwiseGpu, BiasAndItsGradientMatchCpu) {
+  CudaDevice gpu(0);
+  // Row counts around the column-sum chunking: one row, a partial chunk, many chunks.
+  for (int64_t rows : {0, 1, 33, 1000, 70001}) {
+    SCOPED_TRACE(rows);
+    const int64_t n = 77;
+    Tensor y = random_tensor({rows, n}, 3);
+    const Tensor bias = random_tensor({n}, 4);
+    Tensor gy = to_device(gpu, y);
+    add_bias_(gpu, gy, to_device(gpu, bias));
+    add_bias_(cpu_device(), y, bias);
+    EXPECT_TRUE(all_close(gy, y, kTol));
+
+    Tensor dbias = random_tensor({n}, 5);
+    Tensor gdbias = to_device(gpu, dbias);
+    bias_backward(gpu, to_device(gpu, y), gdbias);
+    bias_backward(cpu_device(), y, dbias);
+    EXPECT_TRUE(all_close(gdbias, dbias, kTol));
+  }
+}
+
+TEST(ElementwiseGpu, SumSquaresMatchesCpu) {
+  CudaDevice gpu(0);
+  for (int64_t n : {0, 1, 257, 5000011}) {
+    SCOPED_TRACE(n);
+    const Tensor x = random_tensor({n}, 6, -3.0, 3.0);
+    const double cpu = sum_squares(cpu_device(), x);
+    const double gpu_value = sum_squares(gpu, to_device(gpu, x));
+    EXPECT_NEAR(gpu_value, cpu, 1e-12 * std::max(1.0, cpu));
+    if (n > 0) {
+      EXPECT_GT(gpu_value, 0.0);
+    }
+  }
+}
+
+TEST(ElementwiseGpu, SigmoidGateMatchesCpu) {
+  CudaDevice gpu(0);
+  for (int64_t rows : {0, 1, 37, 300}) {
+    SCOPED_TRACE(rows);
+    const int64_t n = 129;
+    const Tensor x = random_tensor({rows, n}, 7);
+    const Tensor g = random_tensor({rows, 1}, 8, -6.0, 6.0);
+    Tensor y = random_tensor({rows, n}, 9);
+    Tensor gy = to_device(gpu, y);
+    sigmoid_gate_forward(gpu, to_device(gpu, x), to_device(gpu, g), gy);
+    sigmoid_gate_forward(cpu_device(), x, g, y);
+    EXPECT_TRUE(all_close(gy, y, kTol));
+
+    const Tensor dy = random_tensor({rows, n}, 10);
+    Tensor dx = Tensor::empty({rows, n}), dg = Tensor::empty({rows, 1});
+    sigmoid_gate_backward(cpu_device(), dy, x, g, dx, dg);
+    Tensor gdx = testing::poisoned(gpu, {rows, n}), gdg = testing::poisoned(gpu, {rows, 1});
+    sigmoid_gate_backward(gpu, to_device(gpu, dy), to_device(gpu, x), to_device(gpu, g), gdx, gdg);
+    EXPECT_TRUE(all_close(gdx, dx, kTol));
+    EXPECT_TRUE(all_close(gdg, dg, kTol));
+  }
+}
+
+TEST(ElementwiseGpuDeathTest, RejectsTensorsOffTheDevice) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the parent holds a CUDA context
+  CudaDevice gpu(0);
+  Tensor y = random_tensor({8}, 11);
+  const Tensor x = random_tensor({8}, 12);
+  EXPECT_DEATH(add_(gpu, y, x), "not on the op's device");
+}
+
+}  // namespace
+}  // namespace switchyard
+
+int main(int argc, char** argv) { return switchyard::testing::run_gpu_tests(argc, argv); }

@@ -1,0 +1,116 @@
+// CUDA router gating and z-loss against their CPU twins.
+#include "kernels/gating.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "engine/runtime/rng.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::all_close;
+using testing::all_equal;
+using testing::host_tensor;
+using testing::poisoned;
+using testing::random_tensor;
+using testing::to_device;
+
+constexpr double kTol = 1e-5;
+
+// Logits whose probabilities are far apart within a row (a shuffled ladder with steps of
+// 0.37 plus small noise), so rounding differences between the backends cannot reorder
+// the top k; then exact ties: row 0 all equal, row 1 two equal maxima.
+Tensor router_logits(int64_t n, int64_t num_experts, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> logits(n * num_experts);
+  std::vector<int> ladder(num_experts);
+  for (int64_t r = 0; r < n; ++r) {
+    std::iota(ladder.begin(), ladder.end(), 0);
+    for (int64_t e = num_experts - 1; e > 0; --e) std::swap(ladder[e], ladder[rng.below(e + 1)]);
+    for (int64_t e = 0; e < num_experts; ++e)
+      logits[r * num_experts + e] =
+          static_cast<float>(0.37 * ladder[e] - 2.0 + 0.01 * rng.uniform());
+  }
+  if (n > 0) std::fill(logits.begin(), logits.begin() + num_experts, 0.5f);
+  if (n > 1 && num_experts > 2) {
+    float* row = logits.data() + num_experts;
+    for (int64_t e = 0; e < num_experts; ++e) row[e] = -1.0f - 0.1f * static_cast<float>(e);
+    row[num_experts - 1] = row[1] = 3.0f;
+  }
+  return host_tensor({n, num_experts}, logits);
+}
+
+struct Case {
+  int64_t n;
+  int64_t experts;
+  int k;
+};
+
+TEST(GatingGpu, ForwardAndBackwardMatchCpu) {
+  CudaDevice gpu(0);
+  for (const Case c : {Case{257, 13, 3}, Case{1000, 64, 8}, Case{5, 1, 1}, Case{0, 8, 2}}) {
+    for (bool renormalize : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << c.n << " rows, " << c.experts << " experts, top-" << c.k
+                                        << (renormalize ? ", renormalized" : ""));
+      const Tensor logits = router_logits(c.n, c.experts, 1);
+      Tensor probs = Tensor::empty({c.n, c.experts});
+      Tensor ids = Tensor::empty({c.n, c.k}, DType::kI32);
+      Tensor weights = Tensor::empty({c.n, c.k});
+      gating_forward(cpu_device(), logits, c.k, renormalize, probs, ids, weights);
+      Tensor gprobs = poisoned(gpu, {c.n, c.experts});
+      Tensor gids = poisoned(gpu, {c.n, c.k}, DType::kI32);
+      Tensor gweights = poisoned(gpu, {c.n, c.k});
+      gating_forward(gpu, to_device(gpu, logits), c.k, renormalize, gprobs, gids, gweights);
+      EXPECT_TRUE(all_close(gprobs, probs, kTol));
+      EXPECT_TRUE(all_equal(gids, ids));
+      EXPECT_TRUE(all_close(gweights, weights, kTol));
+
+      const Tensor dweights = random_tensor({c.n, c.k}, 2);
+      Tensor dlogits = Tensor::empty({c.n, c.experts});
+      gating_backward(cpu_device(), probs, ids, dweights, renormalize, dlogits);
+      Tensor gdlogits = poisoned(gpu, {c.n, c.experts});
+      gating_backward(gpu, to_device(gpu, probs), to_device(gpu, ids), to_device(gpu, dweights),
+                      renormalize, gdlogits);
+      EXPECT_TRUE(all_close(gdlogits, dlogits, kTol));
+    }
+  }
+}
+
+TEST(GatingGpu, TiesGoToTheLowerExpert) {
+  CudaDevice gpu(0);
+  const Tensor logits = router_logits(2, 13, 3);
+  Tensor gprobs = poisoned(gpu, {2, 13});
+  Tensor gids = poisoned(gpu, {2, 3}, DType::kI32);
+  Tensor gweights = poisoned(gpu, {2, 3});
+  gating_forward(gpu, to_device(gpu, logits), 3, true, gprobs, gids, gweights);
+  EXPECT_EQ(testing::values_of<int32_t>(gids), (std::vector<int32_t>{0, 1, 2, 1, 12, 0}));
+}
+
+TEST(GatingGpu, RouterZLossMatchesCpu) {
+  CudaDevice gpu(0);
+  for (const Case c : {Case{257, 13, 0}, Case{20000, 64, 0}, Case{1, 1, 0}, Case{0, 8, 0}}) {
+    SCOPED_TRACE(::testing::Message() << c.n << " rows, " << c.experts << " experts");
+    const Tensor logits = random_tensor({c.n, c.experts}, 4, -6.0, 6.0);
+    const Tensor glogits = to_device(gpu, logits);
+    const double cpu = router_z_loss_forward(cpu_device(), logits);
+    const double gpu_value = router_z_loss_forward(gpu, glogits);
+    EXPECT_NEAR(gpu_value, cpu, kTol * std::max(1.0, std::abs(cpu)));
+    if (c.n > 0) {
+      EXPECT_GT(gpu_value, 0.0);
+    }
+
+    Tensor dlogits = random_tensor({c.n, c.experts}, 5);  // accumulated into
+    Tensor gdlogits = to_device(gpu, dlogits);
+    router_z_loss_backward(gpu, glogits, 0.25f, gdlogits);
+    router_z_loss_backward(cpu_device(), logits, 0.25f, dlogits);
+    EXPECT_TRUE(all_close(gdlogits, dlogits, kTol));
+  }
+}
+
+}  // namespace
+}  // namespace switchyard
+
+int main(int argc, char** argv) { return switchyard::testing::run_gpu_tests(argc, argv); }

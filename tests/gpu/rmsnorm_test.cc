@@ -1,0 +1,55 @@
+// CUDA RMSNorm against its CPU twin.
+#include "kernels/rmsnorm.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::all_close;
+using testing::poisoned;
+using testing::random_tensor;
+using testing::to_device;
+
+constexpr double kTol = 1e-5;
+
+struct Case {
+  int64_t rows;
+  int64_t dim;
+};
+
+TEST(RmsnormGpu, ForwardAndBackwardMatchCpu) {
+  CudaDevice gpu(0);
+  // Dims below, above and far above the block size; more rows than one grid of blocks;
+  // no rows at all.
+  for (const Case c : {Case{67, 300}, Case{3, 4099}, Case{1, 1}, Case{70001, 8}, Case{0, 16}}) {
+    SCOPED_TRACE(::testing::Message() << c.rows << " x " << c.dim);
+    const Tensor x = random_tensor({c.rows, c.dim}, 1, -2.0, 2.0);
+    const Tensor weight = random_tensor({c.dim}, 2, 0.5, 1.5);
+    const float eps = 1e-6f;
+    Tensor y = Tensor::empty({c.rows, c.dim}), rstd = Tensor::empty({c.rows});
+    rmsnorm_forward(cpu_device(), x, weight, eps, y, rstd);
+    Tensor gy = poisoned(gpu, {c.rows, c.dim}), grstd = poisoned(gpu, {c.rows});
+    rmsnorm_forward(gpu, to_device(gpu, x), to_device(gpu, weight), eps, gy, grstd);
+    EXPECT_TRUE(all_close(gy, y, kTol));
+    EXPECT_TRUE(all_close(grstd, rstd, kTol));
+
+    const Tensor dy = random_tensor({c.rows, c.dim}, 3);
+    Tensor dx = Tensor::empty({c.rows, c.dim});
+    Tensor dweight = random_tensor({c.dim}, 4);  // accumulated into
+    Tensor gdx = poisoned(gpu, {c.rows, c.dim});
+    Tensor gdweight = to_device(gpu, dweight);
+    rmsnorm_backward(gpu, to_device(gpu, dy), to_device(gpu, x), to_device(gpu, weight),
+                     to_device(gpu, rstd), gdx, gdweight);
+    rmsnorm_backward(cpu_device(), dy, x, weight, rstd, dx, dweight);
+    EXPECT_TRUE(all_close(gdx, dx, kTol));
+    EXPECT_TRUE(all_close(gdweight, dweight, kTol));
+  }
+}
+
+}  // namespace
+}  // namespace switchyard
+
+int main(int argc, char** argv) { return switchyard::testing::run_gpu_tests(argc, argv); }

@@ -1,0 +1,40 @@
+// CUDA SwiGLU against its CPU twin.
+#include "kernels/swiglu.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace switchyard {
+namespace {
+
+using testing::all_close;
+using testing::poisoned;
+using testing::random_tensor;
+using testing::to_device;
+
+TEST(SwigluGpu, ForwardAndBackwardMatchCpu) {
+  CudaDevice gpu(0);
+  for (int64_t rows : {0, 1, 37, 1000}) {
+    SCOPED_TRACE(rows);
+    const int64_t inter = 129;
+    const Tensor gate_up = random_tensor({rows, 2 * inter}, 1, -8.0, 8.0);
+    Tensor out = Tensor::empty({rows, inter});
+    swiglu_forward(cpu_device(), gate_up, out);
+    Tensor gout = poisoned(gpu, {rows, inter});
+    swiglu_forward(gpu, to_device(gpu, gate_up), gout);
+    EXPECT_TRUE(all_close(gout, out, 1e-5));
+
+    const Tensor dout = random_tensor({rows, inter}, 2);
+    Tensor dgate_up = Tensor::empty({rows, 2 * inter});
+    swiglu_backward(cpu_device(), dout, gate_up, dgate_up);
+    Tensor gdgate_up = poisoned(gpu, {rows, 2 * inter});
+    swiglu_backward(gpu, to_device(gpu, dout), to_device(gpu, gate_up), gdgate_up);
+    EXPECT_TRUE(all_close(gdgate_up, dgate_up, 1e-5));
+  }
+}
+
+}  // namespace
+}  // namespace switchyard
+
+int main(int argc, char** argv) { return switchyard::testing::run_gpu_tests(argc, argv); }
