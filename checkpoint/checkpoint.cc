@@ -65,8 +65,9 @@ absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
   H5Pset_create_intermediate_group(link_props.get(), 1);
   std::vector<checkpoint::TensorSlice> entries;
   for (const SliceToSave& s : mine) {
-    std::vector<hsize_t> dims(s.value.shape().begin(), s.value.shape().end());
-    if (dims.empty()) dims.push_back(1);
+    const Shape& shape = s.value.shape();
+    const std::vector<hsize_t> dims = shape.empty() ? std::vector<hsize_t>{1}
+                                                    : std::vector<hsize_t>(shape.begin(), shape.end());
     H5Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                    H5Sclose);
     H5Handle dataset(H5Dcreate2(h5.get(), s.key.c_str(), H5T_IEEE_F32LE, space.get(),

@@ -41,11 +41,13 @@ Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
               : nullptr) {
   const auto& m = recipe.model();
   const int64_t hidden = m.hidden_size();
+  params.begin_unit();
   embed_ = &params.add("model.embed_tokens.weight", {m.vocab_size(), hidden},
                        ShardSpec{.tensor_parallel_dim = 0}, ParamInit::kNormal, m.init_std());
   vocab_start_ = embed_->origin[0];
   for (int i = 0; i < m.num_layers(); ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    params.begin_unit();
     auto block = std::make_unique<Block>();
     block->eps = m.norm_eps();
     block->attn_norm = &params.add(prefix + "input_layernorm.weight", {hidden}, ShardSpec{},
@@ -63,6 +65,7 @@ Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
     }
     blocks_.push_back(std::move(block));
   }
+  params.begin_unit();
   final_norm_ = &params.add("model.norm.weight", {hidden}, ShardSpec{}, ParamInit::kOnes);
   lm_head_ = m.tie_embeddings()
                  ? embed_
@@ -72,6 +75,22 @@ Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
 }
 
 Transformer::~Transformer() = default;
+
+std::vector<int> Transformer::head_units() const {
+  const int last = recipe_.model().num_layers() + 1;
+  if (lm_head_ == embed_) return {0, last};
+  return {last};
+}
+
+void Transformer::acquire(const std::vector<int>& units) {
+  if (hooks_)
+    for (int u : units) hooks_->acquire(u);
+}
+
+void Transformer::release(const std::vector<int>& units) {
+  if (hooks_)
+    for (int u : units) hooks_->release(u);
+}
 
 const Tensor& Transformer::rope_for(int64_t seq) {
   if (rope_seq_ != seq) {
@@ -94,9 +113,13 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   stats_.reset(recipe_.moe().num_experts(), recipe_.moe().top_k());
 
   Tensor x = activation(dev, {n, hidden});
+  acquire({0});
   embedding_forward(dev, ids_, embed_->value, x);
+  release({0});
   if (tp_) tp_->all_reduce_sum(x);
+  int unit = 0;
   for (auto& b : blocks_) {
+    acquire({++unit});
     b->x = x;
     b->attn_in = activation(dev, {n, hidden});
     b->attn_rstd = activation(dev, {n});
@@ -111,13 +134,17 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
                       : b->dense->forward(dev, b->ffn_in);
     add_(dev, f, h);
     x = f;
+    release({unit});
   }
+  const std::vector<int> head = head_units();
+  acquire(head);
   final_in_ = x;
   final_out_ = activation(dev, {n, hidden});
   final_rstd_ = activation(dev, {n});
   rmsnorm_forward(dev, x, final_norm_->value, recipe_.model().norm_eps(), final_out_, final_rstd_);
   logits_ = activation(dev, {n, vocab});
   matmul(dev, final_out_, false, lm_head_->value, true, logits_);
+  release(head);
   if (logits_out) {
     *logits_out = tp_ ? gather_shards(*tp_, logits_, 1) : activation(dev, {n, vocab});
     if (!tp_) logits_out->copy_from(logits_);
@@ -202,6 +229,10 @@ void Transformer::backward(Device& dev, float loss_scale) {
   const int64_t hidden = recipe_.model().hidden_size();
   const Tensor& rope = rope_for(seq_);
 
+  const std::vector<int> head = head_units();
+  acquire(head);
+  if (hooks_)
+    for (int u : head) hooks_->begin_grads(u);
   // The logits buffer becomes its own gradient.
   const float ce_scale = target_tokens_ ? loss_scale / static_cast<float>(target_tokens_) : 0.0f;
   cross_entropy_backward(dev, logits_, targets_, lse_, ce_scale, logits_,
@@ -216,14 +247,21 @@ void Transformer::backward(Device& dev, float loss_scale) {
   rmsnorm_backward(dev, dfinal, final_in_, final_norm_->value, final_rstd_, dx,
                    final_norm_->grad);
   final_in_ = final_out_ = final_rstd_ = Tensor();
+  release(head);
+  // A tied embedding's gradient is complete only after the embedding's backward.
+  if (hooks_) hooks_->end_grads(head.back());
 
   const bool per_layer = recipe_.moe().aux_loss_per_layer();
   const double aux_scale = recipe_.moe().aux_loss_coef() * loss_scale;
   const float z_scale = recipe_.moe().z_loss_coef() * loss_scale;
   size_t moe_index = stats_.layers.size();
 
+  int unit = static_cast<int>(blocks_.size()) + 1;
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
     Block& b = **it;
+    --unit;
+    acquire({unit});
+    if (hooks_) hooks_->begin_grads(unit);
     // dx is the gradient w.r.t. the block output f + h.
     Tensor dffn_in;
     if (b.moe) {
@@ -245,8 +283,12 @@ void Transformer::backward(Device& dev, float loss_scale) {
     add_(dev, dprev, dh);
     dx = dprev;
     b.x = b.attn_rstd = b.attn_in = b.h = b.ffn_rstd = b.ffn_in = Tensor();
+    release({unit});
+    if (hooks_) hooks_->end_grads(unit);
   }
+  if (hooks_) hooks_->begin_grads(0);
   embedding_backward(dev, ids_, dx, embed_->grad);
+  if (hooks_) hooks_->end_grads(0);
   ids_ = targets_ = Tensor();
 }
 

@@ -52,6 +52,10 @@ class Transformer {
   // Logits only, for sampling and evaluation: ids (batch, seq) -> (batch * seq, vocab).
   Tensor logits(Device& dev, const Tensor& ids);
 
+  // Hooks around each unit's use of its parameters (ZeRO stages 2 and 3); null: none.
+  // Units: 0 the embedding, 1 + i block i, num_layers + 1 the final norm and LM head.
+  void set_param_hooks(ParamHooks* hooks) { hooks_ = hooks; }
+
   const RouterStats& router_stats() const { return stats_; }
   bool has_moe() const { return num_moe_layers_ > 0; }
   // The MoE layers in depth order; their last_routing() describes the last forward.
@@ -60,6 +64,10 @@ class Transformer {
  private:
   struct Block;
   const Tensor& rope_for(int64_t seq);
+  // The units the final norm and LM head read (with tied embeddings, also unit 0).
+  std::vector<int> head_units() const;
+  void acquire(const std::vector<int>& units);
+  void release(const std::vector<int>& units);
   // Vocabulary-parallel pieces (tensor_parallel of more than one rank).
   // ids shifted into this rank's embedding rows; -1 for another rank's tokens.
   Tensor shard_ids(Device& dev, const Tensor& ids) const;
@@ -68,6 +76,7 @@ class Transformer {
 
   config::Recipe recipe_;
   Communicator* tp_;  // null or of size 1
+  ParamHooks* hooks_ = nullptr;
   int64_t vocab_start_ = 0;  // this rank's first vocabulary row
   Param* embed_;
   Param* final_norm_;

@@ -1,8 +1,10 @@
 #include "engine/optim/optimizer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
+#include "engine/optim/zero.h"
 #include "kernels/adamw.h"
 #include "kernels/elementwise.h"
 
@@ -21,32 +23,25 @@ double learning_rate(const config::OptimizerConfig& opt, int64_t step, int64_t t
 }
 
 AdamWOptimizer::AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total_steps,
-                               ParamStore& params, const Groups& groups)
+                               ParamStore& params, const Groups& groups, Device& device)
     : opt_(opt), total_steps_(total_steps), params_(params), groups_(groups) {
-  // Owners balance state bytes: each parameter goes, in registration order, to the
-  // replica holding the fewest elements so far (ties: the lowest rank). Every rank
-  // computes the same assignment.
-  auto replicas = [&](bool expert) {
-    Communicator* c = expert ? groups_.expert_replicas : groups_.dense_replicas;
-    return groups_.shard_state && c != nullptr && c->size() > 1 ? c : nullptr;
-  };
-  std::vector<int64_t> dense_load(replicas(false) ? replicas(false)->size() : 0);
-  std::vector<int64_t> expert_load(replicas(true) ? replicas(true)->size() : 0);
+  auto size = [](Communicator* c) { return c ? c->size() : 1; };
+  if (groups_.zero_stage >= 1)
+    owner_ = assign_owners(params_, size(groups_.dense_replicas), size(groups_.expert_replicas));
+  else
+    owner_.assign(params_.params().size(), -1);
+  size_t i = 0;
   for (const Param& p : params_.params()) {
-    Communicator* c = replicas(p.spec.expert);
-    int owner = -1;
-    if (c != nullptr) {
-      std::vector<int64_t>& load = p.spec.expert ? expert_load : dense_load;
-      owner = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-      load[owner] += p.value.numel();
-    }
-    owner_.push_back(owner);
-    const bool mine = owner < 0 || owner == c->rank();
+    Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
+    // ZeRO-2/3 row shards keep their own state.
+    const bool mine = !(groups_.zero && !p.spec.expert) &&
+                      (owner_[i] < 0 || owner_[i] == replicas->rank());
     const Shape shape = mine ? p.shape : Shape{0};
-    exp_avg_.push_back(Tensor::zeros(shape, DType::kF32, MemoryKind::kOptimizerState,
-                                     p.value.device()));
-    exp_avg_sq_.push_back(Tensor::zeros(shape, DType::kF32, MemoryKind::kOptimizerState,
-                                        p.value.device()));
+    const MemoryKind kind =
+        p.spec.expert ? MemoryKind::kExpertOptimizerState : MemoryKind::kOptimizerState;
+    exp_avg_.push_back(Tensor::zeros(shape, DType::kF32, kind, device));
+    exp_avg_sq_.push_back(Tensor::zeros(shape, DType::kF32, kind, device));
+    ++i;
   }
 }
 
@@ -54,13 +49,20 @@ StepReport AdamWOptimizer::step(Device& dev) {
   ++step_;
   StepReport report;
   // Replicated gradients count once; the squares of shards add up over the group that
-  // splits them (expert-parallel for experts, tensor-parallel for split dense tensors).
+  // splits them (expert-parallel for experts, tensor-parallel for split dense tensors,
+  // the data-parallel replicas for ZeRO-2/3 row shards).
   double replicated_sq = 0, tensor_parallel_sq = 0, expert_sq = 0;
   for (const Param& p : params_.params()) {
+    if (!p.grad.defined()) continue;  // a ZeRO-2/3 row shard, counted below
     const double sq = sum_squares(dev, p.grad);
     if (p.spec.expert) expert_sq += sq;
     else if (p.shape != p.whole_shape) tensor_parallel_sq += sq;
     else replicated_sq += sq;
+  }
+  if (groups_.zero) {
+    const std::array<double, 2> dense = groups_.zero->gradient_squares(dev);
+    replicated_sq += dense[0];
+    tensor_parallel_sq += dense[1];
   }
   if (groups_.expert_parallel) groups_.expert_parallel->all_reduce_sum(&expert_sq, 1);
   if (groups_.tensor_parallel) groups_.tensor_parallel->all_reduce_sum(&tensor_parallel_sq, 1);
@@ -73,6 +75,10 @@ StepReport AdamWOptimizer::step(Device& dev) {
   report.lr = learning_rate(opt_, step_, total_steps_);
   size_t i = 0;
   for (Param& p : params_.params()) {
+    if (groups_.zero && !p.spec.expert) {
+      ++i;
+      continue;  // updated by its row shards below
+    }
     const int owner = owner_[i];
     Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
     if (owner < 0 || owner == replicas->rank()) {
@@ -83,6 +89,7 @@ StepReport AdamWOptimizer::step(Device& dev) {
     if (owner >= 0) replicas->broadcast(p.value, owner);
     ++i;
   }
+  if (groups_.zero) groups_.zero->update(dev, opt_, report.lr, step_, grad_scale);
   params_.zero_grads();
   return report;
 }

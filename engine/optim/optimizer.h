@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/config/recipe.pb.h"
+#include "engine/optim/zero.h"
 #include "engine/parallel/communicator.h"
 #include "engine/runtime/param_store.h"
 
@@ -24,23 +25,28 @@ struct StepReport {
 class AdamWOptimizer {
  public:
   // Groups (each may be null: one process):
+  //  - tensor_parallel: dense parameters split over it (the ParamStore's placement)
+  //    add their squares over it to the global gradient norm.
   //  - expert_parallel: expert parameters are sharded over it; the global gradient
   //    norm sums their squares over it.
   //  - dense_replicas / expert_replicas: the ranks holding identical copies of the dense
-  //    (data-parallel group) and expert (expert-data-parallel group) parameters. With
-  //    `shard_state` (ZeRO stage 1) each parameter's AdamW state lives on one replica,
-  //    its owner, which updates it and broadcasts the new values to the others.
-  //  - tensor_parallel: dense parameters split over it (the ParamStore's placement)
-  //    add their squares over it to the global gradient norm.
+  //    (data-parallel group) and expert (expert-data-parallel group) parameters. From
+  //    ZeRO stage 1 on, each parameter's AdamW state lives on one replica, its owner
+  //    (assign_owners, engine/optim/zero.h), which updates it and broadcasts the new
+  //    values to the others.
+  //  - zero: at ZeRO stages 2 and 3, the row shards that hold the dense parameters'
+  //    gradients and state (null otherwise); dense parameters are updated there.
   struct Groups {
     Communicator* tensor_parallel = nullptr;
     Communicator* expert_parallel = nullptr;
     Communicator* dense_replicas = nullptr;
     Communicator* expert_replicas = nullptr;
-    bool shard_state = false;
+    int zero_stage = 0;
+    ZeroShards* zero = nullptr;
   };
+  // The state lives on `device`.
   AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total_steps, ParamStore& params,
-                 const Groups& groups);
+                 const Groups& groups, Device& device);
   // Applies one update from the accumulated gradients (which are then zeroed).
   StepReport step(Device& dev);
   int64_t steps_taken() const { return step_; }

@@ -13,6 +13,9 @@ const char* memory_kind_name(MemoryKind kind) {
     case MemoryKind::kParameters: return "parameters";
     case MemoryKind::kGradients: return "gradients";
     case MemoryKind::kOptimizerState: return "optimizer_state";
+    case MemoryKind::kExpertParameters: return "expert_parameters";
+    case MemoryKind::kExpertGradients: return "expert_gradients";
+    case MemoryKind::kExpertOptimizerState: return "expert_optimizer_state";
     case MemoryKind::kActivations: return "activations";
     case MemoryKind::kOther: return "other";
   }

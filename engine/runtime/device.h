@@ -12,9 +12,20 @@ namespace switchyard {
 
 enum class DeviceType { kCpu, kCuda };
 
-// What an allocation holds; the memory report is broken down by these.
-enum class MemoryKind : int { kParameters, kGradients, kOptimizerState, kActivations, kOther };
-inline constexpr int kNumMemoryKinds = 5;
+// What an allocation holds; the memory report is broken down by these. Parameters,
+// their gradients and optimizer state are counted apart for dense and expert
+// parameters, since ZeRO shards the one and expert parallelism the other.
+enum class MemoryKind : int {
+  kParameters,
+  kGradients,
+  kOptimizerState,
+  kExpertParameters,
+  kExpertGradients,
+  kExpertOptimizerState,
+  kActivations,
+  kOther
+};
+inline constexpr int kNumMemoryKinds = 8;
 const char* memory_kind_name(MemoryKind kind);
 
 struct MemoryStats {

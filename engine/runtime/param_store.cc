@@ -1,5 +1,7 @@
 #include "engine/runtime/param_store.h"
 
+#include <algorithm>
+
 
 namespace switchyard {
 
@@ -33,6 +35,7 @@ Param& ParamStore::add(std::string name, Shape whole_shape, ShardSpec spec, Para
     split(static_cast<size_t>(spec.tensor_parallel_dim), placement_.tensor_parallel_rank,
           placement_.tensor_parallel_size);
   p.spec = spec;
+  p.unit = next_unit_ == 0 ? 0 : next_unit_ - 1;
   p.init = init;
   p.init_std = init_std;
   // Norm gains and biases are not decayed (the usual practice for transformers).
@@ -40,14 +43,22 @@ Param& ParamStore::add(std::string name, Shape whole_shape, ShardSpec spec, Para
   return p;
 }
 
+void ParamStore::begin_unit() { ++next_unit_; }
+
 void ParamStore::allocate(Device& device) {
   int64_t dense = 0, expert = 0;
-  for (const Param& p : params_) (p.spec.expert ? expert : dense) += shape_numel(p.shape);
+  for (const Param& p : params_)
+    if (p.grad_resident) (p.spec.expert ? expert : dense) += shape_numel(p.shape);
   dense_grads_ = Tensor::zeros({dense}, DType::kF32, MemoryKind::kGradients, device);
-  expert_grads_ = Tensor::zeros({expert}, DType::kF32, MemoryKind::kGradients, device);
+  expert_grads_ = Tensor::zeros({expert}, DType::kF32, MemoryKind::kExpertGradients, device);
   dense = expert = 0;
   for (Param& p : params_) {
-    p.value = Tensor::empty(p.shape, DType::kF32, MemoryKind::kParameters, device);
+    if (p.value_resident)
+      p.value = Tensor::empty(p.shape, DType::kF32,
+                              p.spec.expert ? MemoryKind::kExpertParameters
+                                            : MemoryKind::kParameters,
+                              device);
+    if (!p.grad_resident) continue;
     int64_t& offset = p.spec.expert ? expert : dense;
     Tensor& flat = p.spec.expert ? expert_grads_ : dense_grads_;
     const int64_t n = shape_numel(p.shape);
@@ -57,35 +68,44 @@ void ParamStore::allocate(Device& device) {
 }
 
 void ParamStore::initialize(uint64_t seed) {
-  for (Param& p : params_) {
-    float* v = p.value.data<float>();
-    int64_t n = p.value.numel();
-    switch (p.init) {
-      case ParamInit::kOnes:
-        for (int64_t i = 0; i < n; ++i) v[i] = 1.0f;
-        break;
-      case ParamInit::kZeros:
-        for (int64_t i = 0; i < n; ++i) v[i] = 0.0f;
-        break;
-      case ParamInit::kNormal: {
-        // Element i of the whole tensor takes the normal() drawn at counter 2 i (two
-        // draws per value); the shard walks its elements' whole-tensor indices.
-        const Rng base = Rng(seed).fork(name_hash(p.name));
-        const size_t rank = p.shape.size();
-        std::vector<int64_t> whole_stride(rank, 1), index(rank, 0);
-        for (size_t d = rank; d-- > 1;) whole_stride[d - 1] = whole_stride[d] * p.whole_shape[d];
-        for (int64_t i = 0; i < n; ++i) {
-          int64_t whole_index = 0;
-          for (size_t d = 0; d < rank; ++d) whole_index += (p.origin[d] + index[d]) * whole_stride[d];
-          Rng rng(base.seed(), base.counter() + 2 * static_cast<uint64_t>(whole_index));
-          v[i] = static_cast<float>(rng.normal() * p.init_std);
-          for (size_t d = rank; d-- > 0;) {
-            if (++index[d] < p.shape[d]) break;
-            index[d] = 0;
-          }
+  for (Param& p : params_)
+    if (p.value.defined()) initialize_rows(p, seed, 0, p.value);  // resident values only
+}
+
+void ParamStore::initialize_rows(const Param& p, uint64_t seed, int64_t first_row,
+                                 Tensor& rows) const {
+  float* v = rows.data<float>();
+  const int64_t n = rows.numel();
+  const size_t rank = p.shape.size();
+  SY_CHECK_MSG(rank >= 1 && rows.dtype() == DType::kF32 &&
+                   first_row + (n == 0 ? 0 : rows.dim(0)) <= p.shape[0] &&
+                   n % std::max<int64_t>(1, shape_numel(p.shape) / p.shape[0]) == 0,
+               "initialize_rows: rows outside the parameter");
+  switch (p.init) {
+    case ParamInit::kOnes:
+      for (int64_t i = 0; i < n; ++i) v[i] = 1.0f;
+      break;
+    case ParamInit::kZeros:
+      for (int64_t i = 0; i < n; ++i) v[i] = 0.0f;
+      break;
+    case ParamInit::kNormal: {
+      // Element i of the whole tensor takes the normal() drawn at counter 2 i (two
+      // draws per value); the rows walk their elements' whole-tensor indices.
+      const Rng base = Rng(seed).fork(name_hash(p.name));
+      std::vector<int64_t> whole_stride(rank, 1), index(rank, 0);
+      for (size_t d = rank; d-- > 1;) whole_stride[d - 1] = whole_stride[d] * p.whole_shape[d];
+      index[0] = first_row;
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t whole_index = 0;
+        for (size_t d = 0; d < rank; ++d) whole_index += (p.origin[d] + index[d]) * whole_stride[d];
+        Rng rng(base.seed(), base.counter() + 2 * static_cast<uint64_t>(whole_index));
+        v[i] = static_cast<float>(rng.normal() * p.init_std);
+        for (size_t d = rank; d-- > 0;) {
+          if (++index[d] < p.shape[d]) break;
+          index[d] = 0;
         }
-        break;
       }
+      break;
     }
   }
 }

@@ -43,8 +43,30 @@ struct Param {
   ParamInit init = ParamInit::kNormal;
   float init_std = 0.02f;
   bool weight_decay = true;
-  Tensor value;  // fp32 (master) weights
-  Tensor grad;   // accumulated over micro-batches
+  // The unit the parameter belongs to (ParamStore::begin_unit): the parameters one
+  // layer uses together, gathered and reduced together under ZeRO.
+  int unit = 0;
+  // Whether this rank keeps the value and an accumulated gradient between steps (ZeRO
+  // stages 2 and 3 keep them only on the owner; see engine/optim/zero.h).
+  bool value_resident = true;
+  bool grad_resident = true;
+  Tensor value;  // fp32 (master) weights; undefined while not resident
+  Tensor grad;   // accumulated over micro-batches; undefined while not resident
+};
+
+// Called by the model around each unit's use of its parameters, so that a sharding
+// scheme can gather values before and reduce gradients after (ZeRO stages 2 and 3).
+class ParamHooks {
+ public:
+  virtual ~ParamHooks() = default;
+  // The unit's values are about to be read / are no longer needed. Uses may nest (a
+  // tied embedding serves the first and the last unit); they are counted.
+  virtual void acquire(int unit) = 0;
+  virtual void release(int unit) = 0;
+  // Backward: the unit's gradients are about to be accumulated (calls after the first
+  // in one backward pass are no-ops), and are complete for this micro-batch.
+  virtual void begin_grads(int unit) = 0;
+  virtual void end_grads(int unit) = 0;
 };
 
 class ParamStore {
@@ -56,14 +78,21 @@ class ParamStore {
   // comes with allocate().
   Param& add(std::string name, Shape whole_shape, ShardSpec spec, ParamInit init,
              float init_std = 0.0f);
-  // Allocates values and zeroed gradients on `device`. The gradients of all dense
-  // parameters are views into one flat buffer, and those of all expert parameters into
-  // another, so that each is reduced over its group in one collective.
+  // Parameters registered from now on belong to the next unit (the first is unit 0).
+  void begin_unit();
+  int num_units() const { return next_unit_; }
+
+  // Allocates resident values and zeroed resident gradients on `device`. The gradients
+  // of all dense parameters are views into one flat buffer, and those of all expert
+  // parameters into another, so that each is reduced over its group in one collective.
   void allocate(Device& device);
   // Deterministic initialisation: every parameter draws from its own stream derived
   // from (seed, name), element by element of the whole tensor, so the result depends
   // neither on registration order nor on the parallel layout.
   void initialize(uint64_t seed);
+  // The same values for rows [first_row, first_row + rows.dim(0)) of dimension 0 of
+  // p's shard, written into `rows` (f32, those rows' shape).
+  void initialize_rows(const Param& p, uint64_t seed, int64_t first_row, Tensor& rows) const;
   void zero_grads();
 
   // Flat gradient buffers (1-D; empty when there are no such parameters).
@@ -78,6 +107,7 @@ class ParamStore {
 
  private:
   ShardPlacement placement_;
+  int next_unit_ = 0;
   // A deque keeps references returned by add() valid as more parameters register.
   std::deque<Param> params_;
   Tensor dense_grads_;

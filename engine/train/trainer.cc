@@ -20,6 +20,7 @@
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
+#include "engine/optim/zero.h"
 #include "engine/parallel/tensor_shards.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/tensorboard_writer.h"
@@ -162,10 +163,6 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   const bool reporter = rank == 0;
   RankZeroSink sink(terminal, reporter);
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
-  if (recipe.parallel().zero_stage() > 1)
-    return absl::UnimplementedError(
-        "parallel.zero_stage 2 and 3 are not implemented yet; stage 1 (optimizer state "
-        "sharded over the data-parallel replicas) is");
 
   const auto& tc = recipe.train();
   // Rank 0 prepares a corpus on first use; the others then find it in the cache.
@@ -235,33 +232,56 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   ParamStore params(ShardPlacement{groups.tp->rank(), groups.tp->size(), groups.ep->rank(),
                                    groups.ep->size()});
   Transformer model(recipe, params, {groups.tp.get(), groups.ep.get()});
+  const int zero_stage = recipe.parallel().zero_stage();
+  // ZeRO stages 2 and 3 split the dense gradients and state (and at 3 the values) by
+  // rows over the data-parallel replicas.
+  std::unique_ptr<ZeroShards> zero;
+  if (zero_stage >= 2) {
+    zero = std::make_unique<ZeroShards>(params, *groups.dp, zero_stage, dev);
+    model.set_param_hooks(zero.get());
+  }
   params.allocate(dev);
   params.initialize(tc.seed());
+  if (zero) zero->initialize(tc.seed());
   AdamWOptimizer::Groups optimizer_groups;
   optimizer_groups.tensor_parallel = groups.tp.get();
   optimizer_groups.expert_parallel = groups.ep.get();
   optimizer_groups.dense_replicas = groups.dp.get();
   optimizer_groups.expert_replicas = groups.expert_dp.get();
-  optimizer_groups.shard_state = recipe.parallel().zero_stage() >= 1;
-  AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params, optimizer_groups);
+  optimizer_groups.zero_stage = zero_stage;
+  optimizer_groups.zero = zero.get();
+  AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params, optimizer_groups, dev);
   int64_t first_step = 1;
   if (!resume_dir.empty()) {
     size_t i = 0;
     for (Param& p : params.params()) {
-      auto read = [&](const std::string& kind, Tensor& shard) -> absl::Status {
+      // Fills `rows`: rows [first_row, first_row + rows.dim(0)) of this rank's shard.
+      auto read = [&](const std::string& kind, int64_t first_row, Tensor& rows) -> absl::Status {
         const std::string key = kind + "/" + p.name;
-        if (!split_over_tp(p))
-          return read_rows(resume_dir, manifest, key, p.spec.expert ? p.origin[0] : 0, shard);
-        // Saved whole: this rank takes its tensor-parallel block.
-        Tensor whole = Tensor::empty(p.whole_shape);
-        SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, key, 0, whole));
-        copy_shard(whole, p.spec.tensor_parallel_dim, groups.tp->rank(), groups.tp->size(), shard);
+        const int dim = p.spec.tensor_parallel_dim;
+        if (rows.numel() == 0) return absl::OkStatus();
+        if (!split_over_tp(p) || dim == 0)
+          return read_rows(resume_dir, manifest, key, p.origin[0] + first_row, rows);
+        // Saved with whole rows: read them, then take this rank's block of `dim`.
+        Shape shape = p.whole_shape;
+        shape[0] = rows.dim(0);
+        Tensor whole = Tensor::empty(shape);
+        SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, key, first_row, whole));
+        copy_shard(whole, dim, groups.tp->rank(), groups.tp->size(), rows);
         return absl::OkStatus();
       };
-      SY_RETURN_IF_ERROR(read("param", p.value));
-      if (optimizer.holds_state(i)) {
-        SY_RETURN_IF_ERROR(read("exp_avg", optimizer.exp_avg(i)));
-        SY_RETURN_IF_ERROR(read("exp_avg_sq", optimizer.exp_avg_sq(i)));
+      if (zero && zero->is_sharded(i)) {
+        ZeroShards::Shard& shard = zero->shard(i);
+        SY_RETURN_IF_ERROR(zero_stage == 3 ? read("param", shard.first_row, shard.value)
+                                           : read("param", 0, p.value));
+        SY_RETURN_IF_ERROR(read("exp_avg", shard.first_row, shard.exp_avg));
+        SY_RETURN_IF_ERROR(read("exp_avg_sq", shard.first_row, shard.exp_avg_sq));
+      } else {
+        SY_RETURN_IF_ERROR(read("param", 0, p.value));
+        if (optimizer.holds_state(i)) {
+          SY_RETURN_IF_ERROR(read("exp_avg", 0, optimizer.exp_avg(i)));
+          SY_RETURN_IF_ERROR(read("exp_avg_sq", 0, optimizer.exp_avg_sq(i)));
+        }
       }
       ++i;
     }
@@ -276,25 +296,34 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     std::vector<SliceToSave> mine;
     size_t i = 0;
     for (Param& p : params.params()) {
-      // Each slice is written once: by the first replica, or by the owner of ZeRO state.
-      // Dense tensors are written whole by tensor-parallel rank 0 (split ones gathered
-      // over the group first), so any tensor-parallel size can load them.
+      // Each slice is written once: by the first replica, by the owner of ZeRO-1 state,
+      // or, for ZeRO-2/3 row shards, by every replica for its rows. Rows split by tensor
+      // parallelism along dimension 0 are written by each tensor-parallel rank; those
+      // split along another dimension are gathered over the group into whole rows and
+      // written by its rank 0, as are tensors it replicates; so any layout can load them.
       Communicator& replicas = p.spec.expert ? *groups.expert_dp : *groups.dp;
-      const bool writer = p.spec.expert || groups.tp->rank() == 0;
-      auto save = [&](const std::string& kind, const Tensor& value) {
-        const Tensor whole = split_over_tp(p)
-                                 ? gather_shards(*groups.tp, value, p.spec.tensor_parallel_dim)
-                                 : value;
-        if (writer)
-          mine.push_back(SliceToSave{kind + "/" + p.name, whole, p.whole_shape, p.spec.expert,
-                                     p.spec.tensor_parallel_dim,
-                                     p.spec.expert ? p.origin[0] : 0});
+      auto save = [&](const std::string& kind, int64_t first_row, const Tensor& rows) {
+        if (rows.numel() == 0) return;
+        const int dim = p.spec.tensor_parallel_dim;
+        const bool split = split_over_tp(p);
+        const Tensor saved = split && dim > 0 ? gather_shards(*groups.tp, rows, dim) : rows;
+        if (p.spec.expert || (split && dim == 0) || groups.tp->rank() == 0)
+          mine.push_back(SliceToSave{kind + "/" + p.name, saved, p.whole_shape, p.spec.expert,
+                                     dim, p.origin[0] + first_row});
       };
-      if (replicas.rank() == 0) save("param", p.value);
-      const int owner = optimizer.owner(i);
-      if (replicas.rank() == (owner < 0 ? 0 : owner)) {
-        save("exp_avg", optimizer.exp_avg(i));
-        save("exp_avg_sq", optimizer.exp_avg_sq(i));
+      if (zero && zero->is_sharded(i)) {
+        const ZeroShards::Shard& shard = zero->shard(i);
+        if (zero_stage == 3) save("param", shard.first_row, shard.value);
+        else if (replicas.rank() == 0) save("param", 0, p.value);
+        save("exp_avg", shard.first_row, shard.exp_avg);
+        save("exp_avg_sq", shard.first_row, shard.exp_avg_sq);
+      } else {
+        if (replicas.rank() == 0) save("param", 0, p.value);
+        const int owner = optimizer.owner(i);
+        if (replicas.rank() == (owner < 0 ? 0 : owner)) {
+          save("exp_avg", 0, optimizer.exp_avg(i));
+          save("exp_avg_sq", 0, optimizer.exp_avg_sq(i));
+        }
       }
       ++i;
     }
@@ -374,23 +403,33 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       assignments += rs.assignments;
       worst_load = std::max(worst_load, rs.worst_load_ratio);
     }
-    groups.dp->all_reduce_sum(params.dense_grads());
+    // From ZeRO stage 2 on, dense gradients were already summed onto their owners,
+    // layer by layer during backward.
+    if (zero_stage < 2) groups.dp->all_reduce_sum(params.dense_grads());
     groups.expert_dp->all_reduce_sum(params.expert_grads());
     StepReport report = optimizer.step(dev);
     if (step == 1) {
       const MemoryStats& mem = dev.memory_stats();
       auto peak = [&](MemoryKind k) { return mem.peak_bytes[static_cast<int>(k)]; };
+      auto both = [&](MemoryKind dense, MemoryKind expert) {
+        return absl::StrCat(megabytes(peak(dense) + peak(expert)), " (experts ",
+                            megabytes(peak(expert)), ")");
+      };
       sink.on_message(absl::StrCat(
-          "memory per rank: parameters ", megabytes(peak(MemoryKind::kParameters)),
-          ", gradients ", megabytes(peak(MemoryKind::kGradients)), ", optimizer state ",
-          megabytes(peak(MemoryKind::kOptimizerState)), ", peak activations ",
-          megabytes(peak(MemoryKind::kActivations))));
+          "memory per rank: parameters ",
+          both(MemoryKind::kParameters, MemoryKind::kExpertParameters), ", gradients ",
+          both(MemoryKind::kGradients, MemoryKind::kExpertGradients), ", optimizer state ",
+          both(MemoryKind::kOptimizerState, MemoryKind::kExpertOptimizerState),
+          ", peak activations ", megabytes(peak(MemoryKind::kActivations))));
       if (reporter) {
         nlohmann::ordered_json j = {
             {"memory_bytes",
              {{"parameters", peak(MemoryKind::kParameters)},
               {"gradients", peak(MemoryKind::kGradients)},
               {"optimizer_state", peak(MemoryKind::kOptimizerState)},
+              {"expert_parameters", peak(MemoryKind::kExpertParameters)},
+              {"expert_gradients", peak(MemoryKind::kExpertGradients)},
+              {"expert_optimizer_state", peak(MemoryKind::kExpertOptimizerState)},
               {"activations", peak(MemoryKind::kActivations)}}}};
         metrics << j.dump() << "\n" << std::flush;
       }
@@ -473,16 +512,19 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     }
   }
   // The saved weights are whole: expert shards are gathered over the expert-parallel
-  // group, tensor-parallel shards over the tensor-parallel group (collectives, so every
-  // rank takes part).
+  // group, tensor-parallel shards over the tensor-parallel group, ZeRO-3 values from
+  // their owners (collectives, so every rank takes part).
   std::vector<std::pair<std::string, Tensor>> whole;
   for (Param& p : params.params()) {
-    if (p.spec.expert)
+    if (p.spec.expert) {
       whole.emplace_back(p.name, gather_shards(*groups.ep, p.value, 0));
-    else if (split_over_tp(p))
-      whole.emplace_back(p.name, gather_shards(*groups.tp, p.value, p.spec.tensor_parallel_dim));
-    else
-      whole.emplace_back(p.name, p.value);
+      continue;
+    }
+    // At ZeRO stage 3 the value comes from its owner first.
+    const Tensor value = zero ? zero->whole_value(p) : p.value;
+    whole.emplace_back(p.name, split_over_tp(p)
+                                   ? gather_shards(*groups.tp, value, p.spec.tensor_parallel_dim)
+                                   : value);
   }
   if (!reporter) return absl::OkStatus();
   if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));

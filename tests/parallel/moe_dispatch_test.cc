@@ -271,7 +271,9 @@ void check_tensor_parallel_against_reference(int experts, float capacity_factor)
   EXPECT_NEAR(got.stats.z_loss, want.stats.z_loss, 1e-6 * want.stats.z_loss);
   EXPECT_EQ(got.stats.layers[0].tokens, tokens);
   EXPECT_EQ(got.stats.dropped_assignments, want.stats.dropped_assignments);
-  if (capacity_factor > 0) EXPECT_GT(want.stats.dropped_assignments, 0);
+  if (capacity_factor > 0) {
+    EXPECT_GT(want.stats.dropped_assignments, 0);
+  }
 
   EXPECT_TRUE(any_nonzero(want.dx));
   EXPECT_LE(max_relative_error(got.dx, want.dx), 1e-5) << "dx";

@@ -1,0 +1,167 @@
+#include "engine/optim/zero.h"
+
+#include <algorithm>
+
+#include "engine/runtime/check.h"
+#include "kernels/adamw.h"
+#include "kernels/elementwise.h"
+
+namespace switchyard {
+namespace {
+
+// `shape` with dimension 0 set to `rows`.
+Shape with_rows(Shape shape, int64_t rows) {
+  shape[0] = rows;
+  return shape;
+}
+
+}  // namespace
+
+std::vector<int> assign_owners(const ParamStore& params, int dense_replicas, int expert_replicas) {
+  std::vector<int64_t> dense_load(dense_replicas > 1 ? dense_replicas : 0);
+  std::vector<int64_t> expert_load(expert_replicas > 1 ? expert_replicas : 0);
+  std::vector<int> owners;
+  for (const Param& p : params.params()) {
+    std::vector<int64_t>& load = p.spec.expert ? expert_load : dense_load;
+    int owner = -1;
+    if (!load.empty()) {
+      owner = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[owner] += shape_numel(p.shape);
+    }
+    owners.push_back(owner);
+  }
+  return owners;
+}
+
+ZeroShards::ZeroShards(ParamStore& params, Communicator& replicas, int stage, Device& device)
+    : params_store_(params), replicas_(replicas), stage_(stage), device_(device) {
+  SY_CHECK_MSG(stage == 2 || stage == 3, "ZeroShards serves ZeRO stages 2 and 3");
+  units_.resize(static_cast<size_t>(std::max(params.num_units(), 1)));
+  const int size = replicas_.size();
+  for (Param& p : params.params()) {
+    const size_t i = params_.size();
+    params_.push_back(&p);
+    const int64_t rows = p.shape.empty() ? 0 : p.shape[0];
+    const int64_t chunk = (rows + size - 1) / size;
+    chunk_rows_.push_back(chunk);
+    Shard& s = shards_.emplace_back();
+    if (p.spec.expert) continue;
+    SY_CHECK_MSG(!p.shape.empty(), "a ZeRO-sharded parameter needs a row dimension");
+    SY_CHECK_MSG(p.unit >= 0 && p.unit < static_cast<int>(units_.size()), "unit out of range");
+    units_[p.unit].push_back(i);
+    s.first_row = std::min(rows, replicas_.rank() * chunk);
+    s.rows = std::min(rows, s.first_row + chunk) - s.first_row;
+    p.grad_resident = false;
+    p.value_resident = stage_ == 2;
+  }
+  uses_.assign(units_.size(), 0);
+  grads_open_.assign(units_.size(), false);
+  padded_grad_.resize(params_.size());
+}
+
+void ZeroShards::initialize(uint64_t seed) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is_sharded(i)) continue;
+    const Param& p = *params_[i];
+    Shard& s = shards_[i];
+    if (stage_ == 2) {
+      s.value = p.value.slice_rows(s.first_row, s.first_row + s.rows);
+    } else {
+      s.value = Tensor::empty(with_rows(p.shape, s.rows), DType::kF32, MemoryKind::kParameters,
+                              device_);
+      params_store_.initialize_rows(p, seed, s.first_row, s.value);
+    }
+    s.grad = Tensor::zeros(with_rows(p.shape, chunk_rows_[i]), DType::kF32,
+                           MemoryKind::kGradients, device_);
+    s.exp_avg = Tensor::zeros(with_rows(p.shape, s.rows), DType::kF32,
+                              MemoryKind::kOptimizerState, device_);
+    s.exp_avg_sq = Tensor::zeros(with_rows(p.shape, s.rows), DType::kF32,
+                                 MemoryKind::kOptimizerState, device_);
+  }
+}
+
+Tensor ZeroShards::gather_value(size_t i) {
+  const Param& p = *params_[i];
+  const Shard& s = shards_[i];
+  const int64_t chunk = chunk_rows_[i];
+  // Gathered in place: this replica's rows already sit in their slot of the whole buffer.
+  Tensor all = Tensor::zeros(with_rows(p.shape, chunk * replicas_.size()), DType::kF32,
+                             MemoryKind::kParameters, device_);
+  const int64_t slot = replicas_.rank() * chunk;
+  if (s.rows > 0) all.slice_rows(slot, slot + s.rows).copy_from(s.value);
+  replicas_.all_gather(all.slice_rows(slot, slot + chunk), all);
+  return all.slice_rows(0, p.shape[0]);
+}
+
+void ZeroShards::acquire(int unit) {
+  if (uses_[unit]++ > 0 || stage_ < 3) return;
+  for (size_t i : units_[unit]) params_[i]->value = gather_value(i);
+}
+
+void ZeroShards::release(int unit) {
+  SY_CHECK_MSG(uses_[unit] > 0, "release() without acquire()");
+  if (--uses_[unit] > 0 || stage_ < 3) return;
+  for (size_t i : units_[unit]) params_[i]->value = Tensor();
+}
+
+void ZeroShards::begin_grads(int unit) {
+  if (grads_open_[unit]) return;
+  grads_open_[unit] = true;
+  for (size_t i : units_[unit]) {
+    Param& p = *params_[i];
+    padded_grad_[i] = Tensor::zeros(with_rows(p.shape, chunk_rows_[i] * replicas_.size()),
+                                    DType::kF32, MemoryKind::kGradients, device_);
+    p.grad = padded_grad_[i].slice_rows(0, p.shape[0]);
+  }
+}
+
+void ZeroShards::end_grads(int unit) {
+  SY_CHECK_MSG(grads_open_[unit], "end_grads() without begin_grads()");
+  grads_open_[unit] = false;
+  for (size_t i : units_[unit]) {
+    Shard& s = shards_[i];
+    Tensor mine = Tensor::empty(s.grad.shape(), DType::kF32, MemoryKind::kGradients, device_);
+    replicas_.reduce_scatter_sum(padded_grad_[i], mine);
+    add_(device_, s.grad, mine);
+    params_[i]->grad = padded_grad_[i] = Tensor();
+  }
+}
+
+std::array<double, 2> ZeroShards::gradient_squares(Device& dev) {
+  std::array<double, 2> squares = {0, 0};
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is_sharded(i)) continue;
+    const Param& p = *params_[i];
+    squares[p.shape != p.whole_shape ? 1 : 0] += sum_squares(dev, shards_[i].grad);
+  }
+  replicas_.all_reduce_sum(squares.data(), 2);
+  return squares;
+}
+
+void ZeroShards::update(Device& dev, const config::OptimizerConfig& opt, double lr, int64_t step,
+                        float grad_scale) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is_sharded(i)) continue;
+    Param& p = *params_[i];
+    Shard& s = shards_[i];
+    if (s.rows > 0) {
+      const AdamWHyper h{static_cast<float>(lr), opt.beta1(), opt.beta2(), opt.eps(),
+                         p.weight_decay ? opt.weight_decay() : 0.0f, step};
+      const Tensor grad = s.grad.slice_rows(0, s.rows);
+      adamw_step(dev, h, grad_scale, s.value, grad, s.exp_avg, s.exp_avg_sq);
+    }
+    s.grad.zero_();
+    if (stage_ == 2) p.value.copy_from(gather_value(i));
+  }
+}
+
+Tensor ZeroShards::whole_value(Param& p) {
+  if (p.spec.expert || stage_ < 3) return p.value;
+  const auto it = std::find(params_.begin(), params_.end(), &p);
+  SY_CHECK_MSG(it != params_.end(), "whole_value() of a parameter of another store");
+  Tensor whole = Tensor::empty(p.shape, DType::kF32, MemoryKind::kOther, device_);
+  whole.copy_from(gather_value(static_cast<size_t>(it - params_.begin())));
+  return whole;
+}
+
+}  // namespace switchyard

@@ -1,0 +1,90 @@
+// ZeRO sharding of the dense parameters over their data-parallel replicas.
+//
+// Stage 1 gives every parameter an owner among its replicas (assign_owners): the one
+// rank that holds its AdamW state, updates it and broadcasts the new value. Expert
+// parameters get the same treatment over the expert-data-parallel replicas at every
+// stage >= 1.
+//
+// Stages 2 and 3 (ZeroShards) split every dense parameter by rows instead: replica r
+// of P owns rows [r c, (r + 1) c) of it, c = ceil(rows / P), and holds their AdamW
+// state and their accumulated gradient. Through the model's ParamHooks, one unit
+// (layer) at a time:
+//  - begin_grads: the unit's gradients of this micro-batch accumulate in whole-size
+//    buffers; end_grads reduce-scatters them (summed in rank order) onto the owners of
+//    the rows, which add them to their accumulated gradient, and frees the buffers.
+//  - stage 2 keeps every value whole on every replica and all-gathers the updated rows
+//    after each step; stage 3 keeps only the owned rows: acquire all-gathers a unit's
+//    values into whole buffers that release frees again.
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "engine/config/recipe.pb.h"
+#include "engine/parallel/communicator.h"
+#include "engine/runtime/param_store.h"
+
+namespace switchyard {
+
+// The owner of each parameter (registration order) among `dense_replicas` or, for
+// expert parameters, `expert_replicas` ranks; -1 where the group has one rank. Each
+// parameter goes, in order, to the replica holding the fewest elements so far (ties:
+// the lowest rank), so every rank computes the same assignment and the bytes balance.
+std::vector<int> assign_owners(const ParamStore& params, int dense_replicas, int expert_replicas);
+
+class ZeroShards final : public ParamHooks {
+ public:
+  // This replica's rows of one dense parameter and their state. Rows index dimension 0
+  // of the parameter's tensor-parallel shard (Param::shape).
+  struct Shard {
+    int64_t first_row = 0;
+    int64_t rows = 0;      // owned rows (0 where the parameter has fewer rows than P c)
+    Tensor value;          // (rows, ...) at stage 3; a view of the whole value at stage 2
+    Tensor grad;           // (c, ...) accumulated, padded to the chunk
+    Tensor exp_avg, exp_avg_sq;  // (rows, ...)
+  };
+
+  // `stage` 2 or 3; `replicas` the data-parallel group. Marks what this rank does not
+  // keep resident: construct before params.allocate(), then call initialize().
+  ZeroShards(ParamStore& params, Communicator& replicas, int stage, Device& device);
+  // Allocates the shards and their state; at stage 3 draws the owned rows' initial
+  // values (ParamStore::initialize_rows), at stage 2 views the whole values.
+  void initialize(uint64_t seed);
+
+  void acquire(int unit) override;
+  void release(int unit) override;
+  void begin_grads(int unit) override;
+  void end_grads(int unit) override;
+
+  // The shard of registration index `i` (dense parameters only).
+  Shard& shard(size_t i) { return shards_[i]; }
+  bool is_sharded(size_t i) const { return !params_[i]->spec.expert; }
+  // Sums of squares of the accumulated gradients over the replicas: {replicated over
+  // tensor parallelism, split by it} (collective).
+  std::array<double, 2> gradient_squares(Device& dev);
+  // AdamW on the owned rows from the accumulated gradients, which are then zeroed; at
+  // stage 2 the updated rows are then all-gathered into every replica's whole value.
+  void update(Device& dev, const config::OptimizerConfig& opt, double lr, int64_t step,
+              float grad_scale);
+  // Collective over the replicas: the whole value of dense parameter `p` on every rank.
+  Tensor whole_value(Param& p);
+
+ private:
+  // All-gathers the shards' rows of parameter i into a whole (padded) buffer and returns
+  // the first `rows` rows shaped as the parameter.
+  Tensor gather_value(size_t i);
+
+  ParamStore& params_store_;
+  std::vector<Param*> params_;              // registration order
+  std::vector<std::vector<size_t>> units_;  // each unit's dense parameters
+  std::vector<Shard> shards_;               // by registration index
+  std::vector<int64_t> chunk_rows_;         // c, by registration index
+  Communicator& replicas_;
+  int stage_;
+  Device& device_;
+  std::vector<int> uses_;           // nested acquire() count per unit
+  std::vector<bool> grads_open_;    // begin_grads() seen, end_grads() not yet
+  std::vector<Tensor> padded_grad_;  // by registration index, while a unit's grads are open
+};
+
+}  // namespace switchyard
