@@ -56,13 +56,6 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) {
   all_gather_impl(in, out);
 }
 
-void Communicator::reduce_sum(Tensor& tensor, int root) {
-  check_cpu(tensor);
-  SY_CHECK_MSG(tensor.dtype() == DType::kF32, "reduce_sum needs an f32 tensor");
-  SY_CHECK_MSG(root >= 0 && root < size(), "reduce_sum root outside the group");
-  reduce_sum_f32(tensor.data<float>(), tensor.numel(), root);
-}
-
 void Communicator::all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows,
                                 Tensor& recv, const std::vector<int64_t>& recv_rows) {
   check_cpu(send);

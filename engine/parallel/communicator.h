@@ -35,10 +35,6 @@ class Communicator {
   void all_reduce_sum(double* values, int64_t n);
   void all_reduce_sum(int64_t* values, int64_t n);
 
-  // Rank `root`'s `tensor` (f32) becomes the element-wise sum over the group, summed in
-  // rank order as all_reduce_sum does; the other ranks' tensors are left as they were.
-  void reduce_sum(Tensor& tensor, int root);
-
   // `in` (f32) holds size() * out.numel() elements, read as size() equal chunks;
   // rank r's `out` gets the element-wise sum over the group of chunk r, summed in rank
   // order as all_reduce_sum does.
@@ -74,7 +70,6 @@ class Communicator {
   virtual void all_reduce_sum_f32(float* values, int64_t n) = 0;
   virtual void all_reduce_sum_f64(double* values, int64_t n) = 0;
   virtual void all_reduce_sum_i64(int64_t* values, int64_t n) = 0;
-  virtual void reduce_sum_f32(float* values, int64_t n, int root) = 0;
   virtual void reduce_scatter_sum_f32(const float* in, float* out, int64_t out_n) = 0;
   virtual void all_gather_impl(const Tensor& in, Tensor& out) = 0;
   virtual void all_to_all_v_impl(const Tensor& send, const std::vector<int64_t>& send_rows,

@@ -19,7 +19,6 @@ class LocalCommunicator final : public Communicator {
   void all_reduce_sum_f32(float* values, int64_t n) override {}
   void all_reduce_sum_f64(double* values, int64_t n) override {}
   void all_reduce_sum_i64(int64_t* values, int64_t n) override {}
-  void reduce_sum_f32(float* values, int64_t n, int root) override {}
   void reduce_scatter_sum_f32(const float* in, float* out, int64_t out_n) override;
   void all_gather_impl(const Tensor& in, Tensor& out) override;
   void all_to_all_v_impl(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,

@@ -1,6 +1,5 @@
 #include "engine/parallel/mpi_communicator.h"
 
-#include <algorithm>
 #include <climits>
 
 #include "engine/parallel/mpi_runtime.h"
@@ -121,21 +120,6 @@ void MpiCommunicator::all_reduce_sum_f64(double* values, int64_t n) {
 void MpiCommunicator::all_reduce_sum_i64(int64_t* values, int64_t n) {
   // Integer addition is exact and associative, so MPI's order does not matter.
   SY_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, to_mpi_count(n), MPI_INT64_T, MPI_SUM, comm_));
-}
-
-void MpiCommunicator::reduce_sum_f32(float* values, int64_t n, int root) {
-  if (size_ == 1) return;
-  // The root gathers every rank's values and adds them in rank order.
-  const int count = to_mpi_count(n);
-  to_mpi_count(n * size_);
-  std::vector<float> all(rank_ == root ? static_cast<size_t>(n) * size_ : 0);
-  SY_MPI_CHECK(MPI_Gather(values, count, MPI_FLOAT, all.data(), count, MPI_FLOAT, root, comm_));
-  if (rank_ != root) return;
-  std::copy(all.begin(), all.begin() + n, values);
-  for (int i = 1; i < size_; ++i) {
-    const float* part = all.data() + static_cast<size_t>(i) * n;
-    for (int64_t k = 0; k < n; ++k) values[k] += part[k];
-  }
 }
 
 void MpiCommunicator::reduce_scatter_sum_f32(const float* in, float* out, int64_t out_n) {
