@@ -1,5 +1,8 @@
 #include "data/sha256.h"
 
+#include <cpuid.h>
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +24,64 @@ constexpr uint32_t kRound[64] = {
     0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
 inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+// The x86 SHA extensions (SHA-NI) compress a block in a few dozen instructions, several
+// times faster than the portable rounds: checkpoints hash every byte they write and read.
+bool cpu_has_sha_extensions() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool sha = (ebx >> 29) & 1;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  const bool sse41 = (ecx >> 19) & 1;
+  return sha && sse41;
+}
+
+// `blocks` 64-byte blocks with the SHA extensions. The instructions keep the state as
+// two vectors, (A, B, E, F) and (C, D, G, H) with A in the top lane, and take four
+// message words (plus round constants) for each pair of rounds sha256rnds2 performs.
+__attribute__((target("sha,sse4.1,ssse3"))) void compress_sha_extensions(uint32_t state[8],
+                                                                          const uint8_t* data,
+                                                                          size_t blocks) {
+  const __m128i byte_swap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i dcba = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state));
+  __m128i hgfe = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state + 4));
+  const __m128i badc = _mm_shuffle_epi32(dcba, 0xB1);
+  const __m128i efgh = _mm_shuffle_epi32(hgfe, 0x1B);
+  __m128i abef = _mm_alignr_epi8(badc, efgh, 8);
+  __m128i cdgh = _mm_blend_epi16(efgh, badc, 0xF0);
+  for (; blocks > 0; --blocks, data += 64) {
+    const __m128i abef_start = abef, cdgh_start = cdgh;
+    __m128i w[4];  // message words 4g .. 4g + 3 of group g, in w[g % 4]
+    for (int g = 0; g < 16; ++g) {
+      __m128i& x = w[g % 4];
+      if (g < 4) {
+        x = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + 16 * g)),
+                             byte_swap);
+      } else {
+        // W[t] = s1(W[t-2]) + W[t-7] + s0(W[t-15]) + W[t-16], four at a time.
+        const __m128i& prev = w[(g + 3) % 4];
+        x = _mm_add_epi32(_mm_sha256msg1_epu32(x, w[(g + 1) % 4]),
+                          _mm_alignr_epi8(prev, w[(g + 2) % 4], 4));
+        x = _mm_sha256msg2_epu32(x, prev);
+      }
+      __m128i words = _mm_add_epi32(
+          x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kRound + 4 * g)));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, words);
+      words = _mm_shuffle_epi32(words, 0x0E);
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, words);
+    }
+    abef = _mm_add_epi32(abef, abef_start);
+    cdgh = _mm_add_epi32(cdgh, cdgh_start);
+  }
+  const __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+  const __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+  dcba = _mm_blend_epi16(feba, dchg, 0xF0);
+  hgfe = _mm_alignr_epi8(dchg, feba, 8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state), dcba);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state + 4), hgfe);
+}
+
+const bool kUseShaExtensions = cpu_has_sha_extensions();
 
 }  // namespace
 
@@ -73,10 +134,18 @@ void Sha256::update(const void* data, size_t size) {
     p += take;
     size -= take;
     if (buffered_ < 64) return;
-    compress(buffer_);
+    if (kUseShaExtensions) compress_sha_extensions(state_, buffer_, 1);
+    else compress(buffer_);
     buffered_ = 0;
   }
-  for (; size >= 64; p += 64, size -= 64) compress(p);
+  const size_t blocks = size / 64;
+  if (kUseShaExtensions) {
+    compress_sha_extensions(state_, p, blocks);
+  } else {
+    for (size_t b = 0; b < blocks; ++b) compress(p + 64 * b);
+  }
+  p += 64 * blocks;
+  size -= 64 * blocks;
   std::memcpy(buffer_, p, size);
   buffered_ = size;
 }

@@ -112,6 +112,7 @@ def rewind(run_dir, step):
     ((4, ["--set", "parallel.tensor_parallel_size=2", "--set", "parallel.zero_stage=1"]),
      (2, ["--set", "parallel.tensor_parallel_size=2", "--set", "parallel.expert_parallel_size=2"])),
     ((2, ["--set", "parallel.tensor_parallel_size=2"]), (1, [])),
+    ((1, []), (4, ["--set", "parallel.tensor_parallel_size=2"])),
     ((4, ["--set", "parallel.tensor_parallel_size=2", "--set", "parallel.zero_stage=3"]),
      (2, ["--set", "parallel.zero_stage=2"])),
     ((2, ["--set", "parallel.zero_stage=2"]),
