@@ -16,9 +16,12 @@ namespace {
 constexpr int kNumCapacityFactors = static_cast<int>(std::size(kBalanceCapacityFactors));
 constexpr int64_t kBytesPerElement = 2;  // bf16 activations on the wire
 
-// Assignments kept by permute_plan at `capacity`: the same keep-highest-weight policy
-// the layer uses.
-int64_t kept_assignments(const RoutingSample& s, int num_experts, int top_k, int64_t capacity) {
+// Assignments of one batch that permute_plan drops at capacity
+// ceil(capacity_factor * n * k / E), keeping the highest-weight ones as the layer does.
+int64_t dropped_assignments(const RoutingSample& s, int num_experts, int top_k,
+                            double capacity_factor) {
+  const auto capacity =
+      static_cast<int64_t>(std::ceil(capacity_factor * s.tokens * top_k / num_experts));
   Tensor ids = Tensor::empty({s.tokens, top_k}, DType::kI32);
   Tensor weights = Tensor::empty({s.tokens, top_k});
   std::copy(s.expert_ids.begin(), s.expert_ids.end(), ids.data<int32_t>());
@@ -28,7 +31,7 @@ int64_t kept_assignments(const RoutingSample& s, int num_experts, int top_k, int
   permute_plan(cpu_device(), ids, weights, num_experts, capacity, tokens_per_expert, dest_rows);
   int64_t kept = 0;
   for (int e = 0; e < num_experts; ++e) kept += tokens_per_expert.data<int32_t>()[e];
-  return kept;
+  return s.tokens * top_k - kept;
 }
 
 double max_over_mean(const std::vector<int64_t>& v) {
@@ -55,7 +58,76 @@ void merge(const BalanceCounts& from, BalanceCounts& into) {
   }
 }
 
+constexpr uint8_t kGridGrey = 204;
+
 }  // namespace
+
+RoutingSample routing_sample(const MoeRouting& r) {
+  RoutingSample s;
+  s.tokens = r.probs.rows();
+  s.expert_ids.assign(r.expert_ids.data<int32_t>(),
+                      r.expert_ids.data<int32_t>() + r.expert_ids.numel());
+  s.weights.assign(r.weights.data<float>(), r.weights.data<float>() + r.weights.numel());
+  s.probs.assign(r.probs.data<float>(), r.probs.data<float>() + r.probs.numel());
+  s.logits.assign(r.logits.data<float>(), r.logits.data<float>() + r.logits.numel());
+  return s;
+}
+
+LayerLoad layer_load(const std::vector<double>& selections_per_expert, int64_t tokens,
+                     int top_k, double capacity_factor) {
+  const int E = static_cast<int>(selections_per_expert.size());
+  LayerLoad load;
+  int64_t selected = 0;
+  for (double x : selections_per_expert) {
+    load.tokens_per_expert.push_back(std::llround(x));
+    selected += load.tokens_per_expert.back();
+  }
+  load.share.assign(E, 0.0);
+  for (int e = 0; e < E && selected > 0; ++e)
+    load.share[e] = static_cast<double>(load.tokens_per_expert[e]) / static_cast<double>(selected);
+  load.imbalance = max_over_mean(load.tokens_per_expert);
+  const int64_t assignments = tokens * top_k;
+  if (capacity_factor > 0 && assignments > 0 && E > 0) {
+    const auto capacity =
+        static_cast<int64_t>(std::ceil(capacity_factor * tokens * top_k / E));
+    int64_t dropped = 0;
+    for (int64_t x : load.tokens_per_expert) dropped += std::max<int64_t>(0, x - capacity);
+    load.dropped_fraction = static_cast<double>(dropped) / static_cast<double>(assignments);
+  }
+  return load;
+}
+
+Rgb load_color(double share, int num_experts) {
+  const double t = std::clamp(share * num_experts / 2.0, 0.0, 1.0);
+  Rgb c;
+  c.r = static_cast<uint8_t>(std::lround(255 - 100 * std::max(0.0, t - 0.5) * 2));
+  c.g = c.b = static_cast<uint8_t>(std::lround(255 * (1 - t)));
+  return c;
+}
+
+RgbImage load_heatmap(const std::vector<std::vector<double>>& shares, int cell_pixels) {
+  RgbImage image;
+  if (shares.empty() || shares[0].empty() || cell_pixels < 1) return image;
+  const int layers = static_cast<int>(shares.size());
+  const int experts = static_cast<int>(shares[0].size());
+  image.height = layers * cell_pixels + 1;
+  image.width = experts * cell_pixels + 1;
+  image.rgb.assign(static_cast<size_t>(image.height) * image.width * 3, kGridGrey);
+  for (int l = 0; l < layers; ++l) {
+    for (int e = 0; e < experts; ++e) {
+      const Rgb c = load_color(shares[l][e], experts);
+      for (int y = l * cell_pixels + 1; y < (l + 1) * cell_pixels; ++y) {
+        for (int x = e * cell_pixels + 1; x < (e + 1) * cell_pixels; ++x) {
+          uint8_t* p = &image.rgb[(static_cast<size_t>(y) * image.width + x) * 3];
+          p[0] = c.r;
+          p[1] = c.g;
+          p[2] = c.b;
+        }
+      }
+    }
+  }
+  return image;
+}
 
 BalanceCounts make_balance_counts(int num_experts, int top_k, int expert_parallel) {
   BalanceCounts c;
@@ -92,11 +164,8 @@ void add_routing(const RoutingSample& s, BalanceCounts& c) {
     const double lse = max_logit + std::log(z);
     c.z_sum += lse * lse;
   }
-  for (int i = 0; i < kNumCapacityFactors; ++i) {
-    const auto capacity =
-        static_cast<int64_t>(std::ceil(kBalanceCapacityFactors[i] * n * k / E));
-    c.dropped[i] += n * k - kept_assignments(s, E, k, capacity);
-  }
+  for (int i = 0; i < kNumCapacityFactors; ++i)
+    c.dropped[i] += dropped_assignments(s, E, k, kBalanceCapacityFactors[i]);
   const int P = c.expert_parallel;
   if (P > 1) {
     const int local_experts = E / P;

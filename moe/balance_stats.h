@@ -1,11 +1,14 @@
-// Expert load-balance statistics of a model's routing (`switchyard bench balance`):
-// per-expert load, its spread, the assignments that capacity factors would drop, the
-// router losses, and the all-to-all traffic an expert-parallel layout would see. Counts
-// accumulate over batches of one layer; summaries are computed from the counts.
+// Expert load-balance statistics of a model's routing (`switchyard bench balance`, and the
+// per-layer load the trainer writes to TensorBoard): per-expert load, its spread, the
+// assignments that capacity factors would drop, the router losses, and the all-to-all
+// traffic an expert-parallel layout would see. Counts accumulate over batches of one
+// layer; summaries are computed from the counts.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "moe/moe_layer.h"
 
 namespace switchyard {
 
@@ -53,6 +56,41 @@ struct BalanceSummary {
   bool has_all_to_all = false;
   AllToAllStats all_to_all;
 };
+
+// A copy of a layer's last routing on the host.
+RoutingSample routing_sample(const MoeRouting& routing);
+
+// One MoE layer's load in one forward, from its routing counts (RouterStats::Layer:
+// top-k selections per expert and the tokens routed): the tokens per expert before
+// capacity, their shares and max/mean, and the share of the assignments that
+// `capacity_factor` drops (0 when it is <= 0, dropless). An expert over its capacity
+// ceil(capacity_factor * tokens * k / E) drops exactly its excess, whichever assignments
+// it keeps, so the counts give the layer's drops.
+struct LayerLoad {
+  std::vector<int64_t> tokens_per_expert;
+  std::vector<double> share;  // each expert's fraction of the assignments
+  double imbalance = 0;       // max / mean tokens per expert
+  double dropped_fraction = 0;
+};
+LayerLoad layer_load(const std::vector<double>& selections_per_expert, int64_t tokens,
+                     int top_k, double capacity_factor);
+
+// The colour scale of load heatmaps (the HTML report, TensorBoard's image): white for no
+// load, light red (255, 128, 128) for the uniform share 1/E, dark red (155, 0, 0) for
+// twice the uniform share or more.
+struct Rgb {
+  uint8_t r = 0, g = 0, b = 0;
+};
+Rgb load_color(double share, int num_experts);
+
+// A layers x experts heatmap of shares (share[l][e], every row of the same length) as an
+// RGB image: one cell_pixels square per (layer, expert), rows top-down by layer, with
+// one-pixel grey grid lines around every cell.
+struct RgbImage {
+  int height = 0, width = 0;
+  std::vector<uint8_t> rgb;  // height * width * 3, row-major
+};
+RgbImage load_heatmap(const std::vector<std::vector<double>>& shares, int cell_pixels);
 
 BalanceCounts make_balance_counts(int num_experts, int top_k, int expert_parallel);
 

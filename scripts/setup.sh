@@ -15,6 +15,7 @@ packages=(
   libsentencepiece-dev
   nlohmann-json3-dev libcli11-dev
   python3-venv
+  chromium  # renders the bench balance HTML report in a test
 )
 
 missing=()

@@ -12,9 +12,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "checkpoint/weights.h"
 #include "data/corpus_cache.h"
 #include "data/token_dataset.h"
@@ -30,32 +35,77 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A recipe or a weights directory, ready to run forward passes.
-struct BenchModel {
-  config::Recipe recipe;
-  ParamStore params;
-  std::unique_ptr<Transformer> model;
-};
-
-absl::Status load_bench_model(const std::string& source, BenchModel& out) {
+// The recipe of a recipe file or of a weights directory.
+absl::StatusOr<config::Recipe> load_source_recipe(const std::string& source) {
   std::error_code ec;
+  config::Recipe recipe;
   if (fs::is_directory(source, ec)) {
-    SY_ASSIGN_OR_RETURN(out.recipe, load_weights_recipe(source));
+    SY_ASSIGN_OR_RETURN(recipe, load_weights_recipe(source));
   } else if (fs::is_regular_file(source, ec)) {
-    SY_ASSIGN_OR_RETURN(out.recipe, config::load_recipe(source, {}));
+    SY_ASSIGN_OR_RETURN(recipe, config::load_recipe(source, {}));
   } else {
     return absl::NotFoundError(
         absl::StrCat(source, ": no such recipe file or weights directory"));
   }
-  if (out.recipe.moe().num_experts() <= 0)
+  if (recipe.moe().num_experts() <= 0)
     return absl::InvalidArgumentError(absl::StrCat(source, ": the model has no MoE layers"));
-  set_cpu_threads(out.recipe.runtime().threads());
-  out.model = std::make_unique<Transformer>(out.recipe, out.params);
+  return recipe;
+}
+
+// A model of `recipe` (whose routing settings may differ from the source's) with the
+// source's weights: a weights directory's trained ones, or a recipe's seeded
+// initialisation, as training starts from it. Routing settings do not change any
+// parameter's shape, so every variant gets the same weights.
+struct BenchModel {
+  ParamStore params;
+  std::unique_ptr<Transformer> model;
+};
+
+absl::Status build_bench_model(const config::Recipe& recipe, const std::string& source,
+                               BenchModel& out) {
+  out.model = std::make_unique<Transformer>(recipe, out.params);
   out.params.allocate(cpu_device());
+  std::error_code ec;
   if (fs::is_directory(source, ec)) return load_weights(source, out.params);
-  // A recipe is measured at its seeded initialisation, as training starts from it.
-  out.params.initialize(out.recipe.train().seed());
+  out.params.initialize(recipe.train().seed());
   return absl::OkStatus();
+}
+
+// One routing configuration measured on the shared tokens.
+struct Variant {
+  std::string name;  // "top_k=2", "gating=SOFTMAX_TOPK"; empty without --compare
+  config::Recipe recipe;
+};
+
+// "top_k=1,2,4" or "gating=TOPK_SOFTMAX,SOFTMAX_TOPK" (a "moe." prefix is accepted, gating
+// names in any case) -> one validated recipe per value.
+absl::StatusOr<std::vector<Variant>> parse_compare(const std::string& spec,
+                                                   const config::Recipe& base) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--compare ", spec, ": ", why,
+        " (expected top_k=K1,K2,... or gating=NAME1,NAME2,... with NAME one of TOPK_SOFTMAX, "
+        "SOFTMAX_TOPK, GSHARD_TOP2)"));
+  };
+  const size_t eq = spec.find('=');
+  if (eq == std::string::npos) return bad("no '='");
+  std::string key(absl::StripAsciiWhitespace(spec.substr(0, eq)));
+  if (absl::StartsWith(key, "moe.")) key = key.substr(4);
+  if (key != "top_k" && key != "gating") return bad(absl::StrCat("unknown setting '", key, "'"));
+  std::vector<Variant> variants;
+  for (absl::string_view piece : absl::StrSplit(spec.substr(eq + 1), ',')) {
+    std::string value(absl::StripAsciiWhitespace(piece));
+    if (value.empty()) return bad("empty value");
+    if (key == "gating") absl::AsciiStrToUpper(&value);
+    Variant v{absl::StrCat(key, "=", value), base};
+    for (const Variant& seen : variants)
+      if (seen.name == v.name) return bad(absl::StrCat(value, " is listed twice"));
+    absl::Status status = config::apply_override(v.recipe, absl::StrCat("moe.", key, "=", value));
+    if (status.ok()) status = config::validate_recipe(v.recipe);
+    if (!status.ok()) return bad(status.message());
+    variants.push_back(std::move(v));
+  }
+  return variants;
 }
 
 // "zipf:S" with S > 0 -> S.
@@ -157,20 +207,6 @@ absl::StatusOr<std::unique_ptr<TokenSource>> make_source(const config::Recipe& r
   return std::make_unique<DatasetSource>(std::move(dataset));
 }
 
-RoutingSample to_sample(const MoeRouting& r) {
-  RoutingSample s;
-  s.tokens = r.probs.rows();
-  auto copy = [](const Tensor& t, auto& v) {
-    using T = typename std::decay_t<decltype(v)>::value_type;
-    v.assign(t.data<T>(), t.data<T>() + t.numel());
-  };
-  copy(r.expert_ids, s.expert_ids);
-  copy(r.weights, s.weights);
-  copy(r.probs, s.probs);
-  copy(r.logits, s.logits);
-  return s;
-}
-
 std::string factor_name(double cf) {
   std::string name = absl::StrFormat("%g", cf);
   return name.find('.') == std::string::npos ? name + ".0" : name;
@@ -198,8 +234,17 @@ nlohmann::ordered_json to_json(const BalanceSummary& s) {
   return j;
 }
 
-void print_row(const std::string& name, const BalanceSummary& s) {
-  std::printf("%-8s %9.3f %7.3f %8.3f %6.1f%%", name.c_str(), s.imbalance, s.cv, s.entropy,
+// The statistics of one variant: per MoE layer in depth order, and all layers together.
+struct BalanceRun {
+  std::vector<BalanceSummary> layers;
+  BalanceSummary overall;
+};
+
+// The variant's first table column: its name on the block's first row, blank below.
+void print_row(const std::string& variant, int variant_width, const std::string& layer,
+               const BalanceSummary& s) {
+  if (variant_width > 0) std::printf("%-*s ", variant_width, variant.c_str());
+  std::printf("%-8s %9.3f %7.3f %8.3f %6.1f%%", layer.c_str(), s.imbalance, s.cv, s.entropy,
               100.0 * s.entropy_fraction);
   for (double d : s.dropped) std::printf(" %7.2f%%", 100.0 * d);
   std::printf(" %8.4f %8.4f", s.aux_loss, s.z_loss);
@@ -207,94 +252,160 @@ void print_row(const std::string& name, const BalanceSummary& s) {
   std::printf("\n");
 }
 
-void print_table(const std::vector<BalanceSummary>& layers, const BalanceSummary& overall) {
+// One block of rows per variant (a single block without --compare, and no variant column).
+void print_table(const std::vector<Variant>& variants, const std::vector<BalanceRun>& runs) {
+  int variant_width = 0;
+  for (const Variant& v : variants)
+    variant_width = std::max(variant_width, static_cast<int>(v.name.size()));
+  if (variant_width > 0) {
+    variant_width = std::max(variant_width, 7);
+    std::printf("%-*s ", variant_width, "variant");
+  }
   std::printf("%-8s %9s %7s %8s %7s", "layer", "max/mean", "cv", "entropy", "of lnE");
   for (double cf : kBalanceCapacityFactors)
     std::printf(" %8s", absl::StrCat("drop@", factor_name(cf)).c_str());
   std::printf(" %8s %8s", "aux", "z");
-  if (overall.has_all_to_all) std::printf(" %8s", "a2a max");
+  if (runs[0].overall.has_all_to_all) std::printf(" %8s", "a2a max");
   std::printf("\n");
-  for (size_t l = 0; l < layers.size(); ++l) print_row(absl::StrCat(l), layers[l]);
-  print_row("overall", overall);
-  if (overall.has_all_to_all) {
-    const AllToAllStats& a = overall.all_to_all;
-    for (size_t p = 0; p < a.sent_bytes.size(); ++p)
-      std::printf("rank %zu: sent %.3f MB, received %.3f MB\n", p, a.sent_bytes[p] / 1e6,
-                  a.received_bytes[p] / 1e6);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const BalanceRun& run = runs[i];
+    for (size_t l = 0; l < run.layers.size(); ++l)
+      print_row(l == 0 ? variants[i].name : "", variant_width, absl::StrCat(l), run.layers[l]);
+    print_row(run.layers.empty() ? variants[i].name : "", variant_width, "overall", run.overall);
+    if (run.overall.has_all_to_all) {
+      const AllToAllStats& a = run.overall.all_to_all;
+      for (size_t p = 0; p < a.sent_bytes.size(); ++p) {
+        if (variant_width > 0) std::printf("%-*s ", variant_width, "");
+        std::printf("rank %zu: sent %.3f MB, received %.3f MB\n", p, a.sent_bytes[p] / 1e6,
+                    a.received_bytes[p] / 1e6);
+      }
+    }
   }
 }
 
-// White (no load) through the uniform share (light red) to dark red at twice uniform.
-std::string share_color(double share, int experts) {
-  const double t = std::min(1.0, share * experts / 2.0);
-  const int g = static_cast<int>(std::lround(255 * (1 - t)));
-  const int r = static_cast<int>(std::lround(255 - 100 * std::max(0.0, t - 0.5) * 2));
-  return absl::StrFormat("rgb(%d,%d,%d)", r, g, g);
+std::string html_escape(absl::string_view text) {
+  return absl::StrReplaceAll(text, {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}, {"\"", "&quot;"}});
 }
 
-std::string html_report(const std::string& title, const std::vector<BalanceSummary>& layers,
-                        const BalanceSummary& overall) {
-  const int experts = static_cast<int>(overall.share.size());
+std::string css_color(double share, int experts) {
+  const Rgb c = load_color(share, experts);
+  return absl::StrFormat("rgb(%d,%d,%d)", c.r, c.g, c.b);
+}
+
+// A layers x experts heatmap of the shares.
+std::string heatmap_svg(const std::vector<BalanceSummary>& layers) {
+  const int experts = layers.empty() ? 0 : static_cast<int>(layers[0].share.size());
   constexpr int kCell = 28, kLeft = 70, kTop = 24;
-  std::string html = absl::StrCat(
-      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>", title,
-      "</title><style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
-      "</style></head><body>\n<h1>", title, "</h1>\n<h2>Share of assignments per expert</h2>\n");
   const int width = kLeft + experts * kCell + 10;
   const int height = kTop + static_cast<int>(layers.size()) * kCell + 10;
-  absl::StrAppend(&html, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", width,
-                  "\" height=\"", height, "\" font-size=\"11\">\n");
+  std::string svg = absl::StrCat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", width,
+                                 "\" height=\"", height, "\" font-size=\"11\">\n");
   for (int e = 0; e < experts; ++e)
-    absl::StrAppend(&html, "<text x=\"", kLeft + e * kCell + kCell / 2, "\" y=\"", kTop - 8,
+    absl::StrAppend(&svg, "<text x=\"", kLeft + e * kCell + kCell / 2, "\" y=\"", kTop - 8,
                     "\" text-anchor=\"middle\">", e, "</text>\n");
   for (size_t l = 0; l < layers.size(); ++l) {
     const int y = kTop + static_cast<int>(l) * kCell;
-    absl::StrAppend(&html, "<text x=\"4\" y=\"", y + kCell / 2 + 4, "\">layer ", l, "</text>\n");
+    absl::StrAppend(&svg, "<text x=\"4\" y=\"", y + kCell / 2 + 4, "\">layer ", l, "</text>\n");
     for (int e = 0; e < experts; ++e)
-      absl::StrAppend(&html, "<rect x=\"", kLeft + e * kCell, "\" y=\"", y, "\" width=\"", kCell,
-                      "\" height=\"", kCell, "\" fill=\"", share_color(layers[l].share[e], experts),
+      absl::StrAppend(&svg, "<rect x=\"", kLeft + e * kCell, "\" y=\"", y, "\" width=\"", kCell,
+                      "\" height=\"", kCell, "\" fill=\"", css_color(layers[l].share[e], experts),
                       "\" stroke=\"#ccc\"><title>layer ", l, " expert ", e, ": ",
                       absl::StrFormat("%.2f%%", 100 * layers[l].share[e]), "</title></rect>\n");
   }
-  absl::StrAppend(&html, "</svg>\n<h2>Statistics</h2>\n<table><tr><th>layer</th><th>max/mean</th>"
-                         "<th>cv</th><th>entropy</th><th>aux</th><th>z</th>");
+  absl::StrAppend(&svg, "</svg>\n");
+  return svg;
+}
+
+// Bars of the bytes each rank sends and receives.
+std::string all_to_all_svg(const AllToAllStats& a) {
+  const int64_t max_bytes = std::max(
+      std::max<int64_t>(1, *std::max_element(a.sent_bytes.begin(), a.sent_bytes.end())),
+      *std::max_element(a.received_bytes.begin(), a.received_bytes.end()));
+  constexpr int kLeft = 70, kBar = 300, kRow = 18;
+  const int ranks = static_cast<int>(a.sent_bytes.size());
+  std::string svg = absl::StrCat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"",
+                                 kLeft + kBar + 120, "\" height=\"", ranks * 2 * kRow + 10,
+                                 "\" font-size=\"11\">\n");
+  for (int p = 0; p < ranks; ++p) {
+    const int64_t bytes[2] = {a.sent_bytes[p], a.received_bytes[p]};
+    for (int d = 0; d < 2; ++d) {
+      const int y = (2 * p + d) * kRow;
+      const int w = static_cast<int>(kBar * bytes[d] / max_bytes);
+      absl::StrAppend(&svg, "<text x=\"4\" y=\"", y + 13, "\">rank ", p, d ? " recv" : " sent",
+                      "</text><rect x=\"", kLeft, "\" y=\"", y + 2, "\" width=\"", w,
+                      "\" height=\"", kRow - 4, "\" fill=\"", d ? "#4a7" : "#47a",
+                      "\"/><text x=\"", kLeft + w + 4, "\" y=\"", y + 13, "\">",
+                      absl::StrFormat("%.3f MB", bytes[d] / 1e6), "</text>\n");
+    }
+  }
+  absl::StrAppend(&svg, "</svg>\n");
+  return svg;
+}
+
+// One figure per variant, side by side (wrapping on narrow windows); a single figure
+// without a caption when there are no variants to compare.
+std::string side_by_side(const std::vector<Variant>& variants,
+                         const std::vector<std::string>& figures) {
+  if (variants[0].name.empty()) return figures[0];
+  std::string html = "<div class=\"variants\">\n";
+  for (size_t i = 0; i < figures.size(); ++i)
+    absl::StrAppend(&html, "<figure><figcaption>", html_escape(variants[i].name),
+                    "</figcaption>\n", figures[i], "</figure>\n");
+  absl::StrAppend(&html, "</div>\n");
+  return html;
+}
+
+// A self-contained page (no scripts, no external resources) in three sections: the
+// heatmaps, the statistics (a block of rows per variant, as on the terminal) and, with
+// expert parallelism, the all-to-all bytes.
+std::string html_report(const std::string& title, const std::vector<Variant>& variants,
+                        const std::vector<BalanceRun>& runs) {
+  const bool compare = !variants[0].name.empty();
+  std::string html = absl::StrCat(
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>", html_escape(title),
+      "</title><style>body{font-family:sans-serif}table{border-collapse:collapse}"
+      "td,th{padding:2px 8px;text-align:right}"
+      ".variants{display:flex;flex-wrap:wrap;gap:8px 32px;align-items:flex-start}"
+      "figure{margin:0}figcaption{font-weight:bold;margin:4px 0}"
+      "tr.first td{border-top:1px solid #999}</style></head><body>\n<h1>",
+      html_escape(title), "</h1>\n");
+
+  std::vector<std::string> figures;
+  for (const BalanceRun& run : runs) figures.push_back(heatmap_svg(run.layers));
+  absl::StrAppend(&html, "<section>\n<h2>Share of assignments per expert</h2>\n",
+                  side_by_side(variants, figures), "</section>\n");
+
+  absl::StrAppend(&html, "<section>\n<h2>Statistics</h2>\n<table><tr>",
+                  compare ? "<th>variant</th>" : "",
+                  "<th>layer</th><th>max/mean</th><th>cv</th><th>entropy</th><th>aux</th>"
+                  "<th>z</th>");
   for (double cf : kBalanceCapacityFactors)
     absl::StrAppend(&html, "<th>dropped @", factor_name(cf), "</th>");
   absl::StrAppend(&html, "</tr>\n");
-  auto row = [&](const std::string& name, const BalanceSummary& s) {
-    absl::StrAppend(&html, "<tr><td>", name, "</td>",
-                    absl::StrFormat("<td>%.3f</td><td>%.3f</td><td>%.3f</td><td>%.4f</td>"
-                                    "<td>%.4f</td>",
-                                    s.imbalance, s.cv, s.entropy, s.aux_loss, s.z_loss));
-    for (double d : s.dropped) absl::StrAppend(&html, absl::StrFormat("<td>%.2f%%</td>", 100 * d));
-    absl::StrAppend(&html, "</tr>\n");
-  };
-  for (size_t l = 0; l < layers.size(); ++l) row(absl::StrCat(l), layers[l]);
-  row("overall", overall);
-  absl::StrAppend(&html, "</table>\n");
-  if (overall.has_all_to_all) {
-    const AllToAllStats& a = overall.all_to_all;
-    const int64_t max_bytes = std::max(
-        std::max<int64_t>(1, *std::max_element(a.sent_bytes.begin(), a.sent_bytes.end())),
-        *std::max_element(a.received_bytes.begin(), a.received_bytes.end()));
-    constexpr int kBar = 300, kRow = 18;
-    const int ranks = static_cast<int>(a.sent_bytes.size());
-    absl::StrAppend(&html, "<h2>All-to-all bytes per rank (sent, received)</h2>\n",
-                    "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", kLeft + kBar + 120,
-                    "\" height=\"", ranks * 2 * kRow + 10, "\" font-size=\"11\">\n");
-    for (int p = 0; p < ranks; ++p) {
-      const int64_t bytes[2] = {a.sent_bytes[p], a.received_bytes[p]};
-      for (int d = 0; d < 2; ++d) {
-        const int y = (2 * p + d) * kRow;
-        const int w = static_cast<int>(kBar * bytes[d] / max_bytes);
-        absl::StrAppend(&html, "<text x=\"4\" y=\"", y + 13, "\">rank ", p, d ? " recv" : " sent",
-                        "</text><rect x=\"", kLeft, "\" y=\"", y + 2, "\" width=\"", w,
-                        "\" height=\"", kRow - 4, "\" fill=\"", d ? "#4a7" : "#47a",
-                        "\"/><text x=\"", kLeft + w + 4, "\" y=\"", y + 13, "\">",
-                        absl::StrFormat("%.3f MB", bytes[d] / 1e6), "</text>\n");
-      }
-    }
-    absl::StrAppend(&html, "</svg>\n");
+  for (size_t i = 0; i < runs.size(); ++i) {
+    auto row = [&](const std::string& layer, const BalanceSummary& s, bool first) {
+      absl::StrAppend(&html, first && compare ? "<tr class=\"first\">" : "<tr>");
+      if (compare)
+        absl::StrAppend(&html, "<td>", first ? html_escape(variants[i].name) : "", "</td>");
+      absl::StrAppend(&html, "<td>", layer, "</td>",
+                      absl::StrFormat("<td>%.3f</td><td>%.3f</td><td>%.3f</td><td>%.4f</td>"
+                                      "<td>%.4f</td>",
+                                      s.imbalance, s.cv, s.entropy, s.aux_loss, s.z_loss));
+      for (double d : s.dropped)
+        absl::StrAppend(&html, absl::StrFormat("<td>%.2f%%</td>", 100 * d));
+      absl::StrAppend(&html, "</tr>\n");
+    };
+    const BalanceRun& run = runs[i];
+    for (size_t l = 0; l < run.layers.size(); ++l) row(absl::StrCat(l), run.layers[l], l == 0);
+    row("overall", run.overall, run.layers.empty());
+  }
+  absl::StrAppend(&html, "</table>\n</section>\n");
+
+  if (runs[0].overall.has_all_to_all) {
+    figures.clear();
+    for (const BalanceRun& run : runs) figures.push_back(all_to_all_svg(run.overall.all_to_all));
+    absl::StrAppend(&html, "<section>\n<h2>All-to-all bytes per rank (sent, received)</h2>\n",
+                    side_by_side(variants, figures), "</section>\n");
   }
   absl::StrAppend(&html, "</body></html>\n");
   return html;
@@ -308,6 +419,33 @@ absl::Status write_file(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// One batch of token ids and targets, (micro_batch, seq) i32 each.
+struct TokenBatch {
+  Tensor ids, targets;
+};
+
+// Routes every batch through the variant's model and gathers each MoE layer's counts.
+absl::StatusOr<BalanceRun> measure(const config::Recipe& recipe, const std::string& source,
+                                   const std::vector<TokenBatch>& batches, int ep) {
+  BenchModel bm;
+  SY_RETURN_IF_ERROR(build_bench_model(recipe, source, bm));
+  const std::vector<const MoeLayer*> moe_layers = bm.model->moe_layers();
+  std::vector<BalanceCounts> counts(
+      moe_layers.size(),
+      make_balance_counts(recipe.moe().num_experts(), recipe.moe().top_k(), ep));
+  Rng rng(recipe.train().seed());
+  for (const TokenBatch& b : batches) {
+    bm.model->forward(cpu_device(), b.ids, b.targets, /*training=*/false, rng);
+    for (size_t l = 0; l < moe_layers.size(); ++l)
+      add_routing(routing_sample(moe_layers[l]->last_routing()), counts[l]);
+  }
+  const int64_t hidden = recipe.model().hidden_size();
+  BalanceRun run;
+  for (const BalanceCounts& c : counts) run.layers.push_back(summarize_balance(c, hidden));
+  run.overall = summarize_overall(counts, hidden);
+  return run;
+}
+
 }  // namespace
 
 BenchCommand::BenchCommand(CLI::App& app) {
@@ -319,6 +457,9 @@ BenchCommand::BenchCommand(CLI::App& app) {
   balance_->add_option("--synthetic", synthetic_, "synthetic tokens instead: zipf:S");
   balance_->add_option("--batches", batches_, "batches of micro_batch_size x seq_len tokens");
   balance_->add_option("--ep", ep_, "expert-parallel size for the all-to-all (1: skip)");
+  balance_->add_option("--compare", compare_,
+                       "routing variants on the same tokens: top_k=K1,K2,... or "
+                       "gating=NAME1,NAME2,...");
   balance_->add_option("--json", json_path_, "write the statistics as JSON");
   balance_->add_option("--report", report_path_, "write a self-contained HTML report");
 }
@@ -333,40 +474,42 @@ absl::Status BenchCommand::run() {
 absl::Status BenchCommand::run_balance() {
   if (batches_ < 1) return absl::InvalidArgumentError("--batches must be at least 1");
   if (!synthetic_.empty()) SY_RETURN_IF_ERROR(parse_zipf(synthetic_).status());
-  BenchModel bm;
-  SY_RETURN_IF_ERROR(load_bench_model(source_, bm));
-  const config::Recipe& recipe = bm.recipe;
+  SY_ASSIGN_OR_RETURN(const config::Recipe recipe, load_source_recipe(source_));
   const int experts = recipe.moe().num_experts();
   if (ep_ < 1 || experts % ep_ != 0)
     return absl::InvalidArgumentError(
         absl::StrCat("--ep ", ep_, " must divide moe.num_experts (", experts, ")"));
+  std::vector<Variant> variants = {{"", recipe}};
+  if (!compare_.empty()) {
+    SY_ASSIGN_OR_RETURN(variants, parse_compare(compare_, recipe));
+  }
+  set_cpu_threads(recipe.runtime().threads());
   SY_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source,
                       make_source(recipe, data_, synthetic_));
 
+  // Every variant routes the same tokens.
   const int64_t batch = recipe.train().micro_batch_size();
   const int64_t seq = recipe.train().seq_len();
-  Tensor ids = Tensor::empty({batch, seq}, DType::kI32);
-  Tensor targets = Tensor::empty({batch, seq}, DType::kI32);
-  const std::vector<const MoeLayer*> moe_layers = bm.model->moe_layers();
-  std::vector<BalanceCounts> counts(moe_layers.size(),
-                                    make_balance_counts(experts, recipe.moe().top_k(), ep_));
-  Rng rng(recipe.train().seed());
+  std::vector<TokenBatch> batches;
   for (int64_t b = 0; b < batches_; ++b) {
-    SY_RETURN_IF_ERROR(source->next(batch, seq, ids.data<int32_t>(), targets.data<int32_t>()));
-    bm.model->forward(cpu_device(), ids, targets, /*training=*/false, rng);
-    for (size_t l = 0; l < moe_layers.size(); ++l)
-      add_routing(to_sample(moe_layers[l]->last_routing()), counts[l]);
+    TokenBatch& tb = batches.emplace_back(TokenBatch{Tensor::empty({batch, seq}, DType::kI32),
+                                                     Tensor::empty({batch, seq}, DType::kI32)});
+    SY_RETURN_IF_ERROR(source->next(batch, seq, tb.ids.data<int32_t>(), tb.targets.data<int32_t>()));
+  }
+  std::vector<BalanceRun> runs;
+  for (const Variant& v : variants) {
+    SY_ASSIGN_OR_RETURN(BalanceRun run, measure(v.recipe, source_, batches, ep_));
+    runs.push_back(std::move(run));
   }
 
-  const int64_t hidden = recipe.model().hidden_size();
-  std::vector<BalanceSummary> layers;
-  for (const BalanceCounts& c : counts) layers.push_back(summarize_balance(c, hidden));
-  const BalanceSummary overall = summarize_overall(counts, hidden);
-  std::printf("bench balance: %s, %lld batches of %lld x %lld tokens, %d experts top-%d\n",
-              recipe.name().c_str(), static_cast<long long>(batches_),
-              static_cast<long long>(batch), static_cast<long long>(seq), experts,
-              recipe.moe().top_k());
-  print_table(layers, overall);
+  std::printf("bench balance: %s, %lld batches of %lld x %lld tokens, %d experts", recipe.name().c_str(),
+              static_cast<long long>(batches_), static_cast<long long>(batch),
+              static_cast<long long>(seq), experts);
+  if (compare_.empty())
+    std::printf(" top-%d\n", recipe.moe().top_k());
+  else
+    std::printf(", compared: %s\n", compare_.c_str());
+  print_table(variants, runs);
 
   if (!json_path_.empty()) {
     nlohmann::ordered_json j;
@@ -374,15 +517,30 @@ absl::Status BenchCommand::run_balance() {
     j["batches"] = batches_;
     j["tokens_per_batch"] = batch * seq;
     j["expert_parallel"] = ep_;
-    j["layers"] = nlohmann::ordered_json::array();
-    for (const BalanceSummary& s : layers) j["layers"].push_back(to_json(s));
-    j["overall"] = to_json(overall);
+    auto put_run = [](nlohmann::ordered_json& into, const BalanceRun& run) {
+      into["layers"] = nlohmann::ordered_json::array();
+      for (const BalanceSummary& s : run.layers) into["layers"].push_back(to_json(s));
+      into["overall"] = to_json(run.overall);
+    };
+    if (compare_.empty()) {
+      put_run(j, runs[0]);
+    } else {
+      j["compare"] = compare_;
+      j["variants"] = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < variants.size(); ++i) {
+        nlohmann::ordered_json v = {{"name", variants[i].name},
+                                    {"top_k", variants[i].recipe.moe().top_k()},
+                                    {"gating", config::Gating_Name(variants[i].recipe.moe().gating())}};
+        put_run(v, runs[i]);
+        j["variants"].push_back(std::move(v));
+      }
+    }
     SY_RETURN_IF_ERROR(write_file(json_path_, j.dump(2) + "\n"));
   }
   if (!report_path_.empty())
     SY_RETURN_IF_ERROR(write_file(
-        report_path_, html_report(absl::StrCat("Expert load balance: ", recipe.name()), layers,
-                                  overall)));
+        report_path_,
+        html_report(absl::StrCat("Expert load balance: ", recipe.name()), variants, runs)));
   return absl::OkStatus();
 }
 

@@ -18,13 +18,13 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "checkpoint/weights.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "engine/cli/bench_command.h"
 #include "engine/cli/convert_command.h"
 #include "engine/cli/data_commands.h"
+#include "engine/cli/progress_line.h"
 #include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
@@ -52,35 +52,6 @@ void on_stop_signal(int signal) {
 
 // OpenBLAS sgemm peak measured on the 2-core reference machine (docs/benchmarks.md).
 constexpr double kDefaultCpuPeakGflops = 180.0;
-
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const long long t = static_cast<long long>(s + 0.5);
-  if (t >= 3600) return absl::StrFormat("%lldh%02lldm", t / 3600, (t / 60) % 60);
-  if (t >= 60) return absl::StrFormat("%lldm%02llds", t / 60, t % 60);
-  return absl::StrFormat("%llds", t);
-}
-
-class TerminalSink : public ProgressSink {
- public:
-  void on_step(const StepMetrics& m) override {
-    std::printf(
-        "step %5lld/%lld  loss %.4f  aux %.4f  z %.4f  lr %.2e  grad %.3f  %.0f tok/s  "
-        "mfu %.1f%%  dropped %.2f%%  load max/mean %.2f  eta %s\n",
-        static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.aux_loss,
-        m.z_loss, m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, 100.0 * m.dropped_fraction,
-        m.worst_load_ratio, format_duration(m.eta_s).c_str());
-    std::fflush(stdout);
-  }
-  void on_eval(int64_t step, double val_loss) override {
-    std::printf("eval step %lld  val_loss %.4f\n", static_cast<long long>(step), val_loss);
-    std::fflush(stdout);
-  }
-  void on_message(const std::string& text) override {
-    std::printf("%s\n", text.c_str());
-    std::fflush(stdout);
-  }
-};
 
 absl::Status dry_run(const config::Recipe& recipe) {
   const ModelStats s = compute_model_stats(recipe);
@@ -110,7 +81,11 @@ absl::Status run_train(const std::string& recipe_path, const std::string& run_di
   if (dry) return runtime.world_rank() == 0 ? dry_run(recipe) : absl::OkStatus();
   if (run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
   ProcessGroups groups = make_process_groups(layout);
-  TerminalSink sink;
+  // A live progress line on a terminal, plain lines in logs and CI. Under mpirun a
+  // rank's stdout is a pseudo-terminal whatever the launcher's own output is, so there
+  // the plain lines are the safe choice.
+  const bool live = isatty(STDOUT_FILENO) == 1 && !runtime.launched();
+  TrainProgressSink sink(stdout, live, terminal_columns(STDOUT_FILENO));
   if (runtime.world_rank() == 0)
     sink.on_message(absl::StrCat("switchyard train: ", config::summarize_recipe(recipe)));
   TrainOptions options;

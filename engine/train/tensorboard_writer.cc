@@ -1,7 +1,6 @@
 #include "engine/train/tensorboard_writer.h"
 
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <array>
@@ -18,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/train/png.h"
 #include "engine/train/tensorboard_event.pb.h"
 
 namespace switchyard {
@@ -39,9 +39,6 @@ constexpr std::array<uint32_t, 256> kCrc32cTable = make_crc32c_table();
 void put_u32_le(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
 }
-void put_u32_be(std::string& out, uint32_t v) {
-  for (int i = 3; i >= 0; --i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
 uint32_t get_u32_le(const char* p) {
   uint32_t v = 0;
   for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
@@ -51,18 +48,6 @@ uint64_t get_u64_le(const char* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
   return v;
-}
-
-// One PNG chunk: length (BE), type, data, CRC-32 (zlib's) of type and data (BE).
-void put_png_chunk(std::string& out, const char type[4], absl::string_view data) {
-  put_u32_be(out, static_cast<uint32_t>(data.size()));
-  const size_t type_at = out.size();
-  out.append(type, 4);
-  out.append(data.data(), data.size());
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  crc = ::crc32(crc, reinterpret_cast<const Bytef*>(out.data() + type_at),
-                static_cast<uInt>(4 + data.size()));
-  put_u32_be(out, static_cast<uint32_t>(crc));
 }
 
 }  // namespace
@@ -120,47 +105,6 @@ absl::StatusOr<std::vector<std::string>> read_records(const std::string& path) {
     at += 12 + length + 4;
   }
   return records;
-}
-
-absl::StatusOr<std::string> encode_png(int height, int width, const std::vector<uint8_t>& rgb) {
-  if (height <= 0 || width <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("image size must be positive, got %dx%d (height x width)", height, width));
-  }
-  const uint64_t row_bytes = 3ull * static_cast<uint64_t>(width);
-  const uint64_t expected = row_bytes * static_cast<uint64_t>(height);
-  if (rgb.size() != expected) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "image of %dx%d RGB needs %d bytes, got %d", height, width, expected, rgb.size()));
-  }
-  // Scanlines, each led by filter type 0 (None).
-  std::string raw;
-  raw.reserve(static_cast<size_t>(expected + height));
-  for (int y = 0; y < height; ++y) {
-    raw.push_back('\0');
-    raw.append(reinterpret_cast<const char*>(rgb.data()) + y * row_bytes, row_bytes);
-  }
-  uLongf compressed_size = compressBound(static_cast<uLong>(raw.size()));
-  std::string compressed(compressed_size, '\0');
-  const int rc = compress2(reinterpret_cast<Bytef*>(compressed.data()), &compressed_size,
-                           reinterpret_cast<const Bytef*>(raw.data()),
-                           static_cast<uLong>(raw.size()), Z_DEFAULT_COMPRESSION);
-  if (rc != Z_OK) return absl::InternalError(absl::StrCat("zlib compress2 failed: ", rc));
-  compressed.resize(compressed_size);
-
-  std::string png("\x89PNG\r\n\x1a\n", 8);
-  std::string ihdr;
-  put_u32_be(ihdr, static_cast<uint32_t>(width));
-  put_u32_be(ihdr, static_cast<uint32_t>(height));
-  ihdr.push_back(8);   // bit depth
-  ihdr.push_back(2);   // colour type: truecolour RGB
-  ihdr.push_back(0);   // compression: deflate
-  ihdr.push_back(0);   // filter method 0
-  ihdr.push_back(0);   // no interlace
-  put_png_chunk(png, "IHDR", ihdr);
-  put_png_chunk(png, "IDAT", compressed);
-  put_png_chunk(png, "IEND", "");
-  return png;
 }
 
 const std::vector<double>& default_bucket_limits() {
@@ -330,8 +274,8 @@ absl::Status TensorBoardWriter::add_histogram(const std::string& tag,
 absl::Status TensorBoardWriter::add_image(const std::string& tag, int height, int width,
                                           const std::vector<uint8_t>& rgb, int64_t step) {
   if (auto status = check_tag(tag); !status.ok()) return status;
-  auto png = tensorboard::encode_png(height, width, rgb);
-  if (!png.ok()) return png.status();
+  absl::StatusOr<std::string> encoded = png::encode_rgb(height, width, rgb);
+  if (!encoded.ok()) return encoded.status();
   tbproto::Event event;
   event.set_wall_time(now_seconds());
   event.set_step(step);
@@ -340,8 +284,8 @@ absl::Status TensorBoardWriter::add_image(const std::string& tag, int height, in
   auto* image = v->mutable_image();
   image->set_height(height);
   image->set_width(width);
-  image->set_colorspace(3);
-  image->set_encoded_image_string(std::move(*png));
+  image->set_colorspace(3);  // RGB
+  image->set_encoded_image_string(std::move(*encoded));
   std::lock_guard<std::mutex> lock(mu_);
   return write_event_locked(event.SerializeAsString());
 }

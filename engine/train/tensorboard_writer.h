@@ -1,7 +1,7 @@
 // TensorBoard event files: scalars, histograms and PNG images written as TFRecord-framed
 // Event protos that the tensorboard package reads (see shared FORMATS.md, "TensorBoard
-// event files"). No TensorFlow dependency: CRC32C, record framing and PNG encoding are
-// implemented here.
+// event files"). No TensorFlow dependency: CRC32C and record framing are implemented
+// here, PNG encoding in engine/train/png.h.
 #pragma once
 
 #include <cstdint>
@@ -37,11 +37,6 @@ std::string frame_record(absl::string_view data);
 // Every record's data from a TFRecord file, checking lengths and both CRCs.
 absl::StatusOr<std::vector<std::string>> read_records(const std::string& path);
 
-// An 8-bit RGB PNG (no interlace, filter 0 on every scanline) of height x width pixels;
-// rgb holds height*width*3 bytes, row-major.
-absl::StatusOr<std::string> encode_png(int height, int width,
-                                       const std::vector<uint8_t>& rgb);
-
 // The bucket limits TensorFlow's histogram summaries use by default: +-1e-12 growing by
 // 10% up to 1e20, +-DBL_MAX at the ends and 0 in the middle (sorted ascending).
 const std::vector<double>& default_bucket_limits();
@@ -65,7 +60,7 @@ class TensorBoardWriter {
   // collapsed into one. values must be non-empty and finite.
   absl::Status add_histogram(const std::string& tag, const std::vector<double>& values,
                              int64_t step);
-  // An RGB image, height*width*3 bytes row-major, stored as PNG.
+  // An RGB image, height*width*3 bytes row-major, stored as PNG (png::encode_rgb).
   absl::Status add_image(const std::string& tag, int height, int width,
                          const std::vector<uint8_t>& rgb, int64_t step);
   absl::Status flush();

@@ -25,6 +25,7 @@
 #include "engine/runtime/status_macros.h"
 #include "engine/train/tensorboard_writer.h"
 #include "kernels/threads.h"
+#include "moe/balance_stats.h"
 
 namespace switchyard {
 
@@ -375,6 +376,17 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     if (reporter) {
       metrics << j.dump() << "\n" << std::flush;
       SY_RETURN_IF_ERROR(tensorboard->add_scalar("eval/val_loss", val, step));
+      // The layers x experts load of the last evaluation batch, as an image.
+      const RouterStats& rs = model.router_stats();
+      std::vector<std::vector<double>> shares;
+      for (const RouterStats::Layer& layer : rs.layers)
+        shares.push_back(layer_load(layer.selections_per_expert, layer.tokens, rs.top_k, 0).share);
+      if (!shares.empty()) {
+        constexpr int kHeatmapCellPixels = 24;
+        const RgbImage heatmap = load_heatmap(shares, kHeatmapCellPixels);
+        SY_RETURN_IF_ERROR(tensorboard->add_image("moe/load_heatmap", heatmap.height,
+                                                  heatmap.width, heatmap.rgb, step));
+      }
       SY_RETURN_IF_ERROR(tensorboard->flush());
     }
     sink.on_eval(step, val);
@@ -489,6 +501,19 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
         if (!rs.selections_per_expert.empty())
           SY_RETURN_IF_ERROR(tensorboard->add_histogram("moe/selections_per_expert",
                                                         rs.selections_per_expert, step));
+        // Each MoE layer's load in this step's last micro-batch: max/mean tokens per
+        // expert, the share dropped by moe.capacity_factor, and the tokens per expert.
+        for (size_t l = 0; l < rs.layers.size(); ++l) {
+          const RouterStats::Layer& layer = rs.layers[l];
+          const LayerLoad load = layer_load(layer.selections_per_expert, layer.tokens, rs.top_k,
+                                            recipe.moe().capacity_factor());
+          const std::string prefix = absl::StrCat("moe/layer_", l, "/");
+          SY_RETURN_IF_ERROR(tensorboard->add_scalar(prefix + "imbalance", load.imbalance, step));
+          SY_RETURN_IF_ERROR(
+              tensorboard->add_scalar(prefix + "dropped", load.dropped_fraction, step));
+          SY_RETURN_IF_ERROR(tensorboard->add_histogram(prefix + "tokens_per_expert",
+                                                        layer.selections_per_expert, step));
+        }
         SY_RETURN_IF_ERROR(tensorboard->flush());
       }
       sink.on_step(m);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `switchyard bench balance` on the tiny recipe with synthetic tokens: the table, the
-# JSON's keys and a self-contained HTML report; bad input ends with one stderr line.
+# JSON's keys and a self-contained HTML report; --compare on the recipe and on a trained
+# checkpoint; bad input ends with one stderr line.
 #   bench_balance_test.sh SWITCHYARD_BINARY REPO_ROOT
 set -u
 bin="$1"
@@ -38,6 +39,72 @@ else
   fail "bench balance exited $?: $(cat "$work/err")"
 fi
 
+# --compare: one block per variant on the same tokens and weights; the variant that
+# matches the recipe gives exactly the plain run's statistics.
+if "$bin" bench balance "$root/recipes/tiny.textproto" --synthetic zipf:1.1 --batches 2 --ep 2 \
+    --compare top_k=1,2,4 --json "$work/c.json" --report "$work/c.html" >"$work/out" 2>"$work/err"; then
+  for v in top_k=1 top_k=2 top_k=4; do
+    grep -q "^$v " "$work/out" || fail "compare table: no block for $v"
+  done
+  [[ $(grep -c "overall" "$work/out") -eq 3 ]] || fail "compare table: expected 3 overall rows"
+  python3 - "$work/c.json" "$work/b.json" <<'PY' || fail "compare json"
+import json, sys
+c, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert c["compare"] == "top_k=1,2,4" and "layers" not in c
+assert [v["name"] for v in c["variants"]] == ["top_k=1", "top_k=2", "top_k=4"]
+for v, k in zip(c["variants"], (1, 2, 4)):
+    assert v["top_k"] == k and v["gating"] == "TOPK_SOFTMAX", v
+    assert len(v["layers"]) == 4
+    for s in v["layers"]:
+        assert sum(s["tokens_per_expert"]) == 2 * 8 * 128 * k
+        assert "all_to_all" in s
+same = c["variants"][1]
+assert same["layers"] == b["layers"] and same["overall"] == b["overall"]
+# More experts per token spread the load: top-4 is more even than top-1.
+assert c["variants"][2]["overall"]["imbalance"] <= c["variants"][0]["overall"]["imbalance"]
+PY
+  # A heatmap and an all-to-all figure per variant.
+  [[ $(grep -c "<figure>" "$work/c.html") -eq 6 ]] || fail "compare report: expected 6 figures"
+  echo "ok   bench balance --compare top_k"
+else
+  fail "bench balance --compare exited $?: $(cat "$work/err")"
+fi
+if "$bin" bench balance "$root/recipes/tiny.textproto" --synthetic zipf:1.1 --batches 1 \
+    --compare "gating=topk_softmax, SOFTMAX_TOPK,GSHARD_TOP2" --json "$work/g.json" >"$work/out" 2>"$work/err"; then
+  python3 - "$work/g.json" <<'PY' || fail "gating compare json"
+import json, sys
+v = json.load(open(sys.argv[1]))["variants"]
+assert [x["gating"] for x in v] == ["TOPK_SOFTMAX", "SOFTMAX_TOPK", "GSHARD_TOP2"], v
+# The same router picks the same experts in the first layer; only the weights differ.
+assert v[0]["layers"][0]["tokens_per_expert"] == v[1]["layers"][0]["tokens_per_expert"]
+PY
+  echo "ok   bench balance --compare gating"
+else
+  fail "bench balance --compare gating exited $?: $(cat "$work/err")"
+fi
+
+# A trained checkpoint: its router, routed with another top-k.
+if "$bin" train "$root/recipes/tiny.textproto" --run-dir "$work/run" --set train.steps=3 \
+    --set optimizer.warmup_steps=0 --set train.eval_interval=0 --dataset-cache "$work/cache" >/dev/null 2>"$work/err"; then
+  weights="$work/run/checkpoints/final"
+  if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 --compare top_k=1,2 \
+      --json "$work/t.json" >"$work/out" 2>"$work/err" &&
+     "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 --json "$work/t2.json" >/dev/null 2>>"$work/err"; then
+    python3 - "$work/t.json" "$work/t2.json" <<'PY' || fail "checkpoint compare json"
+import json, sys
+c, plain = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert [v["top_k"] for v in c["variants"]] == [1, 2]
+assert c["variants"][1]["layers"] == plain["layers"]
+assert sum(c["variants"][0]["layers"][0]["tokens_per_expert"]) == 8 * 128
+PY
+    echo "ok   bench balance --compare on a checkpoint"
+  else
+    fail "bench balance --compare on a checkpoint: $(cat "$work/err")"
+  fi
+else
+  fail "a 3-step training run failed: $(cat "$work/err")"
+fi
+
 # expect_error NAME EXPECTED_SUBSTRING -- COMMAND...
 expect_error() {
   local name="$1" want="$2"
@@ -55,5 +122,15 @@ expect_error "unknown path" "nope.textproto" -- "$bin" bench balance "$work/nope
 expect_error "bad synthetic spec" "zipf:S" -- "$bin" bench balance "$tiny" --synthetic uniform
 expect_error "negative zipf exponent" "zipf:-1" -- "$bin" bench balance "$tiny" --synthetic zipf:-1
 expect_error "ep not dividing experts" "--ep 3" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --ep 3
+z=(--synthetic zipf:1.1 --batches 1)
+expect_error "compare without =" "expected top_k=K1,K2" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k
+expect_error "compare of an unknown setting" "unknown setting 'experts'" -- "$bin" bench balance "$tiny" "${z[@]}" --compare experts=4,8
+expect_error "compare with an empty value" "empty value" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=1,,2
+expect_error "compare top_k beyond the experts" "moe.top_k (9) must be <= moe.num_experts" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=1,9
+expect_error "compare top_k not a number" "moe.top_k" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=two
+expect_error "compare of an unknown gating" "SPARSEMAX" -- "$bin" bench balance "$tiny" "${z[@]}" --compare gating=TOPK_SOFTMAX,sparsemax
+expect_error "compare with a value twice" "listed twice" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=2,2
+sed -e 's/top_k: 2/top_k: 1/' -e "s#corpus: .*#corpus: \"$root/data/corpus/tinyshakespeare.txt\"#" "$tiny" >"$work/top1.textproto"
+expect_error "compare GShard on a top-1 recipe" "must be 2 with moe.gating GSHARD_TOP2" -- "$bin" bench balance "$work/top1.textproto" "${z[@]}" --compare gating=SOFTMAX_TOPK,GSHARD_TOP2
 
 [[ $failures -eq 0 ]]

@@ -1,10 +1,12 @@
 """TensorBoard event files written by the engine read back with the tensorboard package:
 its record reader (which checks both CRCs), the legacy EventAccumulator, and the plugin
 accumulator the TensorBoard UI uses (which migrates simple_value/histo/image summaries
-into its scalars/histograms/images plugins).
+into its scalars/histograms/images plugins). Then the events of a short training run:
+per-layer load scalars and histograms at log steps, the load heatmap image at eval steps.
 
 Run by ctest with the interop environment's Python; TENSORBOARD_TOOL names
-tests/train/tensorboard_tool (see that file for the summaries it writes).
+tests/train/tensorboard_tool (see that file for the summaries it writes), SWITCHYARD the
+binary.
 """
 import io
 import os
@@ -12,9 +14,11 @@ import re
 import struct
 import subprocess
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.backend.event_processing import plugin_event_accumulator
@@ -22,6 +26,8 @@ from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.util import tensor_util
 
 TOOL = os.environ["TENSORBOARD_TOOL"]
+SWITCHYARD = os.environ["SWITCHYARD"]
+TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
 STEPS = range(5)
 HIST_VALUES = [i * 0.5 - 3 for i in range(100)] + [1e6]
 HEIGHT, WIDTH = 6, 10
@@ -119,23 +125,17 @@ def test_scalars_histogram_image_via_event_accumulator(log):
     png = image.encoded_image_string
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", png[16:24]) == (WIDTH, HEIGHT)
-    # Decode: Pillow where installed (it comes with tensorboard's optional deps), else zlib.
-    try:
-        from PIL import Image
-    except ImportError:
-        Image = None
-    if Image is not None:
-        decoded = Image.open(io.BytesIO(png))
-        assert decoded.format == "PNG" and decoded.mode == "RGB"
-        assert decoded.size == (WIDTH, HEIGHT)
-        np.testing.assert_array_equal(np.asarray(decoded), expected_pixels())
-    else:
-        (idat_len,) = struct.unpack(">I", png[33:37])
-        assert png[37:41] == b"IDAT"
-        raw = np.frombuffer(zlib.decompress(png[41:41 + idat_len]), dtype=np.uint8)
-        rows = raw.reshape(HEIGHT, 1 + 3 * WIDTH)
-        assert (rows[:, 0] == 0).all()
-        np.testing.assert_array_equal(rows[:, 1:].reshape(HEIGHT, WIDTH, 3), expected_pixels())
+    # Decoded by Pillow and, independently, inflated by zlib.
+    decoded = Image.open(io.BytesIO(png))
+    assert decoded.format == "PNG" and decoded.mode == "RGB"
+    assert decoded.size == (WIDTH, HEIGHT)
+    np.testing.assert_array_equal(np.asarray(decoded), expected_pixels())
+    (idat_len,) = struct.unpack(">I", png[33:37])
+    assert png[37:41] == b"IDAT"
+    raw = np.frombuffer(zlib.decompress(png[41:41 + idat_len]), dtype=np.uint8)
+    rows = raw.reshape(HEIGHT, 1 + 3 * WIDTH)
+    assert (rows[:, 0] == 0).all()
+    np.testing.assert_array_equal(rows[:, 1:].reshape(HEIGHT, WIDTH, 3), expected_pixels())
 
 
 def test_plugin_accumulator_as_the_ui_reads_it(log):
@@ -168,3 +168,96 @@ def test_log_dir_that_is_a_file_fails_cleanly(tmp_path):
     result = subprocess.run([TOOL, str(not_a_dir)], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "not a directory" in result.stderr.lower(), result.stderr
+
+
+# A short run of the tiny recipe (4 MoE layers, 8 experts, top-2), shrunk to micro-batches
+# of 4 x 64 tokens, with a capacity factor so that drops happen.
+RUN_STEPS, LOG_EVERY, EVAL_EVERY = 8, 4, 4
+LAYERS, EXPERTS, TOP_K, MICRO_TOKENS = 4, 8, 2, 4 * 64
+HEATMAP_CELL = 24
+
+
+@pytest.fixture(scope="module")
+def training_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    run_dir = tmp / "run"
+    result = subprocess.run(
+        [SWITCHYARD, "train", str(TINY), "--run-dir", str(run_dir),
+         "--dataset-cache", str(tmp / "cache"),
+         "--set", f"train.steps={RUN_STEPS}", "--set", f"train.log_interval={LOG_EVERY}",
+         "--set", "train.seq_len=64", "--set", "train.global_batch_size=8",
+         "--set", "train.micro_batch_size=4",
+         "--set", f"train.eval_interval={EVAL_EVERY}", "--set", "train.eval_batches=1",
+         "--set", "optimizer.warmup_steps=2", "--set", "checkpoint.interval_steps=0",
+         "--set", "moe.capacity_factor=1.0"],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={
+        event_accumulator.SCALARS: 0, event_accumulator.HISTOGRAMS: 0,
+        event_accumulator.IMAGES: 0})
+    acc.Reload()
+    return acc
+
+
+def test_per_layer_imbalance_and_drops_at_log_steps(training_run):
+    tags = training_run.Tags()["scalars"]
+    log_steps = list(range(LOG_EVERY, RUN_STEPS + 1, LOG_EVERY))
+    any_dropped = False
+    for layer in range(LAYERS):
+        imbalance = training_run.Scalars(f"moe/layer_{layer}/imbalance")
+        assert [s.step for s in imbalance] == log_steps
+        assert all(1.0 <= s.value <= EXPERTS for s in imbalance)
+        dropped = training_run.Scalars(f"moe/layer_{layer}/dropped")
+        assert [s.step for s in dropped] == log_steps
+        assert all(0.0 <= s.value < 1.0 for s in dropped)
+        # At capacity factor 1 an expert above the mean load drops its excess.
+        for i, d in zip(imbalance, dropped):
+            assert (d.value > 0) == (i.value > 1.0 + 1e-6), (layer, i, d)
+            any_dropped |= d.value > 0
+    assert any_dropped
+    assert f"moe/layer_{LAYERS}/imbalance" not in tags
+
+
+def test_per_layer_tokens_per_expert_histograms(training_run):
+    hist_tags = training_run.Tags()["histograms"]
+    for layer in range(LAYERS):
+        tag = f"moe/layer_{layer}/tokens_per_expert"
+        assert tag in hist_tags
+        events = training_run.Histograms(tag)
+        assert [e.step for e in events] == list(range(LOG_EVERY, RUN_STEPS + 1, LOG_EVERY))
+        for e in events:
+            h = e.histogram_value
+            # One value per expert, together every top-k choice of one micro-batch.
+            assert h.num == EXPERTS
+            assert h.sum == MICRO_TOKENS * TOP_K
+            assert 0 <= h.min <= h.max <= MICRO_TOKENS
+
+
+def test_load_heatmap_image_at_eval_steps(training_run):
+    images = training_run.Images("moe/load_heatmap")
+    assert [i.step for i in images] == [0, EVAL_EVERY, RUN_STEPS]
+    height, width = LAYERS * HEATMAP_CELL + 1, EXPERTS * HEATMAP_CELL + 1
+    for event in images:
+        assert (event.height, event.width) == (height, width)
+        with Image.open(io.BytesIO(event.encoded_image_string)) as decoded:
+            assert decoded.format == "PNG" and decoded.mode == "RGB"
+            assert decoded.size == (width, height)
+            pixels = np.asarray(decoded).astype(int)
+        # One-pixel grey grid lines around the cells.
+        assert (pixels[::HEATMAP_CELL, :] == 204).all()
+        assert (pixels[:, ::HEATMAP_CELL] == 204).all()
+        # Each cell one colour of the scale (white -> (255, 128, 128) at the uniform share
+        # -> (155, 0, 0) at twice that, green = blue = 255 (1 - share E / 2)); the shares
+        # it encodes sum to about 1 in every layer.
+        for layer in range(LAYERS):
+            shares = []
+            for expert in range(EXPERTS):
+                y, x = layer * HEATMAP_CELL, expert * HEATMAP_CELL
+                cell = pixels[y + 1:y + HEATMAP_CELL, x + 1:x + HEATMAP_CELL]
+                r, g, b = cell[0, 0]
+                assert (cell == cell[0, 0]).all()
+                t = 1 - g / 255
+                assert g == b and abs(r - (255 - 200 * max(0.0, t - 0.5))) <= 1, (r, g, b)
+                shares.append(t * 2 / EXPERTS)
+            if max(shares) < 2 / EXPERTS:  # no cell saturated at twice the uniform share
+                assert sum(shares) == pytest.approx(1.0, abs=0.02), shares

@@ -1,0 +1,116 @@
+#include "engine/cli/progress_line.h"
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+
+namespace switchyard {
+
+namespace {
+
+constexpr int kBarCells = 20;
+constexpr char kEraseToEnd[] = "\x1b[K";
+
+}  // namespace
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long long t = static_cast<long long>(s + 0.5);
+  if (t >= 3600) return absl::StrFormat("%lldh%02lldm", t / 3600, (t / 60) % 60);
+  if (t >= 60) return absl::StrFormat("%lldm%02llds", t / 60, t % 60);
+  return absl::StrFormat("%llds", t);
+}
+
+int terminal_columns(int fd) {
+  winsize size{};
+  if (ioctl(fd, TIOCGWINSZ, &size) != 0) return 0;
+  return size.ws_col;
+}
+
+std::string step_line(const StepMetrics& m) {
+  return absl::StrFormat(
+      "step %5lld/%lld  loss %.4f  aux %.4f  z %.4f  lr %.2e  grad %.3f  %.0f tok/s  "
+      "mfu %.1f%%  dropped %.2f%%  load max/mean %.2f  eta %s",
+      static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.aux_loss,
+      m.z_loss, m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, 100.0 * m.dropped_fraction,
+      m.worst_load_ratio, format_duration(m.eta_s));
+}
+
+std::string live_step_line(const StepMetrics& m, int bar_width) {
+  const double done =
+      m.total_steps > 0 ? std::clamp(static_cast<double>(m.step) / m.total_steps, 0.0, 1.0) : 0;
+  const int filled = static_cast<int>(done * bar_width);
+  return absl::StrFormat(
+      "[%s%s] %3.0f%%  step %lld/%lld  eta %s  |  loss %.4f  aux %.4f  z %.4f  lr %.2e  "
+      "grad %.3f  %.0f tok/s  mfu %.1f%%  dropped %.2f%%  load max/mean %.2f",
+      std::string(filled, '#'), std::string(bar_width - filled, '.'), 100.0 * done,
+      static_cast<long long>(m.step), static_cast<long long>(m.total_steps),
+      format_duration(m.eta_s), m.loss, m.aux_loss, m.z_loss, m.lr, m.grad_norm, m.tokens_per_s,
+      100.0 * m.mfu, 100.0 * m.dropped_fraction, m.worst_load_ratio);
+}
+
+ProgressLine::ProgressLine(std::FILE* out, bool live, int width)
+    : out_(out), live_(live), width_(width) {}
+
+ProgressLine::~ProgressLine() { finish(); }
+
+void ProgressLine::draw() {
+  // A line as wide as the terminal would wrap (or park the cursor past the last column),
+  // and "\r" would then return only to the start of its last row.
+  const std::string text = width_ > 1 && static_cast<int>(shown_.size()) >= width_
+                               ? shown_.substr(0, width_ - 1)
+                               : shown_;
+  std::fprintf(out_, "\r%s%s", text.c_str(), kEraseToEnd);
+}
+
+void ProgressLine::erase() { std::fprintf(out_, "\r%s", kEraseToEnd); }
+
+void ProgressLine::update(const std::string& text) {
+  if (!live_) {
+    std::fprintf(out_, "%s\n", text.c_str());
+  } else {
+    shown_ = text;
+    draw();
+  }
+  std::fflush(out_);
+}
+
+void ProgressLine::print(const std::string& text) {
+  if (live_ && !shown_.empty()) {
+    erase();
+    std::fprintf(out_, "%s\n", text.c_str());
+    draw();
+  } else {
+    std::fprintf(out_, "%s\n", text.c_str());
+  }
+  std::fflush(out_);
+}
+
+void ProgressLine::finish() {
+  if (shown_.empty()) return;
+  std::fprintf(out_, "\n");
+  std::fflush(out_);
+  shown_.clear();
+}
+
+void TrainProgressSink::on_step(const StepMetrics& m) {
+  if (!line_.live()) {
+    line_.update(step_line(m));
+    return;
+  }
+  line_.update(live_step_line(m, kBarCells));
+  if (m.step >= m.total_steps) line_.finish();
+}
+
+void TrainProgressSink::on_eval(int64_t step, double val_loss) {
+  line_.print(
+      absl::StrFormat("eval step %lld  val_loss %.4f", static_cast<long long>(step), val_loss));
+}
+
+void TrainProgressSink::on_message(const std::string& text) { line_.print(text); }
+
+}  // namespace switchyard
