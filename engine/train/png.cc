@@ -5,21 +5,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "engine/train/crc_table.h"
 
 namespace switchyard::png {
 
 namespace {
 
-constexpr std::array<uint32_t, 256> make_crc32_table() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-constexpr std::array<uint32_t, 256> kCrc32Table = make_crc32_table();
+constexpr std::array<uint32_t, 256> kCrc32Table = reflected_crc32_table(0xEDB88320u);
 
 constexpr size_t kMaxStoredBlock = 65535;
 // Largest image accepted: summary images are thumbnails, and this keeps every size

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/train/crc_table.h"
 #include "engine/train/png.h"
 #include "engine/train/tensorboard_event.pb.h"
 
@@ -25,16 +26,7 @@ namespace switchyard {
 namespace tensorboard {
 namespace {
 
-constexpr std::array<uint32_t, 256> make_crc32c_table() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-constexpr std::array<uint32_t, 256> kCrc32cTable = make_crc32c_table();
+constexpr std::array<uint32_t, 256> kCrc32cTable = reflected_crc32_table(0x82F63B78u);
 
 void put_u32_le(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));

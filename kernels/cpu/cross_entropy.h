@@ -9,6 +9,18 @@
 
 namespace switchyard::cpu {
 
+// log(sum_j exp(x[j])) of one row, shifted by the row's maximum.
+template <typename T>
+T row_logsumexp(const T* x, int64_t vocab) {
+  T max = x[0];
+#pragma omp simd reduction(max : max)
+  for (int64_t j = 1; j < vocab; ++j) max = x[j] > max ? x[j] : max;
+  T sum = T(0);
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(x[j] - max);
+  return max + std::log(sum);
+}
+
 // logits: (n, vocab), targets: (n) (negative: ignored) -> losses: (n), lse: (n).
 template <typename T>
 void cross_entropy_forward(const T* logits, const int32_t* targets, int64_t n, int64_t vocab,
@@ -16,13 +28,7 @@ void cross_entropy_forward(const T* logits, const int32_t* targets, int64_t n, i
 #pragma omp parallel for schedule(static) if (n * vocab >= kParallelMinWork)
   for (int64_t r = 0; r < n; ++r) {
     const T* x = logits + r * vocab;
-    T max = x[0];
-#pragma omp simd reduction(max : max)
-    for (int64_t j = 1; j < vocab; ++j) max = x[j] > max ? x[j] : max;
-    T sum = T(0);
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(x[j] - max);
-    lse[r] = max + std::log(sum);
+    lse[r] = row_logsumexp(x, vocab);
     losses[r] = targets[r] < 0 ? T(0) : lse[r] - x[targets[r]];
   }
 }
@@ -57,13 +63,7 @@ void cross_entropy_shard_forward(const T* logits, const int32_t* targets, int64_
 #pragma omp parallel for schedule(static) if (n * vocab >= kParallelMinWork)
   for (int64_t r = 0; r < n; ++r) {
     const T* x = logits + r * vocab;
-    T max = x[0];
-#pragma omp simd reduction(max : max)
-    for (int64_t j = 1; j < vocab; ++j) max = x[j] > max ? x[j] : max;
-    T sum = T(0);
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(x[j] - max);
-    lse[r] = max + std::log(sum);
+    lse[r] = row_logsumexp(x, vocab);
     const int64_t target = targets[r] - vocab_start;
     target_logits[r] = targets[r] >= 0 && target >= 0 && target < vocab ? x[target] : T(0);
   }
