@@ -11,9 +11,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "data/inspect.h"
-#include "engine/cli/inspect_checkpoint.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "engine/cli/inspect_checkpoint.h"
+#include "engine/cli/progress_line.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -27,55 +28,43 @@ std::string human(double n) {
   return absl::StrFormat("%.0f", n);
 }
 
-// A live line redrawn with \r on a terminal; a plain line every 10 s otherwise (logs).
+// The progress of data jobs: a live line with an ETA redrawn on a terminal; a plain line
+// every 10 s otherwise (logs).
 class TerminalDataProgress : public DataProgressSink {
  public:
-  TerminalDataProgress() : live_(isatty(STDOUT_FILENO) == 1) {}
-  ~TerminalDataProgress() override { end_line(); }
+  TerminalDataProgress()
+      : line_(stdout, isatty(STDOUT_FILENO) == 1, terminal_columns(STDOUT_FILENO)) {}
 
   void on_progress(const DataProgress& p) override {
     const auto now = std::chrono::steady_clock::now();
     const double since = std::chrono::duration<double>(now - last_).count();
-    if (!p.finished && since < (live_ ? 0.1 : 10.0)) return;
+    if (!p.finished && since < (line_.live() ? 0.1 : 10.0)) return;
     last_ = now;
     const double s = std::max(p.elapsed_s, 1e-9);
     std::string line =
         absl::StrFormat("%-9s %.1f/%.1f MB", p.stage, p.bytes_done / 1e6, p.bytes_total / 1e6);
     if (p.bytes_total > 0)
       absl::StrAppendFormat(&line, " %3.0f%%", 100.0 * p.bytes_done / p.bytes_total);
+    if (p.bytes_total > 0 && p.bytes_done > 0 && !p.finished)
+      absl::StrAppend(&line, "  eta ",
+                      format_duration(p.elapsed_s * (p.bytes_total - p.bytes_done) / p.bytes_done));
     absl::StrAppendFormat(&line, "  %s docs", human(p.documents));
     if (p.tokens > 0) absl::StrAppendFormat(&line, "  %s tokens", human(p.tokens));
     absl::StrAppendFormat(&line, "  | %.1f MB/s  %s docs/s", p.bytes_done / 1e6 / s,
                           human(p.documents / s));
     if (p.tokens > 0) absl::StrAppendFormat(&line, "  %s tok/s", human(p.tokens / s));
     absl::StrAppendFormat(&line, "  %.1fs", p.elapsed_s);
-    if (live_) {
-      std::printf("\r%s\x1b[K", line.c_str());
-      pending_ = true;
-      if (p.finished) end_line();
-    } else {
-      std::printf("%s\n", line.c_str());
-    }
-    std::fflush(stdout);
+    line_.update(line);
+    if (p.finished) line_.finish();
   }
 
-  void on_message(const std::string& text) override {
-    end_line();
-    std::printf("%s\n", text.c_str());
-    std::fflush(stdout);
-  }
+  void on_message(const std::string& text) override { line_.print(text); }
 
   // Ends a live line, so that what follows (an error on stderr) starts on its own line.
-  void end_line() {
-    if (!pending_) return;
-    std::printf("\n");
-    std::fflush(stdout);
-    pending_ = false;
-  }
+  void end_line() { line_.finish(); }
 
  private:
-  const bool live_;
-  bool pending_ = false;
+  ProgressLine line_;
   std::chrono::steady_clock::time_point last_{};
 };
 
