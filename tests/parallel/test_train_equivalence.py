@@ -107,6 +107,32 @@ def test_layout_matches_single_process(tmp_path, single, layout, routing):
     assert_weights_match(weights, single_weights)
 
 
+QWEN_STYLE = ["--set", "moe.num_shared_experts=1", "--set", "moe.shared_expert_ffn_hidden_size=128",
+              "--set", "moe.shared_expert_gate=true", "--set", "model.attention_bias=true",
+              "--set", "model.moe_layer_interval=2", "--set", "model.ffn_hidden_size=256",
+              "--set", "model.tie_embeddings=true"]
+
+
+@pytest.mark.parametrize("layout", ["dp2xtp2xep2-zero3", "tp2xep2"])
+def test_shared_experts_dense_layers_and_tied_embeddings_match(tmp_path, layout):
+    """A gated shared expert (split Megatron-style over tp), dense FFN layers, attention
+    biases and a tied embedding (used by the first and the last ZeRO unit) under tensor,
+    expert and ZeRO-3 parallelism against one process."""
+    single_losses, single_weights = train(tmp_path, "single", 1, QWEN_STYLE)
+    ranks, overrides = {
+        "dp2xtp2xep2-zero3": (4, ["--set", "parallel.tensor_parallel_size=2",
+                                  "--set", "parallel.expert_parallel_size=2",
+                                  "--set", "parallel.zero_stage=3"]),
+        "tp2xep2": LAYOUTS["tp2xep2"],
+    }[layout]
+    losses, weights = train(tmp_path, layout, ranks, overrides + QWEN_STYLE)
+    np.testing.assert_allclose(losses[0], single_losses[0], rtol=1e-6)
+    np.testing.assert_allclose(losses[:, 0], single_losses[:, 0], rtol=1e-5)
+    np.testing.assert_allclose(losses[:, 1:], single_losses[:, 1:], rtol=2e-4)
+    assert set(weights) == set(single_weights)
+    assert_weights_match(weights, single_weights)
+
+
 def assert_weights_match(weights, reference):
     """AdamW divides by sqrt(v): where a gradient element is near zero, the rounding of
     the gradient sums can move its update by a fraction of lr (3e-3), and a capacity
