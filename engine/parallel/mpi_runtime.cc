@@ -67,10 +67,13 @@ MpiRuntime& MpiRuntime::initialize(int* argc, char*** argv) {
     return runtime;
   }
 
+  // Multiple threads let gradient reductions run beside backward (on their own
+  // communicators); with less, everything communicates from the main thread.
   int provided = 0;
-  SY_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  SY_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   std::atexit(finalize_mpi);
   SY_CHECK_MSG(provided >= MPI_THREAD_FUNNELED, "MPI lacks MPI_THREAD_FUNNELED support");
+  runtime.threads_communicate_ = provided >= MPI_THREAD_MULTIPLE;
   // Communicators split from the world inherit this, so failures reach SY_MPI_CHECK.
   SY_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   runtime.launched_ = true;

@@ -13,8 +13,8 @@ namespace switchyard {
 
 class MpiRuntime {
  public:
-  // Call once at the top of main, before any thread starts. Initialises MPI
-  // (MPI_THREAD_FUNNELED: only the main thread communicates) when the process was
+  // Call once at the top of main, before any thread starts. Initialises MPI (asking
+  // for MPI_THREAD_MULTIPLE, requiring MPI_THREAD_FUNNELED) when the process was
   // started by a launcher, detected by OMPI_COMM_WORLD_SIZE (mpirun), PMIX_RANK
   // (PMIx: OpenMPI, srun --mpi=pmix) or PMI_SIZE (srun PMI-2, Hydra). MPI is finalised
   // at exit. Later calls return the same runtime.
@@ -34,6 +34,9 @@ class MpiRuntime {
   // run on divided by the local ranks, at most the cores this rank is bound to, at
   // least 1.
   int threads_per_rank() const { return threads_per_rank_; }
+  // Whether threads other than the main one may run collectives (MPI_THREAD_MULTIPLE),
+  // each on a communicator of its own.
+  bool threads_communicate() const { return threads_communicate_; }
 
   // The whole job: an MpiCommunicator over MPI_COMM_WORLD when launched, else a
   // LocalCommunicator.
@@ -48,6 +51,7 @@ class MpiRuntime {
   int local_rank_ = 0;
   int local_size_ = 1;
   int threads_per_rank_ = 1;
+  bool threads_communicate_ = false;
 };
 
 // Ends every rank of the job with exit status `code` (MPI_Abort), so that an error on

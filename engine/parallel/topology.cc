@@ -132,6 +132,7 @@ ProcessGroups local_process_groups() {
   groups.dp = std::make_unique<LocalCommunicator>();
   groups.ep = std::make_unique<LocalCommunicator>();
   groups.expert_dp = std::make_unique<LocalCommunicator>();
+  groups.dp_background = std::make_unique<LocalCommunicator>();
   return groups;
 }
 
@@ -148,6 +149,8 @@ ProcessGroups make_process_groups(const Layout& layout) {
   groups.dp = world->split(layout.tp_index(rank), layout.dp_index(rank));
   groups.ep = world->split(layout.expert_dp_index(rank), layout.ep_index(rank));
   groups.expert_dp = world->split(layout.ep_index(rank), layout.expert_dp_index(rank));
+  groups.dp_background = world->split(layout.tp_index(rank), layout.dp_index(rank));
+  groups.background_collectives = runtime.threads_communicate();
   groups.world = std::move(world);
   return groups;
 }

@@ -60,6 +60,11 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> dp;
   std::unique_ptr<Communicator> ep;
   std::unique_ptr<Communicator> expert_dp;
+  // The dp group again, as a communicator of its own for gradient reductions that run
+  // on a background thread while the main thread computes; and whether MPI lets them
+  // (MpiRuntime::threads_communicate).
+  std::unique_ptr<Communicator> dp_background;
+  bool background_collectives = false;
 };
 
 // Every group of size 1, for a single process (needs no MpiRuntime).

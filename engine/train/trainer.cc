@@ -19,6 +19,7 @@
 #include "data/token_dataset.h"
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
+#include "engine/optim/grad_reducer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/zero.h"
 #include "engine/parallel/tensor_shards.h"
@@ -244,6 +245,14 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   params.allocate(dev);
   params.initialize(tc.seed());
   if (zero) zero->initialize(tc.seed());
+  // Below stage 2, dense gradients are all-reduced layer by layer as backward finishes
+  // each layer, overlapped with the rest of backward.
+  std::unique_ptr<OverlappedGradReduce> reducer;
+  if (!zero && groups.dp->size() > 1) {
+    reducer = std::make_unique<OverlappedGradReduce>(params, std::move(groups.dp_background),
+                                                     groups.background_collectives);
+    model.set_param_hooks(reducer.get());
+  }
   AdamWOptimizer::Groups optimizer_groups;
   optimizer_groups.tensor_parallel = groups.tp.get();
   optimizer_groups.expert_parallel = groups.ep.get();
@@ -405,6 +414,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       const int64_t global_micro = layout.dp_index(rank) * accumulation + m;
       Rng routing_rng = Rng(tc.seed()).fork(0x6a7e0000ULL + step * 65537ULL + global_micro);
       LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true, routing_rng);
+      if (reducer) reducer->set_reducing(m == accumulation - 1);
       model.backward(dev, 1.0f / static_cast<float>(global_micro_batches));
       step_loss.total += parts.total / accumulation;
       step_loss.cross_entropy += parts.cross_entropy / accumulation;
@@ -415,9 +425,9 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       assignments += rs.assignments;
       worst_load = std::max(worst_load, rs.worst_load_ratio);
     }
-    // From ZeRO stage 2 on, dense gradients were already summed onto their owners,
-    // layer by layer during backward.
-    if (zero_stage < 2) groups.dp->all_reduce_sum(params.dense_grads());
+    // Dense gradients were reduced layer by layer during the last backward: all-reduced
+    // (below stage 2) or reduce-scattered onto their rows' owners (ZeRO-2/3).
+    if (reducer) reducer->wait();
     groups.expert_dp->all_reduce_sum(params.expert_grads());
     StepReport report = optimizer.step(dev);
     if (step == 1) {
