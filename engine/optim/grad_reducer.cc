@@ -9,7 +9,7 @@ namespace switchyard {
 OverlappedGradReduce::OverlappedGradReduce(ParamStore& params,
                                            std::unique_ptr<Communicator> replicas,
                                            bool background)
-    : flat_(params.dense_grads()), replicas_(std::move(replicas)) {
+    : flat_(params.dense_grads()), replicas_(std::move(replicas)), queue_(background) {
   // The flat buffer holds the resident dense gradients in registration order, and a
   // unit's parameters are registered together.
   bucket_.assign(static_cast<size_t>(std::max(params.num_units(), 1)), {0, 0});
@@ -25,58 +25,15 @@ OverlappedGradReduce::OverlappedGradReduce(ParamStore& params,
     last_unit = p.unit;
   }
   SY_CHECK_MSG(offset == flat_.numel(), "the buckets do not cover the dense gradients");
-  if (background) worker_ = std::thread([this] { run_worker(); });
-}
-
-OverlappedGradReduce::~OverlappedGradReduce() {
-  if (!worker_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  changed_.notify_all();
-  worker_.join();
-}
-
-void OverlappedGradReduce::reduce(int unit) {
-  const auto [begin, end] = bucket_[unit];
-  if (end == begin) return;
-  Tensor bucket = flat_.slice_rows(begin, end);
-  replicas_->all_reduce_sum(bucket);
 }
 
 void OverlappedGradReduce::end_grads(int unit) {
   if (!reducing_) return;
-  if (!worker_.joinable()) {
-    reduce(unit);
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(unit);
-    ++in_flight_;
-  }
-  changed_.notify_all();
-}
-
-void OverlappedGradReduce::wait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [this] { return in_flight_ == 0; });
-}
-
-void OverlappedGradReduce::run_worker() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (true) {
-    changed_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping, nothing left
-    const int unit = queue_.front();
-    queue_.pop_front();
-    lock.unlock();
-    reduce(unit);
-    lock.lock();
-    --in_flight_;
-    changed_.notify_all();
-  }
+  const auto [begin, end] = bucket_[unit];
+  if (end == begin) return;
+  queue_.post([this, bucket = flat_.slice_rows(begin, end)]() mutable {
+    replicas_->all_reduce_sum(bucket);
+  });
 }
 
 }  // namespace switchyard

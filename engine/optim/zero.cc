@@ -33,8 +33,14 @@ std::vector<int> assign_owners(const ParamStore& params, int dense_replicas, int
   return owners;
 }
 
-ZeroShards::ZeroShards(ParamStore& params, Communicator& replicas, int stage, Device& device)
-    : params_store_(params), replicas_(replicas), stage_(stage), device_(device) {
+ZeroShards::ZeroShards(ParamStore& params, Communicator& replicas, int stage, Device& device,
+                       std::unique_ptr<Communicator> reduce_replicas, bool background)
+    : params_store_(params),
+      replicas_(replicas),
+      stage_(stage),
+      device_(device),
+      reduce_replicas_(std::move(reduce_replicas)),
+      reduce_queue_(background) {
   SY_CHECK_MSG(stage == 2 || stage == 3, "ZeroShards serves ZeRO stages 2 and 3");
   units_.resize(static_cast<size_t>(std::max(params.num_units(), 1)));
   const int size = replicas_.size();
@@ -118,11 +124,18 @@ void ZeroShards::begin_grads(int unit) {
 void ZeroShards::end_grads(int unit) {
   SY_CHECK_MSG(grads_open_[unit], "end_grads() without begin_grads()");
   grads_open_[unit] = false;
+  // The previous unit's reductions finish first: whole-size gradient buffers are what
+  // ZeRO-2/3 saves, so at most two units' worth exist at a time (one being reduced,
+  // one being computed).
+  reduce_queue_.wait_until_at_most(0);
   for (size_t i : units_[unit]) {
-    Shard& s = shards_[i];
-    Tensor mine = Tensor::empty(s.grad.shape(), DType::kF32, MemoryKind::kGradients, device_);
-    replicas_.reduce_scatter_sum(padded_grad_[i], mine);
-    add_(device_, s.grad, mine);
+    // The work holds the whole-size buffer until it is reduced, then frees it.
+    reduce_queue_.post([this, whole = std::move(padded_grad_[i]), grad = shards_[i].grad] {
+      Tensor mine = Tensor::empty(grad.shape(), DType::kF32, MemoryKind::kGradients, device_);
+      reduce_replicas_->reduce_scatter_sum(whole, mine);
+      Tensor accumulated = grad;
+      add_(device_, accumulated, mine);
+    });
     params_[i]->grad = padded_grad_[i] = Tensor();
   }
 }

@@ -11,18 +11,22 @@
 // (layer) at a time:
 //  - begin_grads: the unit's gradients of this micro-batch accumulate in whole-size
 //    buffers; end_grads reduce-scatters them (summed in rank order) onto the owners of
-//    the rows, which add them to their accumulated gradient, and frees the buffers.
+//    the rows, which add them to their accumulated gradient, and frees the buffers; on
+//    a background thread with a communicator of its own where MPI allows, overlapped
+//    with the backward of the layers before it (wait() before reading the gradients).
 //  - stage 2 keeps every value whole on every replica and all-gathers the updated rows
 //    after each step; stage 3 keeps only the owned rows: acquire all-gathers a unit's
 //    values into whole buffers that release frees again.
 #pragma once
 
 #include <array>
+#include <memory>
 #include <vector>
 
 #include "engine/config/recipe.pb.h"
 #include "engine/parallel/communicator.h"
 #include "engine/runtime/param_store.h"
+#include "engine/runtime/work_queue.h"
 
 namespace switchyard {
 
@@ -44,9 +48,12 @@ class ZeroShards final : public ParamHooks {
     Tensor exp_avg, exp_avg_sq;  // (rows, ...)
   };
 
-  // `stage` 2 or 3; `replicas` the data-parallel group. Marks what this rank does not
-  // keep resident: construct before params.allocate(), then call initialize().
-  ZeroShards(ParamStore& params, Communicator& replicas, int stage, Device& device);
+  // `stage` 2 or 3; `replicas` the data-parallel group; `reduce_replicas` the same
+  // group as a communicator used by nothing else, for the gradient reductions, which
+  // run on a thread of their own with `background`. Marks what this rank does not keep
+  // resident: construct before params.allocate(), then call initialize().
+  ZeroShards(ParamStore& params, Communicator& replicas, int stage, Device& device,
+             std::unique_ptr<Communicator> reduce_replicas, bool background);
   // Allocates the shards and their state; at stage 3 draws the owned rows' initial
   // values (ParamStore::initialize_rows), at stage 2 views the whole values.
   void initialize(uint64_t seed);
@@ -55,6 +62,8 @@ class ZeroShards final : public ParamHooks {
   void release(int unit) override;
   void begin_grads(int unit) override;
   void end_grads(int unit) override;
+  // Returns once the gradient reductions posted so far are done.
+  void wait() { reduce_queue_.wait(); }
 
   // The shard of registration index `i` (dense parameters only).
   Shard& shard(size_t i) { return shards_[i]; }
@@ -85,6 +94,8 @@ class ZeroShards final : public ParamHooks {
   std::vector<int> uses_;           // nested acquire() count per unit
   std::vector<bool> grads_open_;    // begin_grads() seen, end_grads() not yet
   std::vector<Tensor> padded_grad_;  // by registration index, while a unit's grads are open
+  std::unique_ptr<Communicator> reduce_replicas_;
+  WorkQueue reduce_queue_;  // last: its thread ends before the members its work uses
 };
 
 }  // namespace switchyard

@@ -24,6 +24,7 @@ const char* memory_kind_name(MemoryKind kind) {
 
 void* Device::allocate(size_t bytes, MemoryKind kind) {
   void* ptr = raw_allocate(bytes);
+  std::lock_guard<std::mutex> lock(stats_mutex_);
   int k = static_cast<int>(kind);
   stats_.current_bytes[k] += static_cast<int64_t>(bytes);
   stats_.peak_bytes[k] = std::max(stats_.peak_bytes[k], stats_.current_bytes[k]);
@@ -34,11 +35,13 @@ void* Device::allocate(size_t bytes, MemoryKind kind) {
 
 void Device::deallocate(void* ptr, size_t bytes, MemoryKind kind) {
   raw_deallocate(ptr);
+  std::lock_guard<std::mutex> lock(stats_mutex_);
   stats_.current_bytes[static_cast<int>(kind)] -= static_cast<int64_t>(bytes);
   total_current_bytes_ -= static_cast<int64_t>(bytes);
 }
 
 void Device::reset_peak_memory() {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
   stats_.peak_bytes = stats_.current_bytes;
   stats_.total_peak_bytes = total_current_bytes_;
 }

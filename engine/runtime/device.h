@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace switchyard {
@@ -47,6 +48,8 @@ class Device {
   // Blocks until queued work is done (no-op on the CPU).
   virtual void synchronize() {}
 
+  // Allocation and accounting are safe from several threads (gradient reductions run
+  // beside the compute); read the statistics while no other thread allocates.
   const MemoryStats& memory_stats() const { return stats_; }
   void reset_peak_memory();
 
@@ -55,6 +58,7 @@ class Device {
   virtual void raw_deallocate(void* ptr) = 0;
 
  private:
+  std::mutex stats_mutex_;
   MemoryStats stats_;
   int64_t total_current_bytes_ = 0;
 };

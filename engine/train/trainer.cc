@@ -239,14 +239,17 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   // rows over the data-parallel replicas.
   std::unique_ptr<ZeroShards> zero;
   if (zero_stage >= 2) {
-    zero = std::make_unique<ZeroShards>(params, *groups.dp, zero_stage, dev);
+    zero = std::make_unique<ZeroShards>(params, *groups.dp, zero_stage, dev,
+                                        std::move(groups.dp_background),
+                                        groups.background_collectives);
     model.set_param_hooks(zero.get());
   }
   params.allocate(dev);
   params.initialize(tc.seed());
   if (zero) zero->initialize(tc.seed());
   // Below stage 2, dense gradients are all-reduced layer by layer as backward finishes
-  // each layer, overlapped with the rest of backward.
+  // each layer, overlapped with the rest of backward (ZeroShards does the same with its
+  // reduce-scatters).
   std::unique_ptr<OverlappedGradReduce> reducer;
   if (!zero && groups.dp->size() > 1) {
     reducer = std::make_unique<OverlappedGradReduce>(params, std::move(groups.dp_background),
@@ -428,6 +431,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     // Dense gradients were reduced layer by layer during the last backward: all-reduced
     // (below stage 2) or reduce-scattered onto their rows' owners (ZeRO-2/3).
     if (reducer) reducer->wait();
+    if (zero) zero->wait();
     groups.expert_dp->all_reduce_sum(params.expert_grads());
     StepReport report = optimizer.step(dev);
     if (step == 1) {
