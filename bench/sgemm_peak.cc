@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/threads.h"
+
 namespace {
 
 constexpr int kSizes[] = {1024, 2048};
@@ -40,6 +42,8 @@ double best_gflops(int n) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The same OpenBLAS kernels as the engine's, so that MFU compares like with like.
+  switchyard::use_fastest_blas_kernels(argv);
   int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   openblas_set_num_threads(threads);

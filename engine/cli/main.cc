@@ -222,6 +222,7 @@ int report(const absl::Status& status) {
 
 int main(int argc, char** argv) {
   using namespace switchyard;
+  use_fastest_blas_kernels(argv);
   // Keep large activation buffers in the heap between steps instead of mapping and
   // faulting in fresh pages for every allocation.
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
