@@ -7,15 +7,9 @@
 #include <cstdint>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/top_k_selection.h"
 
 namespace switchyard::cpu {
-
-// Whether expert a (prob pa) ranks before expert b (prob pb): higher probability
-// first, lower id on ties. A NaN compares as a tie, so an all-NaN row (diverged
-// logits) still yields k distinct, valid ids.
-template <typename T> bool ranks_before(T pa, int64_t a, T pb, int64_t b) {
-  return pa > pb || (!(pa < pb) && a < b);
-}
 
 template <typename T> T row_max(const T* x, int64_t count) {
   T max = x[0];
@@ -52,24 +46,7 @@ void gating_forward(const T* logits, T* probs, int32_t* expert_ids, T* weights, 
     int32_t* ids = expert_ids + r * k;
     T* w = weights + r * k;
     softmax_row(logits + r * num_experts, p, num_experts);
-    // k selection passes: each takes the best expert ranked after the previous pick,
-    // which needs no scratch and is cheap for the small k of MoE routers.
-    int64_t prev = -1;
-    for (int j = 0; j < k; ++j) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < num_experts; ++e) {
-        if (prev >= 0 && !ranks_before(p[prev], prev, p[e], e)) continue;
-        if (best < 0 || ranks_before(p[e], e, p[best], best)) best = e;
-      }
-      ids[j] = static_cast<int32_t>(best);
-      w[j] = p[best];
-      prev = best;
-    }
-    if (renormalize) {
-      T sum = T(0);
-      for (int j = 0; j < k; ++j) sum += w[j];
-      for (int j = 0; j < k; ++j) w[j] /= sum;
-    }
+    select_top_k(p, num_experts, k, renormalize, ids, w);
   }
 }
 

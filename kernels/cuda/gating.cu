@@ -4,18 +4,13 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/scratch.h"
+#include "kernels/top_k_selection.h"
 
 namespace switchyard::cuda {
 namespace {
 
 // Row kernels use small blocks: one thread does a whole row.
 constexpr int kRowThreads = 128;
-
-// Higher probability first, lower id on ties; a NaN compares as a tie, so an all-NaN row
-// still yields k distinct ids (as on the CPU).
-__device__ bool ranks_before(float pa, int64_t a, float pb, int64_t b) {
-  return pa > pb || (!(pa < pb) && a < b);
-}
 
 __device__ float row_max(const float* x, int64_t count) {
   float max = x[0];
@@ -45,23 +40,7 @@ __global__ void gating_forward_kernel(const float* logits, float* probs, int32_t
       sum += p[e];
     }
     for (int64_t e = 0; e < num_experts; ++e) p[e] /= sum;
-    // k selection passes, each taking the best expert ranked after the previous pick.
-    int64_t prev = -1;
-    for (int j = 0; j < k; ++j) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < num_experts; ++e) {
-        if (prev >= 0 && !ranks_before(p[prev], prev, p[e], e)) continue;
-        if (best < 0 || ranks_before(p[e], e, p[best], best)) best = e;
-      }
-      ids[j] = static_cast<int32_t>(best);
-      w[j] = p[best];
-      prev = best;
-    }
-    if (renormalize) {
-      float total = 0.0f;
-      for (int j = 0; j < k; ++j) total += w[j];
-      for (int j = 0; j < k; ++j) w[j] /= total;
-    }
+    select_top_k(p, num_experts, k, renormalize, ids, w);
   }
 }
 
