@@ -46,8 +46,7 @@ void permute_plan(Device& dev, const Tensor& expert_ids, const Tensor& weights, 
         expert_ids.data<int32_t>(), weights.data<float>(), n, k, num_experts, capacity,
         counts.data<int32_t>(), dest_rows.data<int32_t>(),
         op_stream(dev, "permute_plan", {&expert_ids, &weights, &counts, &dest_rows}));
-    if (counts_on_host)
-      cuda_copy_to_host(dev, tokens_per_expert.raw_data(), counts.raw_data(), counts.nbytes());
+    if (counts_on_host) tokens_per_expert.copy_from(counts);
     return;
   }
 #endif

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <type_traits>
 
 #include "engine/runtime/device.h"
 #include "engine/runtime/tensor.h"
@@ -65,11 +66,15 @@ constexpr uint8_t kGridGrey = 204;
 RoutingSample routing_sample(const MoeRouting& r) {
   RoutingSample s;
   s.tokens = r.probs.rows();
-  s.expert_ids.assign(r.expert_ids.data<int32_t>(),
-                      r.expert_ids.data<int32_t>() + r.expert_ids.numel());
-  s.weights.assign(r.weights.data<float>(), r.weights.data<float>() + r.weights.numel());
-  s.probs.assign(r.probs.data<float>(), r.probs.data<float>() + r.probs.numel());
-  s.logits.assign(r.logits.data<float>(), r.logits.data<float>() + r.logits.numel());
+  auto host_values = [](const Tensor& t, auto& out) {
+    using T = typename std::decay_t<decltype(out)>::value_type;
+    const Tensor host = t.on_host();
+    out.assign(host.data<T>(), host.data<T>() + host.numel());
+  };
+  host_values(r.expert_ids, s.expert_ids);
+  host_values(r.weights, s.weights);
+  host_values(r.probs, s.probs);
+  host_values(r.logits, s.logits);
   return s;
 }
 

@@ -70,12 +70,10 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   expert_ids_ = activation(dev, {n, top_k_}, DType::kI32);
   weights_ = activation(dev, {n, top_k_});
   const bool renormalize = gating_ != config::SOFTMAX_TOPK;
-  gating_forward(dev, router_logits_, top_k_, renormalize, probs_, expert_ids_, weights_);
-
   Tensor selections = activation(dev, {E});
   Tensor prob_sums = activation(dev, {E});
-  routing_counts(dev, probs_, expert_ids_, selections, prob_sums);
-  double z_loss = router_z_loss_forward(dev, router_logits_);
+  double z_loss = router_forward(dev, router_logits_, top_k_, renormalize, probs_, expert_ids_,
+                                 weights_, selections, prob_sums);
   if (tp_) {
     tp_->all_reduce_sum(selections);
     tp_->all_reduce_sum(prob_sums);
@@ -83,8 +81,11 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
     z_loss /= group;  // the mean over all the group's tokens
   }
   RouterStats::Layer& layer = stats.layers.emplace_back();
-  layer.selections_per_expert.assign(selections.data<float>(), selections.data<float>() + E);
-  layer.prob_sum_per_expert.assign(prob_sums.data<float>(), prob_sums.data<float>() + E);
+  const Tensor selections_host = selections.on_host();
+  const Tensor prob_sums_host = prob_sums.on_host();
+  layer.selections_per_expert.assign(selections_host.data<float>(),
+                                     selections_host.data<float>() + E);
+  layer.prob_sum_per_expert.assign(prob_sums_host.data<float>(), prob_sums_host.data<float>() + E);
   layer.tokens = total;
   for (int e = 0; e < E; ++e) {
     stats.selections_per_expert[e] += layer.selections_per_expert[e];
@@ -98,14 +99,17 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   // the full top-2 selection). Token t of the group draws the t-th number of `rng`.
   Tensor dispatch_ids = expert_ids_;
   if (gating_ == config::GSHARD_TOP2 && training) {
-    dispatch_ids = activation(dev, {n, top_k_}, DType::kI32);
-    dispatch_ids.copy_from(expert_ids_);
-    int32_t* ids = dispatch_ids.data<int32_t>();
-    const float* w = weights_.data<float>();
+    // Drawn on the host: one number per token, in token order.
+    Tensor host_ids = activation(cpu_device(), {n, top_k_}, DType::kI32);
+    host_ids.copy_from(expert_ids_);
+    const Tensor host_weights = weights_.on_host();
+    int32_t* ids = host_ids.data<int32_t>();
+    const float* w = host_weights.data<float>();
     Rng mine(rng.seed(), rng.counter() + static_cast<uint64_t>(member * n));
     for (int64_t t = 0; t < n; ++t)
       if (mine.uniform() >= 2.0 * w[t * 2 + 1]) ids[t * 2 + 1] = -1;
     rng = Rng(rng.seed(), rng.counter() + static_cast<uint64_t>(total));
+    dispatch_ids = host_ids.to(dev, MemoryKind::kActivations);
   }
 
   const std::vector<int64_t> kept = plan_dispatch(dev, dispatch_ids, total);
@@ -157,7 +161,8 @@ std::vector<int64_t> MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch
                                              int64_t total_tokens) {
   const int E = num_experts_;
   const int64_t n = dispatch_ids.dim(0);
-  tokens_per_expert_ = activation(dev, {E}, DType::kI32);
+  // The counts live on the host: they size the grouped GEMMs and the exchanges.
+  tokens_per_expert_ = activation(cpu_device(), {E}, DType::kI32);
   dest_rows_ = activation(dev, {n, top_k_}, DType::kI32);
   auto counts = [](const Tensor& per_expert) {
     const int32_t* c = per_expert.data<int32_t>();
@@ -182,16 +187,18 @@ std::vector<int64_t> MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch
   Tensor all_weights = activation(dev, {total_tokens, top_k_});
   tp_->all_gather(dispatch_ids, all_ids);
   tp_->all_gather(weights_, all_weights);
-  Tensor all_per_expert = activation(dev, {E}, DType::kI32);
+  Tensor all_per_expert = activation(cpu_device(), {E}, DType::kI32);
   Tensor all_dest = activation(dev, {total_tokens, top_k_}, DType::kI32);
   permute_plan(dev, all_ids, all_weights, E, capacity, all_per_expert, all_dest);
-  Tensor kept_ids = activation(dev, {n, top_k_}, DType::kI32);
+  Tensor kept_ids = activation(cpu_device(), {n, top_k_}, DType::kI32);
   kept_ids.copy_from(dispatch_ids);
+  const Tensor mine = all_dest.slice_rows(tp_->rank() * n, (tp_->rank() + 1) * n).on_host();
   int32_t* ids = kept_ids.data<int32_t>();
-  const int32_t* dest = all_dest.data<int32_t>() + tp_->rank() * n * top_k_;
+  const int32_t* dest = mine.data<int32_t>();
   for (int64_t a = 0; a < n * top_k_; ++a)
     if (dest[a] < 0) ids[a] = -1;
-  permute_plan(dev, kept_ids, weights_, E, -1, tokens_per_expert_, dest_rows_);
+  permute_plan(dev, kept_ids.to(dev, MemoryKind::kActivations), weights_, E, -1,
+               tokens_per_expert_, dest_rows_);
   return counts(all_per_expert);
 }
 
@@ -217,11 +224,12 @@ Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
   Tensor recv_counts = activation(dev, {num_experts_, 1}, DType::kI32);
   const std::vector<int64_t> per_rank(P, local);
   ep_->all_to_all_v(send_counts, per_rank, recv_counts, per_rank);
-  const int32_t* from = recv_counts.data<int32_t>();  // from[i * local + e]
+  const Tensor recv_host = recv_counts.on_host();
+  const int32_t* from = recv_host.data<int32_t>();  // from[i * local + e]
 
   send_rows_.assign(P, 0);
   recv_rows_.assign(P, 0);
-  local_counts_ = activation(dev, {local}, DType::kI32);
+  local_counts_ = activation(cpu_device(), {local}, DType::kI32);
   int32_t* counts = local_counts_.data<int32_t>();
   std::fill(counts, counts + local, 0);
   for (int j = 0; j < P; ++j)
@@ -239,12 +247,13 @@ Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
   // by local expert, then source rank.
   std::vector<int64_t> next(local, 0);
   for (int e = 1; e < local; ++e) next[e] = next[e - 1] + counts[e - 1];
-  regroup_rows_ = activation(dev, {received_rows, 1}, DType::kI32);
-  int32_t* place = regroup_rows_.data<int32_t>();
+  Tensor regroup = activation(cpu_device(), {received_rows, 1}, DType::kI32);
+  int32_t* place = regroup.data<int32_t>();
   int64_t r = 0;
   for (int i = 0; i < P; ++i)
     for (int e = 0; e < local; ++e)
       for (int32_t q = 0; q < from[i * local + e]; ++q) place[r++] = static_cast<int32_t>(next[e]++);
+  regroup_rows_ = regroup.to(dev, MemoryKind::kActivations);
   Tensor grouped = activation(dev, {received_rows, rows.row_size()});
   permute_gather(dev, received, regroup_rows_, grouped);
   return grouped;
@@ -252,8 +261,9 @@ Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
 
 Tensor MoeLayer::gather_back(Device& dev, const Tensor& expert_rows) {
   const int64_t received_rows = expert_rows.rows();
-  Tensor ones = activation(dev, {received_rows, 1});
-  std::fill(ones.data<float>(), ones.data<float>() + received_rows, 1.0f);
+  Tensor ones_host = activation(cpu_device(), {received_rows, 1});
+  std::fill(ones_host.data<float>(), ones_host.data<float>() + received_rows, 1.0f);
+  const Tensor ones = ones_host.to(dev, MemoryKind::kActivations);
   Tensor by_source = activation(dev, expert_rows.shape());
   unpermute_combine(dev, expert_rows, regroup_rows_, ones, by_source);
   int64_t rows = 0;

@@ -50,9 +50,6 @@ void on_stop_signal(int signal) {
   [[maybe_unused]] ssize_t n = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
 }
 
-// OpenBLAS sgemm peak measured on the 2-core reference machine (docs/benchmarks.md).
-constexpr double kDefaultCpuPeakGflops = 180.0;
-
 absl::Status dry_run(const config::Recipe& recipe) {
   const ModelStats s = compute_model_stats(recipe);
   nlohmann::ordered_json j = {
@@ -91,6 +88,8 @@ absl::Status run_train(const std::string& recipe_path, const std::string& run_di
   TrainOptions options;
   options.run_dir = run_dir;
   options.peak_flops = peak_gflops * 1e9;
+  options.local_rank = runtime.local_rank();
+  options.local_size = runtime.local_size();
   options.dataset_cache_dir = cache_dir;
   options.groups = &groups;
   options.threads_per_rank = runtime.launched() ? runtime.threads_per_rank() : 0;
@@ -235,13 +234,15 @@ int main(int argc, char** argv) {
   std::string recipe_path, run_dir, cache_dir;
   std::vector<std::string> overrides;
   bool dry = false;
-  double peak_gflops = kDefaultCpuPeakGflops;
+  double peak_gflops = 0;
   auto* train_cmd = app.add_subcommand("train", "train a recipe");
   train_cmd->add_option("recipe", recipe_path, "recipe file (.textproto)")->required();
   train_cmd->add_option("--run-dir", run_dir, "directory for metrics and weights");
   train_cmd->add_option("--set", overrides, "override a recipe field: path=value (repeatable)");
   train_cmd->add_flag("--dry-run", dry, "print parameter and FLOP counts, train nothing");
-  train_cmd->add_option("--peak-gflops", peak_gflops, "peak GFLOP/s of all the ranks together, for the MFU");
+  train_cmd->add_option("--peak-gflops", peak_gflops,
+                        "peak GFLOP/s of all the ranks together, for the MFU (default: a GPU's "
+                        "bf16 peak times the ranks, or 180 on the CPU)");
   train_cmd->add_option("--dataset-cache", cache_dir,
                         "where a data.corpus is prepared on first use (default "
                         "~/.cache/switchyard/datasets)");

@@ -92,9 +92,10 @@ void Transformer::release(const std::vector<int>& units) {
     for (int u : units) hooks_->release(u);
 }
 
-const Tensor& Transformer::rope_for(int64_t seq) {
-  if (rope_seq_ != seq) {
-    rope_ = rope_table(seq, recipe_.model().head_dim(), recipe_.model().rope_theta());
+const Tensor& Transformer::rope_for(Device& dev, int64_t seq) {
+  if (!rope_.defined() || rope_seq_ != seq || &rope_.device() != &dev) {
+    rope_ = rope_table(seq, recipe_.model().head_dim(), recipe_.model().rope_theta())
+                .to(dev, MemoryKind::kActivations);
     rope_seq_ = seq;
   }
   return rope_;
@@ -107,9 +108,11 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   const int64_t n = batch_ * seq_;
   const int64_t hidden = recipe_.model().hidden_size();
   const int64_t vocab = lm_head_->shape[0];  // this rank's vocabulary rows
-  const Tensor& rope = rope_for(seq_);
-  ids_ = tp_ ? shard_ids(dev, ids.reshape({n})) : ids.reshape({n});
-  targets_ = targets.reshape({n});
+  const Tensor& rope = rope_for(dev, seq_);
+  ids_ = (tp_ ? shard_ids(ids.on_host().reshape({n})) : ids.reshape({n}))
+             .to(dev, MemoryKind::kActivations);
+  targets_ = targets.reshape({n}).to(dev, MemoryKind::kActivations);
+  targets_host_ = targets_.on_host();
   stats_.reset(recipe_.moe().num_experts(), recipe_.moe().top_k());
 
   Tensor x = activation(dev, {n, hidden});
@@ -157,10 +160,11 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   } else {
     losses = activation(dev, {n});
     cross_entropy_forward(dev, logits_, targets_, losses, lse_);
+    losses = losses.on_host();
   }
   double sum = 0;
   target_tokens_ = 0;
-  const int32_t* t = targets_.data<int32_t>();
+  const int32_t* t = targets_host_.data<int32_t>();
   const float* l = losses.data<float>();
   for (int64_t i = 0; i < n; ++i) {
     if (t[i] < 0) continue;
@@ -177,8 +181,8 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   return parts;
 }
 
-Tensor Transformer::shard_ids(Device& dev, const Tensor& ids) const {
-  Tensor shifted = Tensor::empty(ids.shape(), DType::kI32, MemoryKind::kActivations, dev);
+Tensor Transformer::shard_ids(const Tensor& ids) const {
+  Tensor shifted = Tensor::empty(ids.shape(), DType::kI32, MemoryKind::kActivations);
   const int64_t rows = embed_->shape[0];
   const int32_t* from = ids.data<int32_t>();
   int32_t* to = shifted.data<int32_t>();
@@ -200,11 +204,15 @@ Tensor Transformer::vocab_parallel_losses(Device& dev) {
   tp_->all_reduce_sum(target_logits);
   Tensor all_lse = activation(dev, {group, n});
   tp_->all_gather(shard_lse, all_lse);
-  Tensor losses = activation(dev, {n});
-  const float* part = all_lse.data<float>();
-  const float* target = target_logits.data<float>();
-  const int32_t* t = targets_.data<int32_t>();
-  float* lse = lse_.data<float>();
+  // Combined on the host: n values per rank.
+  const Tensor all_lse_host = all_lse.on_host();
+  const Tensor target_host = target_logits.on_host();
+  Tensor lse_host = activation(cpu_device(), {n});
+  Tensor losses = activation(cpu_device(), {n});
+  const float* part = all_lse_host.data<float>();
+  const float* target = target_host.data<float>();
+  const int32_t* t = targets_host_.data<int32_t>();
+  float* lse = lse_host.data<float>();
   float* loss = losses.data<float>();
   for (int64_t i = 0; i < n; ++i) {
     double max = part[i];
@@ -214,6 +222,7 @@ Tensor Transformer::vocab_parallel_losses(Device& dev) {
     lse[i] = static_cast<float>(max + std::log(sum));
     loss[i] = t[i] < 0 ? 0.0f : lse[i] - target[i];
   }
+  lse_.copy_from(lse_host);
   return losses;
 }
 
@@ -227,7 +236,7 @@ std::vector<const MoeLayer*> Transformer::moe_layers() const {
 void Transformer::backward(Device& dev, float loss_scale) {
   const int64_t n = batch_ * seq_;
   const int64_t hidden = recipe_.model().hidden_size();
-  const Tensor& rope = rope_for(seq_);
+  const Tensor& rope = rope_for(dev, seq_);
 
   const std::vector<int> head = head_units();
   acquire(head);
@@ -267,9 +276,9 @@ void Transformer::backward(Device& dev, float loss_scale) {
     if (b.moe) {
       --moe_index;
       const std::vector<float> g = stats_.aux_loss_prob_gradient(aux_scale, per_layer, moe_index);
-      Tensor aux_prob_grad = activation(dev, {static_cast<int64_t>(g.size())});
+      Tensor aux_prob_grad = activation(cpu_device(), {static_cast<int64_t>(g.size())});
       std::copy(g.begin(), g.end(), aux_prob_grad.data<float>());
-      dffn_in = b.moe->backward(dev, dx, aux_prob_grad, z_scale);
+      dffn_in = b.moe->backward(dev, dx, aux_prob_grad.to(dev, MemoryKind::kActivations), z_scale);
     } else {
       dffn_in = b.dense->backward(dev, dx);
     }
@@ -289,11 +298,11 @@ void Transformer::backward(Device& dev, float loss_scale) {
   if (hooks_) hooks_->begin_grads(0);
   embedding_backward(dev, ids_, dx, embed_->grad);
   if (hooks_) hooks_->end_grads(0);
-  ids_ = targets_ = Tensor();
+  ids_ = targets_ = targets_host_ = Tensor();
 }
 
 Tensor Transformer::logits(Device& dev, const Tensor& ids) {
-  Tensor targets = Tensor::empty(ids.shape(), DType::kI32, MemoryKind::kActivations, dev);
+  Tensor targets = Tensor::empty(ids.shape(), DType::kI32, MemoryKind::kActivations);
   int32_t* t = targets.data<int32_t>();
   for (int64_t i = 0; i < targets.numel(); ++i) t[i] = -1;
   Rng rng(0);

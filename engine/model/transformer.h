@@ -42,8 +42,9 @@ class Transformer {
   Transformer(const config::Recipe& recipe, ParamStore& params, ModelParallel parallel = {});
   ~Transformer();
 
-  // ids, targets: (batch, seq) i32; a negative target is not scored. Returns the losses;
-  // when `logits_out` is given it receives the (batch * seq, vocab) logits.
+  // ids, targets: (batch, seq) i32 on the host or on `dev`; a negative target is not
+  // scored. Returns the losses; when `logits_out` is given it receives the
+  // (batch * seq, vocab) logits on `dev`.
   LossParts forward(Device& dev, const Tensor& ids, const Tensor& targets, bool training,
                     Rng& rng, Tensor* logits_out = nullptr);
   // Backward of forward()'s total loss multiplied by `loss_scale` (e.g. 1 / micro-batches).
@@ -63,15 +64,17 @@ class Transformer {
 
  private:
   struct Block;
-  const Tensor& rope_for(int64_t seq);
+  // The rotary table for `seq` positions on `dev`, kept between calls.
+  const Tensor& rope_for(Device& dev, int64_t seq);
   // The units the final norm and LM head read (with tied embeddings, also unit 0).
   std::vector<int> head_units() const;
   void acquire(const std::vector<int>& units);
   void release(const std::vector<int>& units);
   // Vocabulary-parallel pieces (tensor_parallel of more than one rank).
-  // ids shifted into this rank's embedding rows; -1 for another rank's tokens.
-  Tensor shard_ids(Device& dev, const Tensor& ids) const;
-  // Fills lse_ with the whole vocabulary's log-sum-exp and returns the per-token losses.
+  // Host ids shifted into this rank's embedding rows; -1 for another rank's tokens.
+  Tensor shard_ids(const Tensor& ids) const;
+  // Fills lse_ with the whole vocabulary's log-sum-exp and returns the per-token losses
+  // (on the host).
   Tensor vocab_parallel_losses(Device& dev);
 
   config::Recipe recipe_;
@@ -90,6 +93,7 @@ class Transformer {
   // Saved for backward.
   int64_t batch_ = 0, seq_ = 0;
   Tensor ids_, targets_;  // ids_: shifted into this rank's rows under tensor parallelism
+  Tensor targets_host_;   // targets_ on the host, for the loss sums
   Tensor final_in_, final_rstd_, final_out_;
   Tensor logits_, lse_;
   int64_t target_tokens_ = 0;

@@ -1,6 +1,7 @@
 #include "engine/runtime/device.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <new>
 
@@ -38,6 +39,22 @@ void Device::deallocate(void* ptr, size_t bytes, MemoryKind kind) {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   stats_.current_bytes[static_cast<int>(kind)] -= static_cast<int64_t>(bytes);
   total_current_bytes_ -= static_cast<int64_t>(bytes);
+}
+
+void Device::copy_from_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+}
+
+void Device::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+}
+
+void Device::copy_within(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+}
+
+void Device::fill_zero(void* dst, size_t bytes) {
+  if (bytes) std::memset(dst, 0, bytes);
 }
 
 void Device::reset_peak_memory() {

@@ -48,6 +48,16 @@ class Device {
   // Blocks until queued work is done (no-op on the CPU).
   virtual void synchronize() {}
 
+  // Byte copies between this device's memory and host memory, or within this device,
+  // ordered after the work already queued on the device. A copy to the host returns
+  // once the bytes have arrived; a copy from the host once `src` may be reused. Tensor
+  // copies and zeroing go through these, so runtime code moves data without knowing
+  // the backend.
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes);
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes);
+  virtual void copy_within(void* dst, const void* src, size_t bytes);
+  virtual void fill_zero(void* dst, size_t bytes);
+
   // Allocation and accounting are safe from several threads (gradient reductions run
   // beside the compute); read the statistics while no other thread allocates.
   const MemoryStats& memory_stats() const { return stats_; }

@@ -74,6 +74,13 @@ void ParamStore::initialize(uint64_t seed) {
 
 void ParamStore::initialize_rows(const Param& p, uint64_t seed, int64_t first_row,
                                  Tensor& rows) const {
+  if (rows.device().is_cuda()) {
+    // Drawn on the host, so every device gets the same values.
+    Tensor host = Tensor::empty(rows.shape(), rows.dtype());
+    initialize_rows(p, seed, first_row, host);
+    rows.copy_from(host);
+    return;
+  }
   float* v = rows.data<float>();
   const int64_t n = rows.numel();
   const size_t rank = p.shape.size();

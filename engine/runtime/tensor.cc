@@ -91,16 +91,31 @@ Tensor Tensor::reshape(const Shape& shape) const {
   return t;
 }
 
-void Tensor::zero_() {
-  SY_CHECK_MSG(!device().is_cuda(), "Tensor::zero_ on CUDA goes through kernels/fill");
-  std::memset(raw_data(), 0, nbytes());
-}
+void Tensor::zero_() { device().fill_zero(raw_data(), nbytes()); }
 
 void Tensor::copy_from(const Tensor& src) {
   SY_CHECK(src.dtype() == dtype_ && src.numel() == numel());
-  SY_CHECK_MSG(!device().is_cuda() && !src.device().is_cuda(),
-               "Tensor::copy_from on CUDA goes through kernels/copy");
-  std::memmove(raw_data(), src.raw_data(), nbytes());
+  Device& to = device();
+  Device& from = src.device();
+  if (!from.is_cuda()) {
+    to.copy_from_host(raw_data(), src.raw_data(), nbytes());
+  } else if (!to.is_cuda()) {
+    from.copy_to_host(raw_data(), src.raw_data(), nbytes());
+  } else if (&to == &from) {
+    to.copy_within(raw_data(), src.raw_data(), nbytes());
+  } else {
+    // Between two GPUs: through the host, which keeps devices free of peer access setup.
+    copy_from(src.on_host());
+  }
 }
+
+Tensor Tensor::to(Device& device, MemoryKind kind) const {
+  if (&this->device() == &device) return *this;
+  Tensor t = empty(shape_, dtype_, kind, device);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::on_host() const { return to(cpu_device()); }
 
 }  // namespace switchyard

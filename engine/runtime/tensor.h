@@ -79,8 +79,12 @@ class Tensor {
   // Same bytes, another shape with the same number of elements.
   Tensor reshape(const Shape& shape) const;
   void zero_();
-  // Copies the bytes of `src` (same dtype and numel) into this tensor.
+  // Copies the bytes of `src` (same dtype and numel, any device) into this tensor.
   void copy_from(const Tensor& src);
+  // This tensor on `device`: itself when it is there already, else a copy.
+  Tensor to(Device& device, MemoryKind kind = MemoryKind::kOther) const;
+  // Shorthand for to(cpu_device()): host code reads a tensor from any device this way.
+  Tensor on_host() const;
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -25,6 +25,7 @@
 #include "engine/parallel/tensor_shards.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/tensorboard_writer.h"
+#include "kernels/devices.h"
 #include "kernels/threads.h"
 #include "moe/balance_stats.h"
 
@@ -230,7 +231,19 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
 
   set_cpu_threads(recipe.runtime().threads() > 0 ? recipe.runtime().threads()
                                                  : options.threads_per_rank);
-  Device& dev = cpu_device();
+  std::string device_error;
+  Device* device = select_device(recipe.runtime().device(), options.local_rank,
+                                 options.local_size, &device_error);
+  if (device == nullptr) return absl::InvalidArgumentError(device_error);
+  Device& dev = *device;
+  if (dev.is_cuda() && layout.world_size > 1)
+    return absl::UnimplementedError(
+        "training on CUDA runs one process for now: its collectives are host (MPI) ones; "
+        "run one rank or set runtime.device=cpu");
+  const double peak_flops =
+      options.peak_flops > 0 ? options.peak_flops
+      : dev.is_cuda()        ? bf16_peak_flops(dev) * layout.world_size
+                             : kDefaultCpuPeakFlops;
   ParamStore params(ShardPlacement{groups.tp->rank(), groups.tp->size(), groups.ep->rank(),
                                    groups.ep->size()});
   Transformer model(recipe, params, {groups.tp.get(), groups.ep.get()});
@@ -321,7 +334,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
         const bool split = split_over_tp(p);
         const Tensor saved = split && dim > 0 ? gather_shards(*groups.tp, rows, dim) : rows;
         if (p.spec.expert || (split && dim == 0) || groups.tp->rank() == 0)
-          mine.push_back(SliceToSave{kind + "/" + p.name, saved, p.whole_shape, p.spec.expert,
+          mine.push_back(SliceToSave{kind + "/" + p.name, saved.on_host(), p.whole_shape, p.spec.expert,
                                      dim, p.origin[0] + first_row});
       };
       if (zero && zero->is_sharded(i)) {
@@ -360,11 +373,11 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
 
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
-      "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d, tp %d, ep %d) x %d "
-      "threads; data: %s (%lld training tokens)",
+      "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d, tp %d, ep %d) on %s, "
+      "%d threads; data: %s (%lld training tokens)",
       stats.total_params / 1e6, stats.active_params / 1e6, layout.world_size,
       layout.data_parallel_size, layout.tensor_parallel_size, layout.expert_parallel_size,
-      cpu_threads(), data_dir,
+      dev.name(), cpu_threads(), data_dir,
       static_cast<long long>(train_data.num_tokens())));
 
   const int64_t micro = tc.micro_batch_size();
@@ -486,8 +499,8 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       m.lr = report.lr;
       m.grad_norm = report.grad_norm;
       m.tokens_per_s = window_s > 0 ? window_steps * tokens_per_step / window_s : 0;
-      m.mfu = options.peak_flops > 0
-                  ? m.tokens_per_s * stats.train_flops_per_token / options.peak_flops
+      m.mfu = peak_flops > 0
+                  ? m.tokens_per_s * stats.train_flops_per_token / peak_flops
                   : 0;
       // Drops over every data-parallel replica's micro-batches (a collective: every
       // rank logs at the same steps).

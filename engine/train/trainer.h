@@ -41,9 +41,13 @@ class ProgressSink {
   virtual void on_message(const std::string& text) = 0;
 };
 
+// OpenBLAS sgemm peak measured on the 2-core reference machine (docs/training.md).
+inline constexpr double kDefaultCpuPeakFlops = 180e9;
+
 struct TrainOptions {
   std::string run_dir;
-  // Peak FLOP/s the MFU is measured against.
+  // Peak FLOP/s of all the ranks together, the MFU's reference; 0: the device's own
+  // (on a GPU its dense bf16 peak times the ranks, on the CPU kDefaultCpuPeakFlops).
   double peak_flops = 0;
   // Where a data.corpus is prepared into a dataset on first use; empty means the
   // default cache (data/corpus_cache.h).
@@ -55,6 +59,10 @@ struct TrainOptions {
   int threads_per_rank = 0;
   // Set (by a signal handler) to stop at the next step boundary after a checkpoint.
   const std::atomic<bool>* stop_requested = nullptr;
+  // This process's rank among the node's processes and their number, which pick its
+  // GPU.
+  int local_rank = 0;
+  int local_size = 1;
 };
 
 // Trains `recipe` (already validated, paths resolved) and writes into options.run_dir:

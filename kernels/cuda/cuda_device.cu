@@ -27,6 +27,16 @@ CudaDevice::~CudaDevice() {
 
 std::string CudaDevice::name() const { return "cuda:" + std::to_string(index_); }
 
+CudaDevice::Properties CudaDevice::properties() const {
+  Properties p;
+  SY_CUDA_CHECK(cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, index_));
+  SY_CUDA_CHECK(cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, index_));
+  SY_CUDA_CHECK(
+      cudaDeviceGetAttribute(&p.multiprocessors, cudaDevAttrMultiProcessorCount, index_));
+  SY_CUDA_CHECK(cudaDeviceGetAttribute(&p.clock_khz, cudaDevAttrClockRate, index_));
+  return p;
+}
+
 void CudaDevice::synchronize() {
   SY_CUDA_CHECK(cudaSetDevice(index_));
   SY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -91,18 +101,27 @@ cublasHandle_t op_cublas(Device& device, const char* op,
   return as_cuda(device).cublas();
 }
 
-void cuda_copy_to_device(Device& device, void* dst, const void* src, size_t bytes) {
+void CudaDevice::copy_from_host(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  cudaStream_t stream = as_cuda(device).stream();
-  SY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
-  SY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+  // Pageable host memory may be reused as soon as this returns.
+  SY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void cuda_copy_to_host(Device& device, void* dst, const void* src, size_t bytes) {
+void CudaDevice::copy_to_host(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  cudaStream_t stream = as_cuda(device).stream();
-  SY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
-  SY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+  SY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaDevice::copy_within(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  SY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+}
+
+void CudaDevice::fill_zero(void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  SY_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
 }
 
 }  // namespace switchyard

@@ -29,6 +29,18 @@ class CudaDevice final : public Device {
   std::string name() const override;
   void synchronize() override;
 
+  struct Properties {
+    int major = 0, minor = 0;  // compute capability
+    int multiprocessors = 0;
+    int clock_khz = 0;  // peak SM clock
+  };
+  Properties properties() const;
+  // cudaMemcpyAsync / cudaMemsetAsync on stream(); the host copies then wait for it.
+  void copy_from_host(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void copy_within(void* dst, const void* src, size_t bytes) override;
+  void fill_zero(void* dst, size_t bytes) override;
+
   // The stream all ops on this device run on, in issue order; made current with the
   // device on every call and created on the first. It is a blocking stream: work on the
   // legacy default stream (a plain cudaMemcpy, cudaMemset) stays ordered with it.
@@ -57,10 +69,5 @@ cudaStream_t op_stream(Device& device, const char* op,
 // The same check, for ops that run through cuBLAS: the handle on that stream.
 cublasHandle_t op_cublas(Device& device, const char* op,
                          std::initializer_list<const Tensor*> tensors);
-
-// Copies between host memory and device memory of `device`, ordered after the work
-// queued on its stream; both return once the bytes have arrived.
-void cuda_copy_to_device(Device& device, void* dst, const void* src, size_t bytes);
-void cuda_copy_to_host(Device& device, void* dst, const void* src, size_t bytes);
 
 }  // namespace switchyard

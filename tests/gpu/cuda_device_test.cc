@@ -18,12 +18,32 @@ TEST(CudaDevice, RoundTripsBytesAndAccountsMemory) {
   {
     Tensor t = Tensor::empty({10, 100}, DType::kF32, MemoryKind::kActivations, dev);
     EXPECT_EQ(dev.memory_stats().current_bytes[static_cast<int>(MemoryKind::kActivations)], 4000);
-    cuda_copy_to_device(dev, t.raw_data(), host.data(), t.nbytes());
+    dev.copy_from_host(t.raw_data(), host.data(), t.nbytes());
     std::vector<float> back(host.size(), 0.0f);
-    cuda_copy_to_host(dev, back.data(), t.slice_rows(0, 10).raw_data(), t.nbytes());
+    dev.copy_to_host(back.data(), t.slice_rows(0, 10).raw_data(), t.nbytes());
     EXPECT_EQ(back, host);
   }
   EXPECT_EQ(dev.memory_stats().current_bytes[static_cast<int>(MemoryKind::kActivations)], 0);
+}
+
+TEST(CudaDevice, TensorCopiesAndZeroingWorkAcrossDevices) {
+  CudaDevice dev(0);
+  Tensor host = Tensor::empty({4, 3});
+  for (int64_t i = 0; i < host.numel(); ++i) host.data<float>()[i] = static_cast<float>(i + 1);
+  Tensor on_gpu = host.to(dev);
+  EXPECT_EQ(&on_gpu.device(), &dev);
+  EXPECT_EQ(&host.to(cpu_device()).device(), &cpu_device());
+  // Device to device (rows 1..2 into a fresh tensor), then zero one row on the device.
+  Tensor rows = Tensor::empty({2, 3}, DType::kF32, MemoryKind::kOther, dev);
+  rows.copy_from(on_gpu.slice_rows(1, 3));
+  Tensor zeroed = rows.slice_rows(0, 1);
+  zeroed.zero_();
+  const Tensor back = rows.on_host();
+  const std::vector<float> expected = {0, 0, 0, 7, 8, 9};
+  EXPECT_EQ(std::vector<float>(back.data<float>(), back.data<float>() + 6), expected);
+  // Tensor::zeros on the device.
+  const Tensor z = Tensor::zeros({5}, DType::kF32, MemoryKind::kOther, dev).on_host();
+  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(z.data<float>()[i], 0.0f);
 }
 
 }  // namespace

@@ -38,16 +38,8 @@ inline Tensor integer_tensor(const Shape& shape, uint64_t seed, int lo, int hi) 
 }
 
 // A copy of host tensor `host` on `dev`, and back.
-inline Tensor to_device(Device& dev, const Tensor& host) {
-  Tensor t = Tensor::empty(host.shape(), host.dtype(), MemoryKind::kOther, dev);
-  cuda_copy_to_device(dev, t.raw_data(), host.raw_data(), host.nbytes());
-  return t;
-}
-inline Tensor to_host(const Tensor& device_tensor) {
-  Tensor t = Tensor::empty(device_tensor.shape(), device_tensor.dtype());
-  cuda_copy_to_host(device_tensor.device(), t.raw_data(), device_tensor.raw_data(), t.nbytes());
-  return t;
-}
+inline Tensor to_device(Device& dev, const Tensor& host) { return host.to(dev); }
+inline Tensor to_host(const Tensor& device_tensor) { return device_tensor.on_host(); }
 
 // The elements of a host or device tensor.
 template <typename T>

@@ -1,0 +1,78 @@
+#include "kernels/devices.h"
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#ifdef SWITCHYARD_WITH_CUDA
+#include "kernels/cuda/cuda_device.h"
+#endif
+
+namespace switchyard {
+
+bool built_with_cuda() {
+#ifdef SWITCHYARD_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int visible_gpus() {
+#ifdef SWITCHYARD_WITH_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+Device* select_device(const std::string& wanted, int local_rank, int local_size,
+                      std::string* error) {
+  if (wanted == "cpu") return &cpu_device();
+  if (wanted != "cuda" && !wanted.empty()) {
+    *error = "runtime.device must be \"cpu\", \"cuda\" or empty, not \"" + wanted + "\"";
+    return nullptr;
+  }
+  const int gpus = visible_gpus();
+  if (gpus == 0) {
+    if (wanted.empty()) return &cpu_device();
+    *error = built_with_cuda()
+                 ? "runtime.device=cuda, but no CUDA device is visible (check nvidia-smi and "
+                   "CUDA_VISIBLE_DEVICES)"
+                 : "runtime.device=cuda, but this build has no CUDA backend (configure with "
+                   "-DSWITCHYARD_CUDA=ON)";
+    return nullptr;
+  }
+  if (local_size > gpus) {
+    *error = "this node runs " + std::to_string(local_size) + " processes but has " +
+             std::to_string(gpus) + " visible GPUs: one GPU per process";
+    return nullptr;
+  }
+#ifdef SWITCHYARD_WITH_CUDA
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<CudaDevice>> devices(gpus);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& device = devices[local_rank % gpus];
+  if (!device) device = std::make_unique<CudaDevice>(local_rank % gpus);
+  return device.get();
+#else
+  return nullptr;
+#endif
+}
+
+double bf16_peak_flops(Device& device) {
+#ifdef SWITCHYARD_WITH_CUDA
+  if (!device.is_cuda()) return 0;
+  const CudaDevice::Properties p = as_cuda(device).properties();
+  double flops_per_clock = 0;
+  if (p.major == 9) flops_per_clock = 4096;
+  else if (p.major == 8 && p.minor == 0) flops_per_clock = 2048;
+  else if (p.major == 8) flops_per_clock = 1024;
+  return flops_per_clock * p.multiprocessors * p.clock_khz * 1e3;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+}  // namespace switchyard

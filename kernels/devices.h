@@ -1,0 +1,29 @@
+// Choosing the device a job runs on (runtime.device) and its peak arithmetic rate.
+#pragma once
+
+#include <string>
+
+#include "engine/runtime/device.h"
+
+namespace switchyard {
+
+// Whether this build has the CUDA backend.
+bool built_with_cuda();
+// Visible CUDA devices: 0 without the CUDA backend, a driver or a GPU.
+int visible_gpus();
+
+// The device for runtime.device = `wanted`: "cpu", "cuda", or "" (CUDA when this build
+// has it and a GPU is visible, else the CPU). On CUDA each process of a node takes GPU
+// local_rank, and a node with fewer GPUs than processes is refused. Returns null and
+// sets *error (one line) when the choice cannot be honoured. The device lives for the
+// whole process.
+Device* select_device(const std::string& wanted, int local_rank, int local_size,
+                      std::string* error);
+
+// Peak dense bf16 FLOP/s of `device` from its multiprocessor count and clock, for the
+// MFU the progress line shows: tensor-core FLOPs per clock per multiprocessor by
+// architecture (Hopper 4096, Ampere A100 2048, Ada and consumer Ampere 1024). 0 for
+// the CPU and for architectures outside that list.
+double bf16_peak_flops(Device& device);
+
+}  // namespace switchyard

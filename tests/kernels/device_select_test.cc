@@ -1,0 +1,52 @@
+// Tensor copies through the Device interface, and runtime.device selection. The CUDA
+// side of both is in tests/gpu/cuda_device_test.cc.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/runtime/tensor.h"
+#include "kernels/devices.h"
+
+namespace switchyard {
+namespace {
+
+TEST(TensorCopies, ToTheSameDeviceSharesAndCopyFromMovesViews) {
+  Tensor t = Tensor::empty({3, 2});
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(i);
+  Tensor same = t.on_host();
+  EXPECT_EQ(same.raw_data(), t.raw_data());
+  Tensor rows = Tensor::empty({2, 2});
+  rows.copy_from(t.slice_rows(1, 3));
+  EXPECT_EQ(rows.data<float>()[0], 2.0f);
+  EXPECT_EQ(rows.data<float>()[3], 5.0f);
+  Tensor middle = t.slice_rows(1, 2);
+  middle.zero_();
+  EXPECT_EQ(t.data<float>()[1], 1.0f);
+  EXPECT_EQ(t.data<float>()[2], 0.0f);
+  EXPECT_EQ(t.data<float>()[3], 0.0f);
+  EXPECT_EQ(t.data<float>()[4], 4.0f);
+}
+
+TEST(SelectDevice, PicksTheCpuOrExplainsWhyNot) {
+  std::string error;
+  EXPECT_EQ(select_device("cpu", 0, 1, &error), &cpu_device());
+  Device* automatic = select_device("", 0, 1, &error);
+  ASSERT_NE(automatic, nullptr);
+  EXPECT_EQ(automatic->is_cuda(), visible_gpus() > 0);
+
+  EXPECT_EQ(select_device("tpu", 0, 1, &error), nullptr);
+  EXPECT_NE(error.find("runtime.device must be"), std::string::npos) << error;
+  if (visible_gpus() == 0) {
+    EXPECT_EQ(select_device("cuda", 0, 1, &error), nullptr);
+    EXPECT_NE(error.find(built_with_cuda() ? "no CUDA device is visible" : "no CUDA backend"),
+              std::string::npos)
+        << error;
+  } else {
+    EXPECT_EQ(select_device("cuda", 0, visible_gpus() + 1, &error), nullptr);
+    EXPECT_NE(error.find("one GPU per process"), std::string::npos) << error;
+  }
+  EXPECT_EQ(bf16_peak_flops(cpu_device()), 0.0);
+}
+
+}  // namespace
+}  // namespace switchyard
