@@ -1,9 +1,18 @@
 #include "kernels/cross_entropy.h"
 
 #include "kernels/cpu/cross_entropy.h"
+#ifdef SWITCHYARD_WITH_CUDA
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/cuda_device.h"
+#endif
 
 namespace switchyard {
 namespace {
+
+// The size of the vocabulary the targets index: the shard's `whole`, or the logits' width.
+int64_t whole_vocab(const Tensor& logits, VocabShard shard) {
+  return shard.whole > 0 ? shard.whole : logits.dim(1);
+}
 
 // Returns the row count after checking logits (n, vocab shard) against targets (n).
 int64_t check_operands(const Tensor& logits, const Tensor& targets, VocabShard shard = {}) {
@@ -12,34 +21,58 @@ int64_t check_operands(const Tensor& logits, const Tensor& targets, VocabShard s
   SY_CHECK_MSG(
       targets.rank() == 1 && targets.dtype() == DType::kI32 && targets.dim(0) == logits.dim(0),
       "cross_entropy: targets must be i32 (n)");
-  const int64_t whole = shard.whole > 0 ? shard.whole : logits.dim(1);
-  SY_CHECK_MSG(shard.start >= 0 && shard.start + logits.dim(1) <= whole,
+  SY_CHECK_MSG(shard.start >= 0 && shard.start + logits.dim(1) <= whole_vocab(logits, shard),
                "cross_entropy: the vocabulary shard lies outside the vocabulary");
+  return logits.dim(0);
+}
+
+// Targets lie below the whole vocabulary (negative: ignored); checked here on the CPU, on
+// the device by the CUDA kernels, as the targets of a CUDA tensor cannot be read here.
+void check_target_values(const Tensor& targets, int64_t whole) {
   const int32_t* t = targets.data<int32_t>();
   for (int64_t r = 0; r < targets.numel(); ++r) {
     SY_CHECK_MSG(t[r] < whole, "cross_entropy: target outside the vocabulary");
   }
-  return logits.dim(0);
 }
 
 }  // namespace
 
 void cross_entropy_forward(Device& dev, const Tensor& logits, const Tensor& targets, Tensor& losses,
                            Tensor& lse) {
-  SY_CHECK_MSG(!dev.is_cuda(), "cross_entropy_forward: no CUDA implementation yet");
   const int64_t n = check_operands(logits, targets);
   SY_CHECK_MSG(losses.numel() == n && lse.numel() == n,
                "cross_entropy_forward: losses and lse must be (n)");
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::cross_entropy_forward(
+        logits.data<float>(), targets.data<int32_t>(), n, logits.dim(1), losses.data<float>(),
+        lse.data<float>(),
+        op_stream(dev, "cross_entropy_forward", {&logits, &targets, &losses, &lse}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "cross_entropy_forward: this build has no CUDA backend");
+  check_target_values(targets, logits.dim(1));
   cpu::cross_entropy_forward<float>(logits.data<float>(), targets.data<int32_t>(), n, logits.dim(1),
                                     losses.data<float>(), lse.data<float>());
 }
 
 void cross_entropy_backward(Device& dev, const Tensor& logits, const Tensor& targets,
                             const Tensor& lse, float scale, Tensor& dlogits, VocabShard shard) {
-  SY_CHECK_MSG(!dev.is_cuda(), "cross_entropy_backward: no CUDA implementation yet");
   const int64_t n = check_operands(logits, targets, shard);
   SY_CHECK_MSG(lse.numel() == n && dlogits.shape() == logits.shape(),
                "cross_entropy_backward: lse must be (n) and dlogits like logits");
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::cross_entropy_backward(
+        logits.data<float>(), targets.data<int32_t>(), lse.data<float>(), scale, n, logits.dim(1),
+        shard.start, whole_vocab(logits, shard), dlogits.data<float>(),
+        op_stream(dev, "cross_entropy_backward", {&logits, &targets, &lse, &dlogits}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "cross_entropy_backward: this build has no CUDA backend");
+  check_target_values(targets, whole_vocab(logits, shard));
   cpu::cross_entropy_backward<float>(logits.data<float>(), targets.data<int32_t>(),
                                      lse.data<float>(), scale, n, logits.dim(1), shard.start,
                                      dlogits.data<float>());
@@ -47,10 +80,20 @@ void cross_entropy_backward(Device& dev, const Tensor& logits, const Tensor& tar
 
 void cross_entropy_shard_forward(Device& dev, const Tensor& logits, const Tensor& targets,
                                  VocabShard shard, Tensor& lse, Tensor& target_logits) {
-  SY_CHECK_MSG(!dev.is_cuda(), "cross_entropy_shard_forward: no CUDA implementation yet");
   const int64_t n = check_operands(logits, targets, shard);
   SY_CHECK_MSG(lse.numel() == n && target_logits.numel() == n,
                "cross_entropy_shard_forward: lse and target_logits must be (n)");
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::cross_entropy_shard_forward(
+        logits.data<float>(), targets.data<int32_t>(), n, logits.dim(1), shard.start,
+        whole_vocab(logits, shard), lse.data<float>(), target_logits.data<float>(),
+        op_stream(dev, "cross_entropy_shard_forward", {&logits, &targets, &lse, &target_logits}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "cross_entropy_shard_forward: this build has no CUDA backend");
+  check_target_values(targets, whole_vocab(logits, shard));
   cpu::cross_entropy_shard_forward<float>(logits.data<float>(), targets.data<int32_t>(), n,
                                           logits.dim(1), shard.start, lse.data<float>(),
                                           target_logits.data<float>());
