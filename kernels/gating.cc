@@ -1,6 +1,7 @@
 #include "kernels/gating.h"
 
 #include "kernels/cpu/gating.h"
+#include "kernels/router_aux.h"
 #ifdef SWITCHYARD_WITH_CUDA
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/gating.h"
@@ -29,6 +30,32 @@ void gating_forward(Device& dev, const Tensor& logits, int k, bool renormalize, 
   SY_CHECK_MSG(!dev.is_cuda(), "gating_forward: this build has no CUDA backend");
   cpu::gating_forward(logits.data<float>(), probs.data<float>(), expert_ids.data<int32_t>(),
                       weights.data<float>(), n, num_experts, k, renormalize);
+}
+
+double router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, Tensor& probs,
+                      Tensor& expert_ids, Tensor& weights, Tensor& selections, Tensor& prob_sums) {
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda() && logits.rank() == 2 && logits.dim(1) <= cuda::kFusedRouterMaxExperts) {
+    const int64_t n = logits.dim(0);
+    const int64_t num_experts = logits.dim(1);
+    SY_CHECK_MSG(num_experts > 0 && k >= 1 && k <= num_experts,
+                 "router_forward: k must be in [1, E]");
+    SY_CHECK_MSG(probs.shape() == logits.shape(), "router_forward: probs must be (n, E)");
+    SY_CHECK_MSG(expert_ids.shape() == Shape({n, k}) && weights.shape() == Shape({n, k}),
+                 "router_forward: expert_ids and weights must be (n, k)");
+    SY_CHECK_MSG(selections.numel() == num_experts && prob_sums.numel() == num_experts,
+                 "router_forward: selections and prob_sums must be (E)");
+    return cuda::router_forward(
+        logits.data<float>(), probs.data<float>(), expert_ids.data<int32_t>(),
+        weights.data<float>(), selections.data<float>(), prob_sums.data<float>(), n,
+        num_experts, k, renormalize,
+        op_stream(dev, "router_forward",
+                  {&logits, &probs, &expert_ids, &weights, &selections, &prob_sums}));
+  }
+#endif
+  gating_forward(dev, logits, k, renormalize, probs, expert_ids, weights);
+  routing_counts(dev, probs, expert_ids, selections, prob_sums);
+  return router_z_loss_forward(dev, logits);
 }
 
 void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,

@@ -11,6 +11,12 @@ namespace switchyard {
 // `renormalize` (Mixtral), as they are otherwise (Switch, Qwen2-MoE, OLMoE).
 void gating_forward(Device& dev, const Tensor& logits, int k, bool renormalize, Tensor& probs,
                     Tensor& expert_ids, Tensor& weights);
+// The router's whole forward in one op: gating_forward's outputs, routing_counts'
+// statistics (kernels/router_aux.h: selections, prob_sums (E)) and the router z-loss
+// (returned). The CPU runs the three ops; CUDA fuses them into one pass over the logits
+// and one host synchronisation (for the z-loss value).
+double router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, Tensor& probs,
+                      Tensor& expert_ids, Tensor& weights, Tensor& selections, Tensor& prob_sums);
 // dweights: (n, k) -> dlogits: (n, E) written, through the top-k selection (held
 // fixed), the optional renormalisation and the softmax.
 void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,

@@ -25,22 +25,105 @@ __device__ float logsumexp_row(const float* x, int64_t count) {
   return max + logf(sum);
 }
 
+// Softmax, top-k and weights of row r; returns the row's log-sum-exp (the same bits as
+// logsumexp_row).
+__device__ float gate_row(const float* logits, float* probs, int32_t* expert_ids, float* weights,
+                          int64_t r, int64_t num_experts, int k, bool renormalize) {
+  const float* l = logits + r * num_experts;
+  float* p = probs + r * num_experts;
+  const float max = row_max(l, num_experts);
+  float sum = 0.0f;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    p[e] = expf(l[e] - max);
+    sum += p[e];
+  }
+  for (int64_t e = 0; e < num_experts; ++e) p[e] /= sum;
+  select_top_k(p, num_experts, k, renormalize, expert_ids + r * k, weights + r * k);
+  return max + logf(sum);
+}
+
 __global__ void gating_forward_kernel(const float* logits, float* probs, int32_t* expert_ids,
                                       float* weights, int64_t n, int64_t num_experts, int k,
                                       bool renormalize) {
-  for (int64_t r = grid_start(); r < n; r += grid_stride()) {
-    const float* l = logits + r * num_experts;
-    float* p = probs + r * num_experts;
-    int32_t* ids = expert_ids + r * k;
-    float* w = weights + r * k;
-    const float max = row_max(l, num_experts);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < num_experts; ++e) {
-      p[e] = expf(l[e] - max);
-      sum += p[e];
+  for (int64_t r = grid_start(); r < n; r += grid_stride())
+    gate_row(logits, probs, expert_ids, weights, r, num_experts, k, renormalize);
+}
+
+// The fused router: each block takes chunks of kRouterChunk tokens (chunk blockIdx.x,
+// then every gridDim.x-th). One thread per token gates its row; then the block's threads
+// take the experts and add the chunk's probabilities and selections, in token order, to
+// the block's running sums in shared memory, and thread 0 adds the chunk's squared
+// log-sum-exps. Each block leaves its sums in the partials, which router_totals_kernel
+// adds in block order: the bits depend only on n and E. The chunk's outputs are read
+// back from global memory, visible to the block after __syncthreads.
+constexpr int kRouterChunk = 32;
+constexpr int kRouterThreads = 128;
+constexpr int64_t kRouterMaxBlocks = 512;
+
+__global__ void router_forward_kernel(const float* logits, float* probs, int32_t* expert_ids,
+                                      float* weights, int64_t n, int64_t num_experts, int k,
+                                      bool renormalize, double* partial_probs,
+                                      int64_t* partial_selections, double* partial_z) {
+  extern __shared__ double shared[];
+  double* prob_sum = shared;                    // [num_experts]
+  double* chunk_z = shared + num_experts;       // [kRouterChunk]
+  auto* selected = reinterpret_cast<int64_t*>(chunk_z + kRouterChunk);  // [num_experts]
+  for (int64_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    prob_sum[e] = 0.0;
+    selected[e] = 0;
+  }
+  double z = 0.0;  // thread 0's
+  const int64_t chunks = (n + kRouterChunk - 1) / kRouterChunk;
+  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const int64_t first = c * kRouterChunk;
+    const int rows = static_cast<int>(n - first < kRouterChunk ? n - first : kRouterChunk);
+    if (threadIdx.x < rows) {
+      const double lse = static_cast<double>(gate_row(logits, probs, expert_ids, weights,
+                                                      first + threadIdx.x, num_experts, k,
+                                                      renormalize));
+      chunk_z[threadIdx.x] = lse * lse;
     }
-    for (int64_t e = 0; e < num_experts; ++e) p[e] /= sum;
-    select_top_k(p, num_experts, k, renormalize, ids, w);
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
+      double sum = prob_sum[e];
+      int64_t count = selected[e];
+      for (int t = 0; t < rows; ++t) {
+        sum += probs[(first + t) * num_experts + e];
+        const int32_t* ids = expert_ids + (first + t) * k;
+        for (int j = 0; j < k; ++j) count += ids[j] == e;
+      }
+      prob_sum[e] = sum;
+      selected[e] = count;
+    }
+    if (threadIdx.x == 0)
+      for (int t = 0; t < rows; ++t) z += chunk_z[t];
+    __syncthreads();  // chunk_z is refilled by the next chunk
+  }
+  for (int64_t e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    partial_probs[blockIdx.x * num_experts + e] = prob_sum[e];
+    partial_selections[blockIdx.x * num_experts + e] = selected[e];
+  }
+  if (threadIdx.x == 0) partial_z[blockIdx.x] = z;
+}
+
+__global__ void router_totals_kernel(const double* partial_probs,
+                                     const int64_t* partial_selections, const double* partial_z,
+                                     int64_t blocks, int64_t num_experts, float* prob_sums,
+                                     float* selections, double* z_total) {
+  for (int64_t e = grid_start(); e < num_experts; e += grid_stride()) {
+    double sum = 0.0;
+    int64_t count = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      sum += partial_probs[b * num_experts + e];
+      count += partial_selections[b * num_experts + e];
+    }
+    prob_sums[e] = static_cast<float>(sum);
+    selections[e] = static_cast<float>(count);
+  }
+  if (grid_start() == 0) {
+    double z = 0.0;
+    for (int64_t b = 0; b < blocks; ++b) z += partial_z[b];
+    *z_total = z;
   }
 }
 
@@ -104,6 +187,38 @@ void gating_forward(const float* logits, float* probs, int32_t* expert_ids, floa
   gating_forward_kernel<<<grid_blocks(n, kRowThreads), kRowThreads, 0, stream>>>(
       logits, probs, expert_ids, weights, n, num_experts, k, renormalize);
   SY_CUDA_CHECK_LAUNCH();
+}
+
+double router_forward(const float* logits, float* probs, int32_t* expert_ids, float* weights,
+                      float* selections, float* prob_sums, int64_t n, int64_t num_experts, int k,
+                      bool renormalize, cudaStream_t stream) {
+  SY_CHECK(num_experts <= kFusedRouterMaxExperts);
+  if (n == 0) {
+    SY_CUDA_CHECK(cudaMemsetAsync(selections, 0, num_experts * sizeof(float), stream));
+    SY_CUDA_CHECK(cudaMemsetAsync(prob_sums, 0, num_experts * sizeof(float), stream));
+    return 0.0;
+  }
+  const int64_t chunks = (n + kRouterChunk - 1) / kRouterChunk;
+  const int64_t blocks = chunks < kRouterMaxBlocks ? chunks : kRouterMaxBlocks;
+  Scratch<double> partial_probs(blocks * num_experts, stream);
+  Scratch<int64_t> partial_selections(blocks * num_experts, stream);
+  Scratch<double> partial_z(blocks + 1, stream);
+  double* z_total = partial_z.get() + blocks;
+  const size_t shared_bytes = static_cast<size_t>(2 * num_experts + kRouterChunk) * 8;
+  router_forward_kernel<<<static_cast<unsigned int>(blocks), kRouterThreads, shared_bytes,
+                          stream>>>(logits, probs, expert_ids, weights, n, num_experts, k,
+                                    renormalize, partial_probs.get(), partial_selections.get(),
+                                    partial_z.get());
+  SY_CUDA_CHECK_LAUNCH();
+  router_totals_kernel<<<grid_blocks(num_experts, kRouterThreads), kRouterThreads, 0, stream>>>(
+      partial_probs.get(), partial_selections.get(), partial_z.get(), blocks, num_experts,
+      prob_sums, selections, z_total);
+  SY_CUDA_CHECK_LAUNCH();
+  double host_total = 0.0;
+  SY_CUDA_CHECK(
+      cudaMemcpyAsync(&host_total, z_total, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  SY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host_total / static_cast<double>(n);
 }
 
 void gating_backward(const float* probs, const int32_t* expert_ids, const float* dweights,

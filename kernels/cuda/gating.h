@@ -14,6 +14,14 @@ namespace switchyard::cuda {
 // logits: (n, E) -> probs: (n, E), expert_ids: (n, k) by rank, weights: (n, k).
 void gating_forward(const float* logits, float* probs, int32_t* expert_ids, float* weights,
                     int64_t n, int64_t num_experts, int k, bool renormalize, cudaStream_t stream);
+// gating_forward, routing_counts (kernels/cuda/router_aux.h) and the router z-loss in
+// one pass over the logits: also writes selections: (E) top-k selections per expert and
+// prob_sums: (E) column sums of probs, and returns the z-loss (blocks until it is on the
+// host). For num_experts <= kFusedRouterMaxExperts.
+inline constexpr int64_t kFusedRouterMaxExperts = 2048;
+double router_forward(const float* logits, float* probs, int32_t* expert_ids, float* weights,
+                      float* selections, float* prob_sums, int64_t n, int64_t num_experts, int k,
+                      bool renormalize, cudaStream_t stream);
 // dweights: (n, k) -> dlogits: (n, E) written, the selection held fixed.
 void gating_backward(const float* probs, const int32_t* expert_ids, const float* dweights,
                      float* dlogits, int64_t n, int64_t num_experts, int k, bool renormalize,

@@ -110,6 +110,41 @@ TEST(GatingGpu, RouterZLossMatchesCpu) {
   }
 }
 
+// The fused router against the CPU's three ops: the gating outputs as gating_forward
+// gives them, selection counts exactly, probability sums and z-loss to rounding. Row
+// counts around the 32-token chunks and past the 512 blocks (chunks per block > 1).
+TEST(GatingGpu, FusedRouterForwardMatchesCpu) {
+  CudaDevice gpu(0);
+  for (const Case c : {Case{1, 1, 1}, Case{31, 8, 2}, Case{33, 8, 2}, Case{1000, 64, 8},
+                       Case{70001, 6, 2}, Case{300, 300, 4}, Case{0, 8, 2}}) {
+    for (bool renormalize : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << c.n << " rows, " << c.experts << " experts, top-" << c.k
+                                        << (renormalize ? ", renormalized" : ""));
+      const Tensor logits = router_logits(c.n, c.experts, 6);
+      Tensor probs = Tensor::empty({c.n, c.experts});
+      Tensor ids = Tensor::empty({c.n, c.k}, DType::kI32);
+      Tensor weights = Tensor::empty({c.n, c.k});
+      Tensor selections = Tensor::empty({c.experts});
+      Tensor prob_sums = Tensor::empty({c.experts});
+      const double z = router_forward(cpu_device(), logits, c.k, renormalize, probs, ids, weights,
+                                      selections, prob_sums);
+      Tensor gprobs = poisoned(gpu, {c.n, c.experts});
+      Tensor gids = poisoned(gpu, {c.n, c.k}, DType::kI32);
+      Tensor gweights = poisoned(gpu, {c.n, c.k});
+      Tensor gselections = poisoned(gpu, {c.experts});
+      Tensor gprob_sums = poisoned(gpu, {c.experts});
+      const double gz = router_forward(gpu, to_device(gpu, logits), c.k, renormalize, gprobs, gids,
+                                       gweights, gselections, gprob_sums);
+      EXPECT_TRUE(all_close(gprobs, probs, kTol));
+      EXPECT_TRUE(all_equal(gids, ids));
+      EXPECT_TRUE(all_close(gweights, weights, kTol));
+      EXPECT_TRUE(all_equal(gselections, selections));
+      EXPECT_TRUE(all_close(gprob_sums, prob_sums, kTol));
+      EXPECT_NEAR(gz, z, kTol * std::max(1.0, std::abs(z)));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace switchyard
 
