@@ -1,14 +1,10 @@
 #include "engine/parallel/communicator.h"
 
 #include <chrono>
+#include <string>
 
 namespace switchyard {
 namespace {
-
-void check_cpu(const Tensor& tensor) {
-  SY_CHECK_MSG(tensor.defined(), "collective on an undefined tensor");
-  SY_CHECK_MSG(!tensor.device().is_cuda(), "CPU communicator given a CUDA tensor");
-}
 
 int64_t sum_of(const std::vector<int64_t>& counts) {
   int64_t total = 0;
@@ -21,8 +17,24 @@ int64_t sum_of(const std::vector<int64_t>& counts) {
 
 }  // namespace
 
+void Communicator::check_tensor(const Tensor& tensor) const {
+  SY_CHECK_MSG(tensor.defined(), "collective on an undefined tensor");
+  const Device& own = tensor_device();
+  if (!own.is_cuda()) {
+    SY_CHECK_MSG(!tensor.device().is_cuda(), "CPU communicator given a CUDA tensor");
+    return;
+  }
+  // Collectives never move data between devices behind the caller's back.
+  if (!tensor.device().is_cuda() || tensor.device().index() != own.index()) {
+    const std::string message =
+        "communicator on " + own.name() + " given a tensor on " + tensor.device().name();
+    internal::check_failed(__FILE__, __LINE__, "tensor.device() == tensor_device()",
+                           message.c_str());
+  }
+}
+
 void Communicator::all_reduce_sum(Tensor& tensor) {
-  check_cpu(tensor);
+  check_tensor(tensor);
   SY_CHECK_MSG(tensor.dtype() == DType::kF32, "all_reduce_sum needs an f32 tensor");
   all_reduce_sum_f32(tensor.data<float>(), tensor.numel());
 }
@@ -38,8 +50,8 @@ void Communicator::all_reduce_sum(int64_t* values, int64_t n) {
 }
 
 void Communicator::reduce_scatter_sum(const Tensor& in, Tensor& out) {
-  check_cpu(in);
-  check_cpu(out);
+  check_tensor(in);
+  check_tensor(out);
   SY_CHECK_MSG(in.dtype() == DType::kF32 && out.dtype() == DType::kF32,
                "reduce_scatter_sum needs f32 tensors");
   SY_CHECK_MSG(in.numel() == size() * out.numel(),
@@ -48,8 +60,8 @@ void Communicator::reduce_scatter_sum(const Tensor& in, Tensor& out) {
 }
 
 void Communicator::all_gather(const Tensor& in, Tensor& out) {
-  check_cpu(in);
-  check_cpu(out);
+  check_tensor(in);
+  check_tensor(out);
   SY_CHECK_MSG(in.dtype() == out.dtype(), "all_gather dtypes differ");
   SY_CHECK_MSG(out.numel() == size() * in.numel(),
                "all_gather output must hold size() * in.numel() elements");
@@ -58,8 +70,8 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) {
 
 void Communicator::all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows,
                                 Tensor& recv, const std::vector<int64_t>& recv_rows) {
-  check_cpu(send);
-  check_cpu(recv);
+  check_tensor(send);
+  check_tensor(recv);
   SY_CHECK_MSG(send.dtype() == recv.dtype(), "all_to_all_v dtypes differ");
   SY_CHECK_MSG(send.rank() >= 1 && recv.rank() >= 1, "all_to_all_v needs tensors with rows");
   SY_CHECK_MSG(send.row_size() == recv.row_size(), "all_to_all_v row sizes differ");
@@ -81,7 +93,7 @@ std::vector<int64_t> Communicator::all_to_all_counts(const std::vector<int64_t>&
 }
 
 void Communicator::broadcast(Tensor& tensor, int root) {
-  check_cpu(tensor);
+  check_tensor(tensor);
   SY_CHECK_MSG(root >= 0 && root < size(), "broadcast root out of range");
   broadcast_impl(tensor, root);
 }

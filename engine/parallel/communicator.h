@@ -1,4 +1,5 @@
-// Collective communication over a process group, on CPU tensors.
+// Collective communication over a process group, on the tensors of one device: CPU
+// tensors for the host communicators (MPI, local), a GPU's for NcclCommunicator.
 //
 // Every member of the group must call the same collectives in the same order with
 // matching sizes; a mismatch is a bug and hangs or aborts the job. Argument errors
@@ -8,7 +9,8 @@
 // same inputs, on every rank and in every run (resume and layout-equivalence tests
 // compare bits). Collectives that only move bytes are deterministic by nature; the
 // floating-point sums are computed by the engine in a fixed order (see each method),
-// never by MPI's reduction algorithms, whose summation order depends on message size.
+// never by MPI's or NCCL's reduction algorithms, whose summation order depends on message
+// size.
 #pragma once
 
 #include <cstdint>
@@ -76,8 +78,14 @@ class Communicator {
                                  Tensor& recv, const std::vector<int64_t>& recv_rows) = 0;
   virtual std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& send_counts) = 0;
   virtual void broadcast_impl(Tensor& tensor, int root) = 0;
+  // The device whose memory the tensor collectives take: the CPU for the host
+  // communicators; a device communicator returns its GPU.
+  virtual const Device& tensor_device() const { return cpu_device(); }
 
  private:
+  // CHECKs that `tensor` is defined and lives on tensor_device().
+  void check_tensor(const Tensor& tensor) const;
+
   double all_to_all_seconds_ = 0;
 };
 

@@ -1,0 +1,113 @@
+// Communicator over NCCL, for CUDA tensors on one GPU per rank. Only built with the CUDA
+// backend (SWITCHYARD_CUDA=ON, which defines SWITCHYARD_WITH_NCCL).
+//
+// Streams: the communicator owns a non-blocking stream on its GPU, so communication can
+// overlap compute. Each collective first makes that stream wait for the work queued so
+// far on the device's compute stream (CudaDevice::stream()), and the compute stream
+// then waits for the collective: ops queued on the compute stream before a collective
+// feed it and ops queued after see its result, with no host synchronisation. Tensor
+// collectives return once queued, as ops do.
+//
+// Determinism as communicator.h promises: NCCL only moves bytes. reduce_scatter_sum is
+// an all-to-all of chunks (grouped ncclSend/ncclRecv) and a kernel adding each chunk's
+// pieces in rank order; all_reduce_sum adds an all-gather of the sums (ncclAllGather).
+// That is as many bytes on the wire as NCCL's ring algorithms, and the same additions,
+// hence bits, as MpiCommunicator.
+//
+// all_to_all_seconds() counts the time to queue the exchange, not the transfer, which
+// runs on the GPU after all_to_all_v returns.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/parallel/communicator.h"
+#include "kernels/cuda/cuda_device.h"
+
+namespace switchyard {
+
+// The GPU this process should use, one per rank: its node-local rank
+// (MpiRuntime::local_rank(), so MpiRuntime::initialize must have run) modulo the GPUs it
+// sees, which also fits launchers that show each rank its own GPU alone. Ends the job
+// with a message when no GPU is visible; ranks left sharing a GPU (more ranks on a node
+// than GPUs) are refused by NcclCommunicator::create.
+int select_local_gpu();
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over `cpu` (an MpiCommunicator, or a LocalCommunicator for a world of
+  // one): a communicator over the same ranks, in the same order, on `device`. Rank 0
+  // makes NCCL's unique id and broadcasts it over `cpu`. Every rank must bring a
+  // different GPU; when two share one, the job ends with a message naming them. `cpu`
+  // and `device` must outlive the communicator; all_to_all_counts and barrier run over
+  // `cpu`.
+  static std::unique_ptr<NcclCommunicator> create(Communicator& cpu, CudaDevice& device);
+
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+  // Waits for the queued collectives. Collective among the ranks of a node, as NCCL's
+  // ncclCommDestroy is: every rank destroys its communicator.
+  ~NcclCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  // Waits for the collectives queued so far, then for every rank (over `cpu`).
+  void barrier() override;
+
+  CudaDevice& device() const { return device_; }
+  // The stream the collectives run on.
+  cudaStream_t stream() const { return stream_; }
+
+ protected:
+  void all_reduce_sum_f32(float* values, int64_t n) override;
+  // The host-value sums stay on the host: their values travel to the GPU and back, and
+  // they return once the result is there.
+  void all_reduce_sum_f64(double* values, int64_t n) override;
+  void all_reduce_sum_i64(int64_t* values, int64_t n) override;
+  void reduce_scatter_sum_f32(const float* in, float* out, int64_t out_n) override;
+  void all_gather_impl(const Tensor& in, Tensor& out) override;
+  void all_to_all_v_impl(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                         const std::vector<int64_t>& recv_rows) override;
+  std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& send_counts) override;
+  void broadcast_impl(Tensor& tensor, int root) override;
+  const Device& tensor_device() const override { return device_; }
+
+ private:
+  // Takes ownership of `comm`.
+  NcclCommunicator(Communicator& cpu, CudaDevice& device, ncclComm_t comm);
+
+  // Makes stream_ wait for the work queued on the compute stream and returns it.
+  cudaStream_t begin();
+  // Makes the compute stream wait for the work queued on stream_.
+  void end();
+
+  // Rank r gets, in `out`, the rank-ordered sum over every rank's `in` (n elements) of
+  // chunk r: elements [r chunk, min((r + 1) chunk, n)), count(r) of them; out[k] = 0
+  // for count(r) <= k < chunk. `out` (chunk elements) may lie inside `in`.
+  template <typename T>
+  void reduce_scatter_in_rank_order(const T* in, int64_t n, int64_t chunk, T* out,
+                                    cudaStream_t stream);
+  // In place, on `stream`: `values` (n elements on the GPU) becomes the rank-ordered
+  // sum over the group.
+  template <typename T>
+  void all_reduce_in_rank_order(T* values, int64_t n, cudaStream_t stream);
+  // The same for host values, through a device buffer; returns once they are back.
+  template <typename T>
+  void all_reduce_host(T* values, int64_t n);
+
+  Communicator& cpu_;
+  CudaDevice& device_;
+  ncclComm_t comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  cudaStream_t stream_ = nullptr;
+  // Recorded on the compute stream before a collective, and on stream_ after it.
+  cudaEvent_t compute_ready_ = nullptr;
+  cudaEvent_t collective_done_ = nullptr;
+};
+
+}  // namespace switchyard
