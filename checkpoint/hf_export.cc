@@ -37,21 +37,12 @@ double json_float(float value) {
   return value;
 }
 
-uint16_t bf16_round_nearest_even(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  // Keep NaN a (quiet) NaN: rounding could carry its payload into the infinity pattern.
-  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 Tensor cast(const Tensor& f32, DType dtype) {
   if (dtype == DType::kF32) return f32;
   Tensor out = Tensor::empty(f32.shape(), DType::kBF16);
   const float* src = f32.data<float>();
-  uint16_t* dst = static_cast<uint16_t*>(out.raw_data());
-  for (int64_t i = 0; i < f32.numel(); ++i) dst[i] = bf16_round_nearest_even(src[i]);
+  bf16* dst = out.data<bf16>();
+  for (int64_t i = 0; i < f32.numel(); ++i) dst[i] = to_bf16(src[i]);
   return out;
 }
 

@@ -239,10 +239,8 @@ absl::StatusOr<Tensor> to_f32(const Tensor& t, const std::string& name, const st
   float* dst = out.data<float>();
   const uint16_t* src = static_cast<const uint16_t*>(t.raw_data());
   if (t.dtype() == DType::kBF16) {
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-      std::memcpy(dst + i, &bits, sizeof(float));
-    }
+    const bf16* values = t.data<bf16>();
+    for (int64_t i = 0; i < t.numel(); ++i) dst[i] = to_float(values[i]);
   } else if (t.dtype() == DType::kF16) {
     for (int64_t i = 0; i < t.numel(); ++i) dst[i] = half_to_float(src[i]);
   } else {

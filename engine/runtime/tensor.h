@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/runtime/check.h"
+#include "engine/runtime/bf16.h"
 #include "engine/runtime/device.h"
 
 namespace switchyard {
@@ -19,6 +20,7 @@ const char* dtype_name(DType dtype);
 
 template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::kF32; }
+template <> constexpr DType dtype_of<bf16>() { return DType::kBF16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::kU8; }

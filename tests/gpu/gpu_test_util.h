@@ -49,11 +49,12 @@ std::vector<T> values_of(const Tensor& t) {
   return std::vector<T>(p, p + host.numel());
 }
 
-// A device tensor holding no value an op writes: NaN for f32, 0x7F7F7F7F for i32.
+// A device tensor holding no value an op writes: NaN for f32 and bf16, 0x7F7F7F7F for i32.
 inline Tensor poisoned(Device& dev, const Shape& shape, DType dtype = DType::kF32) {
   const int64_t n = shape_numel(shape);
   if (dtype == DType::kI32)
     return to_device(dev, host_tensor(shape, std::vector<int32_t>(n, 0x7F7F7F7F)));
+  if (dtype == DType::kBF16) return to_device(dev, host_tensor(shape, std::vector<bf16>(n, bf16{0x7FC0})));
   SY_CHECK(dtype == DType::kF32);
   return to_device(
       dev, host_tensor(shape, std::vector<float>(n, std::numeric_limits<float>::quiet_NaN())));
@@ -63,6 +64,11 @@ inline std::vector<double> as_doubles(const Tensor& t) {
   if (t.dtype() == DType::kI32) {
     const std::vector<int32_t> v = values_of<int32_t>(t);
     return std::vector<double>(v.begin(), v.end());
+  }
+  if (t.dtype() == DType::kBF16) {
+    std::vector<double> d;
+    for (bf16 v : values_of<bf16>(t)) d.push_back(to_float(v));
+    return d;
   }
   const std::vector<float> v = values_of<float>(t);
   return std::vector<double>(v.begin(), v.end());
