@@ -1,5 +1,8 @@
 #include "kernels/gemm.h"
 
+#include <string>
+
+#include "kernels/convert.h"
 #include "kernels/cpu/gemm.h"
 #ifdef SWITCHYARD_WITH_CUDA
 #include "kernels/cuda/cuda_device.h"
@@ -38,12 +41,28 @@ int64_t check_groups(const Tensor& group_sizes, int64_t rows) {
   return group_sizes.numel();
 }
 
+bool is_float(const Tensor& t) { return t.dtype() == DType::kF32 || t.dtype() == DType::kBF16; }
+
+// The operands share one element type, f32 or bf16; the result may be either.
+void check_types(const char* op, const Tensor& a, const Tensor& b, const Tensor& c) {
+  if (is_float(a) && a.dtype() == b.dtype() && is_float(c)) return;
+  const std::string message =
+      std::string(op) + ": operands must be both f32 or both bf16, the result f32 or bf16";
+  internal::check_failed(__FILE__, __LINE__, "operand types", message.c_str());
+}
+
+#ifdef SWITCHYARD_WITH_CUDA
+cuda::GemmTypes gemm_types(const Tensor& operand, const Tensor& result) {
+  auto type = [](const Tensor& t) { return t.dtype() == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF; };
+  return {type(operand), type(result)};
+}
+#endif
+
 }  // namespace
 
 void matmul(Device& dev, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             float alpha, float beta) {
-  SY_CHECK_MSG(a.dtype() == DType::kF32 && b.dtype() == DType::kF32 && c.dtype() == DType::kF32,
-               "matmul: operands must be f32");
+  check_types("matmul", a, b, c);
   const MatrixShape sa = matrix_shape(a), sb = matrix_shape(b), sc = matrix_shape(c);
   const int64_t m = trans_a ? sa.cols : sa.rows;
   const int64_t k = trans_a ? sa.rows : sa.cols;
@@ -52,21 +71,26 @@ void matmul(Device& dev, const Tensor& a, bool trans_a, const Tensor& b, bool tr
   SY_CHECK_MSG(sc.rows == m && sc.cols == n, "matmul: output shape does not match");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::gemm<float>(op_cublas(dev, "matmul", {&a, &b, &c}), trans_a, trans_b, m, n, k, alpha,
-                      a.data<float>(), sa.cols, b.data<float>(), sb.cols, beta, c.data<float>(),
-                      sc.cols);
+    cuda::gemm(op_cublas(dev, "matmul", {&a, &b, &c}), trans_a, trans_b, m, n, k, alpha,
+               a.raw_data(), sa.cols, b.raw_data(), sb.cols, beta, c.raw_data(), sc.cols,
+               gemm_types(a, c));
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "matmul: this build has no CUDA backend");
+  if (any_bf16({&a, &c})) {
+    Tensor result = widened(c);
+    matmul(dev, widened(a), trans_a, widened(b), trans_b, result, alpha, beta);
+    store(dev, result, c);
+    return;
+  }
   cpu::gemm<float>(trans_a, trans_b, m, n, k, alpha, a.data<float>(), sa.cols, b.data<float>(),
                    sb.cols, beta, c.data<float>(), sc.cols);
 }
 
 void grouped_matmul_nt(Device& dev, const Tensor& a, const Tensor& w, const Tensor& group_sizes,
                        Tensor& out) {
-  SY_CHECK_MSG(a.dtype() == DType::kF32 && w.dtype() == DType::kF32 && out.dtype() == DType::kF32,
-               "grouped_matmul_nt: operands must be f32");
+  check_types("grouped_matmul_nt", a, w, out);
   SY_CHECK_MSG(w.rank() == 3, "grouped_matmul_nt: w must be (G, N, K)");
   const int64_t groups = w.dim(0), n = w.dim(1), k = w.dim(2);
   const MatrixShape sa = matrix_shape(a), so = matrix_shape(out);
@@ -76,21 +100,26 @@ void grouped_matmul_nt(Device& dev, const Tensor& a, const Tensor& w, const Tens
                "grouped_matmul_nt: one group size per weight matrix");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::grouped_matmul_nt<float>(op_cublas(dev, "grouped_matmul_nt", {&a, &w, &out}),
-                                   a.data<float>(), w.data<float>(), group_sizes.data<int32_t>(),
-                                   groups, n, k, out.data<float>());
+    cuda::grouped_matmul_nt(op_cublas(dev, "grouped_matmul_nt", {&a, &w, &out}), a.raw_data(),
+                            w.raw_data(), group_sizes.data<int32_t>(), groups, n, k, out.raw_data(),
+                            gemm_types(a, out));
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "grouped_matmul_nt: this build has no CUDA backend");
+  if (any_bf16({&a, &out})) {
+    Tensor result = widened(out);
+    grouped_matmul_nt(dev, widened(a), widened(w), group_sizes, result);
+    store(dev, result, out);
+    return;
+  }
   cpu::grouped_matmul_nt<float>(a.data<float>(), w.data<float>(), group_sizes.data<int32_t>(),
                                 groups, n, k, out.data<float>());
 }
 
 void grouped_matmul_nn(Device& dev, const Tensor& a, const Tensor& w, const Tensor& group_sizes,
                        Tensor& out) {
-  SY_CHECK_MSG(a.dtype() == DType::kF32 && w.dtype() == DType::kF32 && out.dtype() == DType::kF32,
-               "grouped_matmul_nn: operands must be f32");
+  check_types("grouped_matmul_nn", a, w, out);
   SY_CHECK_MSG(w.rank() == 3, "grouped_matmul_nn: w must be (G, N, K)");
   const int64_t groups = w.dim(0), n = w.dim(1), k = w.dim(2);
   const MatrixShape sa = matrix_shape(a), so = matrix_shape(out);
@@ -100,21 +129,26 @@ void grouped_matmul_nn(Device& dev, const Tensor& a, const Tensor& w, const Tens
                "grouped_matmul_nn: one group size per weight matrix");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::grouped_matmul_nn<float>(op_cublas(dev, "grouped_matmul_nn", {&a, &w, &out}),
-                                   a.data<float>(), w.data<float>(), group_sizes.data<int32_t>(),
-                                   groups, n, k, out.data<float>());
+    cuda::grouped_matmul_nn(op_cublas(dev, "grouped_matmul_nn", {&a, &w, &out}), a.raw_data(),
+                            w.raw_data(), group_sizes.data<int32_t>(), groups, n, k, out.raw_data(),
+                            gemm_types(a, out));
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "grouped_matmul_nn: this build has no CUDA backend");
+  if (any_bf16({&a, &out})) {
+    Tensor result = widened(out);
+    grouped_matmul_nn(dev, widened(a), widened(w), group_sizes, result);
+    store(dev, result, out);
+    return;
+  }
   cpu::grouped_matmul_nn<float>(a.data<float>(), w.data<float>(), group_sizes.data<int32_t>(),
                                 groups, n, k, out.data<float>());
 }
 
 void grouped_matmul_tn_accumulate(Device& dev, const Tensor& a, const Tensor& b,
                                   const Tensor& group_sizes, Tensor& dw) {
-  SY_CHECK_MSG(a.dtype() == DType::kF32 && b.dtype() == DType::kF32 && dw.dtype() == DType::kF32,
-               "grouped_matmul_tn_accumulate: operands must be f32");
+  check_types("grouped_matmul_tn_accumulate", a, b, dw);
   SY_CHECK_MSG(dw.rank() == 3, "grouped_matmul_tn_accumulate: dw must be (G, N, K)");
   const int64_t groups = dw.dim(0), n = dw.dim(1), k = dw.dim(2);
   const MatrixShape sa = matrix_shape(a), sb = matrix_shape(b);
@@ -124,13 +158,19 @@ void grouped_matmul_tn_accumulate(Device& dev, const Tensor& a, const Tensor& b,
                "grouped_matmul_tn_accumulate: one group size per weight matrix");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::grouped_matmul_tn_accumulate<float>(
-        op_cublas(dev, "grouped_matmul_tn_accumulate", {&a, &b, &dw}), a.data<float>(),
-        b.data<float>(), group_sizes.data<int32_t>(), groups, n, k, dw.data<float>());
+    cuda::grouped_matmul_tn_accumulate(
+        op_cublas(dev, "grouped_matmul_tn_accumulate", {&a, &b, &dw}), a.raw_data(), b.raw_data(),
+        group_sizes.data<int32_t>(), groups, n, k, dw.raw_data(), gemm_types(a, dw));
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "grouped_matmul_tn_accumulate: this build has no CUDA backend");
+  if (any_bf16({&a, &dw})) {
+    Tensor result = widened(dw);
+    grouped_matmul_tn_accumulate(dev, widened(a), widened(b), group_sizes, result);
+    store(dev, result, dw);
+    return;
+  }
   cpu::grouped_matmul_tn_accumulate<float>(a.data<float>(), b.data<float>(),
                                            group_sizes.data<int32_t>(), groups, n, k,
                                            dw.data<float>());

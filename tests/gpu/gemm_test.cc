@@ -6,6 +6,7 @@
 
 #include <numeric>
 
+#include "kernels/convert.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
@@ -125,6 +126,53 @@ TEST(GemmGpu, GroupedProductsMatchCpu) {
       EXPECT_TRUE(matches(gdw, dw, integers));
     }
   }
+}
+
+// `t` rounded to bf16 (on the host).
+Tensor as_bf16(const Tensor& t) {
+  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
+  convert(cpu_device(), t, b);
+  return b;
+}
+
+// bf16 operands with f32 and bf16 results, against the CPU (which computes on the
+// widened operands): integer inputs are exact in bf16 and their products exact in f32,
+// so those results agree to the bit, the bf16 ones after the same final rounding.
+TEST(GemmGpu, Bf16OperandsMatchCpu) {
+  CudaDevice gpu(0);
+  const int64_t m = 37, n = 65, k = 129;
+  for (bool integers : {true, false}) {
+    for (DType result : {DType::kF32, DType::kBF16}) {
+      for (bool trans_b : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "integers " << integers << " result "
+                                          << dtype_name(result) << " trans_b " << trans_b);
+        const Tensor a = as_bf16(operand({m, k}, 1, integers));
+        const Tensor b = as_bf16(operand(trans_b ? Shape{n, k} : Shape{k, n}, 2, integers));
+        Tensor c = Tensor::empty({m, n}, result);
+        matmul(cpu_device(), a, false, b, trans_b, c);
+        Tensor gc = poisoned(gpu, {m, n}, result);
+        matmul(gpu, to_device(gpu, a), false, to_device(gpu, b), trans_b, gc);
+        const double tol = result == DType::kBF16 ? 1.0 / 128 : kTol;
+        EXPECT_TRUE(integers ? all_equal(gc, c) : all_close(gc, c, tol));
+      }
+    }
+  }
+  // Grouped: bf16 activations and weights, f32 weight gradients accumulated.
+  const std::vector<int32_t> sizes = {5, 0, 17, 1};
+  const Tensor group_sizes = host_tensor({4}, sizes);
+  const Tensor x = as_bf16(operand({23, k}, 3, true));
+  const Tensor w = as_bf16(operand({4, n, k}, 4, true));
+  Tensor out = Tensor::empty({23, n}, DType::kBF16);
+  grouped_matmul_nt(cpu_device(), x, w, group_sizes, out);
+  Tensor gout = poisoned(gpu, {23, n}, DType::kBF16);
+  grouped_matmul_nt(gpu, to_device(gpu, x), to_device(gpu, w), group_sizes, gout);
+  EXPECT_TRUE(all_equal(gout, out));
+  const Tensor dy = as_bf16(operand({23, n}, 5, true));
+  Tensor dw = operand({4, n, k}, 6, true);
+  Tensor gdw = to_device(gpu, dw);
+  grouped_matmul_tn_accumulate(cpu_device(), dy, x, group_sizes, dw);
+  grouped_matmul_tn_accumulate(gpu, to_device(gpu, dy), to_device(gpu, x), group_sizes, gdw);
+  EXPECT_TRUE(all_equal(gdw, dw));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/gemm.h"
 #include "tests/test_util.h"
 
@@ -211,6 +212,36 @@ TEST_F(GroupedMatmulTest, FloatOpsMatchDoubleTemplates) {
   EXPECT_LT(max_relative_error(to_vector(t_dw), ref_dw), 1e-5);
   EXPECT_TRUE(any_nonzero(to_vector(out_nt)));
   EXPECT_TRUE(any_nonzero(to_vector(out_nn)));
+}
+
+// bf16 operands run as the f32 product of their exact f32 values, rounded once into a
+// bf16 result (f32 results are not rounded); a bf16 c is read for beta != 0.
+TEST(GemmTest, Bf16OperandsComputeInF32) {
+  const int64_t m = 5, n = 7, k = 300;
+  const Tensor a32 = to_tensor(random_vector<float>(m * k, 1), {m, k});
+  const Tensor b32 = to_tensor(random_vector<float>(k * n, 2), {k, n});
+  Tensor a = Tensor::empty({m, k}, DType::kBF16), b = Tensor::empty({k, n}, DType::kBF16);
+  convert(cpu_device(), a32, a);
+  convert(cpu_device(), b32, b);
+  Tensor expected = Tensor::empty({m, n});
+  matmul(cpu_device(), widened(a), false, widened(b), false, expected);
+  Tensor c32 = Tensor::empty({m, n});
+  matmul(cpu_device(), a, false, b, false, c32);
+  Tensor c16 = Tensor::empty({m, n}, DType::kBF16);
+  matmul(cpu_device(), a, false, b, false, c16);
+  for (int64_t i = 0; i < m * n; ++i) {
+    EXPECT_EQ(c32.data<float>()[i], expected.data<float>()[i]);
+    EXPECT_EQ(c16.data<bf16>()[i].bits, to_bf16(expected.data<float>()[i]).bits);
+  }
+  // c16 = a b - c16: exactly representable inputs, one rounding at the end.
+  Tensor twice = Tensor::empty({m, n});
+  for (int64_t i = 0; i < m * n; ++i)
+    twice.data<float>()[i] = expected.data<float>()[i] - to_float(c16.data<bf16>()[i]);
+  matmul(cpu_device(), a, false, b, false, c16, 1.0f, -1.0f);
+  for (int64_t i = 0; i < m * n; ++i)
+    EXPECT_EQ(c16.data<bf16>()[i].bits, to_bf16(twice.data<float>()[i]).bits);
+  Tensor mixed = Tensor::empty({k, n});
+  EXPECT_DEATH(matmul(cpu_device(), a, false, mixed, false, c32), "both f32 or both bf16");
 }
 
 }  // namespace
