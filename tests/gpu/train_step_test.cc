@@ -1,0 +1,142 @@
+// Whole training steps on the GPU against the same steps on the CPU: the model's
+// forward (every loss term), every parameter gradient, and the parameters after three
+// AdamW steps, from identical initial values and data. Covers dense and MoE layers,
+// shared experts with their gate, q/k norms and biases, each gating variant (GShard's
+// random second expert included) and a capacity factor.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "engine/config/recipe.h"
+#include "engine/model/transformer.h"
+#include "engine/optim/optimizer.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace switchyard {
+namespace {
+
+struct Case {
+  std::string gating;
+  float capacity_factor;
+};
+
+config::Recipe step_recipe(const Case& c) {
+  const std::string text = R"(
+    name: "gpu-step"
+    model { vocab_size: 97 hidden_size: 48 num_layers: 3 num_heads: 6 num_kv_heads: 2
+            rope_theta: 10000 norm_eps: 1e-5 ffn_hidden_size: 40 first_dense_layers: 1
+            attention_bias: true qk_norm: true init_std: 0.05 }
+    moe { num_experts: 6 top_k: 2 gating: )" +
+                           c.gating + R"( capacity_factor: )" + std::to_string(c.capacity_factor) +
+                           R"(
+          aux_loss_coef: 0.01 z_loss_coef: 0.001 expert_ffn_hidden_size: 20
+          num_shared_experts: 1 shared_expert_ffn_hidden_size: 16 shared_expert_gate: true }
+    optimizer { lr: 3e-3 warmup_steps: 0 grad_clip: 1.0 }
+    train { global_batch_size: 3 seq_len: 19 steps: 3 }
+  )";
+  auto recipe = config::parse_recipe(text, "gpu-step");
+  SY_CHECK(recipe.ok());
+  return *recipe;
+}
+
+// One model, its parameters and optimizer on one device.
+struct Replica {
+  Replica(const config::Recipe& recipe, Device& dev) : dev(dev), model(recipe, params) {
+    params.allocate(dev);
+    params.initialize(7);
+    optimizer = std::make_unique<AdamWOptimizer>(recipe.optimizer(), recipe.train().steps(), params,
+                                                 AdamWOptimizer::Groups{}, dev);
+  }
+  Device& dev;
+  ParamStore params;
+  Transformer model;
+  std::unique_ptr<AdamWOptimizer> optimizer;
+};
+
+void expect_close_losses(const LossParts& gpu, const LossParts& cpu, int step) {
+  EXPECT_NEAR(gpu.cross_entropy, cpu.cross_entropy, 1e-5 * std::abs(cpu.cross_entropy))
+      << "step " << step;
+  EXPECT_NEAR(gpu.aux_loss, cpu.aux_loss, 1e-4 * std::abs(cpu.aux_loss)) << "step " << step;
+  EXPECT_NEAR(gpu.z_loss, cpu.z_loss, 1e-4 * std::abs(cpu.z_loss)) << "step " << step;
+  EXPECT_EQ(gpu.target_tokens, cpu.target_tokens);
+}
+
+// At least `share` of the elements within tol of the CPU's, relative to the tensor's
+// largest magnitude (gradients mix tiny and large entries, and fp32 sums in another
+// order differ by a few ulps of the large ones); none NaN, none further than `limit`
+// (absolute).
+void expect_close_tensors(const Tensor& gpu, const Tensor& cpu, double tol, double share,
+                          double limit, const std::string& what) {
+  const std::vector<float> g = testing::values_of<float>(gpu);
+  const std::vector<float> c = testing::values_of<float>(cpu);
+  ASSERT_EQ(g.size(), c.size()) << what;
+  double scale = 0;
+  for (float v : c) scale = std::max(scale, static_cast<double>(std::abs(v)));
+  scale = std::max(scale, 1e-6);
+  int64_t close = 0, wild = 0;
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double diff = std::abs(static_cast<double>(g[i]) - c[i]);
+    if (diff <= tol * scale) ++close;
+    if (!(diff <= limit)) ++wild;  // NaN counts
+    worst = std::max(worst, diff);
+  }
+  EXPECT_GE(static_cast<double>(close), share * static_cast<double>(g.size()))
+      << what << ": largest difference " << worst << " against a scale of " << scale;
+  EXPECT_EQ(wild, 0) << what << ": largest difference " << worst;
+}
+
+class TrainStepTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TrainStepTest, GpuStepsMatchCpuSteps) {
+  const config::Recipe recipe = step_recipe(GetParam());
+  CudaDevice gpu_dev(0);
+  Replica cpu(recipe, cpu_device());
+  Replica gpu(recipe, gpu_dev);
+
+  const int64_t batch = 3, seq = 19, vocab = 97;
+  for (int step = 1; step <= 3; ++step) {
+    Tensor ids = Tensor::empty({batch, seq}, DType::kI32);
+    Tensor targets = Tensor::empty({batch, seq}, DType::kI32);
+    Rng data(100 + step);
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+      ids.data<int32_t>()[i] = static_cast<int32_t>(data.below(vocab));
+      targets.data<int32_t>()[i] = i % 11 == 5 ? -1 : static_cast<int32_t>(data.below(vocab));
+    }
+    Rng cpu_routing(step), gpu_routing(step);
+    const LossParts c = cpu.model.forward(cpu.dev, ids, targets, true, cpu_routing);
+    const LossParts g = gpu.model.forward(gpu.dev, ids.to(gpu_dev), targets, true, gpu_routing);
+    expect_close_losses(g, c, step);
+    EXPECT_EQ(gpu.model.router_stats().dropped_assignments,
+              cpu.model.router_stats().dropped_assignments);
+    cpu.model.backward(cpu.dev, 1.0f);
+    gpu.model.backward(gpu.dev, 1.0f);
+    if (step == 1) {
+      for (size_t i = 0; i < cpu.params.params().size(); ++i)
+        expect_close_tensors(gpu.params.params()[i].grad, cpu.params.params()[i].grad, 2e-4, 1.0,
+                             1.0, "gradient of " + cpu.params.params()[i].name);
+    }
+    const StepReport rc = cpu.optimizer->step(cpu.dev);
+    const StepReport rg = gpu.optimizer->step(gpu.dev);
+    EXPECT_NEAR(rg.grad_norm, rc.grad_norm, 1e-4 * rc.grad_norm) << "step " << step;
+  }
+  // AdamW's first steps move each weight by about lr whatever its gradient's size, so a
+  // gradient near zero whose sign differs by rounding moves a weight the other way:
+  // most weights agree closely, none by more than two updates per step.
+  const double lr = recipe.optimizer().lr();
+  for (size_t i = 0; i < cpu.params.params().size(); ++i)
+    expect_close_tensors(gpu.params.params()[i].value, cpu.params.params()[i].value, 1e-4, 0.97,
+                         6 * lr, "value of " + cpu.params.params()[i].name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gating, TrainStepTest,
+                         ::testing::Values(Case{"TOPK_SOFTMAX", 0.0f}, Case{"SOFTMAX_TOPK", 0.0f},
+                                           Case{"GSHARD_TOP2", 0.0f}, Case{"TOPK_SOFTMAX", 1.0f}));
+
+}  // namespace
+}  // namespace switchyard
+
+int main(int argc, char** argv) { return switchyard::testing::run_gpu_tests(argc, argv); }
