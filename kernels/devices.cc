@@ -65,9 +65,12 @@ double bf16_peak_flops(Device& device) {
   if (!device.is_cuda()) return 0;
   const CudaDevice::Properties p = as_cuda(device).properties();
   double flops_per_clock = 0;
-  if (p.major == 9) flops_per_clock = 4096;
-  else if (p.major == 8 && p.minor == 0) flops_per_clock = 2048;
-  else if (p.major == 8) flops_per_clock = 1024;
+  if (p.major == 9)
+    flops_per_clock = 4096;
+  else if (p.major == 8 && p.minor == 0)
+    flops_per_clock = 2048;
+  else if (p.major == 8)
+    flops_per_clock = 1024;
   return flops_per_clock * p.multiprocessors * p.clock_khz * 1e3;
 #else
   (void)device;
