@@ -1,20 +1,30 @@
 #include "kernels/attention.h"
 
+#include <initializer_list>
+
+#include "kernels/convert.h"
 #include "kernels/cpu/attention.h"
 #ifdef SWITCHYARD_WITH_CUDA
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/dtype.h"
 #endif
 
 namespace switchyard {
 namespace {
 
+// The activations and their gradients share one dtype, f32 or bf16.
+void check_dtypes(std::initializer_list<const Tensor*> tensors, const char* message) {
+  const DType dtype = (*tensors.begin())->dtype();
+  bool ok = dtype == DType::kF32 || dtype == DType::kBF16;
+  for (const Tensor* t : tensors) ok = ok && t->dtype() == dtype;
+  SY_CHECK_MSG(ok, message);
+}
+
 // Checks q (B, S, H, D) and k, v (B, S, KV, D) and returns their shape.
 cpu::AttentionShape check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
   SY_CHECK_MSG(q.rank() == 4 && k.rank() == 4 && v.rank() == 4,
                "attention: q, k, v must be (batch, seq, heads, head_dim)");
-  SY_CHECK_MSG(q.dtype() == DType::kF32 && k.dtype() == DType::kF32 && v.dtype() == DType::kF32,
-               "attention: q, k, v must be f32");
   const cpu::AttentionShape s{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
   SY_CHECK_MSG(
       k.shape() == v.shape() && k.dim(0) == s.batch && k.dim(1) == s.seq && k.dim(3) == s.head_dim,
@@ -30,44 +40,72 @@ Shape probs_shape(const cpu::AttentionShape& s) { return {s.batch, s.heads, s.se
 cuda::AttentionShape cuda_shape(const cpu::AttentionShape& s) {
   return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
 }
+
 #endif
 
 }  // namespace
 
 void attention_forward(Device& dev, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& probs) {
+  check_dtypes({&q, &k, &v, &out}, "attention_forward: q, k, v, out must be all f32 or all bf16");
+  SY_CHECK_MSG(probs.dtype() == DType::kF32, "attention_forward: probs must be f32");
   const cpu::AttentionShape s = check_qkv(q, k, v);
   SY_CHECK_MSG(out.shape() == q.shape() && probs.shape() == probs_shape(s),
                "attention_forward: out must be like q and probs (batch, heads, seq, seq)");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::attention_forward<float>(q.data<float>(), k.data<float>(), v.data<float>(), cuda_shape(s),
-                                   out.data<float>(), probs.data<float>(),
-                                   op_stream(dev, "attention_forward", {&q, &k, &v, &out, &probs}));
+    cudaStream_t stream = op_stream(dev, "attention_forward", {&q, &k, &v, &out, &probs});
+    with_cuda_type(q, [&](auto type) {
+      using T = typename decltype(type)::type;
+      cuda::attention_forward<T>(cuda_data<T>(q), cuda_data<T>(k), cuda_data<T>(v), cuda_shape(s),
+                                 cuda_data<T>(out), probs.data<float>(), stream);
+    });
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "attention_forward: this build has no CUDA backend");
+  if (q.dtype() == DType::kBF16) {
+    Tensor result = f32_result(out);
+    attention_forward(dev, widened(q), widened(k), widened(v), result, probs);
+    store(dev, result, out);
+    return;
+  }
   cpu::attention_forward<float>(q.data<float>(), k.data<float>(), v.data<float>(), s,
                                 out.data<float>(), probs.data<float>());
 }
 
 void attention_backward(Device& dev, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& probs, Tensor& dq, Tensor& dk, Tensor& dv) {
+  check_dtypes({&dout, &q, &k, &v, &dq, &dk, &dv},
+               "attention_backward: dout, q, k, v, dq, dk, dv must be all f32 or all bf16");
+  SY_CHECK_MSG(probs.dtype() == DType::kF32, "attention_backward: probs must be f32");
   const cpu::AttentionShape s = check_qkv(q, k, v);
   SY_CHECK_MSG(dout.shape() == q.shape() && dq.shape() == q.shape() && dk.shape() == k.shape() &&
                    dv.shape() == v.shape() && probs.shape() == probs_shape(s),
                "attention_backward: gradient shapes do not match q, k, v");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::attention_backward<float>(
-        dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), probs.data<float>(),
-        cuda_shape(s), dq.data<float>(), dk.data<float>(), dv.data<float>(),
-        op_stream(dev, "attention_backward", {&dout, &q, &k, &v, &probs, &dq, &dk, &dv}));
+    cudaStream_t stream =
+        op_stream(dev, "attention_backward", {&dout, &q, &k, &v, &probs, &dq, &dk, &dv});
+    with_cuda_type(q, [&](auto type) {
+      using T = typename decltype(type)::type;
+      cuda::attention_backward<T>(cuda_data<T>(dout), cuda_data<T>(q), cuda_data<T>(k),
+                                  cuda_data<T>(v), probs.data<float>(), cuda_shape(s),
+                                  cuda_data<T>(dq), cuda_data<T>(dk), cuda_data<T>(dv), stream);
+    });
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "attention_backward: this build has no CUDA backend");
+  if (q.dtype() == DType::kBF16) {
+    Tensor dq32 = f32_result(dq), dk32 = f32_result(dk), dv32 = f32_result(dv);
+    attention_backward(dev, widened(dout), widened(q), widened(k), widened(v), probs, dq32, dk32,
+                       dv32);
+    store(dev, dq32, dq);
+    store(dev, dk32, dk);
+    store(dev, dv32, dv);
+    return;
+  }
   cpu::attention_backward<float>(dout.data<float>(), q.data<float>(), k.data<float>(),
                                  v.data<float>(), probs.data<float>(), s, dq.data<float>(),
                                  dk.data<float>(), dv.data<float>());

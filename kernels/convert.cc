@@ -7,12 +7,6 @@
 #endif
 
 namespace switchyard {
-namespace {
-
-bool is_float(const Tensor& t) { return t.dtype() == DType::kF32 || t.dtype() == DType::kBF16; }
-
-}  // namespace
-
 void convert(Device& dev, const Tensor& src, Tensor& dst) {
   SY_CHECK_MSG(is_float(src) && is_float(dst), "convert: f32 and bf16 tensors only");
   SY_CHECK_MSG(src.numel() == dst.numel(), "convert: the tensors differ in size");
@@ -51,6 +45,13 @@ bool any_bf16(std::initializer_list<const Tensor*> tensors) {
   for (const Tensor* t : tensors)
     if (t->defined() && t->dtype() == DType::kBF16) return true;
   return false;
+}
+
+bool is_float(const Tensor& t) { return t.dtype() == DType::kF32 || t.dtype() == DType::kBF16; }
+
+Tensor f32_result(const Tensor& out) {
+  if (out.dtype() == DType::kF32) return out;
+  return Tensor::empty(out.shape(), DType::kF32, MemoryKind::kActivations, out.device());
 }
 
 Tensor widened(const Tensor& t) {

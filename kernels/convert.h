@@ -16,8 +16,14 @@ void convert(Device& dev, const Tensor& src, Tensor& dst);
 // copies, the f32 op runs, and each output is rounded to bf16 once, as the CUDA kernels
 // compute in f32 between bf16 loads and stores.
 bool any_bf16(std::initializer_list<const Tensor*> tensors);
+// Whether `t` holds f32 or bf16, the dtypes the ops compute on.
+bool is_float(const Tensor& t);
 // `t` itself when it is f32, else an f32 copy on the same device.
 Tensor widened(const Tensor& t);
+// Where the f32 op writes an output before it is stored into `out`: `out` itself when
+// it is f32, else a new f32 tensor (for outputs that are written, never read, so there
+// is nothing to widen).
+Tensor f32_result(const Tensor& out);
 // Writes the f32 `values` into `out` (rounded when `out` is bf16); nothing to do when
 // `out` is `values`.
 void store(Device& dev, const Tensor& values, Tensor& out);

@@ -1,5 +1,6 @@
 #include "kernels/cross_entropy.h"
 
+#include "kernels/convert.h"
 #include "kernels/cpu/cross_entropy.h"
 #ifdef SWITCHYARD_WITH_CUDA
 #include "kernels/cuda/cross_entropy.h"
@@ -62,16 +63,32 @@ void cross_entropy_backward(Device& dev, const Tensor& logits, const Tensor& tar
   const int64_t n = check_operands(logits, targets, shard);
   SY_CHECK_MSG(lse.numel() == n && dlogits.shape() == logits.shape(),
                "cross_entropy_backward: lse must be (n) and dlogits like logits");
+  SY_CHECK_MSG(dlogits.dtype() == DType::kF32 || dlogits.dtype() == DType::kBF16,
+               "cross_entropy_backward: dlogits must be f32 or bf16");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::cross_entropy_backward(
-        logits.data<float>(), targets.data<int32_t>(), lse.data<float>(), scale, n, logits.dim(1),
-        shard.start, whole_vocab(logits, shard), dlogits.data<float>(),
-        op_stream(dev, "cross_entropy_backward", {&logits, &targets, &lse, &dlogits}));
+    cudaStream_t stream =
+        op_stream(dev, "cross_entropy_backward", {&logits, &targets, &lse, &dlogits});
+    const auto launch = [&](auto* gradient) {
+      cuda::cross_entropy_backward(logits.data<float>(), targets.data<int32_t>(), lse.data<float>(),
+                                   scale, n, logits.dim(1), shard.start, whole_vocab(logits, shard),
+                                   gradient, stream);
+    };
+    if (dlogits.dtype() == DType::kBF16)
+      launch(static_cast<__nv_bfloat16*>(dlogits.raw_data()));
+    else
+      launch(dlogits.data<float>());
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "cross_entropy_backward: this build has no CUDA backend");
+  if (dlogits.dtype() == DType::kBF16) {
+    Tensor gradient =
+        Tensor::empty(dlogits.shape(), DType::kF32, MemoryKind::kActivations, dlogits.device());
+    cross_entropy_backward(dev, logits, targets, lse, scale, gradient, shard);
+    store(dev, gradient, dlogits);
+    return;
+  }
   check_target_values(targets, whole_vocab(logits, shard));
   cpu::cross_entropy_backward<float>(logits.data<float>(), targets.data<int32_t>(),
                                      lse.data<float>(), scale, n, logits.dim(1), shard.start,

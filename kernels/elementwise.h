@@ -1,25 +1,30 @@
 // Small elementwise and reduction ops used by the model and the optimizer.
+//
+// Operands are f32 or bf16 as each op states. With bf16 operands the arithmetic and the
+// sums run in f32 (bf16 loads widened exactly) and each bf16 element stored is rounded
+// once; parameter gradients (dbias) stay f32.
 #pragma once
 
 #include "engine/runtime/tensor.h"
 
 namespace switchyard {
 
-// y += alpha * x
+// y += alpha * x. y and x both f32 or both bf16.
 void add_(Device& dev, Tensor& y, const Tensor& x, float alpha = 1.0f);
-// x *= alpha
+// x *= alpha. x f32 or bf16.
 void scale_(Device& dev, Tensor& x, float alpha);
-// y: (rows, n) += bias: (n) broadcast over rows.
+// y: (rows, n) += bias: (n) broadcast over rows. y and bias each f32 or bf16.
 void add_bias_(Device& dev, Tensor& y, const Tensor& bias);
-// dbias: (n) += column sums of dy: (rows, n).
+// dbias: (n) f32 += column sums of dy: (rows, n), f32 or bf16.
 void bias_backward(Device& dev, const Tensor& dy, Tensor& dbias);
-// Sum of squares of all elements, accumulated in double.
+// Sum of squares of all elements of x (f32 or bf16), accumulated in double.
 double sum_squares(Device& dev, const Tensor& x);
 
 // Sigmoid-gated rows (Qwen2-MoE shared expert): y[r] += sigmoid(g[r]) * x[r].
-// x, y: (rows, n), g: (rows, 1).
+// x, y: (rows, n), both f32 or both bf16; g: (rows, 1), f32 or bf16.
 void sigmoid_gate_forward(Device& dev, const Tensor& x, const Tensor& g, Tensor& y);
 // dx[r] = sigmoid(g[r]) * dy[r] (written); dg[r] = s(1-s) * dot(dy[r], x[r]) (written).
+// dy, x, dx all f32 or all bf16; g, dg both f32 or both bf16.
 void sigmoid_gate_backward(Device& dev, const Tensor& dy, const Tensor& x, const Tensor& g,
                            Tensor& dx, Tensor& dg);
 

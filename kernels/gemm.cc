@@ -41,8 +41,6 @@ int64_t check_groups(const Tensor& group_sizes, int64_t rows) {
   return group_sizes.numel();
 }
 
-bool is_float(const Tensor& t) { return t.dtype() == DType::kF32 || t.dtype() == DType::kBF16; }
-
 // The operands share one element type, f32 or bf16; the result may be either.
 void check_types(const char* op, const Tensor& a, const Tensor& b, const Tensor& c) {
   if (is_float(a) && a.dtype() == b.dtype() && is_float(c)) return;

@@ -1,8 +1,12 @@
 #include "kernels/permute.h"
 
+#include <initializer_list>
+
+#include "kernels/convert.h"
 #include "kernels/cpu/permute.h"
 #ifdef SWITCHYARD_WITH_CUDA
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/dtype.h"
 #include "kernels/cuda/permute.h"
 #endif
 
@@ -17,6 +21,14 @@ void check_dest_rows(const Tensor& dest_rows, int64_t permuted_rows, const char*
   for (int64_t a = 0; a < dest_rows.numel(); ++a) {
     SY_CHECK_MSG(dest[a] >= -1 && dest[a] < permuted_rows, message);
   }
+}
+
+// The rows an op moves share one dtype, f32 or bf16.
+void check_rows(std::initializer_list<const Tensor*> rows, const char* message) {
+  const DType dtype = (*rows.begin())->dtype();
+  bool ok = dtype == DType::kF32 || dtype == DType::kBF16;
+  for (const Tensor* t : rows) ok = ok && t->dtype() == dtype;
+  SY_CHECK_MSG(ok, message);
 }
 
 }  // namespace
@@ -60,41 +72,64 @@ void permute_plan(Device& dev, const Tensor& expert_ids, const Tensor& weights, 
 }
 
 void permute_gather(Device& dev, const Tensor& x, const Tensor& dest_rows, Tensor& xp) {
+  check_rows({&x, &xp}, "permute_gather: x and xp must be both f32 or both bf16");
   SY_CHECK_MSG(x.rank() == 2, "permute_gather: x must be (n, H)");
-  SY_CHECK_MSG(dest_rows.rank() == 2 && dest_rows.dim(0) == x.dim(0),
-               "permute_gather: dest_rows must be (n, k)");
+  SY_CHECK_MSG(
+      dest_rows.dtype() == DType::kI32 && dest_rows.rank() == 2 && dest_rows.dim(0) == x.dim(0),
+      "permute_gather: dest_rows must be i32 (n, k)");
   SY_CHECK_MSG(xp.rank() == 2 && xp.dim(1) == x.dim(1), "permute_gather: xp must be (R, H)");
   const int k = static_cast<int>(dest_rows.dim(1));
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::permute_gather(x.data<float>(), dest_rows.data<int32_t>(), xp.data<float>(), x.dim(0), k,
-                         x.dim(1), xp.dim(0),
-                         op_stream(dev, "permute_gather", {&x, &dest_rows, &xp}));
+    cudaStream_t stream = op_stream(dev, "permute_gather", {&x, &dest_rows, &xp});
+    with_cuda_type(x, [&](auto type) {
+      using T = typename decltype(type)::type;
+      cuda::permute_gather<T>(cuda_data<T>(x), dest_rows.data<int32_t>(), cuda_data<T>(xp),
+                              x.dim(0), k, x.dim(1), xp.dim(0), stream);
+    });
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "permute_gather: this build has no CUDA backend");
   check_dest_rows(dest_rows, xp.dim(0), "permute_gather: dest row outside xp");
+  // A gather only copies rows, so bf16 rows move as they are (no rounding to do).
+  if (x.dtype() == DType::kBF16) {
+    cpu::permute_gather(x.data<bf16>(), dest_rows.data<int32_t>(), xp.data<bf16>(), x.dim(0), k,
+                        x.dim(1));
+    return;
+  }
   cpu::permute_gather(x.data<float>(), dest_rows.data<int32_t>(), xp.data<float>(), x.dim(0), k,
                       x.dim(1));
 }
 
 void permute_gather_backward(Device& dev, const Tensor& dxp, const Tensor& dest_rows, Tensor& dx) {
+  check_rows({&dxp, &dx}, "permute_gather_backward: dxp and dx must be both f32 or both bf16");
   SY_CHECK_MSG(dx.rank() == 2, "permute_gather_backward: dx must be (n, H)");
-  SY_CHECK_MSG(dest_rows.rank() == 2 && dest_rows.dim(0) == dx.dim(0),
-               "permute_gather_backward: dest_rows must be (n, k)");
+  SY_CHECK_MSG(
+      dest_rows.dtype() == DType::kI32 && dest_rows.rank() == 2 && dest_rows.dim(0) == dx.dim(0),
+      "permute_gather_backward: dest_rows must be i32 (n, k)");
   SY_CHECK_MSG(dxp.rank() == 2 && dxp.dim(1) == dx.dim(1),
                "permute_gather_backward: dxp must be (R, H)");
   const int k = static_cast<int>(dest_rows.dim(1));
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::permute_gather_backward(
-        dxp.data<float>(), dest_rows.data<int32_t>(), dx.data<float>(), dx.dim(0), k, dx.dim(1),
-        dxp.dim(0), op_stream(dev, "permute_gather_backward", {&dxp, &dest_rows, &dx}));
+    cudaStream_t stream = op_stream(dev, "permute_gather_backward", {&dxp, &dest_rows, &dx});
+    with_cuda_type(dx, [&](auto type) {
+      using T = typename decltype(type)::type;
+      cuda::permute_gather_backward<T>(cuda_data<T>(dxp), dest_rows.data<int32_t>(),
+                                       cuda_data<T>(dx), dx.dim(0), k, dx.dim(1), dxp.dim(0),
+                                       stream);
+    });
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "permute_gather_backward: this build has no CUDA backend");
+  if (dx.dtype() == DType::kBF16) {
+    Tensor sums = widened(dx);
+    permute_gather_backward(dev, widened(dxp), dest_rows, sums);
+    store(dev, sums, dx);
+    return;
+  }
   check_dest_rows(dest_rows, dxp.dim(0), "permute_gather_backward: dest row outside dxp");
   cpu::permute_gather_backward(dxp.data<float>(), dest_rows.data<int32_t>(), dx.data<float>(),
                                dx.dim(0), k, dx.dim(1));
@@ -102,21 +137,33 @@ void permute_gather_backward(Device& dev, const Tensor& dxp, const Tensor& dest_
 
 void unpermute_combine(Device& dev, const Tensor& yp, const Tensor& dest_rows,
                        const Tensor& weights, Tensor& y) {
+  check_rows({&yp, &y}, "unpermute_combine: yp and y must be both f32 or both bf16");
   SY_CHECK_MSG(y.rank() == 2, "unpermute_combine: y must be (n, H)");
-  SY_CHECK_MSG(dest_rows.rank() == 2 && dest_rows.dim(0) == y.dim(0),
-               "unpermute_combine: dest_rows must be (n, k)");
-  SY_CHECK_MSG(weights.shape() == dest_rows.shape(), "unpermute_combine: weights must be (n, k)");
+  SY_CHECK_MSG(
+      dest_rows.dtype() == DType::kI32 && dest_rows.rank() == 2 && dest_rows.dim(0) == y.dim(0),
+      "unpermute_combine: dest_rows must be i32 (n, k)");
+  SY_CHECK_MSG(weights.dtype() == DType::kF32 && weights.shape() == dest_rows.shape(),
+               "unpermute_combine: weights must be f32 (n, k)");
   SY_CHECK_MSG(yp.rank() == 2 && yp.dim(1) == y.dim(1), "unpermute_combine: yp must be (R, H)");
   const int k = static_cast<int>(dest_rows.dim(1));
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::unpermute_combine(yp.data<float>(), dest_rows.data<int32_t>(), weights.data<float>(),
-                            y.data<float>(), y.dim(0), k, y.dim(1), yp.dim(0),
-                            op_stream(dev, "unpermute_combine", {&yp, &dest_rows, &weights, &y}));
+    cudaStream_t stream = op_stream(dev, "unpermute_combine", {&yp, &dest_rows, &weights, &y});
+    with_cuda_type(y, [&](auto type) {
+      using T = typename decltype(type)::type;
+      cuda::unpermute_combine<T>(cuda_data<T>(yp), dest_rows.data<int32_t>(), weights.data<float>(),
+                                 cuda_data<T>(y), y.dim(0), k, y.dim(1), yp.dim(0), stream);
+    });
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "unpermute_combine: this build has no CUDA backend");
+  if (y.dtype() == DType::kBF16) {
+    Tensor result = f32_result(y);
+    unpermute_combine(dev, widened(yp), dest_rows, weights, result);
+    store(dev, result, y);
+    return;
+  }
   check_dest_rows(dest_rows, yp.dim(0), "unpermute_combine: dest row outside yp");
   cpu::unpermute_combine(yp.data<float>(), dest_rows.data<int32_t>(), weights.data<float>(),
                          y.data<float>(), y.dim(0), k, y.dim(1));
@@ -125,28 +172,40 @@ void unpermute_combine(Device& dev, const Tensor& yp, const Tensor& dest_rows,
 void unpermute_combine_backward(Device& dev, const Tensor& dy, const Tensor& yp,
                                 const Tensor& dest_rows, const Tensor& weights, Tensor& dyp,
                                 Tensor& dweights) {
+  check_rows({&dy, &yp, &dyp},
+             "unpermute_combine_backward: dy, yp and dyp must be all f32 or all bf16");
   SY_CHECK_MSG(dy.rank() == 2, "unpermute_combine_backward: dy must be (n, H)");
-  SY_CHECK_MSG(dest_rows.rank() == 2 && dest_rows.dim(0) == dy.dim(0),
-               "unpermute_combine_backward: dest_rows must be (n, k)");
-  SY_CHECK_MSG(weights.shape() == dest_rows.shape(),
-               "unpermute_combine_backward: weights must be (n, k)");
-  SY_CHECK_MSG(dweights.shape() == dest_rows.shape(),
-               "unpermute_combine_backward: dweights must be (n, k)");
+  SY_CHECK_MSG(
+      dest_rows.dtype() == DType::kI32 && dest_rows.rank() == 2 && dest_rows.dim(0) == dy.dim(0),
+      "unpermute_combine_backward: dest_rows must be i32 (n, k)");
+  SY_CHECK_MSG(weights.dtype() == DType::kF32 && weights.shape() == dest_rows.shape(),
+               "unpermute_combine_backward: weights must be f32 (n, k)");
+  SY_CHECK_MSG(dweights.dtype() == DType::kF32 && dweights.shape() == dest_rows.shape(),
+               "unpermute_combine_backward: dweights must be f32 (n, k)");
   SY_CHECK_MSG(yp.rank() == 2 && yp.dim(1) == dy.dim(1),
                "unpermute_combine_backward: yp must be (R, H)");
   SY_CHECK_MSG(dyp.shape() == yp.shape(), "unpermute_combine_backward: dyp must be (R, H)");
   const int k = static_cast<int>(dest_rows.dim(1));
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::unpermute_combine_backward(dy.data<float>(), yp.data<float>(), dest_rows.data<int32_t>(),
-                                     weights.data<float>(), dyp.data<float>(),
-                                     dweights.data<float>(), dy.dim(0), k, dy.dim(1), yp.dim(0),
-                                     op_stream(dev, "unpermute_combine_backward",
-                                               {&dy, &yp, &dest_rows, &weights, &dyp, &dweights}));
+    cudaStream_t stream = op_stream(dev, "unpermute_combine_backward",
+                                    {&dy, &yp, &dest_rows, &weights, &dyp, &dweights});
+    with_cuda_type(dy, [&](auto type) {
+      using T = typename decltype(type)::type;
+      cuda::unpermute_combine_backward<T>(
+          cuda_data<T>(dy), cuda_data<T>(yp), dest_rows.data<int32_t>(), weights.data<float>(),
+          cuda_data<T>(dyp), dweights.data<float>(), dy.dim(0), k, dy.dim(1), yp.dim(0), stream);
+    });
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "unpermute_combine_backward: this build has no CUDA backend");
+  if (dyp.dtype() == DType::kBF16) {
+    Tensor result = f32_result(dyp);
+    unpermute_combine_backward(dev, widened(dy), widened(yp), dest_rows, weights, result, dweights);
+    store(dev, result, dyp);
+    return;
+  }
   check_dest_rows(dest_rows, yp.dim(0), "unpermute_combine_backward: dest row outside yp");
   cpu::unpermute_combine_backward(dy.data<float>(), yp.data<float>(), dest_rows.data<int32_t>(),
                                   weights.data<float>(), dyp.data<float>(), dweights.data<float>(),

@@ -16,17 +16,22 @@ namespace switchyard {
 void permute_plan(Device& dev, const Tensor& expert_ids, const Tensor& weights, int num_experts,
                   int64_t capacity, Tensor& tokens_per_expert, Tensor& dest_rows);
 
+// The rows moved (x, xp, dx, dxp, yp, y, dy, dyp) are f32 or bf16, one dtype per call;
+// dest_rows is i32 and the combine weights and their gradients f32. With bf16 rows the
+// arithmetic runs in f32 and each stored element is rounded once: a gather copies rows
+// exactly, an accumulated bf16 dx is read, added to in f32 and rounded once.
+
 // xp[dest_rows[t, j]] = x[t] for every kept assignment. x: (n, H), xp: (R, H).
 void permute_gather(Device& dev, const Tensor& x, const Tensor& dest_rows, Tensor& xp);
 // dx[t] += sum_j dxp[dest_rows[t, j]] (accumulated).
 void permute_gather_backward(Device& dev, const Tensor& dxp, const Tensor& dest_rows, Tensor& dx);
 
 // y[t] = sum over kept j of weights[t, j] * yp[dest_rows[t, j]] (written; a token with
-// every assignment dropped gets zeros). yp: (R, H), y: (n, H).
+// every assignment dropped gets zeros). yp: (R, H), y: (n, H), weights: (n, k) f32.
 void unpermute_combine(Device& dev, const Tensor& yp, const Tensor& dest_rows,
                        const Tensor& weights, Tensor& y);
 // dyp[dest[t, j]] = weights[t, j] * dy[t] (written, every row of dyp);
-// dweights[t, j] = dot(dy[t], yp[dest[t, j]]), 0 when dropped (written).
+// dweights[t, j] = dot(dy[t], yp[dest[t, j]]), 0 when dropped (written, f32).
 void unpermute_combine_backward(Device& dev, const Tensor& dy, const Tensor& yp,
                                 const Tensor& dest_rows, const Tensor& weights, Tensor& dyp,
                                 Tensor& dweights);

@@ -1,5 +1,7 @@
 // SwiGLU activation on a fused gate/up projection: each row of `gate_up` holds the
-// gate half [0, I) then the up half [I, 2I); out = silu(gate) * up.
+// gate half [0, I) then the up half [I, 2I); out = silu(gate) * up. All operands of a call
+// are f32 or all bf16; with bf16 the arithmetic runs in f32 and each stored element is
+// rounded once.
 #pragma once
 
 #include "engine/runtime/tensor.h"

@@ -31,11 +31,10 @@ __device__ float dot_row(const float* shared_row, const T* global_row, int64_t d
 }
 
 // Block (i, h, b): query row i of head h. The scores are computed three times (max, sum,
-// normalised probability) rather than staged in T, so a narrow T rounds only the saved
-// probabilities, as the CPU kernel does.
+// normalised probability) rather than staged, so the probability row is written once.
 template <typename T>
 __global__ void attention_forward_kernel(const T* q, const T* k, const T* v, AttentionShape s,
-                                         float scale, T* out, T* probs) {
+                                         float scale, T* out, float* probs) {
   extern __shared__ float q_row[];  // (D)
   const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t D = s.head_dim;
@@ -53,17 +52,16 @@ __global__ void attention_forward_kernel(const T* q, const T* k, const T* v, Att
   float local_sum = 0.0f;
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) local_sum += expf(score(j) - max);
   const float inv = 1.0f / block_sum(local_sum);
-  T* p = probs + probs_offset(s, b, h, i);
+  float* p = probs + probs_offset(s, b, h, i);
   for (int64_t j = threadIdx.x; j < s.seq; j += blockDim.x)
-    p[j] = j <= i ? static_cast<T>(expf(score(j) - max) * inv) : static_cast<T>(0.0f);
+    p[j] = j <= i ? expf(score(j) - max) * inv : 0.0f;
   __syncthreads();  // the whole probability row is written before any thread reads it
 
   T* oi = out + row_offset(s, b, i, h, s.heads);
   for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
     float acc = 0.0f;
     for (int64_t j = 0; j <= i; ++j)
-      acc +=
-          static_cast<float>(p[j]) * static_cast<float>(v[row_offset(s, b, j, g, s.kv_heads) + c]);
+      acc += p[j] * static_cast<float>(v[row_offset(s, b, j, g, s.kv_heads) + c]);
     oi[c] = static_cast<T>(acc);
   }
 }
@@ -72,7 +70,7 @@ __global__ void attention_forward_kernel(const T* q, const T* k, const T* v, Att
 // row_dot_i), dq_i = scale * sum_j ds_ij k_j. Key rows go in tiles of blockDim: each
 // thread makes one ds of the tile, then each thread adds the tile into its columns.
 template <typename T>
-__global__ void attention_dq_kernel(const T* dout, const T* k, const T* v, const T* probs,
+__global__ void attention_dq_kernel(const T* dout, const T* k, const T* v, const float* probs,
                                     AttentionShape s, float scale, T* dq, float* row_dots) {
   extern __shared__ float shared[];
   const int64_t D = s.head_dim;
@@ -87,17 +85,17 @@ __global__ void attention_dq_kernel(const T* dout, const T* k, const T* v, const
     acc[c] = 0.0f;
   }
   __syncthreads();
-  const T* p = probs + probs_offset(s, b, h, i);
+  const float* p = probs + probs_offset(s, b, h, i);
   auto dp = [&](int64_t j) { return dot_row(do_row, v + row_offset(s, b, j, g, s.kv_heads), D); };
 
   float local = 0.0f;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) local += static_cast<float>(p[j]) * dp(j);
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) local += p[j] * dp(j);
   const float row_dot = block_sum(local);
   if (threadIdx.x == 0) row_dots[(b * s.heads + h) * s.seq + i] = row_dot;
 
   for (int64_t j0 = 0; j0 <= i; j0 += blockDim.x) {
     const int64_t j = j0 + threadIdx.x;
-    if (j <= i) ds_tile[threadIdx.x] = static_cast<float>(p[j]) * (dp(j) - row_dot);
+    if (j <= i) ds_tile[threadIdx.x] = p[j] * (dp(j) - row_dot);
     __syncthreads();
     const int64_t tile = i + 1 - j0 < blockDim.x ? i + 1 - j0 : blockDim.x;
     for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
@@ -116,7 +114,7 @@ __global__ void attention_dq_kernel(const T* dout, const T* k, const T* v, const
 // dv_j = sum_h sum_{i >= j} p_ij dout_i over the query heads h of the group, in head order;
 // query rows go in tiles of blockDim as in attention_dq_kernel.
 template <typename T>
-__global__ void attention_dkv_kernel(const T* dout, const T* q, const T* v, const T* probs,
+__global__ void attention_dkv_kernel(const T* dout, const T* q, const T* v, const float* probs,
                                      const float* row_dots, AttentionShape s, float scale, T* dk,
                                      T* dv) {
   extern __shared__ float shared[];
@@ -139,7 +137,7 @@ __global__ void attention_dkv_kernel(const T* dout, const T* q, const T* v, cons
     for (int64_t i0 = j; i0 < s.seq; i0 += blockDim.x) {
       const int64_t i = i0 + threadIdx.x;
       if (i < s.seq) {
-        const float p = static_cast<float>(probs[probs_offset(s, b, h, i) + j]);
+        const float p = probs[probs_offset(s, b, h, i) + j];
         const float dp = dot_row(v_row, dout + row_offset(s, b, i, h, s.heads), D);
         ds_tile[threadIdx.x] = p * (dp - row_dots[(b * s.heads + h) * s.seq + i]);
         p_tile[threadIdx.x] = p;
@@ -184,7 +182,7 @@ float attention_scale(const AttentionShape& s) {
 
 template <typename T>
 void attention_forward(const T* q, const T* k, const T* v, const AttentionShape& s, T* out,
-                       T* probs, cudaStream_t stream) {
+                       float* probs, cudaStream_t stream) {
   if (s.batch * s.seq * s.heads == 0) return;
   SY_CHECK_MSG(s.head_dim <= kMaxHeadDim, "attention: head_dim too large for the CUDA kernel");
   const size_t shared_bytes = static_cast<size_t>(s.head_dim) * sizeof(float);
@@ -194,7 +192,7 @@ void attention_forward(const T* q, const T* k, const T* v, const AttentionShape&
 }
 
 template <typename T>
-void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* probs,
+void attention_backward(const T* dout, const T* q, const T* k, const T* v, const float* probs,
                         const AttentionShape& s, T* dq, T* dk, T* dv, cudaStream_t stream) {
   if (s.batch * s.seq * s.heads == 0) return;
   SY_CHECK_MSG(s.head_dim <= kMaxHeadDim, "attention: head_dim too large for the CUDA kernel");
@@ -210,10 +208,13 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
   SY_CUDA_CHECK_LAUNCH();
 }
 
-template void attention_forward<float>(const float*, const float*, const float*,
-                                       const AttentionShape&, float*, float*, cudaStream_t);
-template void attention_backward<float>(const float*, const float*, const float*, const float*,
-                                        const float*, const AttentionShape&, float*, float*, float*,
-                                        cudaStream_t);
+#define SY_INSTANTIATE_ATTENTION(T)                                                           \
+  template void attention_forward<T>(const T*, const T*, const T*, const AttentionShape&, T*, \
+                                     float*, cudaStream_t);                                   \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, const float*,   \
+                                      const AttentionShape&, T*, T*, T*, cudaStream_t);
+SY_INSTANTIATE_ATTENTION(float)
+SY_INSTANTIATE_ATTENTION(__nv_bfloat16)
+#undef SY_INSTANTIATE_ATTENTION
 
 }  // namespace switchyard::cuda

@@ -99,19 +99,21 @@ __global__ void cross_entropy_forward_kernel(const float* logits, const int32_t*
   }
 }
 
-// dlogits may alias logits: no restrict, and each element is read and then written by
-// one thread. The one-hot term is subtracted after the scaling, as the CPU kernel does.
+// A float dlogits may alias logits: no restrict, and each element is read and then
+// written by one thread. The one-hot term is subtracted after the scaling, as the CPU
+// kernel does, and a bf16 gradient is rounded once from that float.
+template <typename T>
 __global__ void cross_entropy_backward_kernel(const float* logits, const int32_t* targets,
                                               const float* lse, float scale, int64_t n,
                                               int64_t vocab, int64_t vocab_start, int64_t whole,
-                                              float* dlogits) {
+                                              T* dlogits) {
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const int32_t target = targets[r];
     if (threadIdx.x == 0) check_target(target, whole);
     const float* x = logits + r * vocab;
-    float* d = dlogits + r * vocab;
+    T* d = dlogits + r * vocab;
     if (target < 0) {
-      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) d[j] = 0.0f;
+      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) d[j] = static_cast<T>(0.0f);
       continue;
     }
     const float shift = lse[r];
@@ -119,7 +121,7 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const int32_t
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
       float g = scale * expf(x[j] - shift);
       if (j == local) g -= scale;
-      d[j] = g;
+      d[j] = static_cast<T>(g);
     }
   }
 }
@@ -151,9 +153,10 @@ void cross_entropy_forward(const float* logits, const int32_t* targets, int64_t 
   SY_CUDA_CHECK_LAUNCH();
 }
 
+template <typename T>
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse,
                             float scale, int64_t n, int64_t vocab, int64_t vocab_start,
-                            int64_t whole, float* dlogits, cudaStream_t stream) {
+                            int64_t whole, T* dlogits, cudaStream_t stream) {
   if (n == 0) return;
   cross_entropy_backward_kernel<<<grid_blocks(n, 1), kThreads, 0, stream>>>(
       logits, targets, lse, scale, n, vocab, vocab_start, whole, dlogits);
@@ -168,5 +171,12 @@ void cross_entropy_shard_forward(const float* logits, const int32_t* targets, in
       logits, targets, n, vocab, vocab_start, whole, lse, target_logits);
   SY_CUDA_CHECK_LAUNCH();
 }
+
+template void cross_entropy_backward<float>(const float*, const int32_t*, const float*, float,
+                                            int64_t, int64_t, int64_t, int64_t, float*,
+                                            cudaStream_t);
+template void cross_entropy_backward<__nv_bfloat16>(const float*, const int32_t*, const float*,
+                                                    float, int64_t, int64_t, int64_t, int64_t,
+                                                    __nv_bfloat16*, cudaStream_t);
 
 }  // namespace switchyard::cuda

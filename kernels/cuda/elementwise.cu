@@ -25,8 +25,8 @@ __global__ void scale_kernel(T* x, float alpha, int64_t n) {
     x[i] = static_cast<T>(static_cast<float>(x[i]) * alpha);
 }
 
-template <typename T>
-__global__ void add_bias_kernel(T* y, const T* bias, int64_t rows, int64_t n) {
+template <typename T, typename B>
+__global__ void add_bias_kernel(T* y, const B* bias, int64_t rows, int64_t n) {
   for (int64_t i = grid_start(); i < rows * n; i += grid_stride())
     y[i] = static_cast<T>(static_cast<float>(y[i]) + static_cast<float>(bias[i % n]));
 }
@@ -58,8 +58,8 @@ __global__ void sum_partials_kernel(const double* partial, int count, double* to
   if (threadIdx.x == 0) *total = sum;
 }
 
-template <typename T>
-__global__ void sigmoid_gate_forward_kernel(const T* x, const T* g, T* y, int64_t rows, int64_t n) {
+template <typename T, typename G>
+__global__ void sigmoid_gate_forward_kernel(const T* x, const G* g, T* y, int64_t rows, int64_t n) {
   for (int64_t i = grid_start(); i < rows * n; i += grid_stride()) {
     const float s = sigmoid(static_cast<float>(g[i / n]));
     y[i] = static_cast<T>(static_cast<float>(y[i]) + s * static_cast<float>(x[i]));
@@ -67,8 +67,8 @@ __global__ void sigmoid_gate_forward_kernel(const T* x, const T* g, T* y, int64_
 }
 
 // One block per row: dx is elementwise, dg needs the row's dot product.
-template <typename T>
-__global__ void sigmoid_gate_backward_kernel(const T* dy, const T* x, const T* g, T* dx, T* dg,
+template <typename T, typename G>
+__global__ void sigmoid_gate_backward_kernel(const T* dy, const T* x, const G* g, T* dx, G* dg,
                                              int64_t rows, int64_t n) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float s = sigmoid(static_cast<float>(g[r]));
@@ -79,7 +79,7 @@ __global__ void sigmoid_gate_backward_kernel(const T* dy, const T* x, const T* g
       dot += d * static_cast<float>(x[r * n + i]);
     }
     dot = block_sum(dot);
-    if (threadIdx.x == 0) dg[r] = static_cast<T>(s * (1.0f - s) * dot);
+    if (threadIdx.x == 0) dg[r] = static_cast<G>(s * (1.0f - s) * dot);
   }
 }
 
@@ -99,15 +99,15 @@ void scale(T* x, float alpha, int64_t n, cudaStream_t stream) {
   SY_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T>
-void add_bias(T* y, const T* bias, int64_t rows, int64_t n, cudaStream_t stream) {
+template <typename T, typename B>
+void add_bias(T* y, const B* bias, int64_t rows, int64_t n, cudaStream_t stream) {
   if (rows * n == 0) return;
   add_bias_kernel<<<grid_blocks(rows * n), kThreads, 0, stream>>>(y, bias, rows, n);
   SY_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-void bias_backward(const T* dy, T* dbias, int64_t rows, int64_t n, cudaStream_t stream) {
+void bias_backward(const T* dy, float* dbias, int64_t rows, int64_t n, cudaStream_t stream) {
   column_sums_accumulate(rows, n, ElementTerm<T>{dy, n}, dbias, stream);
 }
 
@@ -127,16 +127,16 @@ double sum_squares(const T* x, int64_t n, cudaStream_t stream) {
   return host_total;
 }
 
-template <typename T>
-void sigmoid_gate_forward(const T* x, const T* g, T* y, int64_t rows, int64_t n,
+template <typename T, typename G>
+void sigmoid_gate_forward(const T* x, const G* g, T* y, int64_t rows, int64_t n,
                           cudaStream_t stream) {
   if (rows * n == 0) return;
   sigmoid_gate_forward_kernel<<<grid_blocks(rows * n), kThreads, 0, stream>>>(x, g, y, rows, n);
   SY_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T>
-void sigmoid_gate_backward(const T* dy, const T* x, const T* g, T* dx, T* dg, int64_t rows,
+template <typename T, typename G>
+void sigmoid_gate_backward(const T* dy, const T* x, const G* g, T* dx, G* dg, int64_t rows,
                            int64_t n, cudaStream_t stream) {
   if (rows == 0) return;
   sigmoid_gate_backward_kernel<<<grid_blocks(rows, 1), kThreads, 0, stream>>>(dy, x, g, dx, dg,
@@ -144,14 +144,24 @@ void sigmoid_gate_backward(const T* dy, const T* x, const T* g, T* dx, T* dg, in
   SY_CUDA_CHECK_LAUNCH();
 }
 
-template void add<float>(float*, const float*, float, int64_t, cudaStream_t);
-template void scale<float>(float*, float, int64_t, cudaStream_t);
-template void add_bias<float>(float*, const float*, int64_t, int64_t, cudaStream_t);
-template void bias_backward<float>(const float*, float*, int64_t, int64_t, cudaStream_t);
-template double sum_squares<float>(const float*, int64_t, cudaStream_t);
-template void sigmoid_gate_forward<float>(const float*, const float*, float*, int64_t, int64_t,
-                                          cudaStream_t);
-template void sigmoid_gate_backward<float>(const float*, const float*, const float*, float*, float*,
-                                           int64_t, int64_t, cudaStream_t);
+#define SY_INSTANTIATE_ELEMENTWISE(T)                                               \
+  template void add<T>(T*, const T*, float, int64_t, cudaStream_t);                 \
+  template void scale<T>(T*, float, int64_t, cudaStream_t);                         \
+  template void bias_backward<T>(const T*, float*, int64_t, int64_t, cudaStream_t); \
+  template double sum_squares<T>(const T*, int64_t, cudaStream_t);
+#define SY_INSTANTIATE_ELEMENTWISE_PAIR(T, U)                                              \
+  template void add_bias<T, U>(T*, const U*, int64_t, int64_t, cudaStream_t);              \
+  template void sigmoid_gate_forward<T, U>(const T*, const U*, T*, int64_t, int64_t,       \
+                                           cudaStream_t);                                  \
+  template void sigmoid_gate_backward<T, U>(const T*, const T*, const U*, T*, U*, int64_t, \
+                                            int64_t, cudaStream_t);
+SY_INSTANTIATE_ELEMENTWISE(float)
+SY_INSTANTIATE_ELEMENTWISE(__nv_bfloat16)
+SY_INSTANTIATE_ELEMENTWISE_PAIR(float, float)
+SY_INSTANTIATE_ELEMENTWISE_PAIR(float, __nv_bfloat16)
+SY_INSTANTIATE_ELEMENTWISE_PAIR(__nv_bfloat16, float)
+SY_INSTANTIATE_ELEMENTWISE_PAIR(__nv_bfloat16, __nv_bfloat16)
+#undef SY_INSTANTIATE_ELEMENTWISE
+#undef SY_INSTANTIATE_ELEMENTWISE_PAIR
 
 }  // namespace switchyard::cuda

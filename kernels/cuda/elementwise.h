@@ -1,8 +1,11 @@
 // CUDA elementwise and reduction kernels (twins of kernels/cpu/elementwise.h). Templates on
-// the element type, explicitly instantiated for float; arithmetic is in float. All run
-// on `stream`; only sum_squares waits for its result.
+// the element types, explicitly instantiated for float and __nv_bfloat16 (every
+// combination where two are named): elements are loaded as float, arithmetic and sums run
+// in float and each stored element is rounded once. Parameter gradients (dbias) are
+// float. All run on `stream`; only sum_squares waits for its result.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -16,22 +19,22 @@ void add(T* y, const T* x, float alpha, int64_t n, cudaStream_t stream);
 template <typename T>
 void scale(T* x, float alpha, int64_t n, cudaStream_t stream);
 // y: (rows, n) += bias: (n) on every row.
-template <typename T>
-void add_bias(T* y, const T* bias, int64_t rows, int64_t n, cudaStream_t stream);
+template <typename T, typename B>
+void add_bias(T* y, const B* bias, int64_t rows, int64_t n, cudaStream_t stream);
 // dbias: (n) += column sums of dy: (rows, n), in a fixed order.
 template <typename T>
-void bias_backward(const T* dy, T* dbias, int64_t rows, int64_t n, cudaStream_t stream);
+void bias_backward(const T* dy, float* dbias, int64_t rows, int64_t n, cudaStream_t stream);
 // Sum of squares over n elements in double, in a fixed order; blocks until the value is
 // on the host.
 template <typename T>
 double sum_squares(const T* x, int64_t n, cudaStream_t stream);
 // y[r] += sigmoid(g[r]) * x[r]; x, y: (rows, n), g: (rows).
-template <typename T>
-void sigmoid_gate_forward(const T* x, const T* g, T* y, int64_t rows, int64_t n,
+template <typename T, typename G>
+void sigmoid_gate_forward(const T* x, const G* g, T* y, int64_t rows, int64_t n,
                           cudaStream_t stream);
 // dx[r] = sigmoid(g[r]) * dy[r]; dg[r] = s (1 - s) dot(dy[r], x[r]) (both written).
-template <typename T>
-void sigmoid_gate_backward(const T* dy, const T* x, const T* g, T* dx, T* dg, int64_t rows,
+template <typename T, typename G>
+void sigmoid_gate_backward(const T* dy, const T* x, const G* g, T* dx, G* dg, int64_t rows,
                            int64_t n, cudaStream_t stream);
 
 }  // namespace switchyard::cuda

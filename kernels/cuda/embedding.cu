@@ -38,17 +38,17 @@ __global__ void token_keys_kernel(const int32_t* ids, int64_t n, int64_t vocab, 
 template <typename T>
 __global__ void embedding_accumulate_kernel(const uint32_t* sorted_keys, const int32_t* tokens,
                                             const T* dout, int64_t n, int64_t vocab, int64_t hidden,
-                                            T* dtable) {
+                                            float* dtable) {
   for (int64_t p = grid_start(); p < n * hidden; p += grid_stride()) {
     const int64_t first = p / hidden;
     const uint32_t id = sorted_keys[first];
     if (id == vocab || (first > 0 && sorted_keys[first - 1] == id)) continue;
     const int64_t c = p % hidden;
-    T* dst = dtable + static_cast<int64_t>(id) * hidden + c;
-    float acc = static_cast<float>(*dst);
+    float* dst = dtable + static_cast<int64_t>(id) * hidden + c;
+    float acc = *dst;
     for (int64_t q = first; q < n && sorted_keys[q] == id; ++q)
       acc += static_cast<float>(dout[static_cast<int64_t>(tokens[q]) * hidden + c]);
-    *dst = static_cast<T>(acc);
+    *dst = acc;
   }
 }
 
@@ -65,7 +65,7 @@ void embedding_forward(const int32_t* ids, const T* table, int64_t n, int64_t vo
 
 template <typename T>
 void embedding_backward(const int32_t* ids, const T* dout, int64_t n, int64_t vocab, int64_t hidden,
-                        T* dtable, cudaStream_t stream) {
+                        float* dtable, cudaStream_t stream) {
   if (n * hidden == 0) return;
   Scratch<uint32_t> keys(n, stream), sorted_keys(n, stream);
   Scratch<int32_t> tokens(n, stream), sorted_tokens(n, stream);
@@ -80,9 +80,13 @@ void embedding_backward(const int32_t* ids, const T* dout, int64_t n, int64_t vo
   SY_CUDA_CHECK_LAUNCH();
 }
 
-template void embedding_forward<float>(const int32_t*, const float*, int64_t, int64_t, int64_t,
-                                       float*, cudaStream_t);
-template void embedding_backward<float>(const int32_t*, const float*, int64_t, int64_t, int64_t,
-                                        float*, cudaStream_t);
+#define SY_INSTANTIATE_EMBEDDING(T)                                                                \
+  template void embedding_forward<T>(const int32_t*, const T*, int64_t, int64_t, int64_t, T*,      \
+                                     cudaStream_t);                                                \
+  template void embedding_backward<T>(const int32_t*, const T*, int64_t, int64_t, int64_t, float*, \
+                                      cudaStream_t);
+SY_INSTANTIATE_EMBEDDING(float)
+SY_INSTANTIATE_EMBEDDING(__nv_bfloat16)
+#undef SY_INSTANTIATE_EMBEDDING
 
 }  // namespace switchyard::cuda

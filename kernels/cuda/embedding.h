@@ -1,24 +1,27 @@
 // CUDA token embedding lookup and its gradient (twins of kernels/cpu/embedding.h). Id -1
 // (a row another vocabulary-parallel rank holds) gives a zero row and no gradient. Ids are
 // checked on the device: one outside [-1, vocab) stops the kernel, and the next checked
-// CUDA call aborts.
+// CUDA call aborts. Templates on the element type of the table and the activations,
+// instantiated for float and __nv_bfloat16; the table gradient is float.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
 namespace switchyard::cuda {
 
-// ids: (n), table: (vocab, hidden) -> out: (n, hidden).
+// ids: (n), table: (vocab, hidden) -> out: (n, hidden), rows copied as they are.
 template <typename T>
 void embedding_forward(const int32_t* ids, const T* table, int64_t n, int64_t vocab, int64_t hidden,
                        T* out, cudaStream_t stream);
 // dtable: (vocab, hidden) += dout rows scattered by ids. The tokens are sorted by id
-// (stable), and each (id, column) adds its tokens' values in token order onto the old
-// value, exactly the additions the CPU kernel makes: deterministic, no atomics.
+// (stable), and each (id, column) adds its tokens' values (loaded as float) in token order
+// onto the old value, exactly the additions the CPU kernel makes: deterministic, no
+// atomics.
 template <typename T>
 void embedding_backward(const int32_t* ids, const T* dout, int64_t n, int64_t vocab, int64_t hidden,
-                        T* dtable, cudaStream_t stream);
+                        float* dtable, cudaStream_t stream);
 
 }  // namespace switchyard::cuda

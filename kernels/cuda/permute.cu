@@ -243,14 +243,18 @@ void unpermute_combine_backward(const T* dy, const T* yp, const int32_t* dest_ro
   SY_CUDA_CHECK_LAUNCH();
 }
 
-template void permute_gather<float>(const float*, const int32_t*, float*, int64_t, int, int64_t,
-                                    int64_t, cudaStream_t);
-template void permute_gather_backward<float>(const float*, const int32_t*, float*, int64_t, int,
-                                             int64_t, int64_t, cudaStream_t);
-template void unpermute_combine<float>(const float*, const int32_t*, const float*, float*, int64_t,
-                                       int, int64_t, int64_t, cudaStream_t);
-template void unpermute_combine_backward<float>(const float*, const float*, const int32_t*,
-                                                const float*, float*, float*, int64_t, int, int64_t,
-                                                int64_t, cudaStream_t);
+#define SY_INSTANTIATE_PERMUTE(T)                                                               \
+  template void permute_gather<T>(const T*, const int32_t*, T*, int64_t, int, int64_t, int64_t, \
+                                  cudaStream_t);                                                \
+  template void permute_gather_backward<T>(const T*, const int32_t*, T*, int64_t, int, int64_t, \
+                                           int64_t, cudaStream_t);                              \
+  template void unpermute_combine<T>(const T*, const int32_t*, const float*, T*, int64_t, int,  \
+                                     int64_t, int64_t, cudaStream_t);                           \
+  template void unpermute_combine_backward<T>(const T*, const T*, const int32_t*, const float*, \
+                                              T*, float*, int64_t, int, int64_t, int64_t,       \
+                                              cudaStream_t);
+SY_INSTANTIATE_PERMUTE(float)
+SY_INSTANTIATE_PERMUTE(__nv_bfloat16)
+#undef SY_INSTANTIATE_PERMUTE
 
 }  // namespace switchyard::cuda

@@ -1,10 +1,13 @@
 // CUDA token permutation kernels (twins of kernels/cpu/permute.h): the dispatch plan, the
 // gather into expert order and the weighted combine back. Assignment a = t * k + j is
-// token t's j-th routed expert. Every pointer is device memory. Router weights are fp32;
-// the rows moved are templates on the element type. Row indices read from dest_rows are
-// checked on the device (a row outside [-1, permuted_rows) stops the kernel).
+// token t's j-th routed expert. Every pointer is device memory. Router weights and their
+// gradients are fp32; the rows moved are templates on the element type, float or
+// __nv_bfloat16: rows are loaded as float, sums run in float and each stored element is
+// rounded once. Row indices read from dest_rows are checked on the device (a row outside
+// [-1, permuted_rows) stops the kernel).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

@@ -8,8 +8,8 @@
 namespace switchyard::cuda {
 namespace {
 
-template <typename T>
-__global__ void rmsnorm_forward_kernel(const T* x, const T* weight, float eps, int64_t rows,
+template <typename T, typename W>
+__global__ void rmsnorm_forward_kernel(const T* x, const W* weight, float eps, int64_t rows,
                                        int64_t dim, T* y, float* rstd) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * dim;
@@ -28,8 +28,8 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* weight, float eps, i
 }
 
 // dx = rstd * (g - x * rstd^2 * mean(g * x)) with g = dy * weight.
-template <typename T>
-__global__ void rmsnorm_backward_kernel(const T* dy, const T* x, const T* weight, const float* rstd,
+template <typename T, typename W>
+__global__ void rmsnorm_backward_kernel(const T* dy, const T* x, const W* weight, const float* rstd,
                                         int64_t rows, int64_t dim, T* dx) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* dyr = dy + r * dim;
@@ -61,8 +61,8 @@ struct WeightGradTerm {
 
 }  // namespace
 
-template <typename T>
-void rmsnorm_forward(const T* x, const T* weight, float eps, int64_t rows, int64_t dim, T* y,
+template <typename T, typename W>
+void rmsnorm_forward(const T* x, const W* weight, float eps, int64_t rows, int64_t dim, T* y,
                      float* rstd, cudaStream_t stream) {
   if (rows == 0) return;
   rmsnorm_forward_kernel<<<grid_blocks(rows, 1), kThreads, 0, stream>>>(x, weight, eps, rows, dim,
@@ -70,9 +70,9 @@ void rmsnorm_forward(const T* x, const T* weight, float eps, int64_t rows, int64
   SY_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T>
-void rmsnorm_backward(const T* dy, const T* x, const T* weight, const float* rstd, int64_t rows,
-                      int64_t dim, T* dx, T* dweight, cudaStream_t stream) {
+template <typename T, typename W>
+void rmsnorm_backward(const T* dy, const T* x, const W* weight, const float* rstd, int64_t rows,
+                      int64_t dim, T* dx, float* dweight, cudaStream_t stream) {
   if (rows == 0) return;
   rmsnorm_backward_kernel<<<grid_blocks(rows, 1), kThreads, 0, stream>>>(dy, x, weight, rstd, rows,
                                                                          dim, dx);
@@ -80,9 +80,15 @@ void rmsnorm_backward(const T* dy, const T* x, const T* weight, const float* rst
   column_sums_accumulate(rows, dim, WeightGradTerm<T>{dy, x, rstd, dim}, dweight, stream);
 }
 
-template void rmsnorm_forward<float>(const float*, const float*, float, int64_t, int64_t, float*,
-                                     float*, cudaStream_t);
-template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*,
-                                      int64_t, int64_t, float*, float*, cudaStream_t);
+#define SY_INSTANTIATE_RMSNORM(T, W)                                                           \
+  template void rmsnorm_forward<T, W>(const T*, const W*, float, int64_t, int64_t, T*, float*, \
+                                      cudaStream_t);                                           \
+  template void rmsnorm_backward<T, W>(const T*, const T*, const W*, const float*, int64_t,    \
+                                       int64_t, T*, float*, cudaStream_t);
+SY_INSTANTIATE_RMSNORM(float, float)
+SY_INSTANTIATE_RMSNORM(float, __nv_bfloat16)
+SY_INSTANTIATE_RMSNORM(__nv_bfloat16, float)
+SY_INSTANTIATE_RMSNORM(__nv_bfloat16, __nv_bfloat16)
+#undef SY_INSTANTIATE_RMSNORM
 
 }  // namespace switchyard::cuda

@@ -41,5 +41,7 @@ void rope_rotate(const float* table, T* x, int64_t batch, int64_t seq, int64_t h
 
 template void rope_rotate<float>(const float*, float*, int64_t, int64_t, int64_t, int64_t, bool,
                                  cudaStream_t);
+template void rope_rotate<__nv_bfloat16>(const float*, __nv_bfloat16*, int64_t, int64_t, int64_t,
+                                         int64_t, bool, cudaStream_t);
 
 }  // namespace switchyard::cuda

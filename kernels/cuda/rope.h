@@ -1,6 +1,9 @@
 // CUDA rotary position embedding (twin of kernels/cpu/rope.h), "rotate half" convention.
+// A template on the element type of x, instantiated for float and __nv_bfloat16: x is
+// loaded as float, rotated in float by the float table and rounded once when stored.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

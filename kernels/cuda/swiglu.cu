@@ -52,8 +52,11 @@ void swiglu_backward(const T* dout, const T* gate_up, T* dgate_up, int64_t rows,
   SY_CUDA_CHECK_LAUNCH();
 }
 
-template void swiglu_forward<float>(const float*, float*, int64_t, int64_t, cudaStream_t);
-template void swiglu_backward<float>(const float*, const float*, float*, int64_t, int64_t,
-                                     cudaStream_t);
+#define SY_INSTANTIATE_SWIGLU(T)                                                 \
+  template void swiglu_forward<T>(const T*, T*, int64_t, int64_t, cudaStream_t); \
+  template void swiglu_backward<T>(const T*, const T*, T*, int64_t, int64_t, cudaStream_t);
+SY_INSTANTIATE_SWIGLU(float)
+SY_INSTANTIATE_SWIGLU(__nv_bfloat16)
+#undef SY_INSTANTIATE_SWIGLU
 
 }  // namespace switchyard::cuda

@@ -1,7 +1,10 @@
 // CUDA SwiGLU kernels (twins of kernels/cpu/swiglu.h) on a fused gate/up row: gate in
-// [0, I), up in [I, 2I).
+// [0, I), up in [I, 2I). Templates on the element type, instantiated for float and
+// __nv_bfloat16: elements are loaded as float, the arithmetic runs in float and each
+// stored element is rounded once.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

@@ -1,8 +1,10 @@
-// CUDA causal grouped-KV attention against its CPU twin.
+// CUDA causal grouped-KV attention against its CPU twin, with f32 and with bf16
+// activations (f32 probs either way).
 #include "kernels/attention.h"
 
 #include <gtest/gtest.h>
 
+#include "kernels/convert.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
@@ -51,6 +53,51 @@ TEST_P(AttentionGpu, ForwardAndBackwardMatchCpu) {
   EXPECT_TRUE(all_close(gdk, dk, kTol));
   EXPECT_TRUE(all_close(gdv, dv, kTol));
   if (c.batch > 0 && c.seq > 1) {
+    EXPECT_TRUE(any_nonzero(dq));
+    EXPECT_TRUE(any_nonzero(dk));
+  }
+}
+
+// `t` rounded to bf16 (on the host).
+Tensor as_bf16(const Tensor& t) {
+  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
+  convert(cpu_device(), t, b);
+  return b;
+}
+
+// bf16 q, k, v, dout on both backends, which compute in f32 from the same widened values:
+// the f32 probs agree to f32 rounding, the bf16 outputs and gradients to one bf16 rounding.
+TEST_P(AttentionGpu, Bf16MatchesCpu) {
+  const Case c = GetParam();
+  CudaDevice gpu(0);
+  const double bf16_tol = 1.0 / 128, f32_tol = 1e-4;
+  const Shape q_shape{c.batch, c.seq, c.heads, c.head_dim};
+  const Shape kv_shape{c.batch, c.seq, c.kv_heads, c.head_dim};
+  const Shape probs_shape{c.batch, c.heads, c.seq, c.seq};
+  const Tensor q = as_bf16(random_tensor(q_shape, 1, -2.0, 2.0));
+  const Tensor k = as_bf16(random_tensor(kv_shape, 2, -2.0, 2.0));
+  const Tensor v = as_bf16(random_tensor(kv_shape, 3));
+  const Tensor gq = to_device(gpu, q), gk = to_device(gpu, k), gv = to_device(gpu, v);
+
+  Tensor out = Tensor::empty(q_shape, DType::kBF16), probs = Tensor::empty(probs_shape);
+  attention_forward(cpu_device(), q, k, v, out, probs);
+  Tensor gout = poisoned(gpu, q_shape, DType::kBF16), gprobs = poisoned(gpu, probs_shape);
+  attention_forward(gpu, gq, gk, gv, gout, gprobs);
+  EXPECT_TRUE(all_close(gout, out, bf16_tol));
+  EXPECT_TRUE(all_close(gprobs, probs, f32_tol));
+
+  const Tensor dout = as_bf16(random_tensor(q_shape, 4));
+  Tensor dq = Tensor::empty(q_shape, DType::kBF16), dk = Tensor::empty(kv_shape, DType::kBF16),
+         dv = Tensor::empty(kv_shape, DType::kBF16);
+  attention_backward(cpu_device(), dout, q, k, v, probs, dq, dk, dv);
+  Tensor gdq = poisoned(gpu, q_shape, DType::kBF16), gdk = poisoned(gpu, kv_shape, DType::kBF16),
+         gdv = poisoned(gpu, kv_shape, DType::kBF16);
+  attention_backward(gpu, to_device(gpu, dout), gq, gk, gv, to_device(gpu, probs), gdq, gdk, gdv);
+  EXPECT_TRUE(all_close(gdq, dq, bf16_tol));
+  EXPECT_TRUE(all_close(gdk, dk, bf16_tol));
+  EXPECT_TRUE(all_close(gdv, dv, bf16_tol));
+  if (c.batch > 0 && c.seq > 1) {
+    EXPECT_TRUE(any_nonzero(out));
     EXPECT_TRUE(any_nonzero(dq));
     EXPECT_TRUE(any_nonzero(dk));
   }

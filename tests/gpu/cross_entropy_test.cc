@@ -1,4 +1,5 @@
-// CUDA cross-entropy (whole vocabulary and vocabulary shard) against its CPU twin.
+// CUDA cross-entropy (whole vocabulary and vocabulary shard) against its CPU twin, with
+// f32 gradients (in place too) and bf16 ones.
 #include "kernels/cross_entropy.h"
 
 #include <gtest/gtest.h>
@@ -53,6 +54,18 @@ void expect_backward_matches(CudaDevice& gpu, const Tensor& logits, const Tensor
   EXPECT_TRUE(all_close(ginplace, expected, tol));
 }
 
+// The backward into a poisoned bf16 gradient on both backends (from the same f32 logits
+// and lse): the f32 gradients agree to f32 rounding, so the bf16 ones to one bf16 rounding.
+void expect_bf16_backward_matches(CudaDevice& gpu, const Tensor& logits, const Tensor& targets,
+                                  const Tensor& lse, VocabShard shard) {
+  Tensor dlogits = Tensor::empty(logits.shape(), DType::kBF16);
+  cross_entropy_backward(cpu_device(), logits, targets, lse, kScale, dlogits, shard);
+  Tensor gdlogits = poisoned(gpu, logits.shape(), DType::kBF16);
+  cross_entropy_backward(gpu, to_device(gpu, logits), to_device(gpu, targets), to_device(gpu, lse),
+                         kScale, gdlogits, shard);
+  EXPECT_TRUE(all_close(gdlogits, dlogits, 1.0 / 128));
+}
+
 struct Case {
   int64_t rows;
   int64_t vocab;
@@ -81,6 +94,7 @@ TEST(CrossEntropyGpu, ForwardAndBackwardMatchCpu) {
     Tensor dlogits = Tensor::empty({c.rows, c.vocab});
     cross_entropy_backward(cpu_device(), logits, targets, lse, kScale, dlogits);
     expect_backward_matches(gpu, logits, targets, lse, {}, dlogits, kTol);
+    expect_bf16_backward_matches(gpu, logits, targets, lse, {});
   }
 }
 
@@ -122,6 +136,7 @@ TEST(CrossEntropyGpu, VocabularyShardMatchesCpu) {
     Tensor dlogits = Tensor::empty({c.rows, c.width});
     cross_entropy_backward(cpu_device(), logits, targets, whole, kScale, dlogits, shard);
     expect_backward_matches(gpu, logits, targets, whole, shard, dlogits, kTol);
+    expect_bf16_backward_matches(gpu, logits, targets, whole, shard);
   }
 }
 
@@ -151,6 +166,7 @@ TEST(CrossEntropyGpu, LargeAndMaskedLogitsMatchCpu) {
   Tensor dlogits = Tensor::empty({rows, vocab});
   cross_entropy_backward(cpu_device(), logits, targets, lse, kScale, dlogits);
   expect_backward_matches(gpu, logits, targets, lse, {}, dlogits, tol);
+  expect_bf16_backward_matches(gpu, logits, targets, lse, {});
 }
 
 TEST(CrossEntropyGpuDeathTest, TargetPastTheVocabularyTraps) {

@@ -3,17 +3,33 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/convert.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
 namespace {
 
 using testing::all_close;
+using testing::poisoned;
 using testing::random_tensor;
 using testing::to_device;
 using testing::to_host;
 
 constexpr double kTol = 1e-5;
+
+// A bf16 copy of host tensor `t`, rounded once.
+Tensor as_bf16(const Tensor& t) {
+  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
+  convert(cpu_device(), t, b);
+  return b;
+}
+
+// `t` (f32) in `dtype`.
+Tensor in_dtype(const Tensor& t, DType dtype) { return dtype == DType::kBF16 ? as_bf16(t) : t; }
+
+// With bf16 operands both sides compute in f32 from the same bf16 values: a bf16 result
+// may differ by one rounding (1/128 relative), an f32 one by the f32 arithmetic.
+double tolerance(DType result) { return result == DType::kBF16 ? 1.0 / 128 : 1e-4; }
 
 TEST(ElementwiseGpu, AddAndScaleMatchCpu) {
   CudaDevice gpu(0);
@@ -87,6 +103,68 @@ TEST(ElementwiseGpu, SigmoidGateMatchesCpu) {
     sigmoid_gate_backward(gpu, to_device(gpu, dy), to_device(gpu, x), to_device(gpu, g), gdx, gdg);
     EXPECT_TRUE(all_close(gdx, dx, kTol));
     EXPECT_TRUE(all_close(gdg, dg, kTol));
+  }
+}
+
+TEST(ElementwiseGpu, Bf16AddScaleAndSumSquaresMatchCpu) {
+  CudaDevice gpu(0);
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000003}, (int64_t{1} << 24) + 4099}) {
+    SCOPED_TRACE(n);
+    Tensor y = as_bf16(random_tensor({n}, 13));
+    const Tensor x = as_bf16(random_tensor({n}, 14, -3.0, 3.0));
+    Tensor gy = to_device(gpu, y);
+    add_(gpu, gy, to_device(gpu, x), 0.37f);
+    add_(cpu_device(), y, x, 0.37f);
+    EXPECT_TRUE(all_close(gy, y, tolerance(DType::kBF16)));
+    gy = to_device(gpu, y);  // the same bf16 inputs on both sides
+    scale_(gpu, gy, -1.7f);
+    scale_(cpu_device(), y, -1.7f);
+    EXPECT_TRUE(all_close(gy, y, tolerance(DType::kBF16)));
+    const double cpu = sum_squares(cpu_device(), x);
+    EXPECT_NEAR(sum_squares(gpu, to_device(gpu, x)), cpu, 1e-12 * std::max(1.0, cpu));
+  }
+}
+
+TEST(ElementwiseGpu, Bf16BiasAndSigmoidGateMatchCpu) {
+  CudaDevice gpu(0);
+  for (DType y_type : {DType::kF32, DType::kBF16}) {
+    for (DType g_type : {DType::kF32, DType::kBF16}) {
+      if (y_type == DType::kF32 && g_type == DType::kF32) continue;
+      for (int64_t rows : {0, 1, 33, 1000, 70001}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(y_type) << " rows, " << dtype_name(g_type)
+                                          << " bias and gate, " << rows << " rows");
+        const int64_t n = 77;
+        Tensor y = in_dtype(random_tensor({rows, n}, 15), y_type);
+        const Tensor bias = in_dtype(random_tensor({n}, 16), g_type);
+        Tensor gy = to_device(gpu, y);
+        add_bias_(gpu, gy, to_device(gpu, bias));
+        add_bias_(cpu_device(), y, bias);
+        EXPECT_TRUE(all_close(gy, y, tolerance(y_type)));
+
+        // dbias stays f32 whatever dy is.
+        Tensor dbias = random_tensor({n}, 17);
+        Tensor gdbias = to_device(gpu, dbias);
+        bias_backward(gpu, to_device(gpu, y), gdbias);
+        bias_backward(cpu_device(), y, dbias);
+        EXPECT_TRUE(all_close(gdbias, dbias, tolerance(DType::kF32)));
+
+        const Tensor x = in_dtype(random_tensor({rows, n}, 18), y_type);
+        const Tensor g = in_dtype(random_tensor({rows, 1}, 19, -6.0, 6.0), g_type);
+        gy = to_device(gpu, y);
+        sigmoid_gate_forward(gpu, to_device(gpu, x), to_device(gpu, g), gy);
+        sigmoid_gate_forward(cpu_device(), x, g, y);
+        EXPECT_TRUE(all_close(gy, y, tolerance(y_type)));
+
+        const Tensor dy = in_dtype(random_tensor({rows, n}, 20), y_type);
+        Tensor dx = Tensor::empty({rows, n}, y_type), dg = Tensor::empty({rows, 1}, g_type);
+        sigmoid_gate_backward(cpu_device(), dy, x, g, dx, dg);
+        Tensor gdx = poisoned(gpu, {rows, n}, y_type), gdg = poisoned(gpu, {rows, 1}, g_type);
+        sigmoid_gate_backward(gpu, to_device(gpu, dy), to_device(gpu, x), to_device(gpu, g), gdx,
+                              gdg);
+        EXPECT_TRUE(all_close(gdx, dx, tolerance(y_type)));
+        EXPECT_TRUE(all_close(gdg, dg, tolerance(g_type)));
+      }
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/convert.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
@@ -15,6 +16,13 @@ using testing::poisoned;
 using testing::random_integers;
 using testing::random_tensor;
 using testing::to_device;
+
+// A bf16 copy of host tensor `t`, rounded once.
+Tensor as_bf16(const Tensor& t) {
+  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
+  convert(cpu_device(), t, b);
+  return b;
+}
 
 // Token ids with many repeats (most from a small range), so the gradient adds several
 // rows into the same table rows; the last id of the vocabulary appears, and so does -1
@@ -57,6 +65,31 @@ TEST(EmbeddingGpu, ForwardAndBackwardMatchCpuExactly) {
       embedding_backward(cpu_device(), ids, dout, dtable);
       EXPECT_TRUE(all_equal(gdtable, dtable));
     }
+  }
+}
+
+// A bf16 table gives bf16 rows copied exactly; a bf16 gradient is added in f32 onto the
+// f32 table gradient in token order on both sides, so the results agree bit for bit.
+TEST(EmbeddingGpu, Bf16ForwardAndBackwardMatchCpuExactly) {
+  CudaDevice gpu(0);
+  const int64_t vocab = 101, hidden = 300;
+  for (int64_t n : {0, 1, 257, 5000}) {
+    SCOPED_TRACE(n);
+    const Tensor ids = token_ids(n, vocab, 5);
+    const Tensor gids = to_device(gpu, ids);
+    const Tensor table = as_bf16(random_tensor({vocab, hidden}, 6));
+    Tensor out = Tensor::empty({n, hidden}, DType::kBF16);
+    embedding_forward(cpu_device(), ids, table, out);
+    Tensor gout = poisoned(gpu, {n, hidden}, DType::kBF16);
+    embedding_forward(gpu, gids, to_device(gpu, table), gout);
+    EXPECT_TRUE(all_equal(gout, out));
+
+    const Tensor dout = as_bf16(random_tensor({n, hidden}, 7));
+    Tensor dtable = random_tensor({vocab, hidden}, 8);
+    Tensor gdtable = to_device(gpu, dtable);
+    embedding_backward(gpu, gids, to_device(gpu, dout), gdtable);
+    embedding_backward(cpu_device(), ids, dout, dtable);
+    EXPECT_TRUE(all_equal(gdtable, dtable));
   }
 }
 

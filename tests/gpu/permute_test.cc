@@ -1,6 +1,6 @@
 // CUDA dispatch plan, gather and combine against their CPU twins, bit for bit: the plan is
 // integer bookkeeping, and integer-valued rows with power-of-two weights make every sum
-// exact.
+// exact. bf16 rows too: integers of that size are exact in bf16, as are the sums.
 #include "kernels/permute.h"
 
 #include <gtest/gtest.h>
@@ -10,16 +10,19 @@
 #include <numeric>
 
 #include "engine/runtime/rng.h"
+#include "kernels/convert.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
 namespace {
 
+using testing::all_close;
 using testing::all_equal;
 using testing::any_nonzero;
 using testing::host_tensor;
 using testing::integer_tensor;
 using testing::poisoned;
+using testing::random_tensor;
 using testing::to_device;
 using testing::values_of;
 
@@ -137,6 +140,78 @@ TEST_P(PermuteGpu, PlanGatherAndCombineMatchCpuExactly) {
   if (rows > 0) {
     EXPECT_TRUE(any_nonzero(y));
     EXPECT_TRUE(any_nonzero(dweights));
+  }
+}
+
+// `t` rounded to bf16 (on the host).
+Tensor as_bf16(const Tensor& t) {
+  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
+  convert(cpu_device(), t, b);
+  return b;
+}
+
+// bf16 rows of integers in [-8, 8] (exact, and so are the sums and the weighted sums
+// with the binary-fraction weights), or of uniform values, which the two backends may
+// round differently after summing in different orders.
+Tensor bf16_rows(const Shape& shape, uint64_t seed, bool integers) {
+  return as_bf16(integers ? integer_tensor(shape, seed, -8, 8) : random_tensor(shape, seed));
+}
+
+TEST_P(PermuteGpu, Bf16RowsMatchCpu) {
+  const Case c = GetParam();
+  CudaDevice gpu(0);
+  const int64_t hidden = 129;
+  Tensor tokens_per_expert = Tensor::empty({kExperts}, DType::kI32);
+  Tensor dest_rows = Tensor::empty({c.n, c.k}, DType::kI32);
+  permute_plan(cpu_device(), routing(c.n, c.k, 1), router_weights(c.n, c.k, 2), kExperts,
+               c.capacity, tokens_per_expert, dest_rows);
+  const std::vector<int32_t> counts = values_of<int32_t>(tokens_per_expert);
+  const int64_t rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const Tensor gdest = to_device(gpu, dest_rows);
+  const Tensor cw = combine_weights(c.n, c.k, 6);
+  const Tensor gcw = to_device(gpu, cw);
+  for (bool integers : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "integers " << integers);
+    // bf16 results: bit for bit on integers, else within bf16's rounding; dweights is f32.
+    auto matches = [integers](const Tensor& gpu_result, const Tensor& cpu_result) {
+      const double tol = cpu_result.dtype() == DType::kBF16 ? 1.0 / 128 : 1e-4;
+      return integers ? all_equal(gpu_result, cpu_result) : all_close(gpu_result, cpu_result, tol);
+    };
+
+    const Tensor x = bf16_rows({c.n, hidden}, 3, integers);
+    Tensor xp = Tensor::empty({rows, hidden}, DType::kBF16);
+    permute_gather(cpu_device(), x, dest_rows, xp);
+    Tensor gxp = poisoned(gpu, {rows, hidden}, DType::kBF16);
+    permute_gather(gpu, to_device(gpu, x), gdest, gxp);
+    EXPECT_TRUE(all_equal(gxp, xp));  // a copy: exact for any values
+
+    Tensor dx = bf16_rows({c.n, hidden}, 4, integers);  // accumulated into
+    Tensor gdx = to_device(gpu, dx);
+    permute_gather_backward(gpu, to_device(gpu, xp), gdest, gdx);
+    permute_gather_backward(cpu_device(), xp, dest_rows, dx);
+    EXPECT_TRUE(matches(gdx, dx));
+
+    const Tensor yp = bf16_rows({rows + 3, hidden}, 5, integers);
+    const Tensor gyp = to_device(gpu, yp);
+    Tensor y = Tensor::empty({c.n, hidden}, DType::kBF16);
+    unpermute_combine(cpu_device(), yp, dest_rows, cw, y);
+    Tensor gy = poisoned(gpu, {c.n, hidden}, DType::kBF16);
+    unpermute_combine(gpu, gyp, gdest, gcw, gy);
+    EXPECT_TRUE(matches(gy, y));
+
+    const Tensor dy = bf16_rows({c.n, hidden}, 7, integers);
+    Tensor dyp = Tensor::empty({rows + 3, hidden}, DType::kBF16);
+    Tensor dweights = Tensor::empty({c.n, c.k});
+    unpermute_combine_backward(cpu_device(), dy, yp, dest_rows, cw, dyp, dweights);
+    Tensor gdyp = poisoned(gpu, {rows + 3, hidden}, DType::kBF16);
+    Tensor gdweights = poisoned(gpu, {c.n, c.k});
+    unpermute_combine_backward(gpu, to_device(gpu, dy), gyp, gdest, gcw, gdyp, gdweights);
+    EXPECT_TRUE(matches(gdyp, dyp));
+    EXPECT_TRUE(matches(gdweights, dweights));
+    if (rows > 0) {
+      EXPECT_TRUE(any_nonzero(y));
+      EXPECT_TRUE(any_nonzero(dweights));
+    }
   }
 }
 

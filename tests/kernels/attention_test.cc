@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/attention.h"
 #include "tests/test_util.h"
 
@@ -198,6 +199,79 @@ TEST(AttentionTest, FloatOpsMatchDoubleTemplates) {
   EXPECT_TRUE(any_nonzero(to_vector(tdq)));
   EXPECT_TRUE(any_nonzero(to_vector(tdk)));
   EXPECT_TRUE(any_nonzero(to_vector(tdv)));
+}
+
+// `v` as a bf16 tensor of `shape` (each value rounded).
+Tensor to_bf16_tensor(const std::vector<float>& v, const Shape& shape) {
+  Tensor b = Tensor::empty(shape, DType::kBF16);
+  convert(cpu_device(), to_tensor(v, shape), b);
+  return b;
+}
+
+// Every element of the bf16 `actual` is the f32 `expected` rounded once.
+void expect_rounded(const Tensor& actual, const Tensor& expected, const char* name) {
+  ASSERT_EQ(actual.numel(), expected.numel()) << name;
+  int64_t differ = 0;
+  for (int64_t i = 0; i < actual.numel(); ++i)
+    differ += actual.data<bf16>()[i].bits != to_bf16(expected.data<float>()[i]).bits;
+  EXPECT_EQ(differ, 0) << name;
+}
+
+// bf16 activations run as the f32 ops on their exact f32 values: the saved probs are
+// those f32 probs, and out, dq, dk, dv are the f32 results rounded once.
+TEST(AttentionTest, Bf16OperandsComputeInF32) {
+  for (const auto& s : {kShort, kLong}) {
+    SCOPED_TRACE(::testing::Message() << "seq " << s.seq);
+    const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
+    const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
+    const Shape probs_shape{s.batch, s.heads, s.seq, s.seq};
+    const Tensor q = to_bf16_tensor(random_vector<float>(q_numel(s), 40, -2, 2), q_shape);
+    const Tensor k = to_bf16_tensor(random_vector<float>(kv_numel(s), 41, -2, 2), kv_shape);
+    const Tensor v = to_bf16_tensor(random_vector<float>(kv_numel(s), 42), kv_shape);
+    const Tensor dout = to_bf16_tensor(random_vector<float>(q_numel(s), 43), q_shape);
+
+    Tensor out = Tensor::empty(q_shape, DType::kBF16), probs = Tensor::empty(probs_shape);
+    attention_forward(cpu_device(), q, k, v, out, probs);
+    Tensor out32 = Tensor::empty(q_shape), probs32 = Tensor::empty(probs_shape);
+    attention_forward(cpu_device(), widened(q), widened(k), widened(v), out32, probs32);
+    expect_rounded(out, out32, "out");
+    EXPECT_EQ(to_vector(probs), to_vector(probs32));
+
+    Tensor dq = Tensor::empty(q_shape, DType::kBF16), dk = Tensor::empty(kv_shape, DType::kBF16),
+           dv = Tensor::empty(kv_shape, DType::kBF16);
+    attention_backward(cpu_device(), dout, q, k, v, probs, dq, dk, dv);
+    Tensor dq32 = Tensor::empty(q_shape), dk32 = Tensor::empty(kv_shape),
+           dv32 = Tensor::empty(kv_shape);
+    attention_backward(cpu_device(), widened(dout), widened(q), widened(k), widened(v), probs32,
+                       dq32, dk32, dv32);
+    expect_rounded(dq, dq32, "dq");
+    expect_rounded(dk, dk32, "dk");
+    expect_rounded(dv, dv32, "dv");
+    EXPECT_TRUE(any_nonzero(to_vector(out32)));
+    EXPECT_TRUE(any_nonzero(to_vector(dq32)));
+    EXPECT_TRUE(any_nonzero(to_vector(dk32)));
+  }
+}
+
+TEST(AttentionDeathTest, MixedDtypesAreRefused) {
+  const auto& s = kShort;
+  const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
+  const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
+  const Shape probs_shape{s.batch, s.heads, s.seq, s.seq};
+  const Tensor q16 = Tensor::zeros(q_shape, DType::kBF16);
+  const Tensor k16 = Tensor::zeros(kv_shape, DType::kBF16), k32 = Tensor::zeros(kv_shape);
+  Tensor out16 = Tensor::zeros(q_shape, DType::kBF16), out32 = Tensor::zeros(q_shape);
+  Tensor probs = Tensor::zeros(probs_shape), probs16 = Tensor::zeros(probs_shape, DType::kBF16);
+  EXPECT_DEATH(attention_forward(cpu_device(), q16, k32, k16, out16, probs),
+               "q, k, v, out must be all f32 or all bf16");
+  EXPECT_DEATH(attention_forward(cpu_device(), q16, k16, k16, out32, probs),
+               "q, k, v, out must be all f32 or all bf16");
+  EXPECT_DEATH(attention_forward(cpu_device(), q16, k16, k16, out16, probs16), "probs must be f32");
+  Tensor dk16 = Tensor::zeros(kv_shape, DType::kBF16), dv32 = Tensor::zeros(kv_shape);
+  EXPECT_DEATH(attention_backward(cpu_device(), out16, q16, k16, k16, probs, out16, dk16, dv32),
+               "dout, q, k, v, dq, dk, dv must be all f32 or all bf16");
+  EXPECT_DEATH(attention_backward(cpu_device(), out16, q16, k16, k16, probs16, out16, dk16, dk16),
+               "probs must be f32");
 }
 
 }  // namespace

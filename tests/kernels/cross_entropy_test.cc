@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "tests/test_util.h"
 
@@ -202,6 +203,45 @@ TEST(CrossEntropyTest, VocabularyShardsCombineIntoTheWholeLoss) {
         EXPECT_FLOAT_EQ(dshard.data<float>()[r * width + j],
                         dwhole.data<float>()[r * kVocab + starts[s] + j]);
   }
+}
+
+// A bf16 dlogits gets the f32 gradient rounded once, for the whole vocabulary and for
+// a shard; the logits stay f32 and untouched.
+TEST(CrossEntropyTest, Bf16GradientIsTheF32GradientRounded) {
+  const auto logits = random_vector<float>(kRows * kVocab, 13, -4, 4);
+  const auto targets = make_targets(14);
+  const float scale = 0.37f;
+  Tensor tlogits = to_tensor(logits, {kRows, kVocab}), ttargets = to_tensor(targets);
+  Tensor losses = Tensor::empty({kRows}), lse = Tensor::empty({kRows});
+  cross_entropy_forward(cpu_device(), tlogits, ttargets, losses, lse);
+  for (const VocabShard shard : {VocabShard{}, VocabShard{5, kVocab + 11}}) {
+    SCOPED_TRACE(::testing::Message() << "shard start " << shard.start);
+    Tensor d32 = nan_filled({kRows, kVocab});
+    cross_entropy_backward(cpu_device(), tlogits, ttargets, lse, scale, d32, shard);
+    Tensor d16 = Tensor::empty({kRows, kVocab}, DType::kBF16);
+    std::fill(d16.data<bf16>(), d16.data<bf16>() + d16.numel(), bf16{0x7FC0});  // NaN
+    cross_entropy_backward(cpu_device(), tlogits, ttargets, lse, scale, d16, shard);
+    for (int64_t i = 0; i < kRows * kVocab; ++i)
+      EXPECT_EQ(d16.data<bf16>()[i].bits, to_bf16(d32.data<float>()[i]).bits) << i;
+    EXPECT_TRUE(any_nonzero(to_vector(d32)));
+    EXPECT_EQ(to_vector(tlogits), logits);
+  }
+}
+
+TEST(CrossEntropyDeathTest, WrongDtypesAreRefused) {
+  const Tensor ttargets = to_tensor(make_targets(15));
+  const Tensor lse = Tensor::zeros({kRows});
+  const Tensor logits16 = Tensor::zeros({kRows, kVocab}, DType::kBF16);
+  Tensor d16 = Tensor::zeros({kRows, kVocab}, DType::kBF16);
+  EXPECT_DEATH(cross_entropy_backward(cpu_device(), logits16, ttargets, lse, 1.0f, d16),
+               "logits must be f32");
+  Tensor losses = Tensor::zeros({kRows}), lse_out = Tensor::zeros({kRows});
+  EXPECT_DEATH(cross_entropy_forward(cpu_device(), logits16, ttargets, losses, lse_out),
+               "logits must be f32");
+  const Tensor logits = Tensor::zeros({kRows, kVocab});
+  Tensor di = Tensor::zeros({kRows, kVocab}, DType::kI32);
+  EXPECT_DEATH(cross_entropy_backward(cpu_device(), logits, ttargets, lse, 1.0f, di),
+               "dlogits must be f32 or bf16");
 }
 
 }  // namespace

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/elementwise.h"
 #include "tests/test_util.h"
 
@@ -26,6 +28,20 @@ Tensor make_tensor(const Shape& shape, const std::vector<float>& values) {
 std::vector<float> values_of(const Tensor& t) {
   const float* p = t.data<float>();
   return std::vector<float>(p, p + t.numel());
+}
+
+// A copy of `t` in `dtype`: exact for f32, rounded once for bf16.
+Tensor to_dtype(const Tensor& t, DType dtype) {
+  Tensor c = Tensor::empty(t.shape(), dtype);
+  convert(cpu_device(), t, c);
+  return c;
+}
+
+// `actual` holds the f32 `expected` in its own dtype (rounded once for bf16), bit for bit.
+bool stores(const Tensor& actual, const Tensor& expected) {
+  const Tensor stored = to_dtype(expected, actual.dtype());
+  return actual.shape() == stored.shape() &&
+         std::memcmp(actual.raw_data(), stored.raw_data(), actual.nbytes()) == 0;
 }
 
 TEST(ElementwiseTest, AddAndScale) {
@@ -152,6 +168,77 @@ TEST(ElementwiseTest, FloatSigmoidGateBackwardMatchesDoubleTemplate) {
   cpu::sigmoid_gate_backward(dyd.data(), xd.data(), gd.data(), dx_d.data(), dg_d.data(), rows, n);
   EXPECT_LT(max_relative_error(values_of(dx), dx_d), 1e-6);
   EXPECT_LT(max_relative_error(values_of(dg), dg_d), 1e-5);
+}
+
+// bf16 operands run the f32 op on their widened values and round each bf16 output once,
+// whichever operands are bf16; f32 outputs and dbias are exactly the f32 op's.
+TEST(ElementwiseTest, Bf16OperandsComputeInF32) {
+  const int64_t rows = 37, n = 130;
+  const Tensor x32 = make_tensor({rows, n}, random_vector<float>(rows * n, 76));
+  const Tensor y32 = make_tensor({rows, n}, random_vector<float>(rows * n, 77));
+  const Tensor x = to_dtype(x32, DType::kBF16);
+  const Tensor bias16 = to_dtype(make_tensor({n}, random_vector<float>(n, 78)), DType::kBF16);
+  const Tensor g16 =
+      to_dtype(make_tensor({rows, 1}, random_vector<float>(rows, 79, -4, 4)), DType::kBF16);
+
+  Tensor y = to_dtype(y32, DType::kBF16);
+  Tensor expected = to_dtype(y, DType::kF32);
+  add_(cpu_device(), expected, to_dtype(x, DType::kF32), -0.75f);
+  add_(cpu_device(), y, x, -0.75f);
+  EXPECT_TRUE(stores(y, expected));
+  expected = to_dtype(y, DType::kF32);
+  scale_(cpu_device(), expected, 3.0f);
+  scale_(cpu_device(), y, 3.0f);
+  EXPECT_TRUE(stores(y, expected));
+  EXPECT_EQ(sum_squares(cpu_device(), x), sum_squares(cpu_device(), to_dtype(x, DType::kF32)));
+
+  for (DType y_type : {DType::kF32, DType::kBF16}) {
+    for (DType g_type : {DType::kF32, DType::kBF16}) {
+      if (y_type == DType::kF32 && g_type == DType::kF32) continue;
+      SCOPED_TRACE(::testing::Message()
+                   << dtype_name(y_type) << " rows, " << dtype_name(g_type) << " bias and gate");
+      const Tensor bias = to_dtype(bias16, g_type);
+      y = to_dtype(y32, y_type);
+      expected = to_dtype(y, DType::kF32);
+      add_bias_(cpu_device(), expected, to_dtype(bias, DType::kF32));
+      add_bias_(cpu_device(), y, bias);
+      EXPECT_TRUE(stores(y, expected));
+
+      const Tensor xs = to_dtype(x, y_type), g = to_dtype(g16, g_type);
+      const Tensor xs32 = to_dtype(xs, DType::kF32), g32 = to_dtype(g, DType::kF32);
+      expected = to_dtype(y, DType::kF32);
+      sigmoid_gate_forward(cpu_device(), xs32, g32, expected);
+      sigmoid_gate_forward(cpu_device(), xs, g, y);
+      EXPECT_TRUE(stores(y, expected));
+
+      const Tensor dy = to_dtype(y32, y_type);
+      Tensor dx = Tensor::empty({rows, n}, y_type), dg = Tensor::empty({rows, 1}, g_type);
+      Tensor dx32 = Tensor::empty({rows, n}), dg32 = Tensor::empty({rows, 1});
+      sigmoid_gate_backward(cpu_device(), to_dtype(dy, DType::kF32), xs32, g32, dx32, dg32);
+      sigmoid_gate_backward(cpu_device(), dy, xs, g, dx, dg);
+      EXPECT_TRUE(stores(dx, dx32));
+      EXPECT_TRUE(stores(dg, dg32));
+      EXPECT_TRUE(any_nonzero(values_of(dg32)));
+    }
+  }
+
+  const Tensor dbias0 = make_tensor({n}, random_vector<float>(n, 80));
+  Tensor dbias = to_dtype(dbias0, DType::kF32), dbias_expected = to_dtype(dbias0, DType::kF32);
+  bias_backward(cpu_device(), to_dtype(x, DType::kF32), dbias_expected);
+  bias_backward(cpu_device(), x, dbias);
+  EXPECT_TRUE(stores(dbias, dbias_expected));
+}
+
+TEST(ElementwiseDeathTest, RejectsMixedOperandTypes) {
+  Tensor y = Tensor::empty({4, 3}, DType::kBF16);
+  const Tensor x = Tensor::zeros({4, 3});
+  EXPECT_DEATH(add_(cpu_device(), y, x), "both f32 or both bf16");
+  Tensor dbias = Tensor::zeros({3}, DType::kBF16);
+  EXPECT_DEATH(bias_backward(cpu_device(), x, dbias), "dbias f32");
+  Tensor dx = Tensor::empty({4, 3}), dg = Tensor::empty({4, 1});
+  EXPECT_DEATH(
+      sigmoid_gate_backward(cpu_device(), x, x, Tensor::zeros({4, 1}, DType::kBF16), dx, dg),
+      "g and dg both f32 or both bf16");
 }
 
 }  // namespace

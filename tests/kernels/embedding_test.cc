@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/embedding.h"
 #include "tests/test_util.h"
 
@@ -32,6 +34,20 @@ Tensor to_tensor(const std::vector<int32_t>& v) {
 std::vector<float> to_vector(const Tensor& t) {
   const float* p = t.data<float>();
   return std::vector<float>(p, p + t.numel());
+}
+
+// A copy of `t` in `dtype`: exact for f32, rounded once for bf16.
+Tensor to_dtype(const Tensor& t, DType dtype) {
+  Tensor c = Tensor::empty(t.shape(), dtype);
+  convert(cpu_device(), t, c);
+  return c;
+}
+
+// `actual` holds the f32 `expected` in its own dtype (rounded once for bf16), bit for bit.
+bool stores(const Tensor& actual, const Tensor& expected) {
+  const Tensor stored = to_dtype(expected, actual.dtype());
+  return actual.shape() == stored.shape() &&
+         std::memcmp(actual.raw_data(), stored.raw_data(), actual.nbytes()) == 0;
 }
 
 TEST(EmbeddingTest, ForwardGathersRows) {
@@ -94,6 +110,37 @@ TEST(EmbeddingTest, FloatOpsMatchDoubleTemplates) {
   EXPECT_LT(max_relative_error(to_vector(tdtable), dtable), 1e-5);
   EXPECT_TRUE(any_nonzero(to_vector(tout)));
   EXPECT_TRUE(any_nonzero(to_vector(tdtable)));
+}
+
+// A bf16 table gives bf16 rows (copied exactly, zeros for id -1); a bf16 gradient is
+// added in f32 onto the f32 table gradient.
+TEST(EmbeddingTest, Bf16OperandsComputeInF32) {
+  std::vector<int32_t> id_values = random_integers<int32_t>(kTokens, 10, 0, kVocab - 1);
+  id_values[4] = -1;
+  const Tensor ids = to_tensor(id_values);
+  const Tensor table = to_dtype(
+      to_tensor(random_vector<float>(kVocab * kHidden, 11), {kVocab, kHidden}), DType::kBF16);
+  Tensor out = Tensor::empty({kTokens, kHidden}, DType::kBF16);
+  Tensor out32 = Tensor::empty({kTokens, kHidden});
+  embedding_forward(cpu_device(), ids, to_dtype(table, DType::kF32), out32);
+  embedding_forward(cpu_device(), ids, table, out);
+  EXPECT_TRUE(stores(out, out32));
+  EXPECT_TRUE(any_nonzero(to_vector(out32)));
+
+  const Tensor dout = to_dtype(
+      to_tensor(random_vector<float>(kTokens * kHidden, 12), {kTokens, kHidden}), DType::kBF16);
+  const Tensor dtable0 = to_tensor(random_vector<float>(kVocab * kHidden, 13), {kVocab, kHidden});
+  Tensor dtable = to_dtype(dtable0, DType::kF32), dtable32 = to_dtype(dtable0, DType::kF32);
+  embedding_backward(cpu_device(), ids, to_dtype(dout, DType::kF32), dtable32);
+  embedding_backward(cpu_device(), ids, dout, dtable);
+  EXPECT_TRUE(stores(dtable, dtable32));
+}
+
+TEST(EmbeddingDeathTest, RejectsMixedTableAndOutputTypes) {
+  const Tensor ids = to_tensor(std::vector<int32_t>{0, 1});
+  const Tensor table = Tensor::zeros({kVocab, kHidden}, DType::kBF16);
+  Tensor out = Tensor::empty({2, kHidden});
+  EXPECT_DEATH(embedding_forward(cpu_device(), ids, table, out), "both f32 or both bf16");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/runtime/rng.h"
+#include "kernels/convert.h"
 #include "kernels/cpu/permute.h"
 #include "tests/test_util.h"
 
@@ -18,13 +19,15 @@ using testing::max_relative_error;
 using testing::random_integers;
 using testing::random_vector;
 
-template <typename T> Tensor make_tensor(const Shape& shape, const std::vector<T>& values) {
+template <typename T>
+Tensor make_tensor(const Shape& shape, const std::vector<T>& values) {
   Tensor t = Tensor::empty(shape, dtype_of<T>());
   std::copy(values.begin(), values.end(), t.data<T>());
   return t;
 }
 
-template <typename T> std::vector<T> values_of(const Tensor& t) {
+template <typename T>
+std::vector<T> values_of(const Tensor& t) {
   const T* p = t.data<T>();
   return std::vector<T>(p, p + t.numel());
 }
@@ -337,6 +340,93 @@ TEST(PermuteTest, FloatCombineBackwardMatchesDoubleTemplate) {
                                   dyp_d.data(), dweights_d.data(), n, k, hidden, rows);
   EXPECT_LT(max_relative_error(values_of<float>(dyp), dyp_d), 1e-6);
   EXPECT_LT(max_relative_error(values_of<float>(dweights), dweights_d), 1e-6);
+}
+
+// `t` rounded to bf16.
+Tensor as_bf16(const Tensor& t) {
+  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
+  convert(cpu_device(), t, b);
+  return b;
+}
+
+// Every element of the bf16 `actual` is the f32 `expected` rounded once.
+void expect_rounded(const Tensor& actual, const Tensor& expected) {
+  ASSERT_EQ(actual.numel(), expected.numel());
+  for (int64_t i = 0; i < actual.numel(); ++i)
+    EXPECT_EQ(actual.data<bf16>()[i].bits, to_bf16(expected.data<float>()[i]).bits) << i;
+}
+
+// bf16 rows run as the f32 ops on their exact f32 values, each stored element rounded
+// once; the combine weights and their gradients stay f32 (dweights: not rounded).
+TEST(PermuteTest, Bf16RowsComputeInF32) {
+  const int64_t n = 41, hidden = 24;
+  const int k = 3, num_experts = 5;
+  const auto ids = random_routing(n, k, num_experts, 57);
+  const auto router = random_vector<float>(n * k, 58, 0.0, 1.0);
+  // A capacity that drops some assignments, so some tokens keep fewer than k rows.
+  const Plan p = plan(ids, router, n, k, num_experts, 20);
+  const int64_t rows = p.permuted_rows();
+  ASSERT_LT(rows, n * k);
+  const Tensor dest = make_tensor({n, k}, p.dest_rows);
+  const Tensor weights = make_tensor({n, k}, random_vector<float>(n * k, 59, -1.0, 1.0));
+
+  const Tensor x = as_bf16(make_tensor({n, hidden}, random_vector<float>(n * hidden, 60)));
+  Tensor xp = Tensor::empty({rows, hidden}, DType::kBF16);
+  permute_gather(cpu_device(), x, dest, xp);
+  Tensor xp32 = Tensor::empty({rows, hidden});
+  permute_gather(cpu_device(), widened(x), dest, xp32);
+  expect_rounded(xp, xp32);
+
+  // The accumulated dx: the bf16 start plus the rows, added in f32, rounded once.
+  const Tensor dxp = as_bf16(make_tensor({rows, hidden}, random_vector<float>(rows * hidden, 61)));
+  Tensor dx = as_bf16(make_tensor({n, hidden}, random_vector<float>(n * hidden, 62)));
+  Tensor dx32 = widened(dx);
+  permute_gather_backward(cpu_device(), dxp, dest, dx);
+  permute_gather_backward(cpu_device(), widened(dxp), dest, dx32);
+  expect_rounded(dx, dx32);
+
+  const Tensor yp = as_bf16(make_tensor({rows, hidden}, random_vector<float>(rows * hidden, 63)));
+  Tensor y = Tensor::empty({n, hidden}, DType::kBF16), y32 = Tensor::empty({n, hidden});
+  unpermute_combine(cpu_device(), yp, dest, weights, y);
+  unpermute_combine(cpu_device(), widened(yp), dest, weights, y32);
+  expect_rounded(y, y32);
+  EXPECT_TRUE(any_nonzero(values_of<float>(y32)));
+
+  const Tensor dy = as_bf16(make_tensor({n, hidden}, random_vector<float>(n * hidden, 64)));
+  Tensor dyp = Tensor::empty({rows, hidden}, DType::kBF16), dyp32 = Tensor::empty({rows, hidden});
+  Tensor dweights = Tensor::empty({n, k}), dweights32 = Tensor::empty({n, k});
+  unpermute_combine_backward(cpu_device(), dy, yp, dest, weights, dyp, dweights);
+  unpermute_combine_backward(cpu_device(), widened(dy), widened(yp), dest, weights, dyp32,
+                             dweights32);
+  expect_rounded(dyp, dyp32);
+  EXPECT_EQ(values_of<float>(dweights), values_of<float>(dweights32));
+  EXPECT_TRUE(any_nonzero(values_of<float>(dweights32)));
+}
+
+TEST(PermuteDeathTest, RowsOfMixedDtypesAreRefused) {
+  const int64_t n = 4, hidden = 3;
+  const int k = 2;
+  const Tensor dest = make_tensor({n, k}, std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  const Tensor weights = make_tensor({n, k}, std::vector<float>(n * k, 0.5f));
+  const Tensor x16 = Tensor::zeros({n, hidden}, DType::kBF16);
+  Tensor p32 = Tensor::zeros({n * k, hidden}), p16 = Tensor::zeros({n * k, hidden}, DType::kBF16);
+  Tensor y16 = Tensor::zeros({n, hidden}, DType::kBF16);
+  EXPECT_DEATH(permute_gather(cpu_device(), x16, dest, p32),
+               "x and xp must be both f32 or both bf16");
+  EXPECT_DEATH(permute_gather_backward(cpu_device(), p32, dest, y16),
+               "dxp and dx must be both f32 or both bf16");
+  EXPECT_DEATH(unpermute_combine(cpu_device(), p16, dest, as_bf16(weights), y16),
+               "weights must be f32");
+  Tensor dweights = Tensor::zeros({n, k}), dweights16 = Tensor::zeros({n, k}, DType::kBF16);
+  EXPECT_DEATH(unpermute_combine_backward(cpu_device(), x16, p32, dest, weights, p16, dweights),
+               "dy, yp and dyp must be all f32 or all bf16");
+  EXPECT_DEATH(unpermute_combine_backward(cpu_device(), x16, p16, dest, weights, p16, dweights16),
+               "dweights must be f32");
+  // Integer rows are not float rows at all.
+  Tensor xi = Tensor::zeros({n, hidden}, DType::kI32),
+         pi = Tensor::zeros({n * k, hidden}, DType::kI32);
+  EXPECT_DEATH(permute_gather(cpu_device(), xi, dest, pi),
+               "x and xp must be both f32 or both bf16");
 }
 
 }  // namespace

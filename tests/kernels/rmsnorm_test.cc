@@ -4,8 +4,10 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "tests/test_util.h"
 
@@ -28,6 +30,20 @@ Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
 std::vector<float> to_vector(const Tensor& t) {
   const float* p = t.data<float>();
   return std::vector<float>(p, p + t.numel());
+}
+
+// A copy of `t` in `dtype`: exact for f32, rounded once for bf16.
+Tensor to_dtype(const Tensor& t, DType dtype) {
+  Tensor c = Tensor::empty(t.shape(), dtype);
+  convert(cpu_device(), t, c);
+  return c;
+}
+
+// `actual` holds the f32 `expected` in its own dtype (rounded once for bf16), bit for bit.
+bool stores(const Tensor& actual, const Tensor& expected) {
+  const Tensor stored = to_dtype(expected, actual.dtype());
+  return actual.shape() == stored.shape() &&
+         std::memcmp(actual.raw_data(), stored.raw_data(), actual.nbytes()) == 0;
 }
 
 std::vector<double> to_double(const std::vector<float>& v) {
@@ -138,6 +154,46 @@ TEST(RmsnormTest, LargeInputIsDeterministic) {
       EXPECT_EQ(y, first);
   }
   omp_set_num_threads(saved_threads);
+}
+
+// bf16 activations and/or weight run the f32 op on their widened values: bf16 outputs are
+// rounded once, rstd and the accumulated dweight are exactly the f32 op's.
+TEST(RmsnormTest, Bf16OperandsComputeInF32) {
+  const Tensor x32 = to_tensor(random_vector<float>(kRows * kDim, 14, -2, 2), {kRows, kDim});
+  const Tensor w32 = to_tensor(random_vector<float>(kDim, 15, 0.5, 1.5), {kDim});
+  const Tensor gy32 = to_tensor(random_vector<float>(kRows * kDim, 16), {kRows, kDim});
+  const Tensor dw0 = to_tensor(random_vector<float>(kDim, 17), {kDim});
+  for (DType x_type : {DType::kF32, DType::kBF16}) {
+    for (DType w_type : {DType::kF32, DType::kBF16}) {
+      if (x_type == DType::kF32 && w_type == DType::kF32) continue;
+      SCOPED_TRACE(::testing::Message()
+                   << dtype_name(x_type) << " activations, " << dtype_name(w_type) << " weight");
+      const Tensor x = to_dtype(x32, x_type), w = to_dtype(w32, w_type),
+                   dy = to_dtype(gy32, x_type);
+      const Tensor xw = to_dtype(x, DType::kF32), ww = to_dtype(w, DType::kF32);
+      Tensor y = Tensor::empty({kRows, kDim}, x_type), rstd = Tensor::empty({kRows});
+      Tensor y32 = Tensor::empty({kRows, kDim}), rstd32 = Tensor::empty({kRows});
+      rmsnorm_forward(cpu_device(), xw, ww, kEps, y32, rstd32);
+      rmsnorm_forward(cpu_device(), x, w, kEps, y, rstd);
+      EXPECT_TRUE(stores(y, y32));
+      EXPECT_TRUE(stores(rstd, rstd32));
+
+      Tensor dx = Tensor::empty({kRows, kDim}, x_type), dx32 = Tensor::empty({kRows, kDim});
+      Tensor dw = to_dtype(dw0, DType::kF32), dw32 = to_dtype(dw0, DType::kF32);
+      rmsnorm_backward(cpu_device(), to_dtype(dy, DType::kF32), xw, ww, rstd32, dx32, dw32);
+      rmsnorm_backward(cpu_device(), dy, x, w, rstd, dx, dw);
+      EXPECT_TRUE(stores(dx, dx32));
+      EXPECT_TRUE(stores(dw, dw32));
+      EXPECT_TRUE(any_nonzero(to_vector(dx32)));
+    }
+  }
+}
+
+TEST(RmsnormDeathTest, RejectsABf16WeightGradient) {
+  const Tensor x = Tensor::zeros({2, 4}, DType::kBF16), w = Tensor::zeros({4});
+  const Tensor rstd = Tensor::zeros({2});
+  Tensor dx = Tensor::empty({2, 4}, DType::kBF16), dw = Tensor::zeros({4}, DType::kBF16);
+  EXPECT_DEATH(rmsnorm_backward(cpu_device(), x, x, w, rstd, dx, dw), "rstd and dweight f32");
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/rope.h"
 #include "tests/test_util.h"
 
@@ -28,6 +30,20 @@ Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
 std::vector<float> to_vector(const Tensor& t) {
   const float* p = t.data<float>();
   return std::vector<float>(p, p + t.numel());
+}
+
+// A copy of `t` in `dtype`: exact for f32, rounded once for bf16.
+Tensor to_dtype(const Tensor& t, DType dtype) {
+  Tensor c = Tensor::empty(t.shape(), dtype);
+  convert(cpu_device(), t, c);
+  return c;
+}
+
+// `actual` holds the f32 `expected` in its own dtype (rounded once for bf16), bit for bit.
+bool stores(const Tensor& actual, const Tensor& expected) {
+  const Tensor stored = to_dtype(expected, actual.dtype());
+  return actual.shape() == stored.shape() &&
+         std::memcmp(actual.raw_data(), stored.raw_data(), actual.nbytes()) == 0;
 }
 
 // The angle transformers computes: fp32 inverse frequency, fp32 product.
@@ -140,6 +156,28 @@ TEST(RopeTest, BackwardUndoesForward) {
   EXPECT_GT(max_relative_error(x, original), 1e-3);
   cpu::rope_backward<double>(table.data(), x.data(), kBatch, kSeq, kHeads, kHeadDim);
   EXPECT_LT(max_relative_error(x, original), 1e-14);
+}
+
+// A bf16 x is rotated in f32 by the f32 table and rounded once per element.
+TEST(RopeTest, Bf16OperandsComputeInF32) {
+  const Tensor table = rope_table(kSeq, kHeadDim, kTheta);
+  const Shape shape = {kBatch, kSeq, kHeads, kHeadDim};
+  Tensor x = to_dtype(to_tensor(random_vector<float>(kNumel, 7), shape), DType::kBF16);
+  Tensor expected = to_dtype(x, DType::kF32);
+  rope_forward(cpu_device(), table, expected);
+  rope_forward(cpu_device(), table, x);
+  EXPECT_TRUE(stores(x, expected));
+  EXPECT_TRUE(any_nonzero(to_vector(expected)));
+  expected = to_dtype(x, DType::kF32);
+  rope_backward(cpu_device(), table, expected);
+  rope_backward(cpu_device(), table, x);
+  EXPECT_TRUE(stores(x, expected));
+}
+
+TEST(RopeDeathTest, RejectsABf16Table) {
+  const Tensor table = to_dtype(rope_table(kSeq, kHeadDim, kTheta), DType::kBF16);
+  Tensor x = Tensor::zeros({kBatch, kSeq, kHeads, kHeadDim}, DType::kBF16);
+  EXPECT_DEATH(rope_forward(cpu_device(), table, x), "the table must be f32");
 }
 
 }  // namespace

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/swiglu.h"
 #include "tests/test_util.h"
 
@@ -25,6 +27,20 @@ Tensor make_tensor(const Shape& shape, const std::vector<float>& values) {
 std::vector<float> values_of(const Tensor& t) {
   const float* p = t.data<float>();
   return std::vector<float>(p, p + t.numel());
+}
+
+// A copy of `t` in `dtype`: exact for f32, rounded once for bf16.
+Tensor to_dtype(const Tensor& t, DType dtype) {
+  Tensor c = Tensor::empty(t.shape(), dtype);
+  convert(cpu_device(), t, c);
+  return c;
+}
+
+// `actual` holds the f32 `expected` in its own dtype (rounded once for bf16), bit for bit.
+bool stores(const Tensor& actual, const Tensor& expected) {
+  const Tensor stored = to_dtype(expected, actual.dtype());
+  return actual.shape() == stored.shape() &&
+         std::memcmp(actual.raw_data(), stored.raw_data(), actual.nbytes()) == 0;
 }
 
 std::vector<double> to_double(const std::vector<float>& v) {
@@ -115,6 +131,35 @@ TEST(SwigluTest, FloatBackwardMatchesDoubleTemplate) {
   std::vector<double> expected(gate_up.size());
   cpu::swiglu_backward(dout_d.data(), gate_up_d.data(), expected.data(), rows, inter);
   EXPECT_LT(max_relative_error(values_of(dgu), expected), 1e-5);
+}
+
+// bf16 operands run the f32 op on their widened values and round each output once.
+TEST(SwigluTest, Bf16OperandsComputeInF32) {
+  const int64_t rows = 9, inter = 11;
+  const Tensor gate_up =
+      to_dtype(make_tensor({rows, 2 * inter}, random_vector<float>(rows * 2 * inter, 6, -4.0, 4.0)),
+               DType::kBF16);
+  const Tensor dout =
+      to_dtype(make_tensor({rows, inter}, random_vector<float>(rows * inter, 7)), DType::kBF16);
+  const Tensor gate_up32 = to_dtype(gate_up, DType::kF32);
+  Tensor out = Tensor::empty({rows, inter}, DType::kBF16), out32 = Tensor::empty({rows, inter});
+  swiglu_forward(cpu_device(), gate_up32, out32);
+  swiglu_forward(cpu_device(), gate_up, out);
+  EXPECT_TRUE(stores(out, out32));
+  EXPECT_TRUE(any_nonzero(values_of(out32)));
+
+  Tensor dgate_up = Tensor::empty({rows, 2 * inter}, DType::kBF16);
+  Tensor dgate_up32 = Tensor::empty({rows, 2 * inter});
+  swiglu_backward(cpu_device(), to_dtype(dout, DType::kF32), gate_up32, dgate_up32);
+  swiglu_backward(cpu_device(), dout, gate_up, dgate_up);
+  EXPECT_TRUE(stores(dgate_up, dgate_up32));
+  EXPECT_TRUE(any_nonzero(values_of(dgate_up32)));
+}
+
+TEST(SwigluDeathTest, RejectsMixedOperandTypes) {
+  const Tensor gate_up = Tensor::zeros({2, 6}, DType::kBF16);
+  Tensor out = Tensor::empty({2, 3});
+  EXPECT_DEATH(swiglu_forward(cpu_device(), gate_up, out), "both f32 or both bf16");
 }
 
 }  // namespace
