@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/convert.h"
 #include "kernels/elementwise.h"
 #include "kernels/gating.h"
 #include "kernels/gemm.h"
@@ -60,12 +61,14 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   const int64_t n = total / group;
   const int64_t hidden = x.row_size();
   const int E = num_experts_;
+  const DType dtype = x.dtype();
   x_whole_ = x;
   x_ = group > 1 ? x.slice_rows(member * n, (member + 1) * n) : x;
 
-  // Router in fp32.
+  // Router in fp32: the f32 master weights on f32 inputs, whatever the compute dtype.
+  router_x_ = widened(x_);
   router_logits_ = activation(dev, {n, E});
-  matmul(dev, x_, false, router_->value, true, router_logits_);
+  matmul(dev, router_x_, false, router_->value, true, router_logits_);
   probs_ = activation(dev, {n, E});
   expert_ids_ = activation(dev, {n, top_k_}, DType::kI32);
   weights_ = activation(dev, {n, top_k_});
@@ -126,7 +129,7 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
 
   int64_t rows = 0;
   for (int e = 0; e < E; ++e) rows += tokens_per_expert_.data<int32_t>()[e];
-  Tensor permuted = activation(dev, {rows, hidden});
+  Tensor permuted = activation(dev, {rows, hidden}, dtype);
   permute_gather(dev, x_, dest_rows_, permuted);
   if (ep_) {
     xp_ = dispatch(dev, permuted);
@@ -136,19 +139,19 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   }
   Tensor local_out = experts_forward(dev, xp_, local_counts_);
   expert_out_ = ep_ ? gather_back(dev, local_out) : local_out;
-  Tensor y_mine = activation(dev, {n, hidden});
+  Tensor y_mine = activation(dev, {n, hidden}, dtype);
   unpermute_combine(dev, expert_out_, dest_rows_, weights_, y_mine);
   Tensor y = y_mine;
   if (tp_) {
-    y = activation(dev, {total, hidden});
+    y = activation(dev, {total, hidden}, dtype);
     tp_->all_gather(y_mine, y);
   }
 
   if (shared_) {
     shared_out_ = shared_->forward(dev, x);
     if (shared_gate_) {
-      shared_gate_logit_ = activation(dev, {total, 1});
-      matmul(dev, x, false, shared_gate_->value, true, shared_gate_logit_);
+      shared_gate_logit_ = activation(dev, {total, 1}, dtype);
+      matmul(dev, x, false, shared_gate_->work, true, shared_gate_logit_);
       sigmoid_gate_forward(dev, shared_out_, shared_gate_logit_, y);
     } else {
       add_(dev, y, shared_out_);
@@ -205,12 +208,12 @@ std::vector<int64_t> MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch
 Tensor MoeLayer::experts_forward(Device& dev, const Tensor& xe, const Tensor& counts) {
   const int64_t rows = xe.rows();
   const int64_t ffn = down_->shape[2];
-  gate_up_out_ = activation(dev, {rows, 2 * ffn});
-  grouped_matmul_nt(dev, xe, gate_up_->value, counts, gate_up_out_);
-  act_ = activation(dev, {rows, ffn});
+  gate_up_out_ = activation(dev, {rows, 2 * ffn}, xe.dtype());
+  grouped_matmul_nt(dev, xe, gate_up_->work, counts, gate_up_out_);
+  act_ = activation(dev, {rows, ffn}, xe.dtype());
   swiglu_forward(dev, gate_up_out_, act_);
-  Tensor out = activation(dev, {rows, xe.row_size()});
-  grouped_matmul_nt(dev, act_, down_->value, counts, out);
+  Tensor out = activation(dev, {rows, xe.row_size()}, xe.dtype());
+  grouped_matmul_nt(dev, act_, down_->work, counts, out);
   return out;
 }
 
@@ -240,7 +243,7 @@ Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
     }
   int64_t received_rows = 0;
   for (int64_t r : recv_rows_) received_rows += r;
-  Tensor received = activation(dev, {received_rows, rows.row_size()});
+  Tensor received = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
   ep_->all_to_all_v(rows, send_rows_, received, recv_rows_);
 
   // Received rows come by source rank, then local expert; the grouped GEMMs want them
@@ -254,7 +257,7 @@ Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
     for (int e = 0; e < local; ++e)
       for (int32_t q = 0; q < from[i * local + e]; ++q) place[r++] = static_cast<int32_t>(next[e]++);
   regroup_rows_ = regroup.to(dev, MemoryKind::kActivations);
-  Tensor grouped = activation(dev, {received_rows, rows.row_size()});
+  Tensor grouped = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
   permute_gather(dev, received, regroup_rows_, grouped);
   return grouped;
 }
@@ -264,11 +267,11 @@ Tensor MoeLayer::gather_back(Device& dev, const Tensor& expert_rows) {
   Tensor ones_host = activation(cpu_device(), {received_rows, 1});
   std::fill(ones_host.data<float>(), ones_host.data<float>() + received_rows, 1.0f);
   const Tensor ones = ones_host.to(dev, MemoryKind::kActivations);
-  Tensor by_source = activation(dev, expert_rows.shape());
+  Tensor by_source = activation(dev, expert_rows.shape(), expert_rows.dtype());
   unpermute_combine(dev, expert_rows, regroup_rows_, ones, by_source);
   int64_t rows = 0;
   for (int64_t s : send_rows_) rows += s;
-  Tensor out = activation(dev, {rows, expert_rows.row_size()});
+  Tensor out = activation(dev, {rows, expert_rows.row_size()}, expert_rows.dtype());
   ep_->all_to_all_v(by_source, recv_rows_, out, send_rows_);
   return out;
 }
@@ -282,16 +285,17 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   const int64_t rows = xp_.rows();
   const int64_t ffn = down_->shape[2];
   const int E = num_experts_;
-  Tensor dx = Tensor::zeros({total, hidden}, DType::kF32, MemoryKind::kActivations, dev);
+  const DType dtype = dy.dtype();
+  Tensor dx = Tensor::zeros({total, hidden}, dtype, MemoryKind::kActivations, dev);
 
   if (shared_) {
     Tensor dshared;
     if (shared_gate_) {
-      dshared = activation(dev, {total, hidden});
-      Tensor dgate_logit = activation(dev, {total, 1});
+      dshared = activation(dev, {total, hidden}, dtype);
+      Tensor dgate_logit = activation(dev, {total, 1}, dtype);
       sigmoid_gate_backward(dev, dy, shared_out_, shared_gate_logit_, dshared, dgate_logit);
       matmul(dev, dgate_logit, true, x_whole_, false, shared_gate_->grad, 1.0f, 1.0f);
-      matmul(dev, dgate_logit, false, shared_gate_->value, false, dx, 1.0f, 1.0f);
+      matmul(dev, dgate_logit, false, shared_gate_->work, false, dx, 1.0f, 1.0f);
     } else {
       dshared = dy;
     }
@@ -299,34 +303,34 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   }
 
   const Tensor dy_mine = tp_ ? dy.slice_rows(tp_->rank() * n, (tp_->rank() + 1) * n) : dy;
-  Tensor dx_mine = tp_ ? Tensor::zeros({n, hidden}, DType::kF32, MemoryKind::kActivations, dev)
+  Tensor dx_mine = tp_ ? Tensor::zeros({n, hidden}, dtype, MemoryKind::kActivations, dev)
                        : dx;
-  Tensor dexpert_out = activation(dev, {expert_out_.rows(), hidden});
+  Tensor dexpert_out = activation(dev, {expert_out_.rows(), hidden}, dtype);
   Tensor dweights = activation(dev, {n, top_k_});
   unpermute_combine_backward(dev, dy_mine, expert_out_, dest_rows_, weights_, dexpert_out,
                              dweights);
   Tensor dlocal_out = dexpert_out;
   if (ep_) {
     // Backward of gather_back: the rows' gradients travel the dispatch direction.
-    Tensor received = activation(dev, {rows, hidden});
+    Tensor received = activation(dev, {rows, hidden}, dtype);
     ep_->all_to_all_v(dexpert_out, send_rows_, received, recv_rows_);
-    dlocal_out = activation(dev, {rows, hidden});
+    dlocal_out = activation(dev, {rows, hidden}, dtype);
     permute_gather(dev, received, regroup_rows_, dlocal_out);
   }
   grouped_matmul_tn_accumulate(dev, dlocal_out, act_, local_counts_, down_->grad);
-  Tensor dact = activation(dev, {rows, ffn});
-  grouped_matmul_nn(dev, dlocal_out, down_->value, local_counts_, dact);
-  Tensor dgate_up = activation(dev, {rows, 2 * ffn});
+  Tensor dact = activation(dev, {rows, ffn}, dtype);
+  grouped_matmul_nn(dev, dlocal_out, down_->work, local_counts_, dact);
+  Tensor dgate_up = activation(dev, {rows, 2 * ffn}, dtype);
   swiglu_backward(dev, dact, gate_up_out_, dgate_up);
   grouped_matmul_tn_accumulate(dev, dgate_up, xp_, local_counts_, gate_up_->grad);
-  Tensor dxp = activation(dev, {rows, hidden});
-  grouped_matmul_nn(dev, dgate_up, gate_up_->value, local_counts_, dxp);
+  Tensor dxp = activation(dev, {rows, hidden}, dtype);
+  grouped_matmul_nn(dev, dgate_up, gate_up_->work, local_counts_, dxp);
   Tensor dpermuted = dxp;
   if (ep_) {
     // Backward of dispatch: back to source order, then to the routing ranks.
-    Tensor by_source = Tensor::zeros({rows, hidden}, DType::kF32, MemoryKind::kActivations, dev);
+    Tensor by_source = Tensor::zeros({rows, hidden}, dtype, MemoryKind::kActivations, dev);
     permute_gather_backward(dev, dxp, regroup_rows_, by_source);
-    dpermuted = activation(dev, {expert_out_.rows(), hidden});
+    dpermuted = activation(dev, {expert_out_.rows(), hidden}, dtype);
     ep_->all_to_all_v(by_source, recv_rows_, dpermuted, send_rows_);
   }
   permute_gather_backward(dev, dpermuted, dest_rows_, dx_mine);
@@ -341,20 +345,29 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   if (tp_) {
     // The router is replicated over the group but saw only this rank's tokens.
     Tensor drouter = Tensor::zeros(router_->grad.shape(), DType::kF32, MemoryKind::kActivations, dev);
-    matmul(dev, dlogits, true, x_, false, drouter);
+    matmul(dev, dlogits, true, router_x_, false, drouter);
     tp_->all_reduce_sum(drouter);
     add_(dev, router_->grad, drouter);
   } else {
-    matmul(dev, dlogits, true, x_, false, router_->grad, 1.0f, 1.0f);
+    matmul(dev, dlogits, true, router_x_, false, router_->grad, 1.0f, 1.0f);
   }
-  matmul(dev, dlogits, false, router_->value, false, dx_mine, 1.0f, 1.0f);
+  if (dtype == DType::kF32) {
+    matmul(dev, dlogits, false, router_->value, false, dx_mine, 1.0f, 1.0f);
+  } else {
+    // The router's input gradient is f32; rounded once before joining the bf16 stream.
+    Tensor drouted = activation(dev, {n, hidden});
+    matmul(dev, dlogits, false, router_->value, false, drouted);
+    Tensor rounded = activation(dev, {n, hidden}, dtype);
+    convert(dev, drouted, rounded);
+    add_(dev, dx_mine, rounded);
+  }
   if (tp_) {
-    Tensor dx_routed = activation(dev, {total, hidden});
+    Tensor dx_routed = activation(dev, {total, hidden}, dtype);
     tp_->all_gather(dx_mine, dx_routed);
     add_(dev, dx, dx_routed);
   }
 
-  x_whole_ = x_ = probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
+  x_whole_ = x_ = router_x_ = probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
   tokens_per_expert_ = dest_rows_ = xp_ = gate_up_out_ = act_ = expert_out_ = Tensor();
   regroup_rows_ = local_counts_ = Tensor();
   shared_out_ = shared_gate_logit_ = Tensor();

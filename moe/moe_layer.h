@@ -87,6 +87,7 @@ class MoeLayer {
   // Saved for backward.
   Tensor x_whole_;            // (n * tp, hidden) the group's tokens
   Tensor x_;                  // (n, hidden) the rows this rank routes
+  Tensor router_x_;           // x_ in f32, the router's input
   Tensor probs_;              // (n, E)
   Tensor router_logits_;      // (n, E)
   Tensor expert_ids_;         // (n, k)

@@ -18,12 +18,12 @@ Tensor SwigluFfn::forward(Device& dev, const Tensor& x) {
   const int64_t n = x.rows();
   const int64_t ffn = down_->shape[1];
   x_ = x;
-  gate_up_out_ = Tensor::empty({n, 2 * ffn}, DType::kF32, MemoryKind::kActivations, dev);
-  matmul(dev, x, false, gate_up_->value, true, gate_up_out_);
-  act_ = Tensor::empty({n, ffn}, DType::kF32, MemoryKind::kActivations, dev);
+  gate_up_out_ = Tensor::empty({n, 2 * ffn}, x.dtype(), MemoryKind::kActivations, dev);
+  matmul(dev, x, false, gate_up_->work, true, gate_up_out_);
+  act_ = Tensor::empty({n, ffn}, x.dtype(), MemoryKind::kActivations, dev);
   swiglu_forward(dev, gate_up_out_, act_);
-  Tensor y = Tensor::empty({n, down_->shape[0]}, DType::kF32, MemoryKind::kActivations, dev);
-  matmul(dev, act_, false, down_->value, true, y);
+  Tensor y = Tensor::empty({n, down_->shape[0]}, x.dtype(), MemoryKind::kActivations, dev);
+  matmul(dev, act_, false, down_->work, true, y);
   if (tp_) tp_->all_reduce_sum(y);
   return y;
 }
@@ -32,13 +32,13 @@ Tensor SwigluFfn::backward(Device& dev, const Tensor& dy) {
   const int64_t n = dy.rows();
   const int64_t ffn = down_->shape[1];
   matmul(dev, dy, true, act_, false, down_->grad, 1.0f, 1.0f);
-  Tensor dact = Tensor::empty({n, ffn}, DType::kF32, MemoryKind::kActivations, dev);
-  matmul(dev, dy, false, down_->value, false, dact);
-  Tensor dgate_up = Tensor::empty({n, 2 * ffn}, DType::kF32, MemoryKind::kActivations, dev);
+  Tensor dact = Tensor::empty({n, ffn}, dy.dtype(), MemoryKind::kActivations, dev);
+  matmul(dev, dy, false, down_->work, false, dact);
+  Tensor dgate_up = Tensor::empty({n, 2 * ffn}, dy.dtype(), MemoryKind::kActivations, dev);
   swiglu_backward(dev, dact, gate_up_out_, dgate_up);
   matmul(dev, dgate_up, true, x_, false, gate_up_->grad, 1.0f, 1.0f);
-  Tensor dx = Tensor::empty({n, x_.row_size()}, DType::kF32, MemoryKind::kActivations, dev);
-  matmul(dev, dgate_up, false, gate_up_->value, false, dx);
+  Tensor dx = Tensor::empty({n, x_.row_size()}, dy.dtype(), MemoryKind::kActivations, dev);
+  matmul(dev, dgate_up, false, gate_up_->work, false, dx);
   if (tp_) tp_->all_reduce_sum(dx);
   x_ = gate_up_out_ = act_ = Tensor();
   return dx;

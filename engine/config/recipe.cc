@@ -327,6 +327,21 @@ absl::Status validate_checkpoint_and_runtime(const Recipe& recipe) {
                                 "\") must be \"cpu\", \"cuda\" or empty (pick automatically)"));
   }
   SY_RETURN_IF_ERROR(check_non_negative("runtime.threads", runtime.threads()));
+  if (!runtime.precision().empty() && runtime.precision() != "fp32" &&
+      runtime.precision() != "bf16") {
+    return invalid(absl::StrCat("runtime.precision (\"", runtime.precision(),
+                                "\") must be \"fp32\" or \"bf16\""));
+  }
+  if (runtime.precision() == "bf16" && recipe.parallel().tensor_parallel_size() > 1) {
+    return invalid(
+        "runtime.precision=bf16 does not run with tensor parallelism yet (its all-reduces sum "
+        "f32 activations); use fp32 or parallel.tensor_parallel_size=1");
+  }
+  if (runtime.precision() == "bf16" && recipe.parallel().zero_stage() == 3) {
+    return invalid(
+        "runtime.precision=bf16 does not run with ZeRO stage 3 yet (the bf16 copies are made "
+        "from whole parameters); use zero_stage <= 2");
+  }
   return absl::OkStatus();
 }
 
@@ -588,11 +603,12 @@ std::string summarize_recipe(const Recipe& recipe) {
   const ParallelConfig& parallel = recipe.parallel();
   const std::string setup = absl::StrFormat(
       "train: %d steps x %d seqs x %d tokens (micro batch %d), lr %g %s to %g after %d warmup, "
-      "tp %d ep %d zero %d, device %s",
+      "tp %d ep %d zero %d, device %s, %s",
       train.steps(), train.global_batch_size(), train.seq_len(), train.micro_batch_size(),
       optimizer.lr(), LrDecay_Name(optimizer.decay()), optimizer.min_lr(), optimizer.warmup_steps(),
       parallel.tensor_parallel_size(), parallel.expert_parallel_size(), parallel.zero_stage(),
-      recipe.runtime().device().empty() ? "auto" : recipe.runtime().device());
+      recipe.runtime().device().empty() ? "auto" : recipe.runtime().device(),
+      recipe.runtime().precision().empty() ? "fp32" : recipe.runtime().precision());
   return absl::StrCat(shape, "\n", setup);
 }
 

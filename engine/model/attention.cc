@@ -9,8 +9,8 @@
 namespace switchyard {
 
 namespace {
-Tensor activation(Device& dev, const Shape& shape) {
-  return Tensor::empty(shape, DType::kF32, MemoryKind::kActivations, dev);
+Tensor activation(Device& dev, const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, MemoryKind::kActivations, dev);
 }
 }  // namespace
 
@@ -51,13 +51,13 @@ Attention::Attention(ParamStore& params, const std::string& prefix,
 Tensor Attention::project(Device& dev, const Tensor& x, Param* weight, Param* bias, Param* norm,
                           Tensor* pre_norm, Tensor* rstd) {
   const int64_t n = x.rows();
-  Tensor out = activation(dev, {n, weight->shape[0]});
-  matmul(dev, x, false, weight->value, true, out);
+  Tensor out = activation(dev, {n, weight->shape[0]}, x.dtype());
+  matmul(dev, x, false, weight->work, true, out);
   if (bias) add_bias_(dev, out, bias->value);
   if (!norm) return out;
   *pre_norm = out;
-  *rstd = activation(dev, {n});
-  Tensor normed = activation(dev, {n, weight->shape[0]});
+  *rstd = activation(dev, {n}, DType::kF32);
+  Tensor normed = activation(dev, {n, weight->shape[0]}, x.dtype());
   rmsnorm_forward(dev, out, norm->value, norm_eps_, normed, *rstd);
   return normed;
 }
@@ -75,12 +75,12 @@ Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t s
            .reshape({batch, seq, kv_heads_, head_dim_});
   rope_forward(dev, rope, q_);
   rope_forward(dev, rope, k_);
-  Tensor out4 = activation(dev, {batch, seq, heads_, head_dim_});
-  probs_ = activation(dev, {batch, heads_, seq, seq});
+  Tensor out4 = activation(dev, {batch, seq, heads_, head_dim_}, x.dtype());
+  probs_ = activation(dev, {batch, heads_, seq, seq}, DType::kF32);
   attention_forward(dev, q_, k_, v_, out4, probs_);
   attn_out_ = out4.reshape({batch * seq, heads_ * head_dim_});
-  Tensor y = activation(dev, {batch * seq, wo_->shape[0]});
-  matmul(dev, attn_out_, false, wo_->value, true, y);
+  Tensor y = activation(dev, {batch * seq, wo_->shape[0]}, x.dtype());
+  matmul(dev, attn_out_, false, wo_->work, true, y);
   if (tp_) tp_->all_reduce_sum(y);
   return y;
 }
@@ -90,28 +90,29 @@ void Attention::project_backward(Device& dev, Tensor& dproj, Param* weight, Para
                                  Tensor& dx) {
   Tensor d = dproj;
   if (norm) {
-    d = activation(dev, dproj.shape());
+    d = activation(dev, dproj.shape(), dproj.dtype());
     rmsnorm_backward(dev, dproj, pre_norm, norm->value, rstd, d, norm->grad);
   }
   if (bias) bias_backward(dev, d, bias->grad);
   matmul(dev, d, true, x_, false, weight->grad, 1.0f, 1.0f);
-  matmul(dev, d, false, weight->value, false, dx, 1.0f, 1.0f);
+  matmul(dev, d, false, weight->work, false, dx, 1.0f, 1.0f);
 }
 
 Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
   const int64_t n = dy.rows();
+  const DType dtype = dy.dtype();
   matmul(dev, dy, true, attn_out_, false, wo_->grad, 1.0f, 1.0f);
-  Tensor dattn = activation(dev, {batch_, seq_, heads_, head_dim_});
+  Tensor dattn = activation(dev, {batch_, seq_, heads_, head_dim_}, dtype);
   Tensor dattn2 = dattn.reshape({n, heads_ * head_dim_});
-  matmul(dev, dy, false, wo_->value, false, dattn2);
-  Tensor dq = activation(dev, q_.shape());
-  Tensor dk = activation(dev, k_.shape());
-  Tensor dv = activation(dev, v_.shape());
+  matmul(dev, dy, false, wo_->work, false, dattn2);
+  Tensor dq = activation(dev, q_.shape(), dtype);
+  Tensor dk = activation(dev, k_.shape(), dtype);
+  Tensor dv = activation(dev, v_.shape(), dtype);
   attention_backward(dev, dattn, q_, k_, v_, probs_, dq, dk, dv);
   rope_backward(dev, rope, dq);
   rope_backward(dev, rope, dk);
 
-  Tensor dx = Tensor::zeros({n, x_.row_size()}, DType::kF32, MemoryKind::kActivations, dev);
+  Tensor dx = Tensor::zeros({n, x_.row_size()}, dtype, MemoryKind::kActivations, dev);
   Tensor dq2 = dq.reshape({n, heads_ * head_dim_});
   Tensor dk2 = dk.reshape({n, kv_heads_ * head_dim_});
   Tensor dv2 = dv.reshape({n, kv_heads_ * head_dim_});

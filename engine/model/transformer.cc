@@ -16,8 +16,8 @@
 namespace switchyard {
 
 namespace {
-Tensor activation(Device& dev, const Shape& shape) {
-  return Tensor::empty(shape, DType::kF32, MemoryKind::kActivations, dev);
+Tensor activation(Device& dev, const Shape& shape, DType dtype = DType::kF32) {
+  return Tensor::empty(shape, dtype, MemoryKind::kActivations, dev);
 }
 }  // namespace
 
@@ -115,22 +115,25 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   targets_host_ = targets_.on_host();
   stats_.reset(recipe_.moe().num_experts(), recipe_.moe().top_k());
 
-  Tensor x = activation(dev, {n, hidden});
   acquire({0});
-  embedding_forward(dev, ids_, embed_->value, x);
+  // The compute dtype is the working copies' (ParamStore::allocate): bf16 activations
+  // with bf16 weights, f32 otherwise.
+  const DType dtype = embed_->work.dtype();
+  Tensor x = activation(dev, {n, hidden}, dtype);
+  embedding_forward(dev, ids_, embed_->work, x);
   release({0});
   if (tp_) tp_->all_reduce_sum(x);
   int unit = 0;
   for (auto& b : blocks_) {
     acquire({++unit});
     b->x = x;
-    b->attn_in = activation(dev, {n, hidden});
+    b->attn_in = activation(dev, {n, hidden}, dtype);
     b->attn_rstd = activation(dev, {n});
     rmsnorm_forward(dev, x, b->attn_norm->value, b->eps, b->attn_in, b->attn_rstd);
     Tensor h = b->attention->forward(dev, b->attn_in, batch_, seq_, rope);
     add_(dev, h, x);
     b->h = h;
-    b->ffn_in = activation(dev, {n, hidden});
+    b->ffn_in = activation(dev, {n, hidden}, dtype);
     b->ffn_rstd = activation(dev, {n});
     rmsnorm_forward(dev, h, b->ffn_norm->value, b->eps, b->ffn_in, b->ffn_rstd);
     Tensor f = b->moe ? b->moe->forward(dev, b->ffn_in, training, rng, stats_)
@@ -142,11 +145,11 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   const std::vector<int> head = head_units();
   acquire(head);
   final_in_ = x;
-  final_out_ = activation(dev, {n, hidden});
+  final_out_ = activation(dev, {n, hidden}, dtype);
   final_rstd_ = activation(dev, {n});
   rmsnorm_forward(dev, x, final_norm_->value, recipe_.model().norm_eps(), final_out_, final_rstd_);
   logits_ = activation(dev, {n, vocab});
-  matmul(dev, final_out_, false, lm_head_->value, true, logits_);
+  matmul(dev, final_out_, false, lm_head_->work, true, logits_);
   release(head);
   if (logits_out) {
     *logits_out = tp_ ? gather_shards(*tp_, logits_, 1) : activation(dev, {n, vocab});
@@ -242,17 +245,19 @@ void Transformer::backward(Device& dev, float loss_scale) {
   acquire(head);
   if (hooks_)
     for (int u : head) hooks_->begin_grads(u);
-  // The logits buffer becomes its own gradient.
+  // In f32 the logits buffer becomes its own gradient; in bf16 the gradient is a bf16
+  // operand of the LM head's products.
+  const DType dtype = final_out_.dtype();
   const float ce_scale = target_tokens_ ? loss_scale / static_cast<float>(target_tokens_) : 0.0f;
-  cross_entropy_backward(dev, logits_, targets_, lse_, ce_scale, logits_,
+  Tensor dlogits = dtype == DType::kF32 ? logits_ : activation(dev, logits_.shape(), dtype);
+  cross_entropy_backward(dev, logits_, targets_, lse_, ce_scale, dlogits,
                          {vocab_start_, recipe_.model().vocab_size()});
-  Tensor& dlogits = logits_;
   matmul(dev, dlogits, true, final_out_, false, lm_head_->grad, 1.0f, 1.0f);
-  Tensor dfinal = activation(dev, {n, hidden});
-  matmul(dev, dlogits, false, lm_head_->value, false, dfinal);
+  Tensor dfinal = activation(dev, {n, hidden}, dtype);
+  matmul(dev, dlogits, false, lm_head_->work, false, dfinal);
   if (tp_) tp_->all_reduce_sum(dfinal);
   logits_ = lse_ = Tensor();
-  Tensor dx = activation(dev, {n, hidden});
+  Tensor dx = activation(dev, {n, hidden}, dtype);
   rmsnorm_backward(dev, dfinal, final_in_, final_norm_->value, final_rstd_, dx,
                    final_norm_->grad);
   final_in_ = final_out_ = final_rstd_ = Tensor();
@@ -282,11 +287,11 @@ void Transformer::backward(Device& dev, float loss_scale) {
     } else {
       dffn_in = b.dense->backward(dev, dx);
     }
-    Tensor dh = activation(dev, {n, hidden});
+    Tensor dh = activation(dev, {n, hidden}, dtype);
     rmsnorm_backward(dev, dffn_in, b.h, b.ffn_norm->value, b.ffn_rstd, dh, b.ffn_norm->grad);
     add_(dev, dh, dx);
     Tensor dattn_in = b.attention->backward(dev, dh, rope);
-    Tensor dprev = activation(dev, {n, hidden});
+    Tensor dprev = activation(dev, {n, hidden}, dtype);
     rmsnorm_backward(dev, dattn_in, b.x, b.attn_norm->value, b.attn_rstd, dprev,
                      b.attn_norm->grad);
     add_(dev, dprev, dh);

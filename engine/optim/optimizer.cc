@@ -6,6 +6,7 @@
 
 #include "engine/optim/zero.h"
 #include "kernels/adamw.h"
+#include "kernels/convert.h"
 #include "kernels/elementwise.h"
 
 namespace switchyard {
@@ -90,8 +91,14 @@ StepReport AdamWOptimizer::step(Device& dev) {
     ++i;
   }
   if (groups_.zero) groups_.zero->update(dev, opt_, report.lr, step_, grad_scale);
+  refresh_working_copies(dev, params_);
   params_.zero_grads();
   return report;
+}
+
+void refresh_working_copies(Device& dev, ParamStore& params) {
+  for (Param& p : params.params())
+    if (p.work.defined() && p.work.raw_data() != p.value.raw_data()) convert(dev, p.value, p.work);
 }
 
 }  // namespace switchyard

@@ -22,6 +22,11 @@ struct StepReport {
   bool clipped = false;
 };
 
+// Rounds each parameter's master value into its bf16 working copy (Param::work) where
+// it has one: after initialisation, after loading a checkpoint, and after every update
+// (AdamWOptimizer::step does that one).
+void refresh_working_copies(Device& dev, ParamStore& params);
+
 class AdamWOptimizer {
  public:
   // Groups (each may be null: one process):

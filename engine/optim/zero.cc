@@ -101,13 +101,13 @@ Tensor ZeroShards::gather_value(size_t i) {
 
 void ZeroShards::acquire(int unit) {
   if (uses_[unit]++ > 0 || stage_ < 3) return;
-  for (size_t i : units_[unit]) params_[i]->value = gather_value(i);
+  for (size_t i : units_[unit]) params_[i]->work = params_[i]->value = gather_value(i);
 }
 
 void ZeroShards::release(int unit) {
   SY_CHECK_MSG(uses_[unit] > 0, "release() without acquire()");
   if (--uses_[unit] > 0 || stage_ < 3) return;
-  for (size_t i : units_[unit]) params_[i]->value = Tensor();
+  for (size_t i : units_[unit]) params_[i]->work = params_[i]->value = Tensor();
 }
 
 void ZeroShards::begin_grads(int unit) {

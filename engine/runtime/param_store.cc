@@ -45,7 +45,10 @@ Param& ParamStore::add(std::string name, Shape whole_shape, ShardSpec spec, Para
 
 void ParamStore::begin_unit() { ++next_unit_; }
 
-void ParamStore::allocate(Device& device) {
+void ParamStore::allocate(Device& device, DType compute) {
+  SY_CHECK_MSG(compute == DType::kF32 || compute == DType::kBF16,
+               "parameters compute in f32 or bf16");
+  compute_ = compute;
   int64_t dense = 0, expert = 0;
   for (const Param& p : params_)
     if (p.grad_resident) (p.spec.expert ? expert : dense) += shape_numel(p.shape);
@@ -53,11 +56,14 @@ void ParamStore::allocate(Device& device) {
   expert_grads_ = Tensor::zeros({expert}, DType::kF32, MemoryKind::kExpertGradients, device);
   dense = expert = 0;
   for (Param& p : params_) {
-    if (p.value_resident)
-      p.value = Tensor::empty(p.shape, DType::kF32,
-                              p.spec.expert ? MemoryKind::kExpertParameters
-                                            : MemoryKind::kParameters,
-                              device);
+    const MemoryKind kind =
+        p.spec.expert ? MemoryKind::kExpertParameters : MemoryKind::kParameters;
+    if (p.value_resident) {
+      p.value = Tensor::empty(p.shape, DType::kF32, kind, device);
+      p.work = compute == DType::kBF16 && p.shape.size() >= 2
+                   ? Tensor::empty(p.shape, DType::kBF16, kind, device)
+                   : p.value;
+    }
     if (!p.grad_resident) continue;
     int64_t& offset = p.spec.expert ? expert : dense;
     Tensor& flat = p.spec.expert ? expert_grads_ : dense_grads_;

@@ -51,6 +51,10 @@ struct Param {
   bool value_resident = true;
   bool grad_resident = true;
   Tensor value;  // fp32 (master) weights; undefined while not resident
+  // The value the model computes with: under bf16 precision a bf16 copy of a matrix's
+  // value (rounded from the master after every change: refresh_working_copies in
+  // engine/optim/optimizer.h), else `value` itself.
+  Tensor work;
   Tensor grad;   // accumulated over micro-batches; undefined while not resident
 };
 
@@ -85,7 +89,10 @@ class ParamStore {
   // Allocates resident values and zeroed resident gradients on `device`. The gradients
   // of all dense parameters are views into one flat buffer, and those of all expert
   // parameters into another, so that each is reduced over its group in one collective.
-  void allocate(Device& device);
+  // With a bf16 `compute` dtype, matrices also get a bf16 working copy (Param::work);
+  // vectors (norm gains, biases) are used in f32 by every op.
+  void allocate(Device& device, DType compute = DType::kF32);
+  DType compute_dtype() const { return compute_; }
   // Deterministic initialisation: every parameter draws from its own stream derived
   // from (seed, name), element by element of the whole tensor, so the result depends
   // neither on registration order nor on the parallel layout.
@@ -107,6 +114,7 @@ class ParamStore {
 
  private:
   ShardPlacement placement_;
+  DType compute_ = DType::kF32;
   int next_unit_ = 0;
   // A deque keeps references returned by add() valid as more parameters register.
   std::deque<Param> params_;

@@ -257,9 +257,11 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
                                         groups.background_collectives);
     model.set_param_hooks(zero.get());
   }
-  params.allocate(dev);
+  params.allocate(dev,
+                  recipe.runtime().precision() == "bf16" ? DType::kBF16 : DType::kF32);
   params.initialize(tc.seed());
   if (zero) zero->initialize(tc.seed());
+  refresh_working_copies(dev, params);
   // Below stage 2, dense gradients are all-reduced layer by layer as backward finishes
   // each layer, overlapped with the rest of backward (ZeroShards does the same with its
   // reduce-scatters).
@@ -311,6 +313,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       }
       ++i;
     }
+    refresh_working_copies(dev, params);
     optimizer.set_steps_taken(manifest.step());
     SY_RETURN_IF_ERROR(loader->restore(
         LoaderState{manifest.loader().epoch(), manifest.loader().position(), 0}));

@@ -346,7 +346,10 @@ INSTANTIATE_TEST_SUITE_P(
                        "train.eval_interval (10) needs data.val_fraction > 0"},
         ValidationCase{{"checkpoint.keep=-1"}, "checkpoint.keep (-1) must be >= 0"},
         ValidationCase{{"runtime.device=tpu"}, "runtime.device (\"tpu\") must be"},
-        ValidationCase{{"runtime.threads=-2"}, "runtime.threads (-2) must be >= 0"}));
+        ValidationCase{{"runtime.threads=-2"}, "runtime.threads (-2) must be >= 0"},
+        ValidationCase{{"runtime.precision=fp8"}, "runtime.precision (\"fp8\") must be"},
+        ValidationCase{{"runtime.precision=bf16", "parallel.zero_stage=3"},
+                       "does not run with ZeRO stage 3 yet"}));
 
 TEST(RecipeTest, ExplicitHeadDimNeedNotMatchHidden) {
   EXPECT_TRUE(validate_with({"model.head_dim=32"}).ok());
