@@ -16,6 +16,7 @@ Run with the project Python environment, e.g.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -128,9 +129,11 @@ def measure_engine(args):
     return args.steps * args.batch * args.seq / seconds
 
 
-def pytorch_model(args):
-    config = MixtralConfig(
-        vocab_size=VOCAB,
+def mixtral_config(args, vocab):
+    """transformers' MixtralConfig for the shape in args (this script's shape flags) and
+    the hyperparameters above; bench/gpu_pytorch_step.py builds its model from it too."""
+    return MixtralConfig(
+        vocab_size=vocab,
         hidden_size=args.hidden,
         intermediate_size=args.ffn,
         num_hidden_layers=args.layers,
@@ -147,7 +150,30 @@ def pytorch_model(args):
         router_aux_loss_coef=AUX_LOSS_COEF,
         use_cache=False,
     )
-    return MixtralForCausalLM(config).float().train()
+
+
+def pytorch_model(args):
+    return MixtralForCausalLM(mixtral_config(args, VOCAB)).float().train()
+
+
+def training_step(model, optimizer, tokens, precision=contextlib.nullcontext()):
+    """One full training step on a batch of tokens: the forward pass (under `precision`,
+    e.g. an autocast context) with labels, so the loss includes the router aux loss, the
+    backward pass, gradient clipping, the optimizer step and zero_grad."""
+    with precision:
+        loss = model(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def implementations(model):
+    """The attention and experts implementations transformers picked for the model."""
+    return {
+        "attention": model.config._attn_implementation,
+        "experts": getattr(model.config, "_experts_implementation", "eager"),
+    }
 
 
 def measure_pytorch(args):
@@ -158,24 +184,13 @@ def measure_pytorch(args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
     tokens = torch.randint(0, VOCAB, (args.batch, args.seq))
 
-    def step():
-        loss = model(input_ids=tokens, labels=tokens).loss  # includes the router aux loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
     for _ in range(args.warmup):
-        step()
+        training_step(model, optimizer, tokens)
     start = time.perf_counter()
     for _ in range(args.steps):
-        step()
+        training_step(model, optimizer, tokens)
     seconds = time.perf_counter() - start
-    implementations = {
-        "attention": model.config._attn_implementation,
-        "experts": getattr(model.config, "_experts_implementation", "eager"),
-    }
-    return args.steps * args.batch * args.seq / seconds, implementations
+    return args.steps * args.batch * args.seq / seconds, implementations(model)
 
 
 def main():

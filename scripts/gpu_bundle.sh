@@ -1,28 +1,58 @@
 #!/usr/bin/env bash
-# Packs the GPU tests for a lent GPU machine that cannot build the project (no network,
-# none of the Debian libraries): builds them here with CUDA and copies them, with the
-# shared libraries they need beyond the CUDA toolkit and the C/C++ runtime, into
-# .gpu-bundle/ (ignored by git). Carry that folder to the GPU machine (the device tool's
-# `carry`), where scripts/gpu_check.sh runs the bundle instead of building.
+# Packs the GPU tests and benchmarks for a lent GPU machine that cannot build the project
+# (no network, none of the Debian libraries): builds them here with CUDA and copies them,
+# with the shared libraries they need beyond the CUDA libraries and the C/C++ runtime,
+# into .gpu-bundle/ (ignored by git): tests in bin/, benchmarks in bench/, the libraries
+# packed in lib.tar.gz (OpenBLAS alone is 35 MiB, 10 gzipped, and what travels to the
+# device machine must stay under 64 MiB). Carry that folder to the GPU machine (the
+# device tool's `carry`), where scripts/gpu_check.sh runs the bundle instead of
+# building. BUILD_DIR (default build) is the CUDA build folder to use, configured with
+# the release preset when it is new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build}
 if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
-[[ -f build/CMakeCache.txt ]] || cmake --preset release >/dev/null
-grep -q "SWITCHYARD_CUDA:BOOL=ON" build/CMakeCache.txt ||
-  { echo "gpu_bundle: build/ is configured without CUDA" >&2; exit 1; }
-cmake --build build -j"$(nproc)" --target gpu_tests
+[[ -f $build/CMakeCache.txt ]] || cmake --preset release -B "$build" >/dev/null
+grep -q "SWITCHYARD_CUDA:BOOL=ON" "$build/CMakeCache.txt" ||
+  { echo "gpu_bundle: $build/ is configured without CUDA" >&2; exit 1; }
+cmake --build "$build" -j"$(nproc)" --target gpu_tests gpu_benchmarks
 
 rm -rf .gpu-bundle
-mkdir -p .gpu-bundle/bin .gpu-bundle/lib
-for test in build/tests/gpu_*; do
+mkdir -p .gpu-bundle/bin .gpu-bundle/bench
+libs=$(mktemp -d)
+trap 'rm -rf "$libs"' EXIT
+for test in "$build"/tests/gpu_*; do
   [[ -x "$test" && -f "$test" ]] || continue
   cp "$test" .gpu-bundle/bin/
-  strip .gpu-bundle/bin/"$(basename "$test")"
 done
-# OpenBLAS (the OpenMP build) and the Fortran runtime it needs are not part of the GPU
-# image; libcudart, cuBLAS and the C/C++ runtime are.
-ldd .gpu-bundle/bin/gpu_gemm_test | awk '/libopenblas|libgfortran|libquadmath|libgomp/ {print $3}' |
-  while read -r lib; do cp -L "$lib" .gpu-bundle/lib/; done
-echo "gpu_bundle: $(ls .gpu-bundle/bin | wc -l) tests, $(du -sh .gpu-bundle | cut -f1) in .gpu-bundle/"
+cp "$build/bench/gpu_ops" "$build/bench/gpu_step" .gpu-bundle/bench/
+strip .gpu-bundle/bin/* .gpu-bundle/bench/*
+# The GPU image has the C and C++ runtime and the CUDA libraries (the toolkit's, and
+# NCCL's as a Python wheel); everything else the binaries load travels: OpenBLAS (the
+# OpenMP build) with its Fortran runtime, libgomp, Abseil.
+provided='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s)\.so|^lib(cuda|cublas|nccl|nv)'
+for binary in .gpu-bundle/bin/* .gpu-bundle/bench/*; do
+  ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
+done | sort -u | while read -r lib; do
+  [[ $(basename "$lib") =~ $provided ]] || cp -L "$lib" "$libs"/
+done
+tar -czf .gpu-bundle/lib.tar.gz -C "$libs" .
+
+# The runtime versions the binaries need, to compare with the GPU machine's (ldd there
+# names a missing one).
+versions=$(for binary in .gpu-bundle/bin/* .gpu-bundle/bench/* "$libs"/*; do
+  objdump -T "$binary" | grep -o 'GLIBC_[0-9.]*\|GLIBCXX_[0-9.]*'
+done | sort -uV | awk -F_ '{last[$1] = $0} END {print last["GLIBC"], last["GLIBCXX"]}')
+# Everything that travels to the device machine, the bundle included, must stay under
+# its 64 MiB.
+tree_bytes=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
+bundle_bytes=$(du -sb .gpu-bundle | cut -f1)
+echo "gpu_bundle: $(ls .gpu-bundle/bin | wc -l) tests, $(ls .gpu-bundle/bench | wc -l) benchmarks," \
+  "$(ls "$libs" | wc -l) libraries, $((bundle_bytes >> 20)) MiB in .gpu-bundle/" \
+  "(+ $((tree_bytes >> 20)) MiB of working tree); they need at most $versions"
+if ((bundle_bytes + tree_bytes > 64 << 20)); then
+  echo "gpu_bundle: the bundle and the working tree exceed the device machine's 64 MiB" >&2
+  exit 1
+fi

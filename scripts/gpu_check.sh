@@ -1,30 +1,42 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU, in one command: run the `gpu`-labelled tests and
-# print what they found (recorded in bench/README.md). With a .gpu-bundle/ from
+# On a machine with an NVIDIA GPU, in one command: run the `gpu`-labelled tests, then the
+# GPU benchmarks (bench/README.md, "GPU benchmarks"): gpu_ops, gpu_step on both expert
+# presets, bench/gpu_pytorch_step.py on the same presets in bf16 and fp32, and a summary
+# table of engine against PyTorch tokens/s, their ratio and MFU. With a .gpu-bundle/ from
 # scripts/gpu_bundle.sh (a lent machine that cannot build the project) it runs the
-# bundled tests; otherwise it installs, builds the GPU tests and what they link (target
-# gpu_tests, to spend the machine's time on running them) and runs them through ctest.
+# bundled binaries; otherwise it installs, builds the GPU tests and benchmarks (targets
+# gpu_tests and gpu_benchmarks, to spend the machine's time on running them) and runs
+# the tests through ctest.
+#
+# Everything printed also goes to ${OUT:-/tmp}/gpu_check.log, and each benchmark's JSON
+# line to ${OUT:-/tmp}/gpu_bench.jsonl. A failing test does not stop the benchmarks; the
+# exit status is non-zero when a test or an engine benchmark failed. PYTHON (default
+# python3) runs the PyTorch side; without torch and transformers it is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+out_dir=${OUT:-/tmp}
+mkdir -p "$out_dir"
+python=${PYTHON:-python3}
+# The environment PyTorch runs in: without the bundle's libraries, which are the engine's.
+python_ld_path=${LD_LIBRARY_PATH-}
+export PYTHONUNBUFFERED=1
+failures=0
 
-if [[ -d .gpu-bundle/bin ]]; then
-  export LD_LIBRARY_PATH="$PWD/.gpu-bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # CUDA libraries installed as Python wheels (nvidia-cublas-*, ...) also serve.
-  wheel_libs=$(python3 -c 'import glob, site; print(":".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2>/dev/null || true)
-  [[ -n "$wheel_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_libs"
-  missing=$(ldd .gpu-bundle/bin/gpu_gemm_test | grep "not found" || true)
-  if [[ -n "$missing" ]]; then
-    echo "gpu_check: shared libraries not found on this machine:" >&2
-    echo "$missing" >&2
-    exit 1
-  fi
-  passed=0 failed=0 skipped=0
+# Runs the bundled tests, each as its own process (they exit 77 without a GPU).
+bundled_tests() {
+  local passed=0 failed=0 skipped=0 test name rc missing
   for test in .gpu-bundle/bin/gpu_*; do
     name=$(basename "$test")
+    missing=$(ldd "$test" | grep "not found" || true)
+    if [[ -n "$missing" ]]; then
+      failed=$((failed + 1))
+      echo "gpu_check: $name FAILED: shared libraries not found on this machine:"
+      echo "$missing"
+      continue
+    fi
     set +e
-    "$test" --gtest_brief=1
+    timeout 150 "$test" --gtest_brief=1
     rc=$?
     set -e
     case $rc in
@@ -35,11 +47,126 @@ if [[ -d .gpu-bundle/bin ]]; then
   done
   echo "gpu_check: $passed passed, $failed failed, $skipped skipped"
   [[ $failed -eq 0 ]]
-  exit
-fi
+}
 
-scripts/setup.sh
-cmake --preset release -DSWITCHYARD_CUDA=ON >/dev/null
-cmake --build build -j"$(nproc)" --target gpu_tests
-cd build
-ctest --output-on-failure -L gpu
+# bench LABEL COMMAND...: runs one benchmark and appends its JSON line (the last line of
+# its output that is a JSON object) to gpu_bench.jsonl; fails when the benchmark failed
+# (exit 77, no GPU, is a skip).
+bench() {
+  local label=$1 log rc
+  shift
+  echo
+  echo "== $label: $*"
+  log=$(mktemp)
+  set +e
+  timeout 240 "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  case $rc in
+    0) grep '^{' "$log" | tail -1 >>"$out_dir/gpu_bench.jsonl" ;;
+    77) echo "gpu_check: $label skipped (no GPU)" ;;
+    *) echo "gpu_check: $label FAILED (exit $rc)" ;;
+  esac
+  rm -f "$log"
+  [[ $rc -eq 0 || $rc -eq 77 ]]
+}
+
+# The value of `key` in the last JSON line of gpu_bench.jsonl that has bench == name
+# (and preset == preset when given); empty when there is none.
+json_value() {
+  "$python" - "$out_dir/gpu_bench.jsonl" "$@" <<'EOF'
+import json, sys
+path, name, key = sys.argv[1:4]
+preset = sys.argv[4] if len(sys.argv) > 4 else None
+rows = [json.loads(line) for line in open(path)]
+rows = [r for r in rows if r["bench"] == name and (preset is None or r["preset"] == preset)]
+print(rows[-1].get(key, "") if rows else "")
+EOF
+}
+
+# Runs the benchmarks from folder $1 (gpu_ops and gpu_step in it).
+benchmarks() {
+  local bin=$1 bf16_measured flops spec preset precision with_pytorch=true
+  : >"$out_dir/gpu_bench.jsonl"
+  if ! "$python" -c 'import torch, transformers' 2>/dev/null; then
+    with_pytorch=false
+    echo "gpu_check: $python has no torch and transformers: PyTorch runs skipped"
+  fi
+  bench gpu_ops "$bin/gpu_ops" --reps 10 || failures=$((failures + 1))
+  bf16_measured=$(json_value gpu_ops bf16_gemm_tflops)
+  for preset in coarse fine; do
+    for precision in bf16 fp32; do
+      bench "gpu_step $preset $precision" "$bin/gpu_step" --preset "$preset" \
+        --precision "$precision" --warmup 2 --steps 5 \
+        ${bf16_measured:+--bf16-peak-tflops "$bf16_measured"} || failures=$((failures + 1))
+    done
+    $with_pytorch || continue
+    flops=$(json_value gpu_step train_flops_per_token "$preset")
+    spec=$(json_value gpu_step bf16_spec_tflops "$preset")
+    for precision in bf16 fp32; do
+      bench "pytorch $preset $precision" env LD_LIBRARY_PATH="$python_ld_path" "$python" \
+        bench/gpu_pytorch_step.py --preset "$preset" --precision "$precision" --warmup 2 \
+        --steps 5 ${flops:+--flops-per-token "$flops"} ${spec:+--peak-tflops "$spec"} \
+        ${bf16_measured:+--measured-peak-tflops "$bf16_measured"} || true
+    done
+  done
+  summary || echo "gpu_check: the summary failed"
+}
+
+# Engine against PyTorch per preset, from gpu_bench.jsonl.
+summary() {
+  echo
+  "$python" - "$out_dir/gpu_bench.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+steps = [r for r in rows if r["bench"] in ("gpu_step", "gpu_pytorch_step")]
+if not steps:
+    print("gpu_check summary: no training-step results")
+    sys.exit()
+peaks = [r for r in rows if r["bench"] == "gpu_step"][:1]
+measured = next((r["bf16_gemm_tflops"] for r in rows if r["bench"] == "gpu_ops"), None)
+print("gpu_check summary: engine vs PyTorch training steps "
+      "(MFU: train FLOPs/token x tokens/s / bf16 peak"
+      + (f" {peaks[0]['bf16_spec_tflops']:.0f} TFLOP/s from clock and SMs" if peaks else "")
+      + (f"; measured: cuBLAS bf16 GEMM {measured:.0f} TFLOP/s" if measured else "") + ")")
+print(f"{'preset':<8}{'run':<14}{'tokens/s':>10}{'MFU':>8}{'measured':>10}{'engine/run':>12}")
+def pct(r, key):
+    return f"{100 * r[key]:.1f}%" if r.get(key) else "-"
+for preset in ("coarse", "fine"):
+    engine = next((r for r in steps if r["bench"] == "gpu_step" and r["preset"] == preset
+                   and r["precision"] == "bf16"), None)
+    for r in (x for x in steps if x["preset"] == preset):
+        run = f"engine {r['precision']}" if r["bench"] == "gpu_step" else f"pytorch {r['precision']}"
+        ratio = f"{engine['tokens_per_s'] / r['tokens_per_s']:.2f}" if engine else "-"
+        print(f"{preset:<8}{run:<14}{r['tokens_per_s']:>10.0f}{pct(r, 'mfu'):>8}"
+              f"{pct(r, 'mfu_measured'):>10}{ratio:>12}")
+EOF
+}
+
+main() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  local tests_ok=true
+  if [[ -d .gpu-bundle/bin ]]; then
+    bundle_libs=$(mktemp -d)
+    trap 'rm -rf "$bundle_libs"' EXIT
+    tar -xzf .gpu-bundle/lib.tar.gz -C "$bundle_libs"
+    export LD_LIBRARY_PATH="$bundle_libs:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # CUDA libraries installed as Python wheels (nvidia-cublas-*, ...) also serve.
+    local wheel_libs
+    wheel_libs=$("$python" -c 'import glob, site; print(":".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2>/dev/null || true)
+    [[ -n "$wheel_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_libs"
+    bundled_tests || tests_ok=false
+    benchmarks .gpu-bundle/bench
+  else
+    scripts/setup.sh
+    cmake --preset release -DSWITCHYARD_CUDA=ON >/dev/null
+    cmake --build build -j"$(nproc)" --target gpu_tests gpu_benchmarks
+    (cd build && ctest --output-on-failure -L gpu) || tests_ok=false
+    benchmarks build/bench
+  fi
+  $tests_ok || echo "gpu_check: GPU tests FAILED"
+  [[ $failures -eq 0 ]] || echo "gpu_check: $failures engine benchmark(s) FAILED"
+  $tests_ok && [[ $failures -eq 0 ]]
+}
+
+main 2>&1 | tee "$out_dir/gpu_check.log"
