@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include "kernels/convert.h"
+#include "tests/bf16_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
 namespace {
+
+using testing::as_bf16;
 
 using testing::all_close;
 using testing::any_nonzero;
@@ -56,13 +59,6 @@ TEST_P(AttentionGpu, ForwardAndBackwardMatchCpu) {
     EXPECT_TRUE(any_nonzero(dq));
     EXPECT_TRUE(any_nonzero(dk));
   }
-}
-
-// `t` rounded to bf16 (on the host).
-Tensor as_bf16(const Tensor& t) {
-  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
-  convert(cpu_device(), t, b);
-  return b;
 }
 
 // bf16 q, k, v, dout on both backends, which compute in f32 from the same widened values:

@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include "kernels/convert.h"
+#include "tests/bf16_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
 namespace {
+
+using testing::as_bf16;
 
 using testing::all_close;
 using testing::poisoned;
@@ -16,13 +19,6 @@ using testing::to_device;
 using testing::to_host;
 
 constexpr double kTol = 1e-5;
-
-// A bf16 copy of host tensor `t`, rounded once.
-Tensor as_bf16(const Tensor& t) {
-  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
-  convert(cpu_device(), t, b);
-  return b;
-}
 
 // `t` (f32) in `dtype`.
 Tensor in_dtype(const Tensor& t, DType dtype) { return dtype == DType::kBF16 ? as_bf16(t) : t; }

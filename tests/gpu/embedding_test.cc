@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include "kernels/convert.h"
+#include "tests/bf16_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
 namespace {
+
+using testing::as_bf16;
 
 using testing::all_equal;
 using testing::host_tensor;
@@ -16,13 +19,6 @@ using testing::poisoned;
 using testing::random_integers;
 using testing::random_tensor;
 using testing::to_device;
-
-// A bf16 copy of host tensor `t`, rounded once.
-Tensor as_bf16(const Tensor& t) {
-  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
-  convert(cpu_device(), t, b);
-  return b;
-}
 
 // Token ids with many repeats (most from a small range), so the gradient adds several
 // rows into the same table rows; the last id of the vocabulary appears, and so does -1

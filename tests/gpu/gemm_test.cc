@@ -7,10 +7,13 @@
 #include <numeric>
 
 #include "kernels/convert.h"
+#include "tests/bf16_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
 namespace {
+
+using testing::as_bf16;
 
 using testing::all_close;
 using testing::all_equal;
@@ -126,13 +129,6 @@ TEST(GemmGpu, GroupedProductsMatchCpu) {
       EXPECT_TRUE(matches(gdw, dw, integers));
     }
   }
-}
-
-// `t` rounded to bf16 (on the host).
-Tensor as_bf16(const Tensor& t) {
-  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
-  convert(cpu_device(), t, b);
-  return b;
 }
 
 // bf16 operands with f32 and bf16 results, against the CPU (which computes on the

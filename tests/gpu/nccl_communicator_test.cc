@@ -22,6 +22,7 @@
 #include "engine/parallel/mpi_runtime.h"
 #include "kernels/elementwise.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/parallel/rank_failure_printer.h"
 
 namespace switchyard {
 namespace {
@@ -225,27 +226,6 @@ TEST(NcclCommunicatorTest, BarrierWaitsForQueuedCollectives) {
   EXPECT_EQ(cudaStreamQuery(nccl().stream()), cudaSuccess);
 }
 
-// Ranks other than 0 print only their failures, tagged with the rank, as
-// tests/parallel/mpi_test_main.cc does.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-
-  void OnTestStart(const ::testing::TestInfo& info) override {
-    test_name_ = std::string(info.test_suite_name()) + "." + info.name();
-  }
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s: %s:%d: Failure\n%s\n", rank_, test_name_.c_str(),
-                 result.file_name() ? result.file_name() : "?", result.line_number(),
-                 result.message());
-  }
-
- private:
-  int rank_;
-  std::string test_name_;
-};
-
 }  // namespace
 }  // namespace switchyard
 
@@ -271,7 +251,7 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new switchyard::RankFailurePrinter(rank));
+    listeners.Append(new switchyard::testing::RankFailurePrinter(rank));
   }
   const int result = RUN_ALL_TESTS();
   int64_t failed_ranks = result == 0 ? 0 : 1;

@@ -11,10 +11,13 @@
 
 #include "engine/runtime/rng.h"
 #include "kernels/convert.h"
+#include "tests/bf16_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
 namespace {
+
+using testing::as_bf16;
 
 using testing::all_close;
 using testing::all_equal;
@@ -141,13 +144,6 @@ TEST_P(PermuteGpu, PlanGatherAndCombineMatchCpuExactly) {
     EXPECT_TRUE(any_nonzero(y));
     EXPECT_TRUE(any_nonzero(dweights));
   }
-}
-
-// `t` rounded to bf16 (on the host).
-Tensor as_bf16(const Tensor& t) {
-  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
-  convert(cpu_device(), t, b);
-  return b;
 }
 
 // bf16 rows of integers in [-8, 8] (exact, and so are the sums and the weighted sums

@@ -4,22 +4,18 @@
 #include <gtest/gtest.h>
 
 #include "kernels/convert.h"
+#include "tests/bf16_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard {
 namespace {
 
+using testing::as_bf16;
+
 using testing::all_close;
 using testing::poisoned;
 using testing::random_tensor;
 using testing::to_device;
-
-// A bf16 copy of host tensor `t`, rounded once.
-Tensor as_bf16(const Tensor& t) {
-  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
-  convert(cpu_device(), t, b);
-  return b;
-}
 
 TEST(SwigluGpu, ForwardAndBackwardMatchCpu) {
   CudaDevice gpu(0);

@@ -10,10 +10,14 @@
 
 #include "kernels/convert.h"
 #include "kernels/cpu/elementwise.h"
+#include "tests/bf16_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
 namespace {
+
+using testing::stores;
+using testing::to_dtype;
 
 using testing::any_nonzero;
 using testing::max_relative_error;
@@ -28,20 +32,6 @@ Tensor make_tensor(const Shape& shape, const std::vector<float>& values) {
 std::vector<float> values_of(const Tensor& t) {
   const float* p = t.data<float>();
   return std::vector<float>(p, p + t.numel());
-}
-
-// A copy of `t` in `dtype`: exact for f32, rounded once for bf16.
-Tensor to_dtype(const Tensor& t, DType dtype) {
-  Tensor c = Tensor::empty(t.shape(), dtype);
-  convert(cpu_device(), t, c);
-  return c;
-}
-
-// `actual` holds the f32 `expected` in its own dtype (rounded once for bf16), bit for bit.
-bool stores(const Tensor& actual, const Tensor& expected) {
-  const Tensor stored = to_dtype(expected, actual.dtype());
-  return actual.shape() == stored.shape() &&
-         std::memcmp(actual.raw_data(), stored.raw_data(), actual.nbytes()) == 0;
 }
 
 TEST(ElementwiseTest, AddAndScale) {

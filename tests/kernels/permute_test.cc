@@ -9,10 +9,13 @@
 #include "engine/runtime/rng.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/permute.h"
+#include "tests/bf16_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
 namespace {
+
+using testing::as_bf16;
 
 using testing::any_nonzero;
 using testing::max_relative_error;
@@ -340,13 +343,6 @@ TEST(PermuteTest, FloatCombineBackwardMatchesDoubleTemplate) {
                                   dyp_d.data(), dweights_d.data(), n, k, hidden, rows);
   EXPECT_LT(max_relative_error(values_of<float>(dyp), dyp_d), 1e-6);
   EXPECT_LT(max_relative_error(values_of<float>(dweights), dweights_d), 1e-6);
-}
-
-// `t` rounded to bf16.
-Tensor as_bf16(const Tensor& t) {
-  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
-  convert(cpu_device(), t, b);
-  return b;
 }
 
 // Every element of the bf16 `actual` is the f32 `expected` rounded once.

@@ -8,30 +8,12 @@
 #include "engine/parallel/mpi_runtime.h"
 #include "gtest/gtest.h"
 #include "tests/parallel/parallel_test_env.h"
+#include "tests/parallel/rank_failure_printer.h"
 
 namespace switchyard::testing {
 namespace {
 
 std::unique_ptr<Communicator> g_world;
-
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-
-  void OnTestStart(const ::testing::TestInfo& info) override {
-    test_name_ = std::string(info.test_suite_name()) + "." + info.name();
-  }
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s: %s:%d: Failure\n%s\n", rank_, test_name_.c_str(),
-                 result.file_name() ? result.file_name() : "?", result.line_number(),
-                 result.message());
-  }
-
- private:
-  int rank_;
-  std::string test_name_;
-};
 
 }  // namespace
 
