@@ -1,5 +1,6 @@
 #include "kernels/adamw.h"
 
+#include "kernels/convert.h"
 #include "kernels/cpu/adamw.h"
 #ifdef SWITCHYARD_WITH_CUDA
 #include "kernels/cuda/adamw.h"
@@ -10,23 +11,47 @@ namespace switchyard {
 
 void adamw_step(Device& dev, const AdamWHyper& h, float grad_scale, Tensor& param,
                 const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq) {
+  adamw_step(dev, h, grad_scale, {AdamWUpdate{&param, &grad, &exp_avg, &exp_avg_sq, true}});
+}
+
+void adamw_step(Device& dev, const AdamWHyper& h, float grad_scale,
+                const std::vector<AdamWUpdate>& updates) {
   SY_CHECK_MSG(h.step >= 1, "adamw_step: step is 1-based");
-  const int64_t n = param.numel();
-  SY_CHECK_MSG(grad.numel() == n && exp_avg.numel() == n && exp_avg_sq.numel() == n,
-               "adamw_step: grad and moments must match param");
+  for (const AdamWUpdate& u : updates) {
+    const int64_t n = u.param->numel();
+    SY_CHECK_MSG(u.param->dtype() == DType::kF32 && u.grad->dtype() == DType::kF32 &&
+                     u.exp_avg->dtype() == DType::kF32 && u.exp_avg_sq->dtype() == DType::kF32,
+                 "adamw_step: parameters, gradients and moments are f32");
+    SY_CHECK_MSG(u.grad->numel() == n && u.exp_avg->numel() == n && u.exp_avg_sq->numel() == n,
+                 "adamw_step: grad and moments must match param");
+    SY_CHECK_MSG(!u.work || (u.work->dtype() == DType::kBF16 && u.work->numel() == n),
+                 "adamw_step: a working copy is bf16 and matches param");
+  }
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::adamw_step(param.data<float>(), grad.data<float>(), exp_avg.data<float>(),
-                     exp_avg_sq.data<float>(), n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-                     h.step, grad_scale,
-                     op_stream(dev, "adamw_step", {&param, &grad, &exp_avg, &exp_avg_sq}));
+    std::vector<cuda::AdamWTensor> tensors;
+    cudaStream_t stream = nullptr;
+    for (const AdamWUpdate& u : updates) {
+      stream = op_stream(dev, "adamw_step", {u.param, u.grad, u.exp_avg, u.exp_avg_sq});
+      if (u.work) op_stream(dev, "adamw_step", {u.work});
+      tensors.push_back(cuda::AdamWTensor{u.param->data<float>(), u.grad->data<float>(),
+                                          u.exp_avg->data<float>(), u.exp_avg_sq->data<float>(),
+                                          u.work ? u.work->raw_data() : nullptr, u.param->numel(),
+                                          u.decay});
+    }
+    if (stream)
+      cuda::adamw_step(tensors, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step, grad_scale,
+                       stream);
     return;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "adamw_step: this build has no CUDA backend");
-  cpu::adamw_step(param.data<float>(), grad.data<float>(), exp_avg.data<float>(),
-                  exp_avg_sq.data<float>(), n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-                  h.step, grad_scale);
+  for (const AdamWUpdate& u : updates) {
+    cpu::adamw_step(u.param->data<float>(), u.grad->data<float>(), u.exp_avg->data<float>(),
+                    u.exp_avg_sq->data<float>(), u.param->numel(), h.lr, h.beta1, h.beta2, h.eps,
+                    u.decay ? h.weight_decay : 0.0f, h.step, grad_scale);
+    if (u.work) convert(dev, *u.param, *u.work);
+  }
 }
 
 }  // namespace switchyard

@@ -17,8 +17,8 @@ double learning_rate(const config::OptimizerConfig& opt, int64_t step, int64_t t
     return lr * static_cast<double>(step) / static_cast<double>(opt.warmup_steps());
   const int64_t decay_steps = total_steps - opt.warmup_steps();
   if (decay_steps <= 0 || opt.decay() == config::CONSTANT) return lr;
-  const double progress =
-      std::min(1.0, static_cast<double>(step - opt.warmup_steps()) / static_cast<double>(decay_steps));
+  const double progress = std::min(
+      1.0, static_cast<double>(step - opt.warmup_steps()) / static_cast<double>(decay_steps));
   if (opt.decay() == config::LINEAR) return lr + (min_lr - lr) * progress;
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
@@ -35,8 +35,8 @@ AdamWOptimizer::AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total
   for (const Param& p : params_.params()) {
     Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
     // ZeRO-2/3 row shards keep their own state.
-    const bool mine = !(groups_.zero && !p.spec.expert) &&
-                      (owner_[i] < 0 || owner_[i] == replicas->rank());
+    const bool mine =
+        !(groups_.zero && !p.spec.expert) && (owner_[i] < 0 || owner_[i] == replicas->rank());
     const Shape shape = mine ? p.shape : Shape{0};
     const MemoryKind kind =
         p.spec.expert ? MemoryKind::kExpertOptimizerState : MemoryKind::kOptimizerState;
@@ -56,9 +56,12 @@ StepReport AdamWOptimizer::step(Device& dev) {
   for (const Param& p : params_.params()) {
     if (!p.grad.defined()) continue;  // a ZeRO-2/3 row shard, counted below
     const double sq = sum_squares(dev, p.grad);
-    if (p.spec.expert) expert_sq += sq;
-    else if (p.shape != p.whole_shape) tensor_parallel_sq += sq;
-    else replicated_sq += sq;
+    if (p.spec.expert)
+      expert_sq += sq;
+    else if (p.shape != p.whole_shape)
+      tensor_parallel_sq += sq;
+    else
+      replicated_sq += sq;
   }
   if (groups_.zero) {
     const std::array<double, 2> dense = groups_.zero->gradient_squares(dev);
@@ -74,31 +77,45 @@ StepReport AdamWOptimizer::step(Device& dev) {
     report.clipped = true;
   }
   report.lr = learning_rate(opt_, step_, total_steps_);
+  // Every tensor this rank updates goes into one multi-tensor step, which also writes
+  // their bf16 working copies; the copies of values that arrive from elsewhere (another
+  // replica's ZeRO-1 update, ZeRO-2 row shards) are refreshed after they arrive.
+  const AdamWHyper h{static_cast<float>(report.lr), opt_.beta1(), opt_.beta2(), opt_.eps(),
+                     opt_.weight_decay(),           step_};
+  std::vector<AdamWUpdate> updates;
+  std::vector<bool> refreshed(params_.params().size(), false);
   size_t i = 0;
   for (Param& p : params_.params()) {
-    if (groups_.zero && !p.spec.expert) {
-      ++i;
-      continue;  // updated by its row shards below
-    }
-    const int owner = owner_[i];
+    const bool sharded = groups_.zero && !p.spec.expert;  // updated by its row shards below
     Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
-    if (owner < 0 || owner == replicas->rank()) {
-      AdamWHyper h{static_cast<float>(report.lr), opt_.beta1(), opt_.beta2(), opt_.eps(),
-                   p.weight_decay ? opt_.weight_decay() : 0.0f, step_};
-      adamw_step(dev, h, grad_scale, p.value, p.grad, exp_avg_[i], exp_avg_sq_[i]);
+    if (!sharded && (owner_[i] < 0 || owner_[i] == replicas->rank())) {
+      updates.push_back(AdamWUpdate{&p.value, &p.grad, &exp_avg_[i], &exp_avg_sq_[i],
+                                    p.weight_decay, p.has_working_copy() ? &p.work : nullptr});
+      refreshed[i] = true;
     }
-    if (owner >= 0) replicas->broadcast(p.value, owner);
+    ++i;
+  }
+  adamw_step(dev, h, grad_scale, updates);
+  i = 0;
+  for (Param& p : params_.params()) {
+    Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
+    if (!(groups_.zero && !p.spec.expert) && owner_[i] >= 0)
+      replicas->broadcast(p.value, owner_[i]);
     ++i;
   }
   if (groups_.zero) groups_.zero->update(dev, opt_, report.lr, step_, grad_scale);
-  refresh_working_copies(dev, params_);
+  i = 0;
+  for (Param& p : params_.params()) {
+    if (!refreshed[i] && p.has_working_copy()) convert(dev, p.value, p.work);
+    ++i;
+  }
   params_.zero_grads();
   return report;
 }
 
 void refresh_working_copies(Device& dev, ParamStore& params) {
   for (Param& p : params.params())
-    if (p.work.defined() && p.work.raw_data() != p.value.raw_data()) convert(dev, p.value, p.work);
+    if (p.has_working_copy()) convert(dev, p.value, p.work);
 }
 
 }  // namespace switchyard

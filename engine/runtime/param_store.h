@@ -34,9 +34,9 @@ struct ShardPlacement {
 };
 
 struct Param {
-  std::string name;  // Hugging Face naming where one exists
-  Shape shape;         // this rank's shard
-  Shape whole_shape;   // the tensor over all ranks
+  std::string name;   // Hugging Face naming where one exists
+  Shape shape;        // this rank's shard
+  Shape whole_shape;  // the tensor over all ranks
   // Index of the shard's first element in each dimension of the whole tensor.
   std::vector<int64_t> origin;
   ShardSpec spec;
@@ -55,7 +55,9 @@ struct Param {
   // value (rounded from the master after every change: refresh_working_copies in
   // engine/optim/optimizer.h), else `value` itself.
   Tensor work;
-  Tensor grad;   // accumulated over micro-batches; undefined while not resident
+  // Whether `work` is a copy of its own (bf16) that must follow `value`.
+  bool has_working_copy() const { return work.defined() && work.raw_data() != value.raw_data(); }
+  Tensor grad;  // accumulated over micro-batches; undefined while not resident
 };
 
 // Called by the model around each unit's use of its parameters, so that a sharding

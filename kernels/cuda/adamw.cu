@@ -1,15 +1,31 @@
-#include "kernels/cuda/adamw.h"
+#include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/adamw.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/scratch.h"
 
 namespace switchyard::cuda {
 namespace {
 
-struct AdamWFactors {
-  float decay;
+// The tensors are cut into chunks of at most kChunk elements; block b updates chunk b
+// (and every gridDim.x-th after it), so one launch covers any number of tensors.
+constexpr int64_t kChunk = 1 << 16;
+
+struct Chunk {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  __nv_bfloat16* work;
+  int64_t begin, end;  // element range within the tensor
+  float decay;         // 1 - lr * weight_decay, or 1
+};
+
+struct Factors {
   float step_size;
   float bias_correction2_sqrt;
   float beta1;
@@ -20,43 +36,55 @@ struct AdamWFactors {
   float grad_scale;
 };
 
-template <typename T>
-__global__ void adamw_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
-                             AdamWFactors f) {
-  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
-    const float g = static_cast<float>(grad[i]) * f.grad_scale;
-    const float m = f.beta1 * static_cast<float>(exp_avg[i]) + f.one_minus_beta1 * g;
-    const float v = f.beta2 * static_cast<float>(exp_avg_sq[i]) + f.one_minus_beta2 * g * g;
-    exp_avg[i] = static_cast<T>(m);
-    exp_avg_sq[i] = static_cast<T>(v);
-    const float denom = sqrtf(v) / f.bias_correction2_sqrt + f.eps;
-    param[i] = static_cast<T>(static_cast<float>(param[i]) * f.decay - f.step_size * m / denom);
+__global__ void adamw_kernel(const Chunk* chunks, int64_t num_chunks, Factors f) {
+  for (int64_t c = blockIdx.x; c < num_chunks; c += gridDim.x) {
+    const Chunk ch = chunks[c];
+    for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
+      const float g = ch.grad[i] * f.grad_scale;
+      const float m = f.beta1 * ch.exp_avg[i] + f.one_minus_beta1 * g;
+      const float v = f.beta2 * ch.exp_avg_sq[i] + f.one_minus_beta2 * g * g;
+      ch.exp_avg[i] = m;
+      ch.exp_avg_sq[i] = v;
+      const float denom = sqrtf(v) / f.bias_correction2_sqrt + f.eps;
+      const float p = ch.param[i] * ch.decay - f.step_size * m / denom;
+      ch.param[i] = p;
+      if (ch.work) ch.work[i] = __float2bfloat16_rn(p);
+    }
   }
 }
 
 }  // namespace
 
-template <typename T>
-void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, double lr,
-                double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                double grad_scale, cudaStream_t stream) {
-  if (n == 0) return;
+void adamw_step(const std::vector<AdamWTensor>& tensors, double lr, double beta1, double beta2,
+                double eps, double weight_decay, int64_t step, double grad_scale,
+                cudaStream_t stream) {
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  std::vector<Chunk> chunks;
+  for (const AdamWTensor& t : tensors)
+    for (int64_t begin = 0; begin < t.n; begin += kChunk)
+      chunks.push_back(Chunk{t.param, t.grad, t.exp_avg, t.exp_avg_sq,
+                             static_cast<__nv_bfloat16*>(t.work), begin,
+                             std::min(t.n, begin + kChunk), t.decay ? decay : 1.0f});
+  if (chunks.empty()) return;
   const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  const AdamWFactors f{static_cast<float>(1.0 - lr * weight_decay),
-                       static_cast<float>(lr / bias_correction1),
-                       static_cast<float>(std::sqrt(bias_correction2)),
-                       static_cast<float>(beta1),
-                       static_cast<float>(beta2),
-                       static_cast<float>(1.0 - beta1),
-                       static_cast<float>(1.0 - beta2),
-                       static_cast<float>(eps),
-                       static_cast<float>(grad_scale)};
-  adamw_kernel<<<grid_blocks(n), kThreads, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n, f);
+  const Factors f{static_cast<float>(lr / bias_correction1),
+                  static_cast<float>(std::sqrt(bias_correction2)),
+                  static_cast<float>(beta1),
+                  static_cast<float>(beta2),
+                  static_cast<float>(1.0 - beta1),
+                  static_cast<float>(1.0 - beta2),
+                  static_cast<float>(eps),
+                  static_cast<float>(grad_scale)};
+  const int64_t count = static_cast<int64_t>(chunks.size());
+  Scratch<Chunk> table(count, stream);
+  // From pageable memory cudaMemcpyAsync waits for the stream's earlier work and returns
+  // once the table is staged, so `chunks` may go right after: one host wait per step.
+  SY_CUDA_CHECK(cudaMemcpyAsync(table.get(), chunks.data(), chunks.size() * sizeof(Chunk),
+                                cudaMemcpyHostToDevice, stream));
+  const unsigned int blocks = static_cast<unsigned int>(std::min<int64_t>(count, kMaxBlocks));
+  adamw_kernel<<<blocks, kThreads, 0, stream>>>(table.get(), count, f);
   SY_CUDA_CHECK_LAUNCH();
 }
-
-template void adamw_step<float>(float*, const float*, float*, float*, int64_t, double, double,
-                                double, double, double, int64_t, double, cudaStream_t);
 
 }  // namespace switchyard::cuda

@@ -1,18 +1,30 @@
 // CUDA AdamW step (twin of kernels/cpu/adamw.h), in the operation order of
-// torch.optim.AdamW's single-tensor path.
+// torch.optim.AdamW's single-tensor path, over many tensors in one launch.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace switchyard::cuda {
 
-// One step over n elements; the scalar factors are formed in double on the host, as
-// PyTorch does from Python floats, then applied in float. step is 1-based.
-template <typename T>
-void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, double lr,
-                double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                double grad_scale, cudaStream_t stream);
+// One tensor's fp32 state; `work` (bf16, may be null) receives the updated value rounded
+// to bf16 in the same pass.
+struct AdamWTensor {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* work;
+  int64_t n;
+  bool decay;  // whether weight decay applies
+};
+
+// One step over every tensor, one kernel launch. The scalar factors are formed in double
+// on the host, as PyTorch does from Python floats, then applied in float. step is 1-based.
+void adamw_step(const std::vector<AdamWTensor>& tensors, double lr, double beta1, double beta2,
+                double eps, double weight_decay, int64_t step, double grad_scale,
+                cudaStream_t stream);
 
 }  // namespace switchyard::cuda

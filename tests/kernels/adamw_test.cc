@@ -89,5 +89,42 @@ TEST(AdamWTest, FirstStepMovesByLearningRateTimesSign) {
   EXPECT_NEAR(got[2], 1.0f - 1e-3f, 1e-6);
 }
 
+// The multi-tensor step gives each tensor the single-tensor step's values (weight decay
+// only where asked), and writes the bf16 working copy of the new values.
+TEST(AdamWTest, MultiTensorStepMatchesSingleSteps) {
+  const AdamWHyper h{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 2};
+  const AdamWHyper no_decay{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 2};
+  struct State {
+    Tensor param, grad, exp_avg, exp_avg_sq;
+  };
+  auto state = [](int64_t n, uint64_t seed) {
+    return State{make_tensor(random_vector<float>(n, seed)),
+                 make_tensor(random_vector<float>(n, seed + 1, -2.0, 2.0)),
+                 make_tensor(random_vector<float>(n, seed + 2, -0.1, 0.1)),
+                 make_tensor(random_vector<float>(n, seed + 3, 0.01, 0.2))};
+  };
+  std::vector<State> multi = {state(70000, 1), state(3, 10), state(0, 20)};
+  std::vector<State> single = {state(70000, 1), state(3, 10), state(0, 20)};
+  Tensor work = Tensor::empty({70000}, DType::kBF16);
+  adamw_step(
+      cpu_device(), h, 0.5f,
+      {AdamWUpdate{&multi[0].param, &multi[0].grad, &multi[0].exp_avg, &multi[0].exp_avg_sq, true,
+                   &work},
+       AdamWUpdate{&multi[1].param, &multi[1].grad, &multi[1].exp_avg, &multi[1].exp_avg_sq, false},
+       AdamWUpdate{&multi[2].param, &multi[2].grad, &multi[2].exp_avg, &multi[2].exp_avg_sq,
+                   true}});
+  adamw_step(cpu_device(), h, 0.5f, single[0].param, single[0].grad, single[0].exp_avg,
+             single[0].exp_avg_sq);
+  adamw_step(cpu_device(), no_decay, 0.5f, single[1].param, single[1].grad, single[1].exp_avg,
+             single[1].exp_avg_sq);
+  for (size_t t = 0; t < 2; ++t) {
+    EXPECT_EQ(values_of(multi[t].param), values_of(single[t].param)) << t;
+    EXPECT_EQ(values_of(multi[t].exp_avg), values_of(single[t].exp_avg)) << t;
+    EXPECT_EQ(values_of(multi[t].exp_avg_sq), values_of(single[t].exp_avg_sq)) << t;
+  }
+  for (int64_t i = 0; i < 70000; ++i)
+    ASSERT_EQ(work.data<bf16>()[i].bits, to_bf16(multi[0].param.data<float>()[i]).bits) << i;
+}
+
 }  // namespace
 }  // namespace switchyard
