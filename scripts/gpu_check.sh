@@ -6,7 +6,12 @@
 # scripts/gpu_bundle.sh (a lent machine that cannot build the project) it runs the
 # bundled binaries; otherwise it installs, builds the GPU tests and benchmarks (targets
 # gpu_tests and gpu_benchmarks, to spend the machine's time on running them) and runs
-# the tests through ctest.
+# the tests through ctest. Then it trains the tiny recipe on the GPU for a short run in
+# fp32 and in bf16 with the `switchyard` binary (the README's main job: train, save a
+# checkpoint, export it to Hugging Face format).
+#
+# Arguments pick the parts to run (default: all of them, in this order): tests, bench,
+# train; e.g. `scripts/gpu_check.sh tests train` when one call must stay short.
 #
 # Everything printed also goes to ${OUT:-/tmp}/gpu_check.log, and each benchmark's JSON
 # line to ${OUT:-/tmp}/gpu_bench.jsonl. A failing test does not stop the benchmarks; the
@@ -22,6 +27,9 @@ python=${PYTHON:-python3}
 python_ld_path=${LD_LIBRARY_PATH-}
 export PYTHONUNBUFFERED=1
 failures=0
+parts=("$@")
+[[ ${#parts[@]} -gt 0 ]] || parts=(tests bench train)
+wants() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 
 # Runs the bundled tests, each as its own process (they exit 77 without a GPU).
 bundled_tests() {
@@ -143,6 +151,28 @@ for preset in ("coarse", "fine"):
 EOF
 }
 
+# train SWITCHYARD: the tiny recipe on the GPU, 150 steps in fp32 and in bf16 from the
+# bundled corpus, then the Hugging Face export of the final weights.
+train() {
+  local switchyard=$1 precision run_dir
+  for precision in fp32 bf16; do
+    run_dir=$(mktemp -d)
+    echo
+    echo "== switchyard train recipes/tiny.textproto, cuda, $precision"
+    if timeout 240 "$switchyard" train recipes/tiny.textproto --run-dir "$run_dir" \
+      --set runtime.device=cuda --set runtime.precision="$precision" --set train.steps=150 \
+      --set optimizer.warmup_steps=15 --set train.log_interval=50 \
+      --set train.eval_interval=150 &&
+      timeout 120 "$switchyard" convert to-hf "$run_dir/checkpoints/final" "$run_dir/hf"; then
+      echo "gpu_check: training on the GPU ($precision) passed"
+    else
+      echo "gpu_check: training on the GPU ($precision) FAILED"
+      failures=$((failures + 1))
+    fi
+    rm -rf "$run_dir"
+  done
+}
+
 main() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   local tests_ok=true
@@ -155,17 +185,19 @@ main() {
     local wheel_libs
     wheel_libs=$("$python" -c 'import glob, site; print(":".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2>/dev/null || true)
     [[ -n "$wheel_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_libs"
-    bundled_tests || tests_ok=false
-    benchmarks .gpu-bundle/bench
+    if wants tests; then bundled_tests || tests_ok=false; fi
+    if wants bench; then benchmarks .gpu-bundle/bench; fi
+    if wants train; then train .gpu-bundle/tools/switchyard; fi
   else
     scripts/setup.sh
     cmake --preset release -DSWITCHYARD_CUDA=ON >/dev/null
-    cmake --build build -j"$(nproc)" --target gpu_tests gpu_benchmarks
-    (cd build && ctest --output-on-failure -L gpu) || tests_ok=false
-    benchmarks build/bench
+    cmake --build build -j"$(nproc)" --target gpu_tests gpu_benchmarks switchyard
+    if wants tests; then (cd build && ctest --output-on-failure -L gpu) || tests_ok=false; fi
+    if wants bench; then benchmarks build/bench; fi
+    if wants train; then train build/engine/cli/switchyard; fi
   fi
   $tests_ok || echo "gpu_check: GPU tests FAILED"
-  [[ $failures -eq 0 ]] || echo "gpu_check: $failures engine benchmark(s) FAILED"
+  [[ $failures -eq 0 ]] || echo "gpu_check: $failures engine benchmark or training run(s) FAILED"
   $tests_ok && [[ $failures -eq 0 ]]
 }
 
