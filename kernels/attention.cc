@@ -34,31 +34,30 @@ cpu::AttentionShape check_qkv(const Tensor& q, const Tensor& k, const Tensor& v)
   return s;
 }
 
-Shape probs_shape(const cpu::AttentionShape& s) { return {s.batch, s.heads, s.seq, s.seq}; }
+Shape lse_shape(const cpu::AttentionShape& s) { return {s.batch, s.heads, s.seq}; }
 
 #ifdef SWITCHYARD_WITH_CUDA
 cuda::AttentionShape cuda_shape(const cpu::AttentionShape& s) {
   return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
 }
-
 #endif
 
 }  // namespace
 
 void attention_forward(Device& dev, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                       Tensor& probs) {
+                       Tensor& lse) {
   check_dtypes({&q, &k, &v, &out}, "attention_forward: q, k, v, out must be all f32 or all bf16");
-  SY_CHECK_MSG(probs.dtype() == DType::kF32, "attention_forward: probs must be f32");
+  SY_CHECK_MSG(lse.dtype() == DType::kF32, "attention_forward: lse must be f32");
   const cpu::AttentionShape s = check_qkv(q, k, v);
-  SY_CHECK_MSG(out.shape() == q.shape() && probs.shape() == probs_shape(s),
-               "attention_forward: out must be like q and probs (batch, heads, seq, seq)");
+  SY_CHECK_MSG(out.shape() == q.shape(), "attention_forward: out must be shaped like q");
+  SY_CHECK_MSG(lse.shape() == lse_shape(s), "attention_forward: lse must be (batch, heads, seq)");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cudaStream_t stream = op_stream(dev, "attention_forward", {&q, &k, &v, &out, &probs});
+    cudaStream_t stream = op_stream(dev, "attention_forward", {&q, &k, &v, &out, &lse});
     with_cuda_type(q, [&](auto type) {
       using T = typename decltype(type)::type;
       cuda::attention_forward<T>(cuda_data<T>(q), cuda_data<T>(k), cuda_data<T>(v), cuda_shape(s),
-                                 cuda_data<T>(out), probs.data<float>(), stream);
+                                 cuda_data<T>(out), lse.data<float>(), stream);
     });
     return;
   }
@@ -66,32 +65,36 @@ void attention_forward(Device& dev, const Tensor& q, const Tensor& k, const Tens
   SY_CHECK_MSG(!dev.is_cuda(), "attention_forward: this build has no CUDA backend");
   if (q.dtype() == DType::kBF16) {
     Tensor result = f32_result(out);
-    attention_forward(dev, widened(q), widened(k), widened(v), result, probs);
+    attention_forward(dev, widened(q), widened(k), widened(v), result, lse);
     store(dev, result, out);
     return;
   }
   cpu::attention_forward<float>(q.data<float>(), k.data<float>(), v.data<float>(), s,
-                                out.data<float>(), probs.data<float>());
+                                out.data<float>(), lse.data<float>());
 }
 
 void attention_backward(Device& dev, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& probs, Tensor& dq, Tensor& dk, Tensor& dv) {
-  check_dtypes({&dout, &q, &k, &v, &dq, &dk, &dv},
-               "attention_backward: dout, q, k, v, dq, dk, dv must be all f32 or all bf16");
-  SY_CHECK_MSG(probs.dtype() == DType::kF32, "attention_backward: probs must be f32");
+                        const Tensor& v, const Tensor& out, const Tensor& lse, Tensor& dq,
+                        Tensor& dk, Tensor& dv) {
+  check_dtypes({&dout, &q, &k, &v, &out, &dq, &dk, &dv},
+               "attention_backward: dout, q, k, v, out, dq, dk, dv must be all f32 or all bf16");
+  SY_CHECK_MSG(lse.dtype() == DType::kF32, "attention_backward: lse must be f32");
   const cpu::AttentionShape s = check_qkv(q, k, v);
-  SY_CHECK_MSG(dout.shape() == q.shape() && dq.shape() == q.shape() && dk.shape() == k.shape() &&
-                   dv.shape() == v.shape() && probs.shape() == probs_shape(s),
+  SY_CHECK_MSG(dout.shape() == q.shape() && out.shape() == q.shape(),
+               "attention_backward: dout and out must be shaped like q");
+  SY_CHECK_MSG(lse.shape() == lse_shape(s), "attention_backward: lse must be (batch, heads, seq)");
+  SY_CHECK_MSG(dq.shape() == q.shape() && dk.shape() == k.shape() && dv.shape() == v.shape(),
                "attention_backward: gradient shapes do not match q, k, v");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
     cudaStream_t stream =
-        op_stream(dev, "attention_backward", {&dout, &q, &k, &v, &probs, &dq, &dk, &dv});
+        op_stream(dev, "attention_backward", {&dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv});
     with_cuda_type(q, [&](auto type) {
       using T = typename decltype(type)::type;
       cuda::attention_backward<T>(cuda_data<T>(dout), cuda_data<T>(q), cuda_data<T>(k),
-                                  cuda_data<T>(v), probs.data<float>(), cuda_shape(s),
-                                  cuda_data<T>(dq), cuda_data<T>(dk), cuda_data<T>(dv), stream);
+                                  cuda_data<T>(v), cuda_data<T>(out), lse.data<float>(),
+                                  cuda_shape(s), cuda_data<T>(dq), cuda_data<T>(dk),
+                                  cuda_data<T>(dv), stream);
     });
     return;
   }
@@ -99,16 +102,16 @@ void attention_backward(Device& dev, const Tensor& dout, const Tensor& q, const 
   SY_CHECK_MSG(!dev.is_cuda(), "attention_backward: this build has no CUDA backend");
   if (q.dtype() == DType::kBF16) {
     Tensor dq32 = f32_result(dq), dk32 = f32_result(dk), dv32 = f32_result(dv);
-    attention_backward(dev, widened(dout), widened(q), widened(k), widened(v), probs, dq32, dk32,
-                       dv32);
+    attention_backward(dev, widened(dout), widened(q), widened(k), widened(v), widened(out), lse,
+                       dq32, dk32, dv32);
     store(dev, dq32, dq);
     store(dev, dk32, dk);
     store(dev, dv32, dv);
     return;
   }
   cpu::attention_backward<float>(dout.data<float>(), q.data<float>(), k.data<float>(),
-                                 v.data<float>(), probs.data<float>(), s, dq.data<float>(),
-                                 dk.data<float>(), dv.data<float>());
+                                 v.data<float>(), out.data<float>(), lse.data<float>(), s,
+                                 dq.data<float>(), dk.data<float>(), dv.data<float>());
 }
 
 }  // namespace switchyard

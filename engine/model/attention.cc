@@ -76,8 +76,8 @@ Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t s
   rope_forward(dev, rope, q_);
   rope_forward(dev, rope, k_);
   Tensor out4 = activation(dev, {batch, seq, heads_, head_dim_}, x.dtype());
-  probs_ = activation(dev, {batch, heads_, seq, seq}, DType::kF32);
-  attention_forward(dev, q_, k_, v_, out4, probs_);
+  lse_ = activation(dev, {batch, heads_, seq}, DType::kF32);
+  attention_forward(dev, q_, k_, v_, out4, lse_);
   attn_out_ = out4.reshape({batch * seq, heads_ * head_dim_});
   Tensor y = activation(dev, {batch * seq, wo_->shape[0]}, x.dtype());
   matmul(dev, attn_out_, false, wo_->work, true, y);
@@ -108,7 +108,8 @@ Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
   Tensor dq = activation(dev, q_.shape(), dtype);
   Tensor dk = activation(dev, k_.shape(), dtype);
   Tensor dv = activation(dev, v_.shape(), dtype);
-  attention_backward(dev, dattn, q_, k_, v_, probs_, dq, dk, dv);
+  attention_backward(dev, dattn, q_, k_, v_, attn_out_.reshape({batch_, seq_, heads_, head_dim_}),
+                     lse_, dq, dk, dv);
   rope_backward(dev, rope, dq);
   rope_backward(dev, rope, dk);
 
@@ -120,7 +121,7 @@ Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
   project_backward(dev, dk2, wk_, k_bias_, k_norm_, k_pre_norm_, k_rstd_, dx);
   project_backward(dev, dv2, wv_, v_bias_, nullptr, Tensor(), Tensor(), dx);
   if (tp_) tp_->all_reduce_sum(dx);
-  x_ = q_ = k_ = v_ = q_pre_norm_ = k_pre_norm_ = q_rstd_ = k_rstd_ = probs_ = attn_out_ = Tensor();
+  x_ = q_ = k_ = v_ = q_pre_norm_ = k_pre_norm_ = q_rstd_ = k_rstd_ = lse_ = attn_out_ = Tensor();
   return dx;
 }
 

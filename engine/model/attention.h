@@ -43,8 +43,8 @@ class Attention {
   Tensor x_;                  // (n, hidden)
   Tensor q_, k_, v_;          // (batch, seq, heads|kv_heads, head_dim), after RoPE
   Tensor q_pre_norm_, k_pre_norm_, q_rstd_, k_rstd_;
-  Tensor probs_;              // (batch, heads, seq, seq)
-  Tensor attn_out_;           // (n, heads * head_dim)
+  Tensor lse_;                // (batch, heads, seq) softmax log-sum-exp, f32
+  Tensor attn_out_;           // (n, heads * head_dim), also read by the attention backward
 };
 
 }  // namespace switchyard

@@ -1,9 +1,11 @@
 // CPU causal attention with grouped KV heads, built on GEMMs per (batch, head) that read
 // the (batch, seq, heads, head_dim) layouts in place through leading-dimension strides.
 // Queries are processed in row blocks so that the products skip the blocks above the
-// causal diagonal. Heads run one after another and only OpenBLAS threads (each GEMM):
-// OpenMP loops between the GEMMs were slower on 2 cores, because the idle OpenMP and
-// OpenBLAS workers spin against each other.
+// causal diagonal, and only one block of scores or probabilities exists at a time: the
+// forward saves each row's log-sum-exp, and the backward recomputes the probabilities
+// from it (the exact math the CUDA flash kernels follow tile by tile). Heads run one after
+// another and only OpenBLAS threads (each GEMM): OpenMP loops between the GEMMs were
+// slower on 2 cores, because the idle OpenMP and OpenBLAS workers spin against each other.
 #pragma once
 
 #include <algorithm>
@@ -31,8 +33,9 @@ struct AttentionShape {
 namespace attention_internal {
 
 // p: one row of scores in place over [0, len) -> softmax; [len, width) set to zero.
+// Returns the row's log-sum-exp, max + log(sum(exp(score - max))).
 template <typename T>
-void causal_softmax_row(T* p, int64_t len, int64_t width) {
+T causal_softmax_row(T* p, int64_t len, int64_t width) {
   T max = p[0];
 #pragma omp simd reduction(max : max)
   for (int64_t j = 1; j < len; ++j) max = p[j] > max ? p[j] : max;
@@ -45,28 +48,49 @@ void causal_softmax_row(T* p, int64_t len, int64_t width) {
   const T inv = T(1) / sum;
   for (int64_t j = 0; j < len; ++j) p[j] *= inv;
   std::fill(p + len, p + width, T(0));
+  return max + std::log(sum);
 }
 
-// ds row over [0, len): p * (dp - sum(dp * p)); [len, width) set to zero. ds holds dp.
+// p: one row of scores in place over [0, len) -> exp(score - lse), the softmax again;
+// [len, width) set to zero. The scores are the forward's bits and lse >= their max, so
+// the arguments are not positive.
 template <typename T>
-void softmax_backward_row(const T* p, T* ds, int64_t len, int64_t width) {
-  T dot = T(0);
-#pragma omp simd reduction(+ : dot)
-  for (int64_t j = 0; j < len; ++j) dot += ds[j] * p[j];
-  for (int64_t j = 0; j < len; ++j) ds[j] = p[j] * (ds[j] - dot);
+void probs_from_lse_row(T* p, T lse, int64_t len, int64_t width) {
+#pragma omp simd
+  for (int64_t j = 0; j < len; ++j) p[j] = exp_nonpositive(p[j] - lse);
+  std::fill(p + len, p + width, T(0));
+}
+
+// ds row over [0, len): p * (dp - row_dot); [len, width) set to zero. ds holds dp.
+template <typename T>
+void softmax_backward_row(const T* p, T* ds, T row_dot, int64_t len, int64_t width) {
+#pragma omp simd
+  for (int64_t j = 0; j < len; ++j) ds[j] = p[j] * (ds[j] - row_dot);
   std::fill(ds + len, ds + width, T(0));
+}
+
+template <typename T>
+T dot(const T* a, const T* b, int64_t n) {
+  T sum = T(0);
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < n; ++c) sum += a[c] * b[c];
+  return sum;
 }
 
 }  // namespace attention_internal
 
-// q: (B, S, H, D), k, v: (B, S, KV, D) -> out: (B, S, H, D), probs: (B, H, S, S).
+// q: (B, S, H, D), k, v: (B, S, KV, D) -> out: (B, S, H, D) and lse: (B, H, S), each
+// query row's log-sum-exp of its scaled scores, all the backward needs of the softmax.
 template <typename T>
 void attention_forward(const T* q, const T* k, const T* v, const AttentionShape& s, T* out,
-                       T* probs) {
+                       T* lse) {
   const int64_t S = s.seq, D = s.head_dim;
   const int64_t ld_q = s.heads * D, ld_kv = s.kv_heads * D;
   const int64_t group = s.heads / s.kv_heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(D));
+  // One block of probability rows, row stride S.
+  std::vector<T> p_buffer(static_cast<size_t>(std::min(S, kAttentionBlock) * S));
+  T* p = p_buffer.data();
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t g = h / group;
@@ -74,31 +98,35 @@ void attention_forward(const T* q, const T* k, const T* v, const AttentionShape&
       const T* kg = k + b * S * ld_kv + g * D;
       const T* vg = v + b * S * ld_kv + g * D;
       T* oh = out + b * S * ld_q + h * D;
-      T* p = probs + (b * s.heads + h) * S * S;
+      T* lse_h = lse + (b * s.heads + h) * S;
       for (int64_t r0 = 0; r0 < S; r0 += kAttentionBlock) {
         const int64_t r1 = std::min(S, r0 + kAttentionBlock);
-        gemm<T>(false, true, r1 - r0, r1, D, scale, qh + r0 * ld_q, ld_q, kg, ld_kv, T(0),
-                p + r0 * S, S);
+        gemm<T>(false, true, r1 - r0, r1, D, scale, qh + r0 * ld_q, ld_q, kg, ld_kv, T(0), p, S);
         for (int64_t i = r0; i < r1; ++i)
-          attention_internal::causal_softmax_row(p + i * S, i + 1, S);
-        gemm<T>(false, false, r1 - r0, D, r1, T(1), p + r0 * S, S, vg, ld_kv, T(0), oh + r0 * ld_q,
-                ld_q);
+          lse_h[i] = attention_internal::causal_softmax_row(p + (i - r0) * S, i + 1, r1);
+        gemm<T>(false, false, r1 - r0, D, r1, T(1), p, S, vg, ld_kv, T(0), oh + r0 * ld_q, ld_q);
       }
     }
   }
 }
 
-// dout, q: (B, S, H, D), k, v: (B, S, KV, D), probs: (B, H, S, S) -> dq: (B, S, H, D),
-// dk, dv: (B, S, KV, D), all written. The query heads sharing a KV head add into its
-// dk, dv one after another in head order, so the sums do not depend on threading.
+// dout, q, out: (B, S, H, D), k, v: (B, S, KV, D), lse: (B, H, S) from the forward ->
+// dq: (B, S, H, D), dk, dv: (B, S, KV, D), all written. Each block of probabilities is
+// recomputed from q, k and lse; the softmax backward's row sums sum_j p_ij dp_ij are
+// dout_i . out_i, as the flash kernels take them. The query heads sharing a KV head add
+// into its dk, dv one after another in head and block order, so the sums do not depend
+// on threading.
 template <typename T>
-void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* probs,
-                        const AttentionShape& s, T* dq, T* dk, T* dv) {
+void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
+                        const T* lse, const AttentionShape& s, T* dq, T* dk, T* dv) {
   const int64_t S = s.seq, D = s.head_dim;
   const int64_t ld_q = s.heads * D, ld_kv = s.kv_heads * D;
   const int64_t group = s.heads / s.kv_heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(D));
-  std::vector<T> ds_buffer(static_cast<size_t>(S * S));
+  // One block of probability rows and one of their gradients, row stride S.
+  const size_t block_size = static_cast<size_t>(std::min(S, kAttentionBlock) * S);
+  std::vector<T> p_buffer(block_size), ds_buffer(block_size);
+  T* p = p_buffer.data();
   T* ds = ds_buffer.data();
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t g = 0; g < s.kv_heads; ++g) {
@@ -106,30 +134,30 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
       const T* vg = v + b * S * ld_kv + g * D;
       T* dkg = dk + b * S * ld_kv + g * D;
       T* dvg = dv + b * S * ld_kv + g * D;
+      for (int64_t j = 0; j < S; ++j) {
+        std::fill(dkg + j * ld_kv, dkg + j * ld_kv + D, T(0));
+        std::fill(dvg + j * ld_kv, dvg + j * ld_kv + D, T(0));
+      }
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         const T* qh = q + b * S * ld_q + h * D;
         const T* doh = dout + b * S * ld_q + h * D;
-        const T* p = probs + (b * s.heads + h) * S * S;
+        const T* oh = out + b * S * ld_q + h * D;
+        const T* lse_h = lse + (b * s.heads + h) * S;
         T* dqh = dq + b * S * ld_q + h * D;
         for (int64_t r0 = 0; r0 < S; r0 += kAttentionBlock) {
-          const int64_t r1 = std::min(S, r0 + kAttentionBlock);
-          gemm<T>(false, true, r1 - r0, r1, D, T(1), doh + r0 * ld_q, ld_q, vg, ld_kv, T(0),
-                  ds + r0 * S, S);
+          const int64_t r1 = std::min(S, r0 + kAttentionBlock), rows = r1 - r0;
+          gemm<T>(false, true, rows, r1, D, scale, qh + r0 * ld_q, ld_q, kg, ld_kv, T(0), p, S);
+          gemm<T>(false, true, rows, r1, D, T(1), doh + r0 * ld_q, ld_q, vg, ld_kv, T(0), ds, S);
           for (int64_t i = r0; i < r1; ++i) {
-            attention_internal::softmax_backward_row(p + i * S, ds + i * S, i + 1, r1);
+            T* p_row = p + (i - r0) * S;
+            attention_internal::probs_from_lse_row(p_row, lse_h[i], i + 1, r1);
+            const T row_dot = attention_internal::dot(doh + i * ld_q, oh + i * ld_q, D);
+            attention_internal::softmax_backward_row(p_row, ds + (i - r0) * S, row_dot, i + 1, r1);
           }
-          gemm<T>(false, false, r1 - r0, D, r1, scale, ds + r0 * S, S, kg, ld_kv, T(0),
-                  dqh + r0 * ld_q, ld_q);
-        }
-        // dk, dv rows [c0, c1) only see query rows i >= c0 (causality); the first head of
-        // the group writes them, the others add.
-        const T beta = h == g * group ? T(0) : T(1);
-        for (int64_t c0 = 0; c0 < S; c0 += kAttentionBlock) {
-          const int64_t c1 = std::min(S, c0 + kAttentionBlock);
-          gemm<T>(true, false, c1 - c0, D, S - c0, scale, ds + c0 * S + c0, S, qh + c0 * ld_q, ld_q,
-                  beta, dkg + c0 * ld_kv, ld_kv);
-          gemm<T>(true, false, c1 - c0, D, S - c0, T(1), p + c0 * S + c0, S, doh + c0 * ld_q, ld_q,
-                  beta, dvg + c0 * ld_kv, ld_kv);
+          gemm<T>(false, false, rows, D, r1, scale, ds, S, kg, ld_kv, T(0), dqh + r0 * ld_q, ld_q);
+          // Key rows [0, r1) are the ones this block's queries see.
+          gemm<T>(true, false, r1, D, rows, scale, ds, S, qh + r0 * ld_q, ld_q, T(1), dkg, ld_kv);
+          gemm<T>(true, false, r1, D, rows, T(1), p, S, doh + r0 * ld_q, ld_q, T(1), dvg, ld_kv);
         }
       }
     }

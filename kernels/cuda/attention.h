@@ -1,9 +1,12 @@
-// CUDA causal attention with grouped KV heads (twin of kernels/cpu/attention.h). A
-// straightforward kernel, one thread block per (query or key row, head, batch), that
-// writes the same probs the CPU kernel saves for the backward; a fused (flash) kernel can
-// replace it behind the same interface. q, k, v, out and the gradients are float or
-// __nv_bfloat16 (loaded as float, every product, softmax and sum in float, each stored
-// element rounded once); the saved probs are always float.
+// CUDA causal attention with grouped KV heads (twin of kernels/cpu/attention.h), fused in
+// the flash style: no score or probability matrix ever reaches global memory. The forward
+// keeps a running max and sum per query row over key tiles and saves each row's
+// log-sum-exp; the backward recomputes the probabilities per tile from q, k and it.
+// q, k, v, out and the gradients are float or __nv_bfloat16. With bf16 the products run on
+// tensor cores (bf16 operands, f32 accumulators), so the probabilities and their gradients
+// are rounded to bf16 before they multiply v, dout, q or k; everything else (scores,
+// softmax, sums, lse) is f32, and each stored element is rounded once. With float the same
+// tiles run as plain f32 products. head_dim up to 128.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,16 +24,22 @@ struct AttentionShape {
   int64_t head_dim;
 };
 
-// q: (B, S, H, D), k, v: (B, S, KV, D) -> out: (B, S, H, D), probs: (B, H, S, S) with
-// zeros above the diagonal.
+// The largest head_dim the kernels take.
+inline constexpr int64_t kAttentionMaxHeadDim = 128;
+
+// q: (B, S, H, D), k, v: (B, S, KV, D) -> out: (B, S, H, D), lse: (B, H, S). One block per
+// (query tile, head, batch).
 template <typename T>
 void attention_forward(const T* q, const T* k, const T* v, const AttentionShape& s, T* out,
-                       float* probs, cudaStream_t stream);
-// dq: (B, S, H, D), dk, dv: (B, S, KV, D), all written. A first pass writes dq and each
-// query row's sum(p * dp); a second pass, one block per key row, adds the query heads of
-// its group in head order, so dk and dv need no atomics and are deterministic.
+                       float* lse, cudaStream_t stream);
+// dout, q, out: (B, S, H, D), k, v: (B, S, KV, D), lse: (B, H, S) -> dq: (B, S, H, D), dk, dv:
+// (B, S, KV, D), all written. Three kernels: the row sums dout_i . out_i; one block per
+// (key tile, KV head, batch) that adds dk and dv over the group's query heads and the query
+// tiles in a fixed order; one block per (query tile, head, batch) for dq. No atomics, so
+// the results are deterministic.
 template <typename T>
-void attention_backward(const T* dout, const T* q, const T* k, const T* v, const float* probs,
-                        const AttentionShape& s, T* dq, T* dk, T* dv, cudaStream_t stream);
+void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
+                        const float* lse, const AttentionShape& s, T* dq, T* dk, T* dv,
+                        cudaStream_t stream);
 
 }  // namespace switchyard::cuda

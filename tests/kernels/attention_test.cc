@@ -17,13 +17,16 @@ using testing::max_relative_error;
 using testing::random_vector;
 
 // Grouped-query shape: 4 query heads on 2 KV heads. The long sequence spans several
-// causal blocks, with a partial last one.
+// causal blocks, with a partial last one; kShared puts all query heads on one KV head;
+// kOne is a single position.
 constexpr cpu::AttentionShape kShort{2, 9, 4, 2, 6};
 constexpr cpu::AttentionShape kLong{2, 2 * cpu::kAttentionBlock + 22, 4, 2, 6};
+constexpr cpu::AttentionShape kShared{1, 13, 4, 1, 5};
+constexpr cpu::AttentionShape kOne{2, 1, 4, 2, 6};
 
 int64_t q_numel(const cpu::AttentionShape& s) { return s.batch * s.seq * s.heads * s.head_dim; }
 int64_t kv_numel(const cpu::AttentionShape& s) { return s.batch * s.seq * s.kv_heads * s.head_dim; }
-int64_t probs_numel(const cpu::AttentionShape& s) { return s.batch * s.heads * s.seq * s.seq; }
+int64_t lse_numel(const cpu::AttentionShape& s) { return s.batch * s.heads * s.seq; }
 
 Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
   Tensor t = Tensor::empty(shape);
@@ -50,12 +53,13 @@ Inputs random_inputs(const cpu::AttentionShape& s, uint64_t seed) {
           random_vector<double>(kv_numel(s), seed + 2)};
 }
 
-// Direct causal softmax(q k^T / sqrt(d)) v per (batch, head, query row).
+// Direct causal softmax(q k^T / sqrt(d)) v per (batch, head, query row), and each row's
+// log(sum_j exp(score_j)).
 std::vector<double> naive_attention(const cpu::AttentionShape& s, const Inputs& in,
-                                    std::vector<double>* probs = nullptr) {
+                                    std::vector<double>* lse = nullptr) {
   const int64_t D = s.head_dim, group = s.heads / s.kv_heads;
   std::vector<double> out(q_numel(s), 0.0);
-  if (probs) probs->assign(probs_numel(s), 0.0);
+  if (lse) lse->assign(lse_numel(s), 0.0);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t g = h / group;
@@ -72,10 +76,10 @@ std::vector<double> naive_attention(const cpu::AttentionShape& s, const Inputs& 
         }
         double sum = 0;
         for (auto& x : w) sum += (x = std::exp(x - max));
+        if (lse) (*lse)[(b * s.heads + h) * s.seq + i] = max + std::log(sum);
         double* oi = &out[((b * s.seq + i) * s.heads + h) * D];
         for (int64_t j = 0; j <= i; ++j) {
           w[j] /= sum;
-          if (probs) (*probs)[((b * s.heads + h) * s.seq + i) * s.seq + j] = w[j];
           const double* vj = &in.v[((b * s.seq + j) * s.kv_heads + g) * D];
           for (int64_t d = 0; d < D; ++d) oi[d] += w[j] * vj[d];
         }
@@ -86,36 +90,73 @@ std::vector<double> naive_attention(const cpu::AttentionShape& s, const Inputs& 
 }
 
 void run_forward(const cpu::AttentionShape& s, const Inputs& in, std::vector<double>& out,
-                 std::vector<double>& probs) {
-  out.assign(q_numel(s), 0.0);
-  probs.assign(probs_numel(s), -1.0);  // Not zero, so unwritten entries show.
-  cpu::attention_forward<double>(in.q.data(), in.k.data(), in.v.data(), s, out.data(),
-                                 probs.data());
+                 std::vector<double>& lse) {
+  out.assign(q_numel(s), NAN);  // Not a value, so unwritten entries show.
+  lse.assign(lse_numel(s), NAN);
+  cpu::attention_forward<double>(in.q.data(), in.k.data(), in.v.data(), s, out.data(), lse.data());
+}
+
+// Gradients of loss = sum(gy * out), as the double template computes them.
+struct Grads {
+  std::vector<double> dq, dk, dv;
+};
+
+Grads run_backward(const cpu::AttentionShape& s, const Inputs& in, const std::vector<double>& gy) {
+  std::vector<double> out, lse;
+  run_forward(s, in, out, lse);
+  Grads g{std::vector<double>(q_numel(s), NAN), std::vector<double>(kv_numel(s), NAN),
+          std::vector<double>(kv_numel(s), NAN)};
+  cpu::attention_backward<double>(gy.data(), in.q.data(), in.k.data(), in.v.data(), out.data(),
+                                  lse.data(), s, g.dq.data(), g.dk.data(), g.dv.data());
+  return g;
 }
 
 TEST(AttentionTest, ForwardMatchesNaive) {
-  for (const auto& s : {kShort, kLong}) {
+  for (const auto& s : {kShort, kLong, kShared, kOne}) {
     const Inputs in = random_inputs(s, 1);
-    std::vector<double> expected_probs, out, probs;
-    const auto expected = naive_attention(s, in, &expected_probs);
-    run_forward(s, in, out, probs);
+    std::vector<double> expected_lse, out, lse;
+    const auto expected = naive_attention(s, in, &expected_lse);
+    run_forward(s, in, out, lse);
     EXPECT_LT(max_relative_error(out, expected), 1e-13) << "seq " << s.seq;
-    EXPECT_LT(max_relative_error(probs, expected_probs), 1e-13) << "seq " << s.seq;
+    EXPECT_LT(max_relative_error(lse, expected_lse), 1e-13) << "seq " << s.seq;
     EXPECT_TRUE(any_nonzero(out));
+  }
+}
+
+// The first position attends to itself alone: its output is its value row and its lse its
+// own scaled score.
+TEST(AttentionTest, FirstPositionCopiesItsValue) {
+  const auto& s = kShared;
+  const Inputs in = random_inputs(s, 3);
+  std::vector<double> out, lse;
+  run_forward(s, in, out, lse);
+  const int64_t D = s.head_dim;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const double* q0 = &in.q[(b * s.seq * s.heads + h) * D];
+      const double* k0 = &in.k[b * s.seq * s.kv_heads * D];
+      const double* v0 = &in.v[b * s.seq * s.kv_heads * D];
+      double score = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        EXPECT_NEAR(out[(b * s.seq * s.heads + h) * D + d], v0[d], 1e-15);
+        score += q0[d] * k0[d];
+      }
+      EXPECT_NEAR(lse[(b * s.heads + h) * s.seq], score / std::sqrt(double(D)), 1e-13);
+    }
   }
 }
 
 TEST(AttentionTest, FutureKeysAndValuesDoNotChangeEarlierOutputs) {
   const auto& s = kLong;
   Inputs in = random_inputs(s, 2);
-  std::vector<double> before, after, probs;
-  run_forward(s, in, before, probs);
+  std::vector<double> before, after, lse;
+  run_forward(s, in, before, lse);
   const int64_t t = cpu::kAttentionBlock + 5;  // Inside the second block.
   for (int64_t d = 0; d < s.kv_heads * s.head_dim; ++d) {
     in.k[t * s.kv_heads * s.head_dim + d] += 1.0;
     in.v[t * s.kv_heads * s.head_dim + d] -= 1.0;
   }
-  run_forward(s, in, after, probs);
+  run_forward(s, in, after, lse);
   const int64_t row = s.heads * s.head_dim;
   for (int64_t i = 0; i < s.seq; ++i) {
     const std::vector<double> b(before.begin() + i * row, before.begin() + (i + 1) * row);
@@ -132,11 +173,7 @@ TEST(AttentionTest, FutureKeysAndValuesDoNotChangeEarlierOutputs) {
 void check_backward(const cpu::AttentionShape& s, int64_t stride, uint64_t seed) {
   Inputs in = random_inputs(s, seed);
   const auto gy = random_vector<double>(q_numel(s), seed + 3);
-  std::vector<double> out, probs;
-  run_forward(s, in, out, probs);
-  std::vector<double> dq(q_numel(s)), dk(kv_numel(s)), dv(kv_numel(s));
-  cpu::attention_backward<double>(gy.data(), in.q.data(), in.k.data(), in.v.data(), probs.data(), s,
-                                  dq.data(), dk.data(), dv.data());
+  const Grads grads = run_backward(s, in, gy);
   auto loss = [&] {
     const auto y = naive_attention(s, in);
     double l = 0;
@@ -157,16 +194,41 @@ void check_backward(const cpu::AttentionShape& s, int64_t stride, uint64_t seed)
       analytic.push_back(grad[i]);
     }
     EXPECT_LT(max_relative_error(analytic, numeric), 1e-6) << name << " seq " << s.seq;
-    EXPECT_TRUE(any_nonzero(grad)) << name;
+    if (s.seq > 1) {
+      EXPECT_TRUE(any_nonzero(grad)) << name;
+    }
   };
-  check(in.q, dq, "dq");
-  check(in.k, dk, "dk");
-  check(in.v, dv, "dv");
+  check(in.q, grads.dq, "dq");
+  check(in.k, grads.dk, "dk");
+  check(in.v, grads.dv, "dv");
 }
 
 TEST(AttentionTest, BackwardMatchesFiniteDifferences) { check_backward(kShort, 1, 10); }
 
 TEST(AttentionTest, BackwardMatchesFiniteDifferencesAcrossBlocks) { check_backward(kLong, 37, 20); }
+
+TEST(AttentionTest, BackwardMatchesFiniteDifferencesOneKvHead) { check_backward(kShared, 1, 25); }
+
+// One position: softmax of a single score is 1, so dq and dk are zero and dv is dout
+// summed over the group's heads.
+TEST(AttentionTest, BackwardOfOnePosition) {
+  const auto& s = kOne;
+  const Inputs in = random_inputs(s, 27);
+  const auto gy = random_vector<double>(q_numel(s), 28);
+  const Grads grads = run_backward(s, in, gy);
+  for (double x : grads.dq) EXPECT_NEAR(x, 0.0, 1e-15);
+  for (double x : grads.dk) EXPECT_NEAR(x, 0.0, 1e-15);
+  const int64_t D = s.head_dim, group = s.heads / s.kv_heads;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t g = 0; g < s.kv_heads; ++g) {
+      for (int64_t d = 0; d < D; ++d) {
+        double sum = 0;
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) sum += gy[(b * s.heads + h) * D + d];
+        EXPECT_NEAR(grads.dv[(b * s.kv_heads + g) * D + d], sum, 1e-14);
+      }
+    }
+  }
+}
 
 TEST(AttentionTest, FloatOpsMatchDoubleTemplates) {
   const auto& s = kLong;
@@ -178,23 +240,20 @@ TEST(AttentionTest, FloatOpsMatchDoubleTemplates) {
   const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
   Tensor tq = to_tensor(q, q_shape), tk = to_tensor(k, kv_shape), tv = to_tensor(v, kv_shape);
   Tensor tgy = to_tensor(gy, q_shape), tout = Tensor::empty(q_shape);
-  Tensor tprobs = Tensor::empty({s.batch, s.heads, s.seq, s.seq});
+  Tensor tlse = Tensor::empty({s.batch, s.heads, s.seq});
   Tensor tdq = Tensor::empty(q_shape), tdk = Tensor::empty(kv_shape), tdv = Tensor::empty(kv_shape);
-  attention_forward(cpu_device(), tq, tk, tv, tout, tprobs);
-  attention_backward(cpu_device(), tgy, tq, tk, tv, tprobs, tdq, tdk, tdv);
+  attention_forward(cpu_device(), tq, tk, tv, tout, tlse);
+  attention_backward(cpu_device(), tgy, tq, tk, tv, tout, tlse, tdq, tdk, tdv);
 
   const Inputs in{to_double(q), to_double(k), to_double(v)};
-  const auto gy_d = to_double(gy);
-  std::vector<double> out, probs;
-  run_forward(s, in, out, probs);
-  std::vector<double> dq(q_numel(s)), dk(kv_numel(s)), dv(kv_numel(s));
-  cpu::attention_backward<double>(gy_d.data(), in.q.data(), in.k.data(), in.v.data(), probs.data(),
-                                  s, dq.data(), dk.data(), dv.data());
+  std::vector<double> out, lse;
+  run_forward(s, in, out, lse);
+  const Grads grads = run_backward(s, in, to_double(gy));
   EXPECT_LT(max_relative_error(to_vector(tout), out), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tprobs), probs), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tdq), dq), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tdk), dk), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tdv), dv), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tlse), lse), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tdq), grads.dq), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tdk), grads.dk), 1e-5);
+  EXPECT_LT(max_relative_error(to_vector(tdv), grads.dv), 1e-5);
   EXPECT_TRUE(any_nonzero(to_vector(tout)));
   EXPECT_TRUE(any_nonzero(to_vector(tdq)));
   EXPECT_TRUE(any_nonzero(to_vector(tdk)));
@@ -217,61 +276,96 @@ void expect_rounded(const Tensor& actual, const Tensor& expected, const char* na
   EXPECT_EQ(differ, 0) << name;
 }
 
-// bf16 activations run as the f32 ops on their exact f32 values: the saved probs are
-// those f32 probs, and out, dq, dk, dv are the f32 results rounded once.
+// bf16 activations run as the f32 ops on their exact f32 values: the saved lse is that
+// f32 lse, and out, dq, dk, dv are the f32 results rounded once (the backward reads the
+// bf16 out, widened).
 TEST(AttentionTest, Bf16OperandsComputeInF32) {
-  for (const auto& s : {kShort, kLong}) {
+  for (const auto& s : {kShort, kLong, kShared, kOne}) {
     SCOPED_TRACE(::testing::Message() << "seq " << s.seq);
     const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
     const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
-    const Shape probs_shape{s.batch, s.heads, s.seq, s.seq};
+    const Shape lse_shape{s.batch, s.heads, s.seq};
     const Tensor q = to_bf16_tensor(random_vector<float>(q_numel(s), 40, -2, 2), q_shape);
     const Tensor k = to_bf16_tensor(random_vector<float>(kv_numel(s), 41, -2, 2), kv_shape);
     const Tensor v = to_bf16_tensor(random_vector<float>(kv_numel(s), 42), kv_shape);
     const Tensor dout = to_bf16_tensor(random_vector<float>(q_numel(s), 43), q_shape);
 
-    Tensor out = Tensor::empty(q_shape, DType::kBF16), probs = Tensor::empty(probs_shape);
-    attention_forward(cpu_device(), q, k, v, out, probs);
-    Tensor out32 = Tensor::empty(q_shape), probs32 = Tensor::empty(probs_shape);
-    attention_forward(cpu_device(), widened(q), widened(k), widened(v), out32, probs32);
+    Tensor out = Tensor::empty(q_shape, DType::kBF16), lse = Tensor::empty(lse_shape);
+    attention_forward(cpu_device(), q, k, v, out, lse);
+    Tensor out32 = Tensor::empty(q_shape), lse32 = Tensor::empty(lse_shape);
+    attention_forward(cpu_device(), widened(q), widened(k), widened(v), out32, lse32);
     expect_rounded(out, out32, "out");
-    EXPECT_EQ(to_vector(probs), to_vector(probs32));
+    EXPECT_EQ(to_vector(lse), to_vector(lse32));
 
     Tensor dq = Tensor::empty(q_shape, DType::kBF16), dk = Tensor::empty(kv_shape, DType::kBF16),
            dv = Tensor::empty(kv_shape, DType::kBF16);
-    attention_backward(cpu_device(), dout, q, k, v, probs, dq, dk, dv);
+    attention_backward(cpu_device(), dout, q, k, v, out, lse, dq, dk, dv);
     Tensor dq32 = Tensor::empty(q_shape), dk32 = Tensor::empty(kv_shape),
            dv32 = Tensor::empty(kv_shape);
-    attention_backward(cpu_device(), widened(dout), widened(q), widened(k), widened(v), probs32,
-                       dq32, dk32, dv32);
+    attention_backward(cpu_device(), widened(dout), widened(q), widened(k), widened(v),
+                       widened(out), lse32, dq32, dk32, dv32);
     expect_rounded(dq, dq32, "dq");
     expect_rounded(dk, dk32, "dk");
     expect_rounded(dv, dv32, "dv");
     EXPECT_TRUE(any_nonzero(to_vector(out32)));
-    EXPECT_TRUE(any_nonzero(to_vector(dq32)));
-    EXPECT_TRUE(any_nonzero(to_vector(dk32)));
+    EXPECT_TRUE(any_nonzero(to_vector(dv32)));
+    if (s.seq > 1) {
+      EXPECT_TRUE(any_nonzero(to_vector(dq32)));
+      EXPECT_TRUE(any_nonzero(to_vector(dk32)));
+    }
   }
 }
 
-TEST(AttentionDeathTest, MixedDtypesAreRefused) {
+// The same inputs give the same bits on every call.
+TEST(AttentionTest, Deterministic) {
+  const auto& s = kLong;
+  const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
+  const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
+  const Tensor q = to_tensor(random_vector<float>(q_numel(s), 50, -2, 2), q_shape);
+  const Tensor k = to_tensor(random_vector<float>(kv_numel(s), 51, -2, 2), kv_shape);
+  const Tensor v = to_tensor(random_vector<float>(kv_numel(s), 52), kv_shape);
+  const Tensor dout = to_tensor(random_vector<float>(q_numel(s), 53), q_shape);
+  std::vector<std::vector<float>> runs[2];
+  for (auto& run : runs) {
+    Tensor out = Tensor::empty(q_shape), lse = Tensor::empty({s.batch, s.heads, s.seq});
+    Tensor dq = Tensor::empty(q_shape), dk = Tensor::empty(kv_shape), dv = Tensor::empty(kv_shape);
+    attention_forward(cpu_device(), q, k, v, out, lse);
+    attention_backward(cpu_device(), dout, q, k, v, out, lse, dq, dk, dv);
+    run = {to_vector(out), to_vector(lse), to_vector(dq), to_vector(dk), to_vector(dv)};
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+TEST(AttentionDeathTest, BadDtypesAndShapesAreRefused) {
   const auto& s = kShort;
   const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
   const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
-  const Shape probs_shape{s.batch, s.heads, s.seq, s.seq};
+  const Shape lse_shape{s.batch, s.heads, s.seq};
   const Tensor q16 = Tensor::zeros(q_shape, DType::kBF16);
   const Tensor k16 = Tensor::zeros(kv_shape, DType::kBF16), k32 = Tensor::zeros(kv_shape);
   Tensor out16 = Tensor::zeros(q_shape, DType::kBF16), out32 = Tensor::zeros(q_shape);
-  Tensor probs = Tensor::zeros(probs_shape), probs16 = Tensor::zeros(probs_shape, DType::kBF16);
-  EXPECT_DEATH(attention_forward(cpu_device(), q16, k32, k16, out16, probs),
+  Tensor lse = Tensor::zeros(lse_shape), lse16 = Tensor::zeros(lse_shape, DType::kBF16);
+  Tensor lse_probs = Tensor::zeros({s.batch, s.heads, s.seq, s.seq});
+  EXPECT_DEATH(attention_forward(cpu_device(), q16, k32, k16, out16, lse),
                "q, k, v, out must be all f32 or all bf16");
-  EXPECT_DEATH(attention_forward(cpu_device(), q16, k16, k16, out32, probs),
+  EXPECT_DEATH(attention_forward(cpu_device(), q16, k16, k16, out32, lse),
                "q, k, v, out must be all f32 or all bf16");
-  EXPECT_DEATH(attention_forward(cpu_device(), q16, k16, k16, out16, probs16), "probs must be f32");
+  EXPECT_DEATH(attention_forward(cpu_device(), q16, k16, k16, out16, lse16), "lse must be f32");
+  EXPECT_DEATH(attention_forward(cpu_device(), q16, k16, k16, out16, lse_probs),
+               "lse must be \\(batch, heads, seq\\)");
   Tensor dk16 = Tensor::zeros(kv_shape, DType::kBF16), dv32 = Tensor::zeros(kv_shape);
-  EXPECT_DEATH(attention_backward(cpu_device(), out16, q16, k16, k16, probs, out16, dk16, dv32),
-               "dout, q, k, v, dq, dk, dv must be all f32 or all bf16");
-  EXPECT_DEATH(attention_backward(cpu_device(), out16, q16, k16, k16, probs16, out16, dk16, dk16),
-               "probs must be f32");
+  EXPECT_DEATH(
+      attention_backward(cpu_device(), out16, q16, k16, k16, out16, lse, out16, dk16, dv32),
+      "dout, q, k, v, out, dq, dk, dv must be all f32 or all bf16");
+  EXPECT_DEATH(
+      attention_backward(cpu_device(), out16, q16, k16, k16, out32, lse, out16, dk16, dk16),
+      "dout, q, k, v, out, dq, dk, dv must be all f32 or all bf16");
+  EXPECT_DEATH(
+      attention_backward(cpu_device(), out16, q16, k16, k16, out16, lse16, out16, dk16, dk16),
+      "lse must be f32");
+  EXPECT_DEATH(
+      attention_backward(cpu_device(), out16, q16, k16, k16, out16, lse_probs, out16, dk16, dk16),
+      "lse must be \\(batch, heads, seq\\)");
 }
 
 }  // namespace
