@@ -2,9 +2,11 @@
 // copy bandwidth, cuBLAS fp32 and bf16 GEMM), then the engine's hot ops at the shapes of
 // one Mixtral-shaped MoE layer and its loss, each against the ceiling that bounds it:
 // GEMMs and attention in TFLOP/s against the fp32 GEMM (the engine computes in fp32),
-// the memory-bound ops in GB/s against the copy. Times are cudaEvents on the device's
-// stream: two warm-up calls, then the median of timed repetitions. Prints a table and,
-// last, one JSON line. Exits 77 without a GPU.
+// the memory-bound ops in GB/s against the copy. Then the grouped expert GEMMs on bf16
+// operands both ways, the engine's tensor-core kernel and the per-expert cuBLAS loop, on
+// balanced and skewed expert sizes, against the bf16 GEMM. Times are cudaEvents on the
+// device's stream: two warm-up calls, then the median of timed repetitions. Prints a table
+// and, last, one JSON line. Exits 77 without a GPU.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -26,6 +28,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/devices.h"
 #include "kernels/gating.h"
 #include "kernels/gemm.h"
@@ -293,19 +296,20 @@ void measure_ops(CudaDevice& dev, const Options& o, Table& table) {
     Tensor k = random_tensor(dev, {B, S, KV, D});
     Tensor v = random_tensor(dev, {B, S, KV, D});
     Tensor out = device_tensor(dev, {B, S, NH, D});
-    Tensor attn_probs = device_tensor(dev, {B, NH, S, S});
+    Tensor lse = device_tensor(dev, {B, NH, S});
     // Causal: the score and value products over the lower triangle only.
     const double forward_flops = 2.0 * 2.0 * B * NH * D * (S * (S + 1) / 2.0);
     table.add({"attention_forward (causal)",
-               timed([&] { attention_forward(dev, q, k, v, out, attn_probs); }), Bound::kCompute,
+               timed([&] { attention_forward(dev, q, k, v, out, lse); }), Bound::kCompute,
                forward_flops});
     Tensor dout = random_tensor(dev, {B, S, NH, D});
     Tensor dq = device_tensor(dev, {B, S, NH, D});
     Tensor dk = device_tensor(dev, {B, S, KV, D});
     Tensor dv = device_tensor(dev, {B, S, KV, D});
-    // Four products (dv, dp, dq, dk) from the saved probabilities: twice the forward.
+    // Four products (dv, dp, dq, dk): twice the forward (the probabilities it recomputes
+    // from the saved log-sum-exp are not counted).
     table.add({"attention_backward (causal)",
-               timed([&] { attention_backward(dev, dout, q, k, v, attn_probs, dq, dk, dv); }),
+               timed([&] { attention_backward(dev, dout, q, k, v, out, lse, dq, dk, dv); }),
                Bound::kCompute, 2 * forward_flops});
   }
   {
@@ -341,6 +345,108 @@ void measure_ops(CudaDevice& dev, const Options& o, Table& table) {
                timed([&] { adamw_step(dev, h, 1.0f, param, grad, exp_avg, exp_avg_sq); }),
                Bound::kMemory, 7 * N * f32});
   }
+}
+
+// Expert sizes summing to `rows` over `experts`: balanced (rows / experts each, one more
+// for the first rows % experts), or skewed (half of the rows to the first expert, the
+// rest balanced over the others), as a router that favours one expert gives.
+Tensor expert_sizes(int64_t rows, int64_t experts, bool skewed) {
+  Tensor sizes = Tensor::empty({experts}, DType::kI32);
+  int32_t* s = sizes.data<int32_t>();
+  const int64_t first = skewed && experts > 1 ? rows / 2 : 0;
+  const int64_t others = skewed && experts > 1 ? experts - 1 : experts;
+  for (int64_t e = 0; e < others; ++e)
+    s[experts - others + e] =
+        static_cast<int32_t>((rows - first) / others + (e < (rows - first) % others ? 1 : 0));
+  if (others < experts) s[0] = static_cast<int32_t>(first);
+  return sizes;
+}
+
+// The expert GEMMs of one MoE layer (forward gate_up and down, the down projection's
+// input and weight gradients) on bf16 operands, each timed both ways: the public op,
+// which runs the engine's tensor-core kernel with the sizes on the device, and the
+// per-expert cuBLAS loop (cuda::grouped_matmul_*, one cublasGemmEx per expert, sizes on
+// the host). Results are bf16, the weight gradient f32 (accumulated), as in training.
+// TFLOP/s are against the bf16 cuBLAS GEMM ceiling; the ratio is cuBLAS time / kernel
+// time (above 1: the kernel is faster).
+nlohmann::ordered_json measure_grouped_bf16(CudaDevice& dev, const Options& o, const Ceilings& c) {
+  const int64_t T = o.tokens, H = o.hidden, E = o.experts, F = o.ffn;
+  const int64_t R = T * o.top_k;
+  auto timed = [&](const std::function<void()>& op) { return median_ms(dev, o.reps, op); };
+  constexpr DType bf = DType::kBF16;
+  Tensor xp = random_tensor(dev, {R, H}, bf);
+  Tensor act = random_tensor(dev, {R, F}, bf);
+  Tensor dy = random_tensor(dev, {R, H}, bf);
+  Tensor w_gate_up = random_tensor(dev, {E, 2 * F, H}, bf);
+  Tensor w_down = random_tensor(dev, {E, H, F}, bf);
+  Tensor gate_up = device_tensor(dev, {R, 2 * F}, bf);
+  Tensor y = device_tensor(dev, {R, H}, bf);
+  Tensor dact = device_tensor(dev, {R, F}, bf);
+  Tensor dw_down = device_tensor(dev, {E, H, F});
+  dw_down.zero_();
+  const cuda::GemmTypes bf16_out{CUDA_R_16BF, CUDA_R_16BF}, f32_out{CUDA_R_16BF, CUDA_R_32F};
+  cublasHandle_t handle = dev.cublas();
+
+  std::printf(
+      "\ngrouped expert GEMMs, bf16 operands: the engine's kernel vs the per-expert "
+      "cuBLAS loop (%% of the bf16 cuBLAS GEMM)\n");
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (bool skewed : {false, true}) {
+    const Tensor host_sizes = expert_sizes(R, E, skewed);
+    const Tensor sizes = host_sizes.to(dev);
+    const int32_t* hs = host_sizes.data<int32_t>();
+    struct Product {
+      std::string name;
+      double flops;
+      std::function<void()> kernel, loop;
+    };
+    const std::vector<Product> products = {
+        {"nt gate_up", 2.0 * R * H * 2 * F,
+         [&] { grouped_matmul_nt(dev, xp, w_gate_up, sizes, gate_up); },
+         [&] {
+           cuda::grouped_matmul_nt(handle, xp.raw_data(), w_gate_up.raw_data(), hs, E, 2 * F, H,
+                                   gate_up.raw_data(), bf16_out);
+         }},
+        {"nt down", 2.0 * R * F * H, [&] { grouped_matmul_nt(dev, act, w_down, sizes, y); },
+         [&] {
+           cuda::grouped_matmul_nt(handle, act.raw_data(), w_down.raw_data(), hs, E, H, F,
+                                   y.raw_data(), bf16_out);
+         }},
+        {"nn down (dx)", 2.0 * R * H * F, [&] { grouped_matmul_nn(dev, dy, w_down, sizes, dact); },
+         [&] {
+           cuda::grouped_matmul_nn(handle, dy.raw_data(), w_down.raw_data(), hs, E, H, F,
+                                   dact.raw_data(), bf16_out);
+         }},
+        {"tn_acc down (dw)", 2.0 * R * H * F,
+         [&] { grouped_matmul_tn_accumulate(dev, dy, act, sizes, dw_down); },
+         [&] {
+           cuda::grouped_matmul_tn_accumulate(handle, dy.raw_data(), act.raw_data(), hs, E, H, F,
+                                              dw_down.raw_data(), f32_out);
+         }},
+    };
+    for (const Product& p : products) {
+      const double kernel_ms = timed(p.kernel), loop_ms = timed(p.loop);
+      const double kernel_tflops = p.flops / (kernel_ms * 1e-3) / 1e12;
+      const double loop_tflops = p.flops / (loop_ms * 1e-3) / 1e12;
+      const std::string label = p.name + (skewed ? " skewed" : " balanced");
+      std::printf(
+          "%-28s kernel %8.3f ms %7.1f TFLOP/s %5.1f%% | cuBLAS loop %8.3f ms %7.1f "
+          "TFLOP/s %5.1f%% | ratio %.2f\n",
+          label.c_str(), kernel_ms, kernel_tflops, 100 * kernel_tflops / c.bf16_tflops, loop_ms,
+          loop_tflops, 100 * loop_tflops / c.bf16_tflops, loop_ms / kernel_ms);
+      std::fflush(stdout);
+      rows.push_back({{"op", p.name},
+                      {"sizes", skewed ? "skewed" : "balanced"},
+                      {"kernel_ms", kernel_ms},
+                      {"kernel_tflops", kernel_tflops},
+                      {"kernel_pct_of_bf16_gemm", 100 * kernel_tflops / c.bf16_tflops},
+                      {"cublas_loop_ms", loop_ms},
+                      {"cublas_loop_tflops", loop_tflops},
+                      {"cublas_loop_pct_of_bf16_gemm", 100 * loop_tflops / c.bf16_tflops},
+                      {"cublas_loop_over_kernel_time", loop_ms / kernel_ms}});
+    }
+  }
+  return rows;
 }
 
 }  // namespace
@@ -393,6 +499,7 @@ int main(int argc, char** argv) {
   const Ceilings ceilings = measure_ceilings(dev, o);
   Table table(ceilings);
   measure_ops(dev, o, table);
+  const nlohmann::ordered_json grouped_bf16 = measure_grouped_bf16(dev, o, ceilings);
 
   nlohmann::ordered_json result = {{"bench", "gpu_ops"},
                                    {"device", prop.name},
@@ -410,7 +517,8 @@ int main(int argc, char** argv) {
                                    {"fp32_gemm_tflops", ceilings.fp32_tflops},
                                    {"bf16_gemm_tflops", ceilings.bf16_tflops},
                                    {"bf16_spec_tflops", spec_bf16_tflops},
-                                   {"ops", table.json()}};
+                                   {"ops", table.json()},
+                                   {"grouped_bf16", grouped_bf16}};
   std::printf("%s\n", result.dump().c_str());
   return 0;
 }

@@ -1,12 +1,15 @@
 #include "kernels/gemm.h"
 
+#include <initializer_list>
 #include <string>
 
 #include "kernels/convert.h"
 #include "kernels/cpu/gemm.h"
 #ifdef SWITCHYARD_WITH_CUDA
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/dtype.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/grouped_gemm.h"
 #endif
 
 namespace switchyard {
@@ -25,12 +28,8 @@ MatrixShape matrix_shape(const Tensor& t) {
   return {rows, t.dim(-1)};
 }
 
-// Checks the grouped operands and returns the group count. The group sizes are host
-// memory on every device: they decide the row blocks, i.e. the calls to make.
-int64_t check_groups(const Tensor& group_sizes, int64_t rows) {
-  SY_CHECK_MSG(group_sizes.dtype() == DType::kI32 && group_sizes.rank() == 1,
-               "grouped matmul: group_sizes must be an i32 vector");
-  SY_CHECK_MSG(!group_sizes.device().is_cuda(), "grouped matmul: group_sizes must be on the host");
+// Host group sizes: none negative, and they add up to the row count.
+void check_host_sizes(const Tensor& group_sizes, int64_t rows) {
   const int32_t* sizes = group_sizes.data<int32_t>();
   int64_t total = 0;
   for (int64_t g = 0; g < group_sizes.numel(); ++g) {
@@ -38,6 +37,18 @@ int64_t check_groups(const Tensor& group_sizes, int64_t rows) {
     total += sizes[g];
   }
   SY_CHECK_MSG(total == rows, "grouped matmul: group sizes do not add up to the row count");
+}
+
+// Checks the group sizes and returns the group count. Host sizes are checked here; sizes
+// on a CUDA device where they are read (on the device by the tensor-core kernels, or here
+// once copied to the host for the cuBLAS loop).
+int64_t check_groups(const Device& dev, const Tensor& group_sizes, int64_t rows) {
+  SY_CHECK_MSG(group_sizes.dtype() == DType::kI32 && group_sizes.rank() == 1,
+               "grouped matmul: group_sizes must be an i32 vector");
+  if (group_sizes.device().is_cuda())
+    SY_CHECK_MSG(dev.is_cuda(), "grouped matmul: on the CPU, group_sizes must be on the host");
+  else
+    check_host_sizes(group_sizes, rows);
   return group_sizes.numel();
 }
 
@@ -53,6 +64,31 @@ void check_types(const char* op, const Tensor& a, const Tensor& b, const Tensor&
 cuda::GemmTypes gemm_types(const Tensor& operand, const Tensor& result) {
   auto type = [](const Tensor& t) { return t.dtype() == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF; };
   return {type(operand), type(result)};
+}
+
+const __nv_bfloat16* bf16_data(const Tensor& t) { return cuda_data<const __nv_bfloat16>(t); }
+
+// Runs grouped product `op` on a CUDA device. bf16 operands go to the tensor-core kernel:
+// `kernel(sizes, stream, result_type)` with the sizes where they are and the result's
+// CUDA type (std::type_identity). f32 operands go to the cuBLAS loop: `loop(handle,
+// host_sizes)`, whose calls are sized on the host, so sizes on the device are copied
+// there (which waits for the stream) and checked.
+template <typename Kernel, typename Loop>
+void grouped_on_cuda(Device& dev, const char* op, std::initializer_list<const Tensor*> tensors,
+                     const Tensor& operand, const Tensor& result, const Tensor& group_sizes,
+                     int64_t rows, Kernel&& kernel, Loop&& loop) {
+  const bool sizes_on_host = !group_sizes.device().is_cuda();
+  if (!sizes_on_host) op_stream(dev, op, {&group_sizes});
+  if (operand.dtype() == DType::kBF16) {
+    const cudaStream_t stream = op_stream(dev, op, tensors);
+    const cuda::GroupSizes sizes{static_cast<const int32_t*>(group_sizes.raw_data()),
+                                 sizes_on_host};
+    with_cuda_type(result, [&](auto result_type) { kernel(sizes, stream, result_type); });
+    return;
+  }
+  const Tensor host_sizes = sizes_on_host ? group_sizes : group_sizes.on_host();
+  if (!sizes_on_host) check_host_sizes(host_sizes, rows);
+  loop(op_cublas(dev, op, tensors), host_sizes.data<int32_t>());
 }
 #endif
 
@@ -94,13 +130,21 @@ void grouped_matmul_nt(Device& dev, const Tensor& a, const Tensor& w, const Tens
   const MatrixShape sa = matrix_shape(a), so = matrix_shape(out);
   SY_CHECK_MSG(sa.cols == k && so.rows == sa.rows && so.cols == n,
                "grouped_matmul_nt: shapes do not match");
-  SY_CHECK_MSG(check_groups(group_sizes, sa.rows) == groups,
+  SY_CHECK_MSG(check_groups(dev, group_sizes, sa.rows) == groups,
                "grouped_matmul_nt: one group size per weight matrix");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::grouped_matmul_nt(op_cublas(dev, "grouped_matmul_nt", {&a, &w, &out}), a.raw_data(),
-                            w.raw_data(), group_sizes.data<int32_t>(), groups, n, k, out.raw_data(),
-                            gemm_types(a, out));
+    grouped_on_cuda(
+        dev, "grouped_matmul_nt", {&a, &w, &out}, a, out, group_sizes, sa.rows,
+        [&](cuda::GroupSizes sizes, cudaStream_t stream, auto out_type) {
+          using Out = typename decltype(out_type)::type;
+          cuda::grouped_gemm_nt(bf16_data(a), bf16_data(w), sizes, sa.rows, groups, n, k,
+                                cuda_data<Out>(out), stream);
+        },
+        [&](cublasHandle_t handle, const int32_t* host_sizes) {
+          cuda::grouped_matmul_nt(handle, a.raw_data(), w.raw_data(), host_sizes, groups, n, k,
+                                  out.raw_data(), gemm_types(a, out));
+        });
     return;
   }
 #endif
@@ -123,13 +167,21 @@ void grouped_matmul_nn(Device& dev, const Tensor& a, const Tensor& w, const Tens
   const MatrixShape sa = matrix_shape(a), so = matrix_shape(out);
   SY_CHECK_MSG(sa.cols == n && so.rows == sa.rows && so.cols == k,
                "grouped_matmul_nn: shapes do not match");
-  SY_CHECK_MSG(check_groups(group_sizes, sa.rows) == groups,
+  SY_CHECK_MSG(check_groups(dev, group_sizes, sa.rows) == groups,
                "grouped_matmul_nn: one group size per weight matrix");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::grouped_matmul_nn(op_cublas(dev, "grouped_matmul_nn", {&a, &w, &out}), a.raw_data(),
-                            w.raw_data(), group_sizes.data<int32_t>(), groups, n, k, out.raw_data(),
-                            gemm_types(a, out));
+    grouped_on_cuda(
+        dev, "grouped_matmul_nn", {&a, &w, &out}, a, out, group_sizes, sa.rows,
+        [&](cuda::GroupSizes sizes, cudaStream_t stream, auto out_type) {
+          using Out = typename decltype(out_type)::type;
+          cuda::grouped_gemm_nn(bf16_data(a), bf16_data(w), sizes, sa.rows, groups, n, k,
+                                cuda_data<Out>(out), stream);
+        },
+        [&](cublasHandle_t handle, const int32_t* host_sizes) {
+          cuda::grouped_matmul_nn(handle, a.raw_data(), w.raw_data(), host_sizes, groups, n, k,
+                                  out.raw_data(), gemm_types(a, out));
+        });
     return;
   }
 #endif
@@ -152,13 +204,21 @@ void grouped_matmul_tn_accumulate(Device& dev, const Tensor& a, const Tensor& b,
   const MatrixShape sa = matrix_shape(a), sb = matrix_shape(b);
   SY_CHECK_MSG(sa.cols == n && sb.cols == k && sb.rows == sa.rows,
                "grouped_matmul_tn_accumulate: shapes do not match");
-  SY_CHECK_MSG(check_groups(group_sizes, sa.rows) == groups,
+  SY_CHECK_MSG(check_groups(dev, group_sizes, sa.rows) == groups,
                "grouped_matmul_tn_accumulate: one group size per weight matrix");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::grouped_matmul_tn_accumulate(
-        op_cublas(dev, "grouped_matmul_tn_accumulate", {&a, &b, &dw}), a.raw_data(), b.raw_data(),
-        group_sizes.data<int32_t>(), groups, n, k, dw.raw_data(), gemm_types(a, dw));
+    grouped_on_cuda(
+        dev, "grouped_matmul_tn_accumulate", {&a, &b, &dw}, a, dw, group_sizes, sa.rows,
+        [&](cuda::GroupSizes sizes, cudaStream_t stream, auto dw_type) {
+          using Out = typename decltype(dw_type)::type;
+          cuda::grouped_gemm_tn_accumulate(bf16_data(a), bf16_data(b), sizes, sa.rows, groups, n, k,
+                                           cuda_data<Out>(dw), stream);
+        },
+        [&](cublasHandle_t handle, const int32_t* host_sizes) {
+          cuda::grouped_matmul_tn_accumulate(handle, a.raw_data(), b.raw_data(), host_sizes, groups,
+                                             n, k, dw.raw_data(), gemm_types(a, dw));
+        });
     return;
   }
 #endif
