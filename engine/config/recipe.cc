@@ -337,11 +337,6 @@ absl::Status validate_checkpoint_and_runtime(const Recipe& recipe) {
         "runtime.precision=bf16 does not run with tensor parallelism yet (its all-reduces sum "
         "f32 activations); use fp32 or parallel.tensor_parallel_size=1");
   }
-  if (runtime.precision() == "bf16" && recipe.parallel().zero_stage() == 3) {
-    return invalid(
-        "runtime.precision=bf16 does not run with ZeRO stage 3 yet (the bf16 copies are made "
-        "from whole parameters); use zero_stage <= 2");
-  }
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 
 #include "engine/runtime/check.h"
 #include "kernels/adamw.h"
+#include "kernels/convert.h"
 #include "kernels/elementwise.h"
 
 namespace switchyard {
@@ -101,7 +102,18 @@ Tensor ZeroShards::gather_value(size_t i) {
 
 void ZeroShards::acquire(int unit) {
   if (uses_[unit]++ > 0 || stage_ < 3) return;
-  for (size_t i : units_[unit]) params_[i]->work = params_[i]->value = gather_value(i);
+  const bool bf16 = params_store_.compute_dtype() == DType::kBF16;
+  for (size_t i : units_[unit]) {
+    Param& p = *params_[i];
+    p.value = gather_value(i);
+    p.work = p.value;
+    if (bf16 && p.shape.size() >= 2) {
+      // The compute copy of the gathered master, as ParamStore::allocate makes it for
+      // resident values.
+      p.work = Tensor::empty(p.shape, DType::kBF16, MemoryKind::kParameters, device_);
+      convert(device_, p.value, p.work);
+    }
+  }
 }
 
 void ZeroShards::release(int unit) {
