@@ -83,7 +83,8 @@ class Communicator {
   virtual const Device& tensor_device() const { return cpu_device(); }
 
  private:
-  // CHECKs that `tensor` is defined and lives on tensor_device().
+  // CHECKs that `tensor` is defined and lives on tensor_device() (anywhere for a group
+  // of one, whose collectives the public methods carry out as copies).
   void check_tensor(const Tensor& tensor) const;
 
   double all_to_all_seconds_ = 0;

@@ -16,17 +16,18 @@ class LocalCommunicator final : public Communicator {
   void barrier() override {}
 
  protected:
-  void all_reduce_sum_f32(float* values, int64_t n) override {}
-  void all_reduce_sum_f64(double* values, int64_t n) override {}
-  void all_reduce_sum_i64(int64_t* values, int64_t n) override {}
-  void reduce_scatter_sum_f32(const float* in, float* out, int64_t out_n) override;
-  void all_gather_impl(const Tensor& in, Tensor& out) override;
-  void all_to_all_v_impl(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
-                         const std::vector<int64_t>& recv_rows) override;
-  std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& send_counts) override {
-    return send_counts;
+  // Never called: the public methods carry out a group of one's collectives themselves.
+  void all_reduce_sum_f32(float*, int64_t) override {}
+  void all_reduce_sum_f64(double*, int64_t) override {}
+  void all_reduce_sum_i64(int64_t*, int64_t) override {}
+  void reduce_scatter_sum_f32(const float*, float*, int64_t) override {}
+  void all_gather_impl(const Tensor&, Tensor&) override {}
+  void all_to_all_v_impl(const Tensor&, const std::vector<int64_t>&, Tensor&,
+                         const std::vector<int64_t>&) override {}
+  std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& counts) override {
+    return counts;
   }
-  void broadcast_impl(Tensor& tensor, int root) override {}
+  void broadcast_impl(Tensor&, int) override {}
 };
 
 }  // namespace switchyard

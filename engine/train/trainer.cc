@@ -575,11 +575,12 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       whole.emplace_back(p.name, gather_shards(*groups.ep, p.value, 0));
       continue;
     }
-    // At ZeRO stage 3 the value comes from its owner first.
+    // At ZeRO stage 3 the value comes from its owner first. The weights file is written
+    // from host memory.
     const Tensor value = zero ? zero->whole_value(p) : p.value;
     whole.emplace_back(p.name, split_over_tp(p)
                                    ? gather_shards(*groups.tp, value, p.spec.tensor_parallel_dim)
-                                   : value);
+                                   : value.on_host());
   }
   if (!reporter) return absl::OkStatus();
   if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));
