@@ -36,9 +36,12 @@ Tensor gather_shards(Communicator& group, const Tensor& shard, int dim) {
   }
   Shape stacked_shape = shard.shape();
   stacked_shape.insert(stacked_shape.begin(), size);
-  Tensor stacked = Tensor::empty(stacked_shape, shard.dtype());
+  // Gathered where the shards live (the group's collectives take that device's
+  // tensors), then rearranged on the host.
+  Tensor stacked = Tensor::empty(stacked_shape, shard.dtype(), MemoryKind::kOther, shard.device());
   group.all_gather(shard, stacked);
-  const auto* from = static_cast<const char*>(stacked.raw_data());
+  const Tensor stacked_host = stacked.on_host();
+  const auto* from = static_cast<const char*>(stacked_host.raw_data());
   auto* to = static_cast<char*>(whole.raw_data());
   for (int r = 0; r < size; ++r)
     for (int64_t o = 0; o < b.outer; ++o)
@@ -54,10 +57,14 @@ void copy_shard(const Tensor& whole, int dim, int rank, int size, Tensor& shard)
   SY_CHECK_MSG(whole.shape() == expected && whole.dtype() == shard.dtype() && rank >= 0 &&
                    rank < size,
                "copy_shard: the whole tensor does not match the shard");
-  const auto* from = static_cast<const char*>(whole.raw_data());
-  auto* to = static_cast<char*>(shard.raw_data());
+  // Cut on the host, then moved to wherever the shard lives.
+  const Tensor whole_host = whole.on_host();
+  Tensor shard_host = shard.on_host();
+  const auto* from = static_cast<const char*>(whole_host.raw_data());
+  auto* to = static_cast<char*>(shard_host.raw_data());
   for (int64_t o = 0; o < b.outer; ++o)
     std::memcpy(to + o * b.block_bytes, from + (o * size + rank) * b.block_bytes, b.block_bytes);
+  if (shard_host.raw_data() != shard.raw_data()) shard.copy_from(shard_host);
 }
 
 }  // namespace switchyard

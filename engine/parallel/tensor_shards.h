@@ -8,11 +8,13 @@
 
 namespace switchyard {
 
-// Collective over `group`: every rank passes its shard, the group's rank r holding
-// block r of dimension `dim`; returns the whole tensor (same dtype, on the host).
+// Collective over `group`: every rank passes its shard (on the device the group's
+// collectives take), the group's rank r holding block r of dimension `dim`; returns the
+// whole tensor (same dtype, on the host).
 Tensor gather_shards(Communicator& group, const Tensor& shard, int dim);
 
-// Copies block `rank` of `size` equal blocks of dimension `dim` of `whole` into `shard`.
+// Copies block `rank` of `size` equal blocks of dimension `dim` of `whole` into `shard`
+// (each on any device).
 void copy_shard(const Tensor& whole, int dim, int rank, int size, Tensor& shard);
 
 }  // namespace switchyard
