@@ -2,6 +2,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/swiglu.h"
+#include "moe/tensor_parallel_sum.h"
 
 namespace switchyard {
 
@@ -24,7 +25,7 @@ Tensor SwigluFfn::forward(Device& dev, const Tensor& x) {
   swiglu_forward(dev, gate_up_out_, act_);
   Tensor y = Tensor::empty({n, down_->shape[0]}, x.dtype(), MemoryKind::kActivations, dev);
   matmul(dev, act_, false, down_->work, true, y);
-  if (tp_) tp_->all_reduce_sum(y);
+  if (tp_) tensor_parallel_sum(dev, *tp_, y);
   return y;
 }
 
@@ -39,7 +40,7 @@ Tensor SwigluFfn::backward(Device& dev, const Tensor& dy) {
   matmul(dev, dgate_up, true, x_, false, gate_up_->grad, 1.0f, 1.0f);
   Tensor dx = Tensor::empty({n, x_.row_size()}, dy.dtype(), MemoryKind::kActivations, dev);
   matmul(dev, dgate_up, false, gate_up_->work, false, dx);
-  if (tp_) tp_->all_reduce_sum(dx);
+  if (tp_) tensor_parallel_sum(dev, *tp_, dx);
   x_ = gate_up_out_ = act_ = Tensor();
   return dx;
 }

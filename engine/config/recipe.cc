@@ -332,11 +332,6 @@ absl::Status validate_checkpoint_and_runtime(const Recipe& recipe) {
     return invalid(absl::StrCat("runtime.precision (\"", runtime.precision(),
                                 "\") must be \"fp32\" or \"bf16\""));
   }
-  if (runtime.precision() == "bf16" && recipe.parallel().tensor_parallel_size() > 1) {
-    return invalid(
-        "runtime.precision=bf16 does not run with tensor parallelism yet (its all-reduces sum "
-        "f32 activations); use fp32 or parallel.tensor_parallel_size=1");
-  }
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "moe/tensor_parallel_sum.h"
 
 namespace switchyard {
 
@@ -81,7 +82,7 @@ Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t s
   attn_out_ = out4.reshape({batch * seq, heads_ * head_dim_});
   Tensor y = activation(dev, {batch * seq, wo_->shape[0]}, x.dtype());
   matmul(dev, attn_out_, false, wo_->work, true, y);
-  if (tp_) tp_->all_reduce_sum(y);
+  if (tp_) tensor_parallel_sum(dev, *tp_, y);
   return y;
 }
 
@@ -120,7 +121,7 @@ Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
   project_backward(dev, dq2, wq_, q_bias_, q_norm_, q_pre_norm_, q_rstd_, dx);
   project_backward(dev, dk2, wk_, k_bias_, k_norm_, k_pre_norm_, k_rstd_, dx);
   project_backward(dev, dv2, wv_, v_bias_, nullptr, Tensor(), Tensor(), dx);
-  if (tp_) tp_->all_reduce_sum(dx);
+  if (tp_) tensor_parallel_sum(dev, *tp_, dx);
   x_ = q_ = k_ = v_ = q_pre_norm_ = k_pre_norm_ = q_rstd_ = k_rstd_ = lse_ = attn_out_ = Tensor();
   return dx;
 }

@@ -12,6 +12,7 @@
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "moe/tensor_parallel_sum.h"
 
 namespace switchyard {
 
@@ -122,7 +123,7 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   Tensor x = activation(dev, {n, hidden}, dtype);
   embedding_forward(dev, ids_, embed_->work, x);
   release({0});
-  if (tp_) tp_->all_reduce_sum(x);
+  if (tp_) tensor_parallel_sum(dev, *tp_, x);
   int unit = 0;
   for (auto& b : blocks_) {
     acquire({++unit});
@@ -255,7 +256,7 @@ void Transformer::backward(Device& dev, float loss_scale) {
   matmul(dev, dlogits, true, final_out_, false, lm_head_->grad, 1.0f, 1.0f);
   Tensor dfinal = activation(dev, {n, hidden}, dtype);
   matmul(dev, dlogits, false, lm_head_->work, false, dfinal);
-  if (tp_) tp_->all_reduce_sum(dfinal);
+  if (tp_) tensor_parallel_sum(dev, *tp_, dfinal);
   logits_ = lse_ = Tensor();
   Tensor dx = activation(dev, {n, hidden}, dtype);
   rmsnorm_backward(dev, dfinal, final_in_, final_norm_->value, final_rstd_, dx,

@@ -347,9 +347,7 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"checkpoint.keep=-1"}, "checkpoint.keep (-1) must be >= 0"},
         ValidationCase{{"runtime.device=tpu"}, "runtime.device (\"tpu\") must be"},
         ValidationCase{{"runtime.threads=-2"}, "runtime.threads (-2) must be >= 0"},
-        ValidationCase{{"runtime.precision=fp8"}, "runtime.precision (\"fp8\") must be"},
-        ValidationCase{{"runtime.precision=bf16", "parallel.tensor_parallel_size=2"},
-                       "does not run with tensor parallelism yet"}));
+        ValidationCase{{"runtime.precision=fp8"}, "runtime.precision (\"fp8\") must be"}));
 
 TEST(RecipeTest, ExplicitHeadDimNeedNotMatchHidden) {
   EXPECT_TRUE(validate_with({"model.head_dim=32"}).ok());
