@@ -22,7 +22,7 @@
 #include "engine/parallel/mpi_runtime.h"
 #include "kernels/elementwise.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/parallel/rank_failure_printer.h"
+#include "tests/parallel/rank_tests.h"
 
 namespace switchyard {
 namespace {
@@ -247,21 +247,9 @@ int main(int argc, char** argv) {
   g_cpu = runtime.world_communicator();
   g_gpu = std::make_unique<switchyard::CudaDevice>(switchyard::select_local_gpu());
   g_nccl = switchyard::NcclCommunicator::create(*g_cpu, *g_gpu);
-  const int rank = g_cpu->rank();
-  if (rank != 0) {
-    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new switchyard::testing::RankFailurePrinter(rank));
-  }
-  const int result = RUN_ALL_TESTS();
-  int64_t failed_ranks = result == 0 ? 0 : 1;
-  g_cpu->all_reduce_sum(&failed_ranks, 1);
-  if (rank == 0 && failed_ranks > 0) {
-    std::fprintf(stderr, "%lld of %d ranks had failures\n", static_cast<long long>(failed_ranks),
-                 g_cpu->size());
-  }
+  const int status = switchyard::testing::run_tests_on_every_rank(*g_cpu);
   g_nccl.reset();
   g_gpu.reset();
   g_cpu.reset();
-  return failed_ranks == 0 ? 0 : 1;
+  return status;
 }
