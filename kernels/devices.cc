@@ -1,6 +1,5 @@
 #include "kernels/devices.h"
 
-#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -49,12 +48,14 @@ Device* select_device(const std::string& wanted, int local_rank, int local_size,
     return nullptr;
   }
 #ifdef SWITCHYARD_WITH_CUDA
+  // Never destroyed: a static destructor would run after the CUDA runtime has begun
+  // to unload at exit, and its stream and cuBLAS teardown would then fail.
   static std::mutex mutex;
-  static std::vector<std::unique_ptr<CudaDevice>> devices(gpus);
+  static std::vector<CudaDevice*> devices(gpus, nullptr);
   std::lock_guard<std::mutex> lock(mutex);
-  auto& device = devices[local_rank % gpus];
-  if (!device) device = std::make_unique<CudaDevice>(local_rank % gpus);
-  return device.get();
+  CudaDevice*& device = devices[local_rank % gpus];
+  if (!device) device = new CudaDevice(local_rank % gpus);
+  return device;
 #else
   return nullptr;
 #endif
