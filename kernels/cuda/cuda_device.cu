@@ -46,7 +46,7 @@ cudaStream_t CudaDevice::stream() {
   SY_CUDA_CHECK(cudaSetDevice(index_));
   if (!stream_) {
     SY_CUDA_CHECK(cudaStreamCreate(&stream_));
-    // Kernels take their scratch from the device's default pool (cudaMallocAsync); keep
+    // Tensors and kernels' scratch come from the device's default pool (cudaMallocAsync); keep
     // freed blocks there instead of returning them to the driver at every synchronise.
     cudaMemPool_t pool = nullptr;
     SY_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
@@ -65,17 +65,20 @@ cublasHandle_t CudaDevice::cublas() {
   return cublas_;
 }
 
+// Stream-ordered, from the device's pool (which keeps freed blocks, see stream()): a
+// step allocates and frees hundreds of activations, and cudaFree would wait for the
+// whole device each time. Every use of the memory is ordered on stream() (other streams,
+// such as a communicator's, are ordered against it by events).
 void* CudaDevice::raw_allocate(size_t bytes) {
   void* ptr = nullptr;
-  SY_CUDA_CHECK(cudaSetDevice(index_));
-  if (cudaMalloc(&ptr, bytes == 0 ? 1 : bytes) != cudaSuccess) {
+  if (cudaMallocAsync(&ptr, bytes == 0 ? 1 : bytes, stream()) != cudaSuccess) {
     cudaGetLastError();  // out of memory is reported as bad_alloc, not left sticky
     throw std::bad_alloc();
   }
   return ptr;
 }
 
-void CudaDevice::raw_deallocate(void* ptr) { SY_CUDA_CHECK(cudaFree(ptr)); }
+void CudaDevice::raw_deallocate(void* ptr) { SY_CUDA_CHECK(cudaFreeAsync(ptr, stream())); }
 
 CudaDevice& as_cuda(Device& device) {
   SY_CHECK_MSG(device.is_cuda(), "expected a CUDA device");
