@@ -73,22 +73,23 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   expert_ids_ = activation(dev, {n, top_k_}, DType::kI32);
   weights_ = activation(dev, {n, top_k_});
   const bool renormalize = gating_ != config::SOFTMAX_TOPK;
-  Tensor selections = activation(dev, {E});
-  Tensor prob_sums = activation(dev, {E});
+  // Selections per expert, then probability sums: one buffer, so one reduction over the
+  // group and one copy to the host.
+  Tensor counts = activation(dev, {2, E});
+  Tensor selections = counts.slice_rows(0, 1).reshape({E});
+  Tensor prob_sums = counts.slice_rows(1, 2).reshape({E});
   double z_loss = router_forward(dev, router_logits_, top_k_, renormalize, probs_, expert_ids_,
                                  weights_, selections, prob_sums);
   if (tp_) {
-    tp_->all_reduce_sum(selections);
-    tp_->all_reduce_sum(prob_sums);
+    tp_->all_reduce_sum(counts);
     tp_->all_reduce_sum(&z_loss, 1);
     z_loss /= group;  // the mean over all the group's tokens
   }
   RouterStats::Layer& layer = stats.layers.emplace_back();
-  const Tensor selections_host = selections.on_host();
-  const Tensor prob_sums_host = prob_sums.on_host();
-  layer.selections_per_expert.assign(selections_host.data<float>(),
-                                     selections_host.data<float>() + E);
-  layer.prob_sum_per_expert.assign(prob_sums_host.data<float>(), prob_sums_host.data<float>() + E);
+  const Tensor counts_host = counts.on_host();
+  const float* host = counts_host.data<float>();
+  layer.selections_per_expert.assign(host, host + E);
+  layer.prob_sum_per_expert.assign(host + E, host + 2 * E);
   layer.tokens = total;
   for (int e = 0; e < E; ++e) {
     stats.selections_per_expert[e] += layer.selections_per_expert[e];
