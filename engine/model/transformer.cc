@@ -112,8 +112,8 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   const Tensor& rope = rope_for(dev, seq_);
   ids_ = (tp_ ? shard_ids(ids.on_host().reshape({n})) : ids.reshape({n}))
              .to(dev, MemoryKind::kActivations);
-  targets_ = targets.reshape({n}).to(dev, MemoryKind::kActivations);
-  targets_host_ = targets_.on_host();
+  targets_host_ = targets.reshape({n}).on_host();
+  targets_ = targets_host_.to(dev, MemoryKind::kActivations);
   stats_.reset(recipe_.moe().num_experts(), recipe_.moe().top_k());
 
   acquire({0});

@@ -337,8 +337,8 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
         const bool split = split_over_tp(p);
         const Tensor saved = split && dim > 0 ? gather_shards(*groups.tp, rows, dim) : rows;
         if (p.spec.expert || (split && dim == 0) || groups.tp->rank() == 0)
-          mine.push_back(SliceToSave{kind + "/" + p.name, saved.on_host(), p.whole_shape, p.spec.expert,
-                                     dim, p.origin[0] + first_row});
+          mine.push_back(SliceToSave{kind + "/" + p.name, saved.on_host(), p.whole_shape,
+                                     p.spec.expert, dim, p.origin[0] + first_row});
       };
       if (zero && zero->is_sharded(i)) {
         const ZeroShards::Shard& shard = zero->shard(i);
