@@ -327,6 +327,7 @@ absl::Status validate_checkpoint_and_runtime(const Recipe& recipe) {
                                 "\") must be \"cpu\", \"cuda\" or empty (pick automatically)"));
   }
   SY_RETURN_IF_ERROR(check_non_negative("runtime.threads", runtime.threads()));
+  SY_RETURN_IF_ERROR(check_non_negative("runtime.max_logits_mb", runtime.max_logits_mb()));
   if (!runtime.precision().empty() && runtime.precision() != "fp32" &&
       runtime.precision() != "bf16") {
     return invalid(absl::StrCat("runtime.precision (\"", runtime.precision(),

@@ -149,23 +149,34 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   final_out_ = activation(dev, {n, hidden}, dtype);
   final_rstd_ = activation(dev, {n});
   rmsnorm_forward(dev, x, final_norm_->value, recipe_.model().norm_eps(), final_out_, final_rstd_);
-  logits_ = activation(dev, {n, vocab});
-  matmul(dev, final_out_, false, lm_head_->work, true, logits_);
-  release(head);
-  if (logits_out) {
-    *logits_out = tp_ ? gather_shards(*tp_, logits_, 1) : activation(dev, {n, vocab});
-    if (!tp_) logits_out->copy_from(logits_);
-  }
-
-  Tensor losses;
+  Tensor losses = activation(dev, {n});
   lse_ = activation(dev, {n});
-  if (tp_) {
-    losses = vocab_parallel_losses(dev);
-  } else {
-    losses = activation(dev, {n});
-    cross_entropy_forward(dev, logits_, targets_, losses, lse_);
-    losses = losses.on_host();
+  // Under tensor parallelism each chunk gives this shard's log-sum-exp and target logits;
+  // they are combined over the group once all rows are scored.
+  Tensor shard_lse = tp_ ? activation(dev, {n}) : lse_;
+  Tensor target_logits = tp_ ? activation(dev, {n}) : Tensor();
+  const int64_t rows = logits_out ? n : logit_rows(n, vocab);
+  Tensor chunk = activation(dev, {rows, vocab});
+  for (int64_t begin = 0; begin < n; begin += rows) {
+    const int64_t end = std::min(n, begin + rows);
+    Tensor logits = chunk.slice_rows(0, end - begin);
+    matmul(dev, final_out_.slice_rows(begin, end), false, lm_head_->work, true, logits);
+    const Tensor targets = targets_.slice_rows(begin, end);
+    Tensor lse = shard_lse.slice_rows(begin, end);
+    if (tp_) {
+      Tensor target = target_logits.slice_rows(begin, end);
+      cross_entropy_shard_forward(dev, logits, targets,
+                                  {vocab_start_, recipe_.model().vocab_size()}, lse, target);
+    } else {
+      Tensor loss = losses.slice_rows(begin, end);
+      cross_entropy_forward(dev, logits, targets, loss, lse);
+    }
   }
+  // One chunk is kept for backward; more are recomputed there.
+  if (rows >= n) logits_ = chunk;
+  release(head);
+  if (logits_out) *logits_out = tp_ ? gather_shards(*tp_, logits_, 1) : logits_;
+  losses = tp_ ? vocab_parallel_losses(dev, shard_lse, target_logits) : losses.on_host();
   double sum = 0;
   target_tokens_ = 0;
   const int32_t* t = targets_host_.data<int32_t>();
@@ -197,13 +208,17 @@ Tensor Transformer::shard_ids(const Tensor& ids) const {
   return shifted;
 }
 
-Tensor Transformer::vocab_parallel_losses(Device& dev) {
-  const int64_t n = logits_.rows();
+int64_t Transformer::logit_rows(int64_t n, int64_t vocab) const {
+  const int64_t mb = recipe_.runtime().max_logits_mb();
+  const int64_t budget = (mb > 0 ? mb : kDefaultMaxLogitsMb) << 20;
+  const int64_t row_bytes = vocab * static_cast<int64_t>(sizeof(float));
+  return std::clamp<int64_t>(budget / row_bytes, 1, n);
+}
+
+Tensor Transformer::vocab_parallel_losses(Device& dev, const Tensor& shard_lse,
+                                          Tensor& target_logits) {
+  const int64_t n = shard_lse.rows();
   const int group = tp_->size();
-  Tensor shard_lse = activation(dev, {n});
-  Tensor target_logits = activation(dev, {n});
-  cross_entropy_shard_forward(dev, logits_, targets_, {vocab_start_, recipe_.model().vocab_size()},
-                              shard_lse, target_logits);
   // Exactly one rank holds each target's logit; the others add zero.
   tp_->all_reduce_sum(target_logits);
   Tensor all_lse = activation(dev, {group, n});
@@ -250,12 +265,27 @@ void Transformer::backward(Device& dev, float loss_scale) {
   // operand of the LM head's products.
   const DType dtype = final_out_.dtype();
   const float ce_scale = target_tokens_ ? loss_scale / static_cast<float>(target_tokens_) : 0.0f;
-  Tensor dlogits = dtype == DType::kF32 ? logits_ : activation(dev, logits_.shape(), dtype);
-  cross_entropy_backward(dev, logits_, targets_, lse_, ce_scale, dlogits,
-                         {vocab_start_, recipe_.model().vocab_size()});
-  matmul(dev, dlogits, true, final_out_, false, lm_head_->grad, 1.0f, 1.0f);
   Tensor dfinal = activation(dev, {n, hidden}, dtype);
-  matmul(dev, dlogits, false, lm_head_->work, false, dfinal);
+  // Forward kept the logits when one chunk held them all; otherwise each chunk's logits
+  // are recomputed from the saved final norm output.
+  const int64_t vocab = lm_head_->shape[0];
+  const int64_t rows = logits_.defined() ? n : logit_rows(n, vocab);
+  Tensor chunk = logits_.defined() ? logits_ : activation(dev, {rows, vocab});
+  Tensor dchunk = dtype == DType::kF32 ? chunk : activation(dev, {rows, vocab}, dtype);
+  for (int64_t begin = 0; begin < n; begin += rows) {
+    const int64_t end = std::min(n, begin + rows);
+    const Tensor in = final_out_.slice_rows(begin, end);
+    Tensor logits = chunk.slice_rows(0, end - begin);
+    if (!logits_.defined()) matmul(dev, in, false, lm_head_->work, true, logits);
+    Tensor dlogits = dchunk.slice_rows(0, end - begin);
+    cross_entropy_backward(dev, logits, targets_.slice_rows(begin, end),
+                           lse_.slice_rows(begin, end), ce_scale, dlogits,
+                           {vocab_start_, recipe_.model().vocab_size()});
+    matmul(dev, dlogits, true, in, false, lm_head_->grad, 1.0f, 1.0f);
+    Tensor d = dfinal.slice_rows(begin, end);
+    matmul(dev, dlogits, false, lm_head_->work, false, d);
+  }
+  chunk = dchunk = Tensor();
   if (tp_) tensor_parallel_sum(dev, *tp_, dfinal);
   logits_ = lse_ = Tensor();
   Tensor dx = activation(dev, {n, hidden}, dtype);

@@ -36,6 +36,9 @@ struct ModelParallel {
   Communicator* expert_parallel = nullptr;
 };
 
+// runtime.max_logits_mb when the recipe leaves it 0.
+inline constexpr int64_t kDefaultMaxLogitsMb = 256;
+
 class Transformer {
  public:
   // Registers every parameter in `params` (allocation is the caller's).
@@ -73,9 +76,12 @@ class Transformer {
   // Vocabulary-parallel pieces (tensor_parallel of more than one rank).
   // Host ids shifted into this rank's embedding rows; -1 for another rank's tokens.
   Tensor shard_ids(const Tensor& ids) const;
-  // Fills lse_ with the whole vocabulary's log-sum-exp and returns the per-token losses
+  // Combines the group's shard log-sum-exps and target logits (all_reduce'd in place):
+  // fills lse_ with the whole vocabulary's log-sum-exp and returns the per-token losses
   // (on the host).
-  Tensor vocab_parallel_losses(Device& dev);
+  Tensor vocab_parallel_losses(Device& dev, const Tensor& shard_lse, Tensor& target_logits);
+  // Rows of the LM head whose f32 logits fit in runtime.max_logits_mb (1 to n).
+  int64_t logit_rows(int64_t n, int64_t vocab) const;
 
   config::Recipe recipe_;
   Communicator* tp_;  // null or of size 1
@@ -95,7 +101,8 @@ class Transformer {
   Tensor ids_, targets_;  // ids_: shifted into this rank's rows under tensor parallelism
   Tensor targets_host_;   // targets_ on the host, for the loss sums
   Tensor final_in_, final_rstd_, final_out_;
-  Tensor logits_, lse_;
+  Tensor logits_;  // kept only when one chunk held all rows (logit_rows)
+  Tensor lse_;
   int64_t target_tokens_ = 0;
 };
 

@@ -347,6 +347,7 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"checkpoint.keep=-1"}, "checkpoint.keep (-1) must be >= 0"},
         ValidationCase{{"runtime.device=tpu"}, "runtime.device (\"tpu\") must be"},
         ValidationCase{{"runtime.threads=-2"}, "runtime.threads (-2) must be >= 0"},
+        ValidationCase{{"runtime.max_logits_mb=-1"}, "runtime.max_logits_mb (-1) must be >= 0"},
         ValidationCase{{"runtime.precision=fp8"}, "runtime.precision (\"fp8\") must be"}));
 
 TEST(RecipeTest, ExplicitHeadDimNeedNotMatchHidden) {

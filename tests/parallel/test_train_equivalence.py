@@ -151,6 +151,23 @@ def test_bf16_tensor_parallel_tracks_single_process(tmp_path):
         assert diff.max() < 8 * lr, (name, diff.max())
 
 
+def test_tensor_parallel_chunked_logits_match(tmp_path):
+    """Vocabulary-parallel scoring in row chunks: with runtime.max_logits_mb=1 a rank's
+    512-token shard of the LM head scores 512 rows at a time, so a 16 x 64 micro-batch
+    takes 2 chunks and backward recomputes their logits. One process scores whole
+    micro-batches (4 MiB of logits, under the default budget)."""
+    batch = ["--set", "train.global_batch_size=16", "--set", "train.micro_batch_size=16"]
+    single_losses, single_weights = train(tmp_path, "single", 1, batch)
+    ranks, overrides = LAYOUTS["tp2"]
+    chunked = ["--set", "runtime.max_logits_mb=1"]
+    losses, weights = train(tmp_path, "tp2", ranks, overrides + batch + chunked)
+    np.testing.assert_allclose(losses[0], single_losses[0], rtol=1e-6)
+    np.testing.assert_allclose(losses[:, 0], single_losses[:, 0], rtol=1e-5)
+    np.testing.assert_allclose(losses[:, 1:], single_losses[:, 1:], rtol=2e-4)
+    assert set(weights) == set(single_weights)
+    assert_weights_match(weights, single_weights)
+
+
 QWEN_STYLE = ["--set", "moe.num_shared_experts=1", "--set", "moe.shared_expert_ffn_hidden_size=128",
               "--set", "moe.shared_expert_gate=true", "--set", "model.attention_bias=true",
               "--set", "model.moe_layer_interval=2", "--set", "model.ffn_hidden_size=256",
