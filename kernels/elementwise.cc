@@ -107,22 +107,40 @@ void bias_backward(Device& dev, const Tensor& dy, Tensor& dbias) {
   cpu::bias_backward(dy.data<float>(), dbias.data<float>(), dy.dim(0), dy.dim(1));
 }
 
-double sum_squares(Device& dev, const Tensor& x) {
-  SY_CHECK_MSG(is_float(x), "sum_squares: x must be f32 or bf16");
+std::vector<double> sum_squares(Device& dev, const std::vector<Tensor>& xs) {
+  std::vector<double> totals(xs.size(), 0.0);
+  if (xs.empty()) return totals;
+  for (const Tensor& x : xs)
+    SY_CHECK_MSG(is_float(x) && x.dtype() == xs[0].dtype(),
+                 "sum_squares: tensors must be all f32 or all bf16");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cudaStream_t stream = op_stream(dev, "sum_squares", {&x});
-    double total = 0.0;
-    with_cuda_type(x, [&](auto type) {
+    cudaStream_t stream = nullptr;
+    std::vector<int64_t> sizes;
+    for (const Tensor& x : xs) {
+      stream = op_stream(dev, "sum_squares", {&x});
+      sizes.push_back(x.numel());
+    }
+    with_cuda_type(xs[0], [&](auto type) {
       using T = typename decltype(type)::type;
-      total = cuda::sum_squares(cuda_data<T>(x), x.numel(), stream);
+      std::vector<const T*> data;
+      for (const Tensor& x : xs) data.push_back(cuda_data<T>(x));
+      cuda::sum_squares(data.data(), sizes.data(), static_cast<int>(xs.size()), totals.data(),
+                        stream);
     });
-    return total;
+    return totals;
   }
 #endif
   SY_CHECK_MSG(!dev.is_cuda(), "sum_squares: this build has no CUDA backend");
-  if (any_bf16({&x})) return sum_squares(dev, widened(x));
-  return cpu::sum_squares(x.data<float>(), x.numel());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor x = any_bf16({&xs[i]}) ? widened(xs[i]) : xs[i];
+    totals[i] = cpu::sum_squares(x.data<float>(), x.numel());
+  }
+  return totals;
+}
+
+double sum_squares(Device& dev, const Tensor& x) {
+  return sum_squares(dev, std::vector<Tensor>{x})[0];
 }
 
 void sigmoid_gate_forward(Device& dev, const Tensor& x, const Tensor& g, Tensor& y) {

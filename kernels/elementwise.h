@@ -5,6 +5,8 @@
 // once; parameter gradients (dbias) stay f32.
 #pragma once
 
+#include <vector>
+
 #include "engine/runtime/tensor.h"
 
 namespace switchyard {
@@ -17,7 +19,10 @@ void scale_(Device& dev, Tensor& x, float alpha);
 void add_bias_(Device& dev, Tensor& y, const Tensor& bias);
 // dbias: (n) f32 += column sums of dy: (rows, n), f32 or bf16.
 void bias_backward(Device& dev, const Tensor& dy, Tensor& dbias);
-// Sum of squares of all elements of x (f32 or bf16), accumulated in double.
+// Sums of squares of the elements of each tensor (f32 or bf16, one dtype for all),
+// accumulated in double in a fixed order. On CUDA the host waits once for all of them.
+std::vector<double> sum_squares(Device& dev, const std::vector<Tensor>& xs);
+// The same for one tensor.
 double sum_squares(Device& dev, const Tensor& x);
 
 // Sigmoid-gated rows (Qwen2-MoE shared expert): y[r] += sigmoid(g[r]) * x[r].

@@ -53,16 +53,17 @@ StepReport AdamWOptimizer::step(Device& dev) {
   // splits them (expert-parallel for experts, tensor-parallel for split dense tensors,
   // the data-parallel replicas for ZeRO-2/3 row shards).
   double replicated_sq = 0, tensor_parallel_sq = 0, expert_sq = 0;
+  std::vector<Tensor> grads;
+  std::vector<double*> sums;
   for (const Param& p : params_.params()) {
     if (!p.grad.defined()) continue;  // a ZeRO-2/3 row shard, counted below
-    const double sq = sum_squares(dev, p.grad);
-    if (p.spec.expert)
-      expert_sq += sq;
-    else if (p.shape != p.whole_shape)
-      tensor_parallel_sq += sq;
-    else
-      replicated_sq += sq;
+    grads.push_back(p.grad);
+    sums.push_back(p.spec.expert              ? &expert_sq
+                   : p.shape != p.whole_shape ? &tensor_parallel_sq
+                                              : &replicated_sq);
   }
+  const std::vector<double> squares = sum_squares(dev, grads);
+  for (size_t i = 0; i < squares.size(); ++i) *sums[i] += squares[i];
   if (groups_.zero) {
     const std::array<double, 2> dense = groups_.zero->gradient_squares(dev);
     replicated_sq += dense[0];

@@ -154,11 +154,15 @@ void ZeroShards::end_grads(int unit) {
 
 std::array<double, 2> ZeroShards::gradient_squares(Device& dev) {
   std::array<double, 2> squares = {0, 0};
+  std::vector<Tensor> grads;
+  std::vector<int> kinds;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!is_sharded(i)) continue;
-    const Param& p = *params_[i];
-    squares[p.shape != p.whole_shape ? 1 : 0] += sum_squares(dev, shards_[i].grad);
+    grads.push_back(shards_[i].grad);
+    kinds.push_back(params_[i]->shape != params_[i]->whole_shape ? 1 : 0);
   }
+  const std::vector<double> sums = sum_squares(dev, grads);
+  for (size_t k = 0; k < sums.size(); ++k) squares[kinds[k]] += sums[k];
   replicas_.all_reduce_sum(squares.data(), 2);
   return squares;
 }

@@ -112,19 +112,25 @@ void bias_backward(const T* dy, float* dbias, int64_t rows, int64_t n, cudaStrea
 }
 
 template <typename T>
-double sum_squares(const T* x, int64_t n, cudaStream_t stream) {
-  if (n == 0) return 0.0;
-  Scratch<double> partial(kSumBlocks + 1, stream);
-  double* total = partial.get() + kSumBlocks;
-  sum_squares_partial_kernel<<<kSumBlocks, kThreads, 0, stream>>>(x, n, partial.get());
-  SY_CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, kThreads, 0, stream>>>(partial.get(), kSumBlocks, total);
-  SY_CUDA_CHECK_LAUNCH();
-  double host_total = 0.0;
-  SY_CUDA_CHECK(
-      cudaMemcpyAsync(&host_total, total, sizeof(double), cudaMemcpyDeviceToHost, stream));
+void sum_squares(const T* const* xs, const int64_t* ns, int count, double* host_totals,
+                 cudaStream_t stream) {
+  if (count == 0) return;
+  // One scratch of block partials serves every array: the stream orders each array's
+  // two kernels before the next array's.
+  Scratch<double> scratch(kSumBlocks + count, stream);
+  double* partial = scratch.get();
+  double* totals = partial + kSumBlocks;
+  SY_CUDA_CHECK(cudaMemsetAsync(totals, 0, static_cast<size_t>(count) * sizeof(double), stream));
+  for (int i = 0; i < count; ++i) {
+    if (ns[i] == 0) continue;
+    sum_squares_partial_kernel<<<kSumBlocks, kThreads, 0, stream>>>(xs[i], ns[i], partial);
+    SY_CUDA_CHECK_LAUNCH();
+    sum_partials_kernel<<<1, kThreads, 0, stream>>>(partial, kSumBlocks, totals + i);
+    SY_CUDA_CHECK_LAUNCH();
+  }
+  SY_CUDA_CHECK(cudaMemcpyAsync(host_totals, totals, static_cast<size_t>(count) * sizeof(double),
+                                cudaMemcpyDeviceToHost, stream));
   SY_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return host_total;
 }
 
 template <typename T, typename G>
@@ -148,7 +154,7 @@ void sigmoid_gate_backward(const T* dy, const T* x, const G* g, T* dx, G* dg, in
   template void add<T>(T*, const T*, float, int64_t, cudaStream_t);                 \
   template void scale<T>(T*, float, int64_t, cudaStream_t);                         \
   template void bias_backward<T>(const T*, float*, int64_t, int64_t, cudaStream_t); \
-  template double sum_squares<T>(const T*, int64_t, cudaStream_t);
+  template void sum_squares<T>(const T* const*, const int64_t*, int, double*, cudaStream_t);
 #define SY_INSTANTIATE_ELEMENTWISE_PAIR(T, U)                                              \
   template void add_bias<T, U>(T*, const U*, int64_t, int64_t, cudaStream_t);              \
   template void sigmoid_gate_forward<T, U>(const T*, const U*, T*, int64_t, int64_t,       \

@@ -79,6 +79,29 @@ TEST(ElementwiseGpu, SumSquaresMatchesCpu) {
   }
 }
 
+TEST(ElementwiseGpu, SumSquaresOfManyTensorsMatchCpu) {
+  CudaDevice gpu(0);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<Tensor> xs, gxs;
+    int seed = 20;
+    for (int64_t n : {257, 0, 1, 1000003, 64}) {
+      const Tensor x = random_tensor({n}, ++seed, -2.0, 2.0);
+      xs.push_back(dtype == DType::kBF16 ? as_bf16(x) : x);
+      gxs.push_back(to_device(gpu, xs.back()));
+    }
+    const std::vector<double> cpu = sum_squares(cpu_device(), xs);
+    const std::vector<double> got = sum_squares(gpu, gxs);
+    ASSERT_EQ(got.size(), cpu.size());
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_NEAR(got[i], cpu[i], 1e-12 * std::max(1.0, cpu[i])) << i;
+      // The same kernels as for the tensor alone.
+      EXPECT_EQ(got[i], sum_squares(gpu, gxs[i])) << i;
+    }
+    EXPECT_EQ(got[1], 0.0);
+  }
+}
+
 TEST(ElementwiseGpu, SigmoidGateMatchesCpu) {
   CudaDevice gpu(0);
   for (int64_t rows : {0, 1, 37, 300}) {

@@ -73,6 +73,18 @@ TEST(ElementwiseTest, AddBiasAndBiasBackward) {
   EXPECT_LT(max_relative_error(values_of(dbias), sums), 1e-5);
 }
 
+TEST(ElementwiseTest, SumSquaresOfManyTensorsMatchOneByOne) {
+  std::vector<Tensor> xs;
+  for (int64_t n : {5, 0, 100003, 1}) xs.push_back(make_tensor({n}, random_vector<float>(n, 70 + n)));
+  const std::vector<double> sums = sum_squares(cpu_device(), xs);
+  ASSERT_EQ(sums.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(sums[i], sum_squares(cpu_device(), xs[i])) << i;
+  EXPECT_EQ(sums[1], 0.0);
+  EXPECT_TRUE(sum_squares(cpu_device(), std::vector<Tensor>{}).empty());
+  xs.push_back(to_dtype(xs[0], DType::kBF16));
+  EXPECT_DEATH(sum_squares(cpu_device(), xs), "all f32 or all bf16");
+}
+
 TEST(ElementwiseTest, SumSquaresIsAccurateAndThreadCountIndependent) {
   const int64_t n = 100003;
   const auto x = random_vector<float>(n, 66, -3.0, 3.0);
