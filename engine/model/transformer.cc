@@ -173,7 +173,7 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
     }
   }
   // One chunk is kept for backward; more are recomputed there.
-  if (rows >= n) logits_ = chunk;
+  logits_ = rows >= n ? chunk : Tensor();
   release(head);
   if (logits_out) *logits_out = tp_ ? gather_shards(*tp_, logits_, 1) : logits_;
   losses = tp_ ? vocab_parallel_losses(dev, shard_lse, target_logits) : losses.on_host();
