@@ -3,10 +3,10 @@
 // one Mixtral-shaped MoE layer and its loss, each against the ceiling that bounds it:
 // GEMMs and attention in TFLOP/s against the fp32 GEMM (the engine computes in fp32),
 // the memory-bound ops in GB/s against the copy. Then the grouped expert GEMMs on bf16
-// operands both ways, the engine's tensor-core kernel and the per-expert cuBLAS loop, on
-// balanced and skewed expert sizes, against the bf16 GEMM. Times are cudaEvents on the
-// device's stream: two warm-up calls, then the median of timed repetitions. Prints a table
-// and, last, one JSON line. Exits 77 without a GPU.
+// operands three ways, the engine's tensor-core kernel, the per-expert cuBLASLt loop and
+// one cuBLAS grouped batched call, on balanced and skewed expert sizes, against the bf16
+// GEMM. Times are cudaEvents on the device's stream: two warm-up calls, then the median
+// of timed repetitions. Prints a table and, last, one JSON line. Exits 77 without a GPU.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -363,12 +363,15 @@ Tensor expert_sizes(int64_t rows, int64_t experts, bool skewed) {
 }
 
 // The expert GEMMs of one MoE layer (forward gate_up and down, the down projection's
-// input and weight gradients) on bf16 operands, each timed both ways: the public op,
-// which runs the engine's tensor-core kernel with the sizes on the device, and the
-// per-expert cuBLAS loop (cuda::grouped_matmul_*, one cublasGemmEx per expert, sizes on
-// the host). Results are bf16, the weight gradient f32 (accumulated), as in training.
-// TFLOP/s are against the bf16 cuBLAS GEMM ceiling; the ratio is cuBLAS time / kernel
-// time (above 1: the kernel is faster).
+// input and weight gradients) on bf16 operands, each timed three ways: the public op,
+// which runs the engine's tensor-core kernel with the sizes on the device; the
+// per-expert cuBLASLt loop (cuda::grouped_matmul_*, one cublasLtMatmul per expert, sizes
+// on the host); and one cublasGemmGroupedBatchedEx call (cuda::grouped_batched_matmul_*,
+// sizes on the host). Results are bf16, the weight gradient f32 (accumulated), as in
+// training; cuBLAS has no grouped batched GEMM from bf16 to f32, so for the weight
+// gradient that call runs the loop (marked *). TFLOP/s are against the bf16 cuBLAS GEMM
+// ceiling; the ratios are loop time / kernel time and grouped time / kernel time (above
+// 1: the kernel is faster).
 nlohmann::ordered_json measure_grouped_bf16(CudaDevice& dev, const Options& o, const Ceilings& c) {
   const int64_t T = o.tokens, H = o.hidden, E = o.experts, F = o.ffn;
   const int64_t R = T * o.top_k;
@@ -385,11 +388,12 @@ nlohmann::ordered_json measure_grouped_bf16(CudaDevice& dev, const Options& o, c
   Tensor dw_down = device_tensor(dev, {E, H, F});
   dw_down.zero_();
   const cuda::GemmTypes bf16_out{CUDA_R_16BF, CUDA_R_16BF}, f32_out{CUDA_R_16BF, CUDA_R_32F};
-  cublasHandle_t handle = dev.cublas();
+  cuda::Blas& blas = dev.blas();
 
   std::printf(
-      "\ngrouped expert GEMMs, bf16 operands: the engine's kernel vs the per-expert "
-      "cuBLAS loop (%% of the bf16 cuBLAS GEMM)\n");
+      "\ngrouped expert GEMMs, bf16 operands: the engine's kernel, the per-expert cuBLASLt "
+      "loop and one cuBLAS grouped batched call (%% of the bf16 cuBLAS GEMM; * runs the "
+      "loop: no bf16 -> f32 grouped batched GEMM)\n");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (bool skewed : {false, true}) {
     const Tensor host_sizes = expert_sizes(R, E, skewed);
@@ -398,52 +402,80 @@ nlohmann::ordered_json measure_grouped_bf16(CudaDevice& dev, const Options& o, c
     struct Product {
       std::string name;
       double flops;
-      std::function<void()> kernel, loop;
+      cuda::GemmTypes types;
+      std::function<void()> kernel, loop, grouped;
     };
     const std::vector<Product> products = {
-        {"nt gate_up", 2.0 * R * H * 2 * F,
+        {"nt gate_up", 2.0 * R * H * 2 * F, bf16_out,
          [&] { grouped_matmul_nt(dev, xp, w_gate_up, sizes, gate_up); },
          [&] {
-           cuda::grouped_matmul_nt(handle, xp.raw_data(), w_gate_up.raw_data(), hs, E, 2 * F, H,
+           cuda::grouped_matmul_nt(blas, xp.raw_data(), w_gate_up.raw_data(), hs, E, 2 * F, H,
                                    gate_up.raw_data(), bf16_out);
-         }},
-        {"nt down", 2.0 * R * F * H, [&] { grouped_matmul_nt(dev, act, w_down, sizes, y); },
+         },
          [&] {
-           cuda::grouped_matmul_nt(handle, act.raw_data(), w_down.raw_data(), hs, E, H, F,
+           cuda::grouped_batched_matmul_nt(blas, xp.raw_data(), w_gate_up.raw_data(), hs, E, 2 * F,
+                                           H, gate_up.raw_data(), bf16_out);
+         }},
+        {"nt down", 2.0 * R * F * H, bf16_out,
+         [&] { grouped_matmul_nt(dev, act, w_down, sizes, y); },
+         [&] {
+           cuda::grouped_matmul_nt(blas, act.raw_data(), w_down.raw_data(), hs, E, H, F,
                                    y.raw_data(), bf16_out);
-         }},
-        {"nn down (dx)", 2.0 * R * H * F, [&] { grouped_matmul_nn(dev, dy, w_down, sizes, dact); },
+         },
          [&] {
-           cuda::grouped_matmul_nn(handle, dy.raw_data(), w_down.raw_data(), hs, E, H, F,
-                                   dact.raw_data(), bf16_out);
+           cuda::grouped_batched_matmul_nt(blas, act.raw_data(), w_down.raw_data(), hs, E, H, F,
+                                           y.raw_data(), bf16_out);
          }},
-        {"tn_acc down (dw)", 2.0 * R * H * F,
+        {"nn down (dx)", 2.0 * R * H * F, bf16_out,
+         [&] { grouped_matmul_nn(dev, dy, w_down, sizes, dact); },
+         [&] {
+           cuda::grouped_matmul_nn(blas, dy.raw_data(), w_down.raw_data(), hs, E, H, F,
+                                   dact.raw_data(), bf16_out);
+         },
+         [&] {
+           cuda::grouped_batched_matmul_nn(blas, dy.raw_data(), w_down.raw_data(), hs, E, H, F,
+                                           dact.raw_data(), bf16_out);
+         }},
+        {"tn_acc down (dw)", 2.0 * R * H * F, f32_out,
          [&] { grouped_matmul_tn_accumulate(dev, dy, act, sizes, dw_down); },
          [&] {
-           cuda::grouped_matmul_tn_accumulate(handle, dy.raw_data(), act.raw_data(), hs, E, H, F,
+           cuda::grouped_matmul_tn_accumulate(blas, dy.raw_data(), act.raw_data(), hs, E, H, F,
                                               dw_down.raw_data(), f32_out);
+         },
+         [&] {
+           cuda::grouped_batched_matmul_tn_accumulate(blas, dy.raw_data(), act.raw_data(), hs, E, H,
+                                                      F, dw_down.raw_data(), f32_out);
          }},
     };
     for (const Product& p : products) {
       const double kernel_ms = timed(p.kernel), loop_ms = timed(p.loop);
-      const double kernel_tflops = p.flops / (kernel_ms * 1e-3) / 1e12;
-      const double loop_tflops = p.flops / (loop_ms * 1e-3) / 1e12;
+      const double grouped_ms = timed(p.grouped);
+      const bool grouped_runs_loop = !cuda::grouped_batched_supports(p.types);
+      auto tflops = [&](double ms) { return p.flops / (ms * 1e-3) / 1e12; };
+      auto pct = [&](double ms) { return 100 * tflops(ms) / c.bf16_tflops; };
       const std::string label = p.name + (skewed ? " skewed" : " balanced");
       std::printf(
           "%-28s kernel %8.3f ms %7.1f TFLOP/s %5.1f%% | cuBLAS loop %8.3f ms %7.1f "
-          "TFLOP/s %5.1f%% | ratio %.2f\n",
-          label.c_str(), kernel_ms, kernel_tflops, 100 * kernel_tflops / c.bf16_tflops, loop_ms,
-          loop_tflops, 100 * loop_tflops / c.bf16_tflops, loop_ms / kernel_ms);
+          "TFLOP/s %5.1f%% | cuBLAS grouped%s %8.3f ms %7.1f TFLOP/s %5.1f%% | ratios %.2f "
+          "%.2f\n",
+          label.c_str(), kernel_ms, tflops(kernel_ms), pct(kernel_ms), loop_ms, tflops(loop_ms),
+          pct(loop_ms), grouped_runs_loop ? "*" : "", grouped_ms, tflops(grouped_ms),
+          pct(grouped_ms), loop_ms / kernel_ms, grouped_ms / kernel_ms);
       std::fflush(stdout);
       rows.push_back({{"op", p.name},
                       {"sizes", skewed ? "skewed" : "balanced"},
                       {"kernel_ms", kernel_ms},
-                      {"kernel_tflops", kernel_tflops},
-                      {"kernel_pct_of_bf16_gemm", 100 * kernel_tflops / c.bf16_tflops},
+                      {"kernel_tflops", tflops(kernel_ms)},
+                      {"kernel_pct_of_bf16_gemm", pct(kernel_ms)},
                       {"cublas_loop_ms", loop_ms},
-                      {"cublas_loop_tflops", loop_tflops},
-                      {"cublas_loop_pct_of_bf16_gemm", 100 * loop_tflops / c.bf16_tflops},
-                      {"cublas_loop_over_kernel_time", loop_ms / kernel_ms}});
+                      {"cublas_loop_tflops", tflops(loop_ms)},
+                      {"cublas_loop_pct_of_bf16_gemm", pct(loop_ms)},
+                      {"cublas_loop_over_kernel_time", loop_ms / kernel_ms},
+                      {"cublas_grouped_ms", grouped_ms},
+                      {"cublas_grouped_tflops", tflops(grouped_ms)},
+                      {"cublas_grouped_pct_of_bf16_gemm", pct(grouped_ms)},
+                      {"cublas_grouped_over_kernel_time", grouped_ms / kernel_ms},
+                      {"cublas_grouped_runs_loop", grouped_runs_loop}});
     }
   }
   return rows;

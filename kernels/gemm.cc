@@ -41,7 +41,7 @@ void check_host_sizes(const Tensor& group_sizes, int64_t rows) {
 
 // Checks the group sizes and returns the group count. Host sizes are checked here; sizes
 // on a CUDA device where they are read (on the device by the tensor-core kernels, or here
-// once copied to the host for the cuBLAS loop).
+// once copied to the host for the cuBLASLt loop).
 int64_t check_groups(const Device& dev, const Tensor& group_sizes, int64_t rows) {
   SY_CHECK_MSG(group_sizes.dtype() == DType::kI32 && group_sizes.rank() == 1,
                "grouped matmul: group_sizes must be an i32 vector");
@@ -70,7 +70,7 @@ const __nv_bfloat16* bf16_data(const Tensor& t) { return cuda_data<const __nv_bf
 
 // Runs grouped product `op` on a CUDA device. bf16 operands go to the tensor-core kernel:
 // `kernel(sizes, stream, result_type)` with the sizes where they are and the result's
-// CUDA type (std::type_identity). f32 operands go to the cuBLAS loop: `loop(handle,
+// CUDA type (std::type_identity). f32 operands go to the cuBLASLt loop: `loop(blas,
 // host_sizes)`, whose calls are sized on the host, so sizes on the device are copied
 // there (which waits for the stream) and checked.
 template <typename Kernel, typename Loop>
@@ -88,7 +88,7 @@ void grouped_on_cuda(Device& dev, const char* op, std::initializer_list<const Te
   }
   const Tensor host_sizes = sizes_on_host ? group_sizes : group_sizes.on_host();
   if (!sizes_on_host) check_host_sizes(host_sizes, rows);
-  loop(op_cublas(dev, op, tensors), host_sizes.data<int32_t>());
+  loop(op_blas(dev, op, tensors), host_sizes.data<int32_t>());
 }
 #endif
 
@@ -105,9 +105,8 @@ void matmul(Device& dev, const Tensor& a, bool trans_a, const Tensor& b, bool tr
   SY_CHECK_MSG(sc.rows == m && sc.cols == n, "matmul: output shape does not match");
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
-    cuda::gemm(op_cublas(dev, "matmul", {&a, &b, &c}), trans_a, trans_b, m, n, k, alpha,
-               a.raw_data(), sa.cols, b.raw_data(), sb.cols, beta, c.raw_data(), sc.cols,
-               gemm_types(a, c));
+    cuda::gemm(op_blas(dev, "matmul", {&a, &b, &c}), trans_a, trans_b, m, n, k, alpha, a.raw_data(),
+               sa.cols, b.raw_data(), sb.cols, beta, c.raw_data(), sc.cols, gemm_types(a, c));
     return;
   }
 #endif
@@ -141,8 +140,8 @@ void grouped_matmul_nt(Device& dev, const Tensor& a, const Tensor& w, const Tens
           cuda::grouped_gemm_nt(bf16_data(a), bf16_data(w), sizes, sa.rows, groups, n, k,
                                 cuda_data<Out>(out), stream);
         },
-        [&](cublasHandle_t handle, const int32_t* host_sizes) {
-          cuda::grouped_matmul_nt(handle, a.raw_data(), w.raw_data(), host_sizes, groups, n, k,
+        [&](cuda::Blas& blas, const int32_t* host_sizes) {
+          cuda::grouped_matmul_nt(blas, a.raw_data(), w.raw_data(), host_sizes, groups, n, k,
                                   out.raw_data(), gemm_types(a, out));
         });
     return;
@@ -178,8 +177,8 @@ void grouped_matmul_nn(Device& dev, const Tensor& a, const Tensor& w, const Tens
           cuda::grouped_gemm_nn(bf16_data(a), bf16_data(w), sizes, sa.rows, groups, n, k,
                                 cuda_data<Out>(out), stream);
         },
-        [&](cublasHandle_t handle, const int32_t* host_sizes) {
-          cuda::grouped_matmul_nn(handle, a.raw_data(), w.raw_data(), host_sizes, groups, n, k,
+        [&](cuda::Blas& blas, const int32_t* host_sizes) {
+          cuda::grouped_matmul_nn(blas, a.raw_data(), w.raw_data(), host_sizes, groups, n, k,
                                   out.raw_data(), gemm_types(a, out));
         });
     return;
@@ -215,8 +214,8 @@ void grouped_matmul_tn_accumulate(Device& dev, const Tensor& a, const Tensor& b,
           cuda::grouped_gemm_tn_accumulate(bf16_data(a), bf16_data(b), sizes, sa.rows, groups, n, k,
                                            cuda_data<Out>(dw), stream);
         },
-        [&](cublasHandle_t handle, const int32_t* host_sizes) {
-          cuda::grouped_matmul_tn_accumulate(handle, a.raw_data(), b.raw_data(), host_sizes, groups,
+        [&](cuda::Blas& blas, const int32_t* host_sizes) {
+          cuda::grouped_matmul_tn_accumulate(blas, a.raw_data(), b.raw_data(), host_sizes, groups,
                                              n, k, dw.raw_data(), gemm_types(a, dw));
         });
     return;

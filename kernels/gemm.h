@@ -16,9 +16,9 @@ void matmul(Device& dev, const Tensor& a, bool trans_a, const Tensor& b, bool tr
 // op's device. On CUDA, bf16 operands run the engine's tensor-core kernels
 // (kernels/cuda/grouped_gemm.h), which read the sizes where they are: sizes on the device
 // never reach the host, so the op does not wait for the stream (and a CUDA graph can
-// capture it). f32 operands run one cuBLAS call per non-empty group, sized on the host:
-// sizes on the device are copied there first, which waits for the stream. On the CPU the
-// sizes must be on the host.
+// capture it). f32 operands run one cuBLASLt product per non-empty group, sized on the
+// host: sizes on the device are copied there first, which waits for the stream. On the
+// CPU the sizes must be on the host.
 //
 // out_g = a_g @ w[g]^T          a: (R, K), w: (G, N, K), out: (R, N)   (written)
 void grouped_matmul_nt(Device& dev, const Tensor& a, const Tensor& w, const Tensor& group_sizes,

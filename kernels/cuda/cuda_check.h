@@ -1,7 +1,8 @@
-// Checks on CUDA runtime and cuBLAS calls. A failure is an engine bug or a broken
-// device, never a user error, so it aborts with file:line like SY_CHECK.
+// Checks on CUDA runtime, cuBLAS and cuBLASLt calls. A failure is an engine bug or a
+// broken device, never a user error, so it aborts with file:line like SY_CHECK.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -21,6 +22,14 @@
     if (sy_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                   \
       ::switchyard::internal::check_failed(__FILE__, __LINE__, #expr,                 \
                                            cublasGetStatusString(sy_cublas_status_)); \
+  } while (0)
+
+#define SY_CUBLASLT_CHECK(expr)                                                           \
+  do {                                                                                    \
+    const cublasStatus_t sy_cublaslt_status_ = (expr);                                    \
+    if (sy_cublaslt_status_ != CUBLAS_STATUS_SUCCESS)                                     \
+      ::switchyard::internal::check_failed(__FILE__, __LINE__, #expr,                     \
+                                           cublasLtGetStatusString(sy_cublaslt_status_)); \
   } while (0)
 
 // After a kernel launch: a bad launch configuration fails here at once; a fault inside

@@ -4,6 +4,7 @@
 #include <new>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm.h"
 
 namespace switchyard {
 
@@ -21,6 +22,7 @@ CudaDevice::CudaDevice(int index) : index_(index) { SY_CUDA_CHECK(cudaSetDevice(
 CudaDevice::~CudaDevice() {
   if (!stream_) return;
   SY_CUDA_CHECK(cudaSetDevice(index_));
+  blas_.reset();  // before the handle and the stream it runs on
   if (cublas_) SY_CUBLAS_CHECK(cublasDestroy(cublas_));
   SY_CUDA_CHECK(cudaStreamDestroy(stream_));
 }
@@ -65,6 +67,12 @@ cublasHandle_t CudaDevice::cublas() {
   return cublas_;
 }
 
+cuda::Blas& CudaDevice::blas() {
+  cublasHandle_t handle = cublas();
+  if (!blas_) blas_ = std::make_unique<cuda::Blas>(handle, stream_);
+  return *blas_;
+}
+
 // Stream-ordered, from the device's pool (which keeps freed blocks, see stream()): a
 // step allocates and frees hundreds of activations, and cudaFree would wait for the
 // whole device each time. Every use of the memory is ordered on stream() (other streams,
@@ -98,10 +106,9 @@ cudaStream_t op_stream(Device& device, const char* op,
   return cuda.stream();
 }
 
-cublasHandle_t op_cublas(Device& device, const char* op,
-                         std::initializer_list<const Tensor*> tensors) {
+cuda::Blas& op_blas(Device& device, const char* op, std::initializer_list<const Tensor*> tensors) {
   op_stream(device, op, tensors);
-  return as_cuda(device).cublas();
+  return as_cuda(device).blas();
 }
 
 void CudaDevice::copy_from_host(void* dst, const void* src, size_t bytes) {

@@ -1,18 +1,22 @@
-// The CUDA device: allocation through the CUDA runtime, the stream every op runs on and
-// the cuBLAS handle bound to it. Only compiled when the build has CUDA
-// (SWITCHYARD_CUDA=ON).
+// The CUDA device: allocation through the CUDA runtime, the stream every op runs on, the
+// cuBLAS handle bound to it and the state of the matrix products on it. Only compiled
+// when the build has CUDA (SWITCHYARD_CUDA=ON).
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <initializer_list>
+#include <memory>
 #include <string>
 
 #include "engine/runtime/device.h"
 #include "engine/runtime/tensor.h"
 
 namespace switchyard {
+namespace cuda {
+class Blas;
+}
 
 // Number of visible CUDA devices; 0 when there is no driver or no GPU.
 int cuda_device_count();
@@ -48,6 +52,10 @@ class CudaDevice final : public Device {
   // cuBLAS handle on stream(), created on the first call. Its default math mode with
   // CUBLAS_COMPUTE_32F gives full fp32 products (no TF32).
   cublasHandle_t cublas();
+  // What the matrix products run with (kernels/cuda/gemm.h): that cuBLAS handle, a
+  // cuBLASLt handle, its workspace and the plans chosen per product shape; created on
+  // the first call.
+  cuda::Blas& blas();
 
  protected:
   void* raw_allocate(size_t bytes) override;
@@ -57,6 +65,7 @@ class CudaDevice final : public Device {
   int index_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<cuda::Blas> blas_;
 };
 
 // `device` as the CUDA device it must be.
@@ -66,8 +75,7 @@ CudaDevice& as_cuda(Device& device);
 // on `device`: ops never move data between devices behind the caller's back.
 cudaStream_t op_stream(Device& device, const char* op,
                        std::initializer_list<const Tensor*> tensors);
-// The same check, for ops that run through cuBLAS: the handle on that stream.
-cublasHandle_t op_cublas(Device& device, const char* op,
-                         std::initializer_list<const Tensor*> tensors);
+// The same check, for the matrix products: the device's Blas, on that stream.
+cuda::Blas& op_blas(Device& device, const char* op, std::initializer_list<const Tensor*> tensors);
 
 }  // namespace switchyard

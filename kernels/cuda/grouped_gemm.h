@@ -1,5 +1,5 @@
 // The engine's grouped matrix products on tensor cores, for bf16 operands with f32
-// accumulation: the same products as the cuBLAS loop of kernels/cuda/gemm.h, but one
+// accumulation: the same products as the cuBLASLt loop of kernels/cuda/gemm.h, but one
 // launch for all groups, whose row offsets are read from device memory. The group sizes
 // never travel to the host, so nothing waits for the stream and a CUDA graph can capture
 // the products. Every output element is computed by one block in a fixed order
