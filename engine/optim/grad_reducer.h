@@ -28,8 +28,12 @@ class OverlappedGradReduce final : public ParamHooks {
 
   // Whether the coming backward pass is the step's last micro-batch, which reduces.
   void set_reducing(bool reducing) { reducing_ = reducing; }
-  // Returns once every bucket of the last backward pass is reduced.
-  void wait() { queue_.wait(); }
+  // Returns once every bucket of the last backward pass is reduced, or, on a device
+  // communicator, once their reductions are queued ahead of the device work that follows.
+  void wait() {
+    queue_.wait();
+    replicas_->join_compute();
+  }
 
   void acquire(int) override {}
   void release(int) override {}

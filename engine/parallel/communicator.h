@@ -63,6 +63,12 @@ class Communicator {
   // Returns once every rank of the group has called it.
   virtual void barrier() = 0;
 
+  // Makes the device work queued after this call wait for the collectives queued before
+  // it. Only a device communicator whose collectives leave the compute stream alone
+  // (NcclCommunicator made with compute_waits = false) needs it; host collectives are
+  // complete when they return.
+  virtual void join_compute() {}
+
   // Wall-clock seconds this process has spent inside all_to_all_v, waiting included:
   // the cost of expert-parallel dispatch as the step sees it.
   double all_to_all_seconds() const { return all_to_all_seconds_; }

@@ -104,7 +104,8 @@ int select_local_gpu() {
   return runtime.local_rank() % gpus;
 }
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& cpu, CudaDevice& device) {
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& cpu, CudaDevice& device,
+                                                           bool compute_waits) {
   refuse_shared_gpus(cpu, device);
   Tensor id = Tensor::empty({static_cast<int64_t>(sizeof(ncclUniqueId))}, DType::kU8);
   ncclUniqueId unique_id;
@@ -119,11 +120,17 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& cpu, Cu
   device.stream();
   ncclComm_t comm = nullptr;
   SY_NCCL_CHECK(ncclCommInitRank(&comm, cpu.size(), unique_id, cpu.rank()));
-  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(cpu, device, comm));
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(cpu, device, comm, compute_waits));
 }
 
-NcclCommunicator::NcclCommunicator(Communicator& cpu, CudaDevice& device, ncclComm_t comm)
-    : cpu_(cpu), device_(device), comm_(comm), rank_(cpu.rank()), size_(cpu.size()) {
+NcclCommunicator::NcclCommunicator(Communicator& cpu, CudaDevice& device, ncclComm_t comm,
+                                   bool compute_waits)
+    : cpu_(cpu),
+      device_(device),
+      comm_(comm),
+      rank_(cpu.rank()),
+      size_(cpu.size()),
+      compute_waits_(compute_waits) {
   SY_CUDA_CHECK(cudaSetDevice(device_.index()));
   // Non-blocking, so that work on the legacy default stream (a plain cudaMemcpy) neither
   // waits for a collective in flight nor holds one back.
@@ -155,6 +162,10 @@ cudaStream_t NcclCommunicator::begin() {
 }
 
 void NcclCommunicator::end() {
+  if (compute_waits_) join_compute();
+}
+
+void NcclCommunicator::join_compute() {
   SY_CUDA_CHECK(cudaEventRecord(collective_done_, stream_));
   SY_CUDA_CHECK(cudaStreamWaitEvent(device_.stream(), collective_done_, 0));
 }
@@ -286,6 +297,22 @@ void NcclCommunicator::broadcast_impl(Tensor& tensor, int root) {
   SY_NCCL_CHECK(ncclBroadcast(tensor.raw_data(), tensor.raw_data(), tensor.nbytes(), ncclUint8,
                               root, comm_, stream));
   end();
+}
+
+void use_nccl(ProcessGroups& groups, CudaDevice& device, bool overlap_dp_background) {
+  // The same groups in the same order on every rank, so each creation meets its peers.
+  auto replace = [&](std::unique_ptr<Communicator>& group, bool compute_waits) {
+    if (group->size() == 1) return;
+    std::unique_ptr<Communicator> nccl = NcclCommunicator::create(*group, device, compute_waits);
+    groups.hosts.push_back(std::move(group));
+    group = std::move(nccl);
+  };
+  replace(groups.tp, true);
+  replace(groups.dp, true);
+  replace(groups.ep, true);
+  replace(groups.expert_dp, true);
+  replace(groups.dp_background, !overlap_dp_background);
+  groups.background_collectives = false;
 }
 
 }  // namespace switchyard

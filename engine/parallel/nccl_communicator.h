@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/parallel/communicator.h"
+#include "engine/parallel/topology.h"
 #include "kernels/cuda/cuda_device.h"
 
 namespace switchyard {
@@ -44,8 +45,11 @@ class NcclCommunicator final : public Communicator {
   // makes NCCL's unique id and broadcasts it over `cpu`. Every rank must bring a
   // different GPU; when two share one, the job ends with a message naming them. `cpu`
   // and `device` must outlive the communicator; all_to_all_counts and barrier run over
-  // `cpu`.
-  static std::unique_ptr<NcclCommunicator> create(Communicator& cpu, CudaDevice& device);
+  // `cpu`. With `compute_waits` false the compute stream does not wait for the tensor
+  // collectives (see the top of this file) until join_compute(): for gradient buckets
+  // reduced while backward goes on, which nothing reads before the optimizer.
+  static std::unique_ptr<NcclCommunicator> create(Communicator& cpu, CudaDevice& device,
+                                                  bool compute_waits = true);
 
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -57,6 +61,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   // Waits for the collectives queued so far, then for every rank (over `cpu`).
   void barrier() override;
+  void join_compute() override;
 
   CudaDevice& device() const { return device_; }
   // The stream the collectives run on.
@@ -78,11 +83,12 @@ class NcclCommunicator final : public Communicator {
 
  private:
   // Takes ownership of `comm`.
-  NcclCommunicator(Communicator& cpu, CudaDevice& device, ncclComm_t comm);
+  NcclCommunicator(Communicator& cpu, CudaDevice& device, ncclComm_t comm, bool compute_waits);
 
   // Makes stream_ wait for the work queued on the compute stream and returns it.
   cudaStream_t begin();
-  // Makes the compute stream wait for the work queued on stream_.
+  // Makes the compute stream wait for the work queued on stream_, unless compute_waits_
+  // is false.
   void end();
 
   // Rank r gets, in `out`, the rank-ordered sum over every rank's `in` (n elements) of
@@ -104,10 +110,21 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   int rank_ = 0;
   int size_ = 1;
+  bool compute_waits_ = true;
   cudaStream_t stream_ = nullptr;
   // Recorded on the compute stream before a collective, and on stream_ after it.
   cudaEvent_t compute_ready_ = nullptr;
   cudaEvent_t collective_done_ = nullptr;
 };
+
+// Replaces each group of `groups` larger than one rank, world aside, with an
+// NcclCommunicator on `device` made over it (collective: every rank calls it, after
+// make_process_groups); the host communicators move to groups.hosts. The world group
+// stays a host one (barriers, checkpoints). With `overlap_dp_background`, the compute
+// stream does not wait for dp_background's collectives: they reduce OverlappedGradReduce's
+// gradient buckets, joined in its wait(). ZeRO's reduce-scatters feed additions on the
+// compute stream, so they keep the wait. background_collectives turns off: NCCL calls
+// only queue work, so its stream gives the overlap that the background thread gives MPI.
+void use_nccl(ProcessGroups& groups, CudaDevice& device, bool overlap_dp_background);
 
 }  // namespace switchyard

@@ -55,6 +55,9 @@ absl::StatusOr<Layout> make_layout(const config::Recipe& recipe, int world_size)
 
 // One communicator per group of this process's rank.
 struct ProcessGroups {
+  // The host communicators that device ones were made over (use_nccl), kept for them;
+  // first, so that they outlive them.
+  std::vector<std::unique_ptr<Communicator>> hosts;
   std::unique_ptr<Communicator> world;
   std::unique_ptr<Communicator> tp;
   std::unique_ptr<Communicator> dp;

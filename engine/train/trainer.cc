@@ -28,6 +28,9 @@
 #include "kernels/devices.h"
 #include "kernels/threads.h"
 #include "moe/balance_stats.h"
+#ifdef SWITCHYARD_WITH_NCCL
+#include "engine/parallel/nccl_communicator.h"
+#endif
 
 namespace switchyard {
 
@@ -236,10 +239,12 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
                                  options.local_size, &device_error);
   if (device == nullptr) return absl::InvalidArgumentError(device_error);
   Device& dev = *device;
+  const int zero_stage = recipe.parallel().zero_stage();
+#ifdef SWITCHYARD_WITH_NCCL
+  // On GPUs the groups' collectives go over NCCL, on the tensors where they are.
   if (dev.is_cuda() && layout.world_size > 1)
-    return absl::UnimplementedError(
-        "training on CUDA runs one process for now: its collectives are host (MPI) ones; "
-        "run one rank or set runtime.device=cpu");
+    use_nccl(groups, as_cuda(dev), /*overlap_dp_background=*/zero_stage < 2);
+#endif
   const double peak_flops =
       options.peak_flops > 0 ? options.peak_flops
       : dev.is_cuda()        ? bf16_peak_flops(dev) * layout.world_size
@@ -247,7 +252,6 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   ParamStore params(ShardPlacement{groups.tp->rank(), groups.tp->size(), groups.ep->rank(),
                                    groups.ep->size()});
   Transformer model(recipe, params, {groups.tp.get(), groups.ep.get()});
-  const int zero_stage = recipe.parallel().zero_stage();
   // ZeRO stages 2 and 3 split the dense gradients and state (and at 3 the values) by
   // rows over the data-parallel replicas.
   std::unique_ptr<ZeroShards> zero;
