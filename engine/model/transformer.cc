@@ -175,7 +175,11 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   // One chunk is kept for backward; more are recomputed there.
   logits_ = rows >= n ? chunk : Tensor();
   release(head);
-  if (logits_out) *logits_out = tp_ ? gather_shards(*tp_, logits_, 1) : logits_;
+  if (logits_out) {
+    // A copy: in f32 backward turns the kept logits into their gradient in place.
+    *logits_out = tp_ ? gather_shards(*tp_, logits_, 1) : activation(dev, {n, vocab});
+    if (!tp_) logits_out->copy_from(logits_);
+  }
   losses = tp_ ? vocab_parallel_losses(dev, shard_lse, target_logits) : losses.on_host();
   double sum = 0;
   target_tokens_ = 0;
