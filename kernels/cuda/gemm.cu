@@ -350,6 +350,23 @@ bool grouped_batched_supports(GemmTypes types) {
   return types.ab == types.c;
 }
 
+namespace {
+
+// The non-empty groups' products: product(g, first row, rows) for each.
+template <typename ProductOf>
+std::vector<Product> group_products(const int32_t* host_sizes, int64_t groups,
+                                    ProductOf product) {
+  std::vector<Product> products;
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    if (host_sizes[g] > 0) products.push_back(product(g, row, host_sizes[g]));
+    row += host_sizes[g];
+  }
+  return products;
+}
+
+}  // namespace
+
 // A group without rows has no product (and adds nothing to its dw[g]).
 void grouped_batched_matmul_nt(Blas& blas, const void* a, const void* w, const int32_t* host_sizes,
                                int64_t groups, int64_t n, int64_t k, void* out, GemmTypes types) {
@@ -357,15 +374,14 @@ void grouped_batched_matmul_nt(Blas& blas, const void* a, const void* w, const i
     grouped_matmul_nt(blas, a, w, host_sizes, groups, n, k, out, types);
     return;
   }
-  std::vector<Product> products;
-  int64_t row = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    if (host_sizes[g] > 0)
-      products.push_back({host_sizes[g], n, k, offset(a, row * k, types.ab),
-                          offset(w, g * n * k, types.ab), offset(out, row * n, types.c)});
-    row += host_sizes[g];
-  }
-  grouped_batched(blas, {false, true, k, k, n, 0.0f}, products, types);
+  grouped_batched(blas, {false, true, k, k, n, 0.0f},
+                  group_products(host_sizes, groups,
+                                 [&](int64_t g, int64_t row, int64_t rows) {
+                                   return Product{rows, n, k, offset(a, row * k, types.ab),
+                                                  offset(w, g * n * k, types.ab),
+                                                  offset(out, row * n, types.c)};
+                                 }),
+                  types);
 }
 
 void grouped_batched_matmul_nn(Blas& blas, const void* a, const void* w, const int32_t* host_sizes,
@@ -374,15 +390,14 @@ void grouped_batched_matmul_nn(Blas& blas, const void* a, const void* w, const i
     grouped_matmul_nn(blas, a, w, host_sizes, groups, n, k, out, types);
     return;
   }
-  std::vector<Product> products;
-  int64_t row = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    if (host_sizes[g] > 0)
-      products.push_back({host_sizes[g], k, n, offset(a, row * n, types.ab),
-                          offset(w, g * n * k, types.ab), offset(out, row * k, types.c)});
-    row += host_sizes[g];
-  }
-  grouped_batched(blas, {false, false, n, k, k, 0.0f}, products, types);
+  grouped_batched(blas, {false, false, n, k, k, 0.0f},
+                  group_products(host_sizes, groups,
+                                 [&](int64_t g, int64_t row, int64_t rows) {
+                                   return Product{rows, k, n, offset(a, row * n, types.ab),
+                                                  offset(w, g * n * k, types.ab),
+                                                  offset(out, row * k, types.c)};
+                                 }),
+                  types);
 }
 
 void grouped_batched_matmul_tn_accumulate(Blas& blas, const void* a, const void* b,
@@ -392,15 +407,14 @@ void grouped_batched_matmul_tn_accumulate(Blas& blas, const void* a, const void*
     grouped_matmul_tn_accumulate(blas, a, b, host_sizes, groups, n, k, dw, types);
     return;
   }
-  std::vector<Product> products;
-  int64_t row = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    if (host_sizes[g] > 0)
-      products.push_back({n, k, host_sizes[g], offset(a, row * n, types.ab),
-                          offset(b, row * k, types.ab), offset(dw, g * n * k, types.c)});
-    row += host_sizes[g];
-  }
-  grouped_batched(blas, {true, false, n, k, k, 1.0f}, products, types);
+  grouped_batched(blas, {true, false, n, k, k, 1.0f},
+                  group_products(host_sizes, groups,
+                                 [&](int64_t g, int64_t row, int64_t rows) {
+                                   return Product{n, k, rows, offset(a, row * n, types.ab),
+                                                  offset(b, row * k, types.ab),
+                                                  offset(dw, g * n * k, types.c)};
+                                 }),
+                  types);
 }
 
 }  // namespace switchyard::cuda
