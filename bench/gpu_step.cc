@@ -39,6 +39,9 @@ struct Options {
   int steps = 5;
   double bf16_peak_tflops = 0;  // measured (gpu_ops); 0: not given
   std::string precision = "bf16";
+  // runtime.max_logits_mb: enough to keep the default shape's 1 GiB of f32 logits whole,
+  // as PyTorch does, so both sides do the same products.
+  int max_logits_mb = 2048;
 };
 
 // Expert layouts: Mixtral's few large experts, and many small ones with more of them
@@ -64,13 +67,14 @@ std::string recipe_text(const Options& o) {
     optimizer { lr: 3e-3 beta1: 0.9 beta2: 0.95 weight_decay: 0.1 warmup_steps: 0
                 decay: CONSTANT grad_clip: 1.0 }
     train { global_batch_size: %lld micro_batch_size: %lld seq_len: %lld steps: %d seed: 1 }
+    runtime { max_logits_mb: %d }
   )",
                 o.preset.c_str(), static_cast<long long>(o.vocab), static_cast<long long>(o.hidden),
                 static_cast<long long>(o.layers), static_cast<long long>(o.heads),
                 static_cast<long long>(o.kv_heads), static_cast<long long>(o.experts),
                 static_cast<long long>(o.top_k), static_cast<long long>(o.ffn),
                 static_cast<long long>(o.batch), static_cast<long long>(o.batch),
-                static_cast<long long>(o.seq), o.warmup + o.steps + 1);
+                static_cast<long long>(o.seq), o.warmup + o.steps + 1, o.max_logits_mb);
   return text;
 }
 
@@ -103,6 +107,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--precision", o.precision, "compute precision (runtime.precision)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--max-logits-mb", o.max_logits_mb,
+                 "f32 logits held at once (runtime.max_logits_mb); below the micro-batch's, "
+                 "the LM head scores in chunks and recomputes them in backward")
+      ->check(CLI::PositiveNumber);
   app.add_option("--bf16-peak-tflops", o.bf16_peak_tflops,
                  "measured bf16 GEMM peak (gpu_ops) to report MFU against as well");
   CLI11_PARSE(app, argc, argv);
@@ -186,12 +194,13 @@ int main(int argc, char** argv) {
 
   std::printf(
       "engine step, preset %s: hidden %lld, layers %lld, heads %lld (kv %lld), %lld "
-      "experts top-%lld, expert ffn %lld, vocab %lld, seq %lld, batch %lld; %s\n",
+      "experts top-%lld, expert ffn %lld, vocab %lld, seq %lld, batch %lld; %s; logits held "
+      "%d MiB at most\n",
       o.preset.c_str(), static_cast<long long>(o.hidden), static_cast<long long>(o.layers),
       static_cast<long long>(o.heads), static_cast<long long>(o.kv_heads),
       static_cast<long long>(o.experts), static_cast<long long>(o.top_k),
       static_cast<long long>(o.ffn), static_cast<long long>(o.vocab), static_cast<long long>(o.seq),
-      static_cast<long long>(o.batch), o.precision.c_str());
+      static_cast<long long>(o.batch), o.precision.c_str(), o.max_logits_mb);
   std::printf("parameters %.1fM (%.1fM active per token); %d warm-up + %d timed steps; loss %.4f\n",
               stats.total_params / 1e6, stats.active_params / 1e6, o.warmup, o.steps, loss.total);
   std::printf("tokens/s %.0f; train FLOPs/token %.1fM; achieved %.2f TFLOP/s\n", tokens_per_s,
@@ -220,6 +229,7 @@ int main(int argc, char** argv) {
                                      {"vocab", o.vocab},
                                      {"seq", o.seq},
                                      {"batch", o.batch}}},
+                                   {"max_logits_mb", o.max_logits_mb},
                                    {"steps", o.steps},
                                    {"tokens_per_s", tokens_per_s},
                                    {"train_flops_per_token", stats.train_flops_per_token},
