@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -207,52 +208,112 @@ absl::StatusOr<checkpoint::Manifest> read_manifest(const std::string& checkpoint
   return manifest;
 }
 
+namespace {
+
+// Slices read but not yet checksummed, at most (one slice more when a single slice is
+// larger): bounds the memory a load holds beyond its destinations.
+constexpr int64_t kChecksumWindowBytes = int64_t{256} << 20;
+
+// The part of one slice that one read takes: rows [lo, hi) of the tensor.
+struct Piece {
+  size_t read;
+  const checkpoint::TensorSlice* slice;
+  int64_t lo, hi;
+};
+
+// Reads `slice` whole from its file into `values` (row_elements per row).
+absl::Status read_slice(const std::string& checkpoint_dir, const checkpoint::TensorSlice& slice,
+                        int64_t row_elements, std::vector<float>& values) {
+  const std::string path = (fs::path(checkpoint_dir) / slice.file()).string();
+  H5Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!h5.valid())
+    return absl::DataLossError(absl::StrCat(path, ": cannot open (missing or corrupt)"));
+  H5Handle dataset(H5Dopen2(h5.get(), slice.dataset().c_str(), H5P_DEFAULT), H5Dclose);
+  values.resize(static_cast<size_t>(slice.rows() * row_elements));
+  if (!dataset.valid() ||
+      H5Sget_simple_extent_npoints(H5Dget_space(dataset.get())) !=
+          static_cast<hssize_t>(values.size()) ||
+      H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
+    return absl::DataLossError(absl::StrCat(path, ": cannot read ", slice.tensor()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Manifest& manifest,
-                       const std::string& key, int64_t first_row, Tensor& out) {
+                       const std::vector<RowsToRead>& reads) {
   silence_hdf5_errors();
-  const int64_t rows = out.shape().empty() ? 1 : out.dim(0);
-  const int64_t row_elements = out.shape().empty() ? 1 : out.row_size();
-  int64_t covered = 0;
-  for (const checkpoint::TensorSlice& s : manifest.slices()) {
-    if (s.tensor() != key) continue;
-    const int64_t lo = std::max(first_row, s.first_row());
-    const int64_t hi = std::min(first_row + rows, s.first_row() + s.rows());
-    if (lo >= hi) continue;
-    const std::string path = (fs::path(checkpoint_dir) / s.file()).string();
-    H5Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-    if (!h5.valid()) return absl::DataLossError(absl::StrCat(path, ": cannot open (missing or corrupt)"));
-    H5Handle dataset(H5Dopen2(h5.get(), s.dataset().c_str(), H5P_DEFAULT), H5Dclose);
-    Tensor slice = Tensor::empty({s.rows(), row_elements});
-    if (!dataset.valid() ||
-        H5Sget_simple_extent_npoints(H5Dget_space(dataset.get())) != slice.numel() ||
-        H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                slice.raw_data()) < 0)
-      return absl::DataLossError(absl::StrCat(path, ": cannot read ", key));
-    if (slice_bytes_sha256(slice) != s.sha256())
-      return absl::DataLossError(absl::StrCat(path, ": checksum mismatch in ", key));
-    Tensor dst = out.reshape({rows, row_elements}).slice_rows(lo - first_row, hi - first_row);
-    dst.copy_from(slice.slice_rows(lo - s.first_row(), hi - s.first_row()));
-    covered += hi - lo;
+  std::map<std::string, std::vector<const checkpoint::TensorSlice*>> slices_of;
+  for (const checkpoint::TensorSlice& s : manifest.slices()) slices_of[s.tensor()].push_back(&s);
+  // Every read's rows must be in the checkpoint before anything is read.
+  std::vector<Piece> pieces;
+  for (size_t r = 0; r < reads.size(); ++r) {
+    const RowsToRead& read = reads[r];
+    const int64_t rows = read.out.shape().empty() ? 1 : read.out.dim(0);
+    int64_t covered = 0;
+    for (const checkpoint::TensorSlice* s : slices_of[read.key]) {
+      const int64_t lo = std::max(read.first_row, s->first_row());
+      const int64_t hi = std::min(read.first_row + rows, s->first_row() + s->rows());
+      if (lo >= hi) continue;
+      pieces.push_back({r, s, lo, hi});
+      covered += hi - lo;
+    }
+    if (covered != rows)
+      return absl::DataLossError(absl::StrCat(checkpoint_dir, ": rows [", read.first_row, ", ",
+                                              read.first_row + rows, ") of ", read.key,
+                                              " are not all in the checkpoint"));
   }
-  if (covered != rows)
-    return absl::DataLossError(absl::StrCat(checkpoint_dir, ": rows [", first_row, ", ",
-                                            first_row + rows, ") of ", key,
-                                            " are not all in the checkpoint"));
+  // HDF5 reads stay on this thread; each slice's checksum is a task for the other CPU
+  // threads, queued once its rows are in their destination.
+  absl::Status status;
+  std::vector<std::string> mismatches(pieces.size());
+  int64_t waiting_bytes = 0;
+#pragma omp parallel
+#pragma omp single
+  for (size_t i = 0; i < pieces.size() && status.ok(); ++i) {
+    const Piece& piece = pieces[i];
+    const RowsToRead& read = reads[piece.read];
+    const int64_t row_elements = read.out.shape().empty() ? 1 : read.out.row_size();
+    auto values = std::make_shared<std::vector<float>>();
+    status = read_slice(checkpoint_dir, *piece.slice, row_elements, *values);
+    if (!status.ok()) break;
+    const size_t row_bytes = static_cast<size_t>(row_elements) * sizeof(float);
+    read.out.device().copy_from_host(
+        static_cast<char*>(read.out.raw_data()) + (piece.lo - read.first_row) * row_bytes,
+        values->data() + (piece.lo - piece.slice->first_row()) * row_elements,
+        (piece.hi - piece.lo) * row_bytes);
+    waiting_bytes += static_cast<int64_t>(values->size() * sizeof(float));
+#pragma omp task firstprivate(values, i)
+    {
+      const std::string digest = sha256_hex(std::string_view(
+          reinterpret_cast<const char*>(values->data()), values->size() * sizeof(float)));
+      if (digest != pieces[i].slice->sha256()) mismatches[i] = pieces[i].slice->file();
+    }
+    if (waiting_bytes >= kChecksumWindowBytes) {
+#pragma omp taskwait
+      waiting_bytes = 0;
+    }
+  }
+  SY_RETURN_IF_ERROR(status);
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (!mismatches[i].empty())
+      return absl::DataLossError(absl::StrCat((fs::path(checkpoint_dir) / mismatches[i]).string(),
+                                              ": checksum mismatch in ",
+                                              pieces[i].slice->tensor()));
   return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> verify_checkpoint(const std::string& checkpoint_dir,
                                           const checkpoint::Manifest& manifest) {
-  int64_t verified = 0;
+  std::vector<RowsToRead> reads;
   for (const checkpoint::TensorSlice& s : manifest.slices()) {
     Shape shape(s.global_shape().begin(), s.global_shape().end());
     if (shape.empty()) shape.push_back(1);
     shape[0] = s.rows();
-    Tensor rows = Tensor::empty(shape);
-    SY_RETURN_IF_ERROR(read_rows(checkpoint_dir, manifest, s.tensor(), s.first_row(), rows));
-    ++verified;
+    reads.push_back({s.tensor(), s.first_row(), Tensor::empty(shape)});
   }
-  return verified;
+  SY_RETURN_IF_ERROR(read_rows(checkpoint_dir, manifest, reads));
+  return static_cast<int64_t>(reads.size());
 }
 
 }  // namespace switchyard

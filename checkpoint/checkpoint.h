@@ -49,10 +49,21 @@ absl::StatusOr<std::string> latest_checkpoint(const std::string& checkpoints_dir
 
 absl::StatusOr<checkpoint::Manifest> read_manifest(const std::string& checkpoint_dir);
 
-// Fills `out` with rows [first_row, first_row + out.dim(0)) of tensor `key`, reading
-// the slices that hold them and verifying their checksums.
+// One read from a checkpoint: rows [first_row, first_row + out.dim(0)) of tensor `key`
+// (e.g. "param/model.norm.weight") into `out`, on any device.
+struct RowsToRead {
+  std::string key;
+  int64_t first_row = 0;
+  Tensor out;
+};
+
+// Fills each read's `out` from the slices that hold its rows and verifies every slice
+// read against its checksum; any failure is a DataLossError naming the file (and then
+// the contents of the `out`s are unspecified). The HDF5 reads run one after another on
+// the calling thread, while the CPU threads (kernels/threads.h) checksum the slices
+// already read, so a load hashes at the speed of all of them.
 absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Manifest& manifest,
-                       const std::string& key, int64_t first_row, Tensor& out);
+                       const std::vector<RowsToRead>& reads);
 
 // Reads every slice of the checkpoint and verifies its checksum; returns how many.
 absl::StatusOr<int64_t> verify_checkpoint(const std::string& checkpoint_dir,

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -285,38 +285,47 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params, optimizer_groups, dev);
   int64_t first_step = 1;
   if (!resume_dir.empty()) {
+    // One read_rows call for everything, so the slices are checksummed in parallel.
+    std::vector<RowsToRead> reads;
+    // Tensor-parallel shards along a dimension other than 0 were saved as whole rows:
+    // (whole rows read, this rank's shard) pairs, cut after the reads.
+    std::vector<std::tuple<Tensor, int, Tensor>> cuts;
     size_t i = 0;
     for (Param& p : params.params()) {
-      // Fills `rows`: rows [first_row, first_row + rows.dim(0)) of this rank's shard.
-      auto read = [&](const std::string& kind, int64_t first_row, Tensor& rows) -> absl::Status {
+      // Rows [first_row, first_row + rows.dim(0)) of this rank's shard into `rows`.
+      auto read = [&](const std::string& kind, int64_t first_row, const Tensor& rows) {
         const std::string key = kind + "/" + p.name;
         const int dim = p.spec.tensor_parallel_dim;
-        if (rows.numel() == 0) return absl::OkStatus();
-        if (!split_over_tp(p) || dim == 0)
-          return read_rows(resume_dir, manifest, key, p.origin[0] + first_row, rows);
-        // Saved with whole rows: read them, then take this rank's block of `dim`.
+        if (rows.numel() == 0) return;
+        if (!split_over_tp(p) || dim == 0) {
+          reads.push_back({key, p.origin[0] + first_row, rows});
+          return;
+        }
         Shape shape = p.whole_shape;
         shape[0] = rows.dim(0);
-        Tensor whole = Tensor::empty(shape);
-        SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, key, first_row, whole));
-        copy_shard(whole, dim, groups.tp->rank(), groups.tp->size(), rows);
-        return absl::OkStatus();
+        reads.push_back({key, first_row, Tensor::empty(shape)});
+        cuts.emplace_back(reads.back().out, dim, rows);
       };
       if (zero && zero->is_sharded(i)) {
         ZeroShards::Shard& shard = zero->shard(i);
-        SY_RETURN_IF_ERROR(zero_stage == 3 ? read("param", shard.first_row, shard.value)
-                                           : read("param", 0, p.value));
-        SY_RETURN_IF_ERROR(read("exp_avg", shard.first_row, shard.exp_avg));
-        SY_RETURN_IF_ERROR(read("exp_avg_sq", shard.first_row, shard.exp_avg_sq));
+        if (zero_stage == 3)
+          read("param", shard.first_row, shard.value);
+        else
+          read("param", 0, p.value);
+        read("exp_avg", shard.first_row, shard.exp_avg);
+        read("exp_avg_sq", shard.first_row, shard.exp_avg_sq);
       } else {
-        SY_RETURN_IF_ERROR(read("param", 0, p.value));
+        read("param", 0, p.value);
         if (optimizer.holds_state(i)) {
-          SY_RETURN_IF_ERROR(read("exp_avg", 0, optimizer.exp_avg(i)));
-          SY_RETURN_IF_ERROR(read("exp_avg_sq", 0, optimizer.exp_avg_sq(i)));
+          read("exp_avg", 0, optimizer.exp_avg(i));
+          read("exp_avg_sq", 0, optimizer.exp_avg_sq(i));
         }
       }
       ++i;
     }
+    SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, reads));
+    for (auto& [whole, dim, rows] : cuts)
+      copy_shard(whole, dim, groups.tp->rank(), groups.tp->size(), rows);
     refresh_working_copies(dev, params);
     optimizer.set_steps_taken(manifest.step());
     SY_RETURN_IF_ERROR(loader->restore(
