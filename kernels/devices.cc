@@ -25,8 +25,7 @@ int visible_gpus() {
 #endif
 }
 
-Device* select_device(const std::string& wanted, int local_rank, int local_size,
-                      std::string* error) {
+Device* select_device(const std::string& wanted, int local_rank, std::string* error) {
   if (wanted == "cpu") return &cpu_device();
   if (wanted != "cuda" && !wanted.empty()) {
     *error = "runtime.device must be \"cpu\", \"cuda\" or empty, not \"" + wanted + "\"";
@@ -40,11 +39,6 @@ Device* select_device(const std::string& wanted, int local_rank, int local_size,
                    "CUDA_VISIBLE_DEVICES)"
                  : "runtime.device=cuda, but this build has no CUDA backend (configure with "
                    "-DSWITCHYARD_CUDA=ON)";
-    return nullptr;
-  }
-  if (local_size > gpus) {
-    *error = "this node runs " + std::to_string(local_size) + " processes but has " +
-             std::to_string(gpus) + " visible GPUs: one GPU per process";
     return nullptr;
   }
 #ifdef SWITCHYARD_WITH_CUDA

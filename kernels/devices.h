@@ -14,11 +14,11 @@ int visible_gpus();
 
 // The device for runtime.device = `wanted`: "cpu", "cuda", or "" (CUDA when this build
 // has it and a GPU is visible, else the CPU). On CUDA each process of a node takes GPU
-// local_rank, and a node with fewer GPUs than processes is refused. Returns null and
-// sets *error (one line) when the choice cannot be honoured. The device lives for the
-// whole process.
-Device* select_device(const std::string& wanted, int local_rank, int local_size,
-                      std::string* error);
+// local_rank modulo the GPUs it sees (index 0 under a launcher that shows each rank its
+// own GPU); ranks left sharing one are refused when their groups are made (use_nccl).
+// Returns null and sets *error (one line) when the choice cannot be honoured. The device
+// lives for the whole process.
+Device* select_device(const std::string& wanted, int local_rank, std::string* error);
 
 // Peak dense bf16 FLOP/s of `device` from its multiprocessor count and clock, for the
 // MFU the progress line shows: tensor-core FLOPs per clock per multiprocessor by

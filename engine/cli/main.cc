@@ -89,7 +89,6 @@ absl::Status run_train(const std::string& recipe_path, const std::string& run_di
   options.run_dir = run_dir;
   options.peak_flops = peak_gflops * 1e9;
   options.local_rank = runtime.local_rank();
-  options.local_size = runtime.local_size();
   options.dataset_cache_dir = cache_dir;
   options.groups = &groups;
   options.threads_per_rank = runtime.launched() ? runtime.threads_per_rank() : 0;

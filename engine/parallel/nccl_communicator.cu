@@ -142,7 +142,9 @@ NcclCommunicator::NcclCommunicator(Communicator& cpu, CudaDevice& device, ncclCo
 NcclCommunicator::~NcclCommunicator() {
   SY_CUDA_CHECK(cudaSetDevice(device_.index()));
   SY_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  SY_NCCL_CHECK(ncclCommDestroy(comm_));
+  // Local: ncclCommDestroy may wait for the other ranks, which a rank leaving on an error
+  // must not (it would never reach abort_job). Nothing is in flight after the sync.
+  SY_NCCL_CHECK(ncclCommAbort(comm_));
   SY_CUDA_CHECK(cudaEventDestroy(collective_done_));
   SY_CUDA_CHECK(cudaEventDestroy(compute_ready_));
   SY_CUDA_CHECK(cudaStreamDestroy(stream_));
@@ -300,6 +302,8 @@ void NcclCommunicator::broadcast_impl(Tensor& tensor, int root) {
 }
 
 void use_nccl(ProcessGroups& groups, CudaDevice& device, bool overlap_dp_background) {
+  // Any two ranks on one GPU, whether or not they share a group.
+  refuse_shared_gpus(*groups.world, device);
   // The same groups in the same order on every rank, so each creation meets its peers.
   auto replace = [&](std::unique_ptr<Communicator>& group, bool compute_waits) {
     if (group->size() == 1) return;

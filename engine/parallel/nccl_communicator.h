@@ -53,8 +53,8 @@ class NcclCommunicator final : public Communicator {
 
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
-  // Waits for the queued collectives. Collective among the ranks of a node, as NCCL's
-  // ncclCommDestroy is: every rank destroys its communicator.
+  // Waits for the queued collectives, then frees the communicator on this rank alone
+  // (ncclCommAbort), so a rank that leaves on an error does not wait for the others.
   ~NcclCommunicator() override;
 
   int rank() const override { return rank_; }

@@ -235,8 +235,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   set_cpu_threads(recipe.runtime().threads() > 0 ? recipe.runtime().threads()
                                                  : options.threads_per_rank);
   std::string device_error;
-  Device* device = select_device(recipe.runtime().device(), options.local_rank,
-                                 options.local_size, &device_error);
+  Device* device = select_device(recipe.runtime().device(), options.local_rank, &device_error);
   if (device == nullptr) return absl::InvalidArgumentError(device_error);
   Device& dev = *device;
   const int zero_stage = recipe.parallel().zero_stage();

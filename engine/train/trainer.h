@@ -59,10 +59,8 @@ struct TrainOptions {
   int threads_per_rank = 0;
   // Set (by a signal handler) to stop at the next step boundary after a checkpoint.
   const std::atomic<bool>* stop_requested = nullptr;
-  // This process's rank among the node's processes and their number, which pick its
-  // GPU.
+  // This process's rank among the node's processes, which picks its GPU.
   int local_rank = 0;
-  int local_size = 1;
 };
 
 // Trains `recipe` (already validated, paths resolved) and writes into options.run_dir:

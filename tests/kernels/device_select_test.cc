@@ -29,21 +29,21 @@ TEST(TensorCopies, ToTheSameDeviceSharesAndCopyFromMovesViews) {
 
 TEST(SelectDevice, PicksTheCpuOrExplainsWhyNot) {
   std::string error;
-  EXPECT_EQ(select_device("cpu", 0, 1, &error), &cpu_device());
-  Device* automatic = select_device("", 0, 1, &error);
+  EXPECT_EQ(select_device("cpu", 0, &error), &cpu_device());
+  Device* automatic = select_device("", 0, &error);
   ASSERT_NE(automatic, nullptr);
   EXPECT_EQ(automatic->is_cuda(), visible_gpus() > 0);
 
-  EXPECT_EQ(select_device("tpu", 0, 1, &error), nullptr);
+  EXPECT_EQ(select_device("tpu", 0, &error), nullptr);
   EXPECT_NE(error.find("runtime.device must be"), std::string::npos) << error;
   if (visible_gpus() == 0) {
-    EXPECT_EQ(select_device("cuda", 0, 1, &error), nullptr);
+    EXPECT_EQ(select_device("cuda", 0, &error), nullptr);
     EXPECT_NE(error.find(built_with_cuda() ? "no CUDA device is visible" : "no CUDA backend"),
               std::string::npos)
         << error;
   } else {
-    EXPECT_EQ(select_device("cuda", 0, visible_gpus() + 1, &error), nullptr);
-    EXPECT_NE(error.find("one GPU per process"), std::string::npos) << error;
+    // Local ranks past the visible GPUs wrap around (a launcher may show each rank one).
+    EXPECT_EQ(select_device("cuda", visible_gpus(), &error), select_device("cuda", 0, &error));
   }
   EXPECT_EQ(bf16_peak_flops(cpu_device()), 0.0);
 }
