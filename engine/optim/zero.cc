@@ -139,17 +139,25 @@ void ZeroShards::end_grads(int unit) {
   // The previous unit's reductions finish first: whole-size gradient buffers are what
   // ZeRO-2/3 saves, so at most two units' worth exist at a time (one being reduced,
   // one being computed).
-  reduce_queue_.wait_until_at_most(0);
+  finish_reductions();
   for (size_t i : units_[unit]) {
-    // The work holds the whole-size buffer until it is reduced, then frees it.
-    reduce_queue_.post([this, whole = std::move(padded_grad_[i]), grad = shards_[i].grad] {
-      Tensor mine = Tensor::empty(grad.shape(), DType::kF32, MemoryKind::kGradients, device_);
+    Reduction& r = in_flight_.emplace_back();
+    r.whole = std::move(padded_grad_[i]);
+    r.grad = shards_[i].grad;
+    r.mine = Tensor::empty(r.grad.shape(), DType::kF32, MemoryKind::kGradients, device_);
+    reduce_queue_.post([this, whole = r.whole, mine = r.mine]() mutable {
       reduce_replicas_->reduce_scatter_sum(whole, mine);
-      Tensor accumulated = grad;
-      add_(device_, accumulated, mine);
     });
     params_[i]->grad = padded_grad_[i] = Tensor();
   }
+}
+
+void ZeroShards::finish_reductions() {
+  reduce_queue_.wait();
+  if (in_flight_.empty()) return;
+  reduce_replicas_->join_compute();
+  for (Reduction& r : in_flight_) add_(device_, r.grad, r.mine);
+  in_flight_.clear();
 }
 
 std::array<double, 2> ZeroShards::gradient_squares(Device& dev) {

@@ -11,9 +11,11 @@
 // (layer) at a time:
 //  - begin_grads: the unit's gradients of this micro-batch accumulate in whole-size
 //    buffers; end_grads reduce-scatters them (summed in rank order) onto the owners of
-//    the rows, which add them to their accumulated gradient, and frees the buffers; on
-//    a background thread with a communicator of its own where MPI allows, overlapped
-//    with the backward of the layers before it (wait() before reading the gradients).
+//    the rows, over a communicator of its own: on a background thread where MPI allows,
+//    on NCCL's stream without holding back the compute stream. The reduction overlaps
+//    the backward of the layer before; the next end_grads (or wait(), before the
+//    gradients are read) joins it, adds the rows to the accumulated gradient and frees
+//    the whole-size buffers, so at most two units' worth exist at a time.
 //  - stage 2 keeps every value whole on every replica and all-gathers the updated rows
 //    after each step; stage 3 keeps only the owned rows: acquire all-gathers a unit's
 //    values into whole buffers that release frees again.
@@ -62,8 +64,9 @@ class ZeroShards final : public ParamHooks {
   void release(int unit) override;
   void begin_grads(int unit) override;
   void end_grads(int unit) override;
-  // Returns once the gradient reductions posted so far are done.
-  void wait() { reduce_queue_.wait(); }
+  // Finishes the gradient reductions posted so far: afterwards the accumulated
+  // gradients hold them (for the device work queued after this call).
+  void wait() { finish_reductions(); }
 
   // The shard of registration index `i` (dense parameters only).
   Shard& shard(size_t i) { return shards_[i]; }
@@ -82,6 +85,15 @@ class ZeroShards final : public ParamHooks {
   // All-gathers the shards' rows of parameter i into a whole (padded) buffer and returns
   // the first `rows` rows shaped as the parameter.
   Tensor gather_value(size_t i);
+  // Joins the reductions in flight, adds their rows into the accumulated gradients and
+  // frees their buffers.
+  void finish_reductions();
+
+  // One parameter's reduction in flight: its whole-size gradient, the rows it brings
+  // this replica and the accumulated gradient they go into.
+  struct Reduction {
+    Tensor whole, mine, grad;
+  };
 
   ParamStore& params_store_;
   std::vector<Param*> params_;              // registration order
@@ -95,6 +107,7 @@ class ZeroShards final : public ParamHooks {
   std::vector<bool> grads_open_;    // begin_grads() seen, end_grads() not yet
   std::vector<Tensor> padded_grad_;  // by registration index, while a unit's grads are open
   std::unique_ptr<Communicator> reduce_replicas_;
+  std::vector<Reduction> in_flight_;  // the last end_grads' reductions
   WorkQueue reduce_queue_;  // last: its thread ends before the members its work uses
 };
 

@@ -301,7 +301,7 @@ void NcclCommunicator::broadcast_impl(Tensor& tensor, int root) {
   end();
 }
 
-void use_nccl(ProcessGroups& groups, CudaDevice& device, bool overlap_dp_background) {
+void use_nccl(ProcessGroups& groups, CudaDevice& device) {
   // Any two ranks on one GPU, whether or not they share a group.
   refuse_shared_gpus(*groups.world, device);
   // The same groups in the same order on every rank, so each creation meets its peers.
@@ -315,7 +315,7 @@ void use_nccl(ProcessGroups& groups, CudaDevice& device, bool overlap_dp_backgro
   replace(groups.dp, true);
   replace(groups.ep, true);
   replace(groups.expert_dp, true);
-  replace(groups.dp_background, !overlap_dp_background);
+  replace(groups.dp_background, false);
   groups.background_collectives = false;
 }
 

@@ -120,11 +120,11 @@ class NcclCommunicator final : public Communicator {
 // Replaces each group of `groups` larger than one rank, world aside, with an
 // NcclCommunicator on `device` made over it (collective: every rank calls it, after
 // make_process_groups); the host communicators move to groups.hosts. The world group
-// stays a host one (barriers, checkpoints). With `overlap_dp_background`, the compute
-// stream does not wait for dp_background's collectives: they reduce OverlappedGradReduce's
-// gradient buckets, joined in its wait(). ZeRO's reduce-scatters feed additions on the
-// compute stream, so they keep the wait. background_collectives turns off: NCCL calls
-// only queue work, so its stream gives the overlap that the background thread gives MPI.
-void use_nccl(ProcessGroups& groups, CudaDevice& device, bool overlap_dp_background);
+// stays a host one (barriers, checkpoints). The compute stream does not wait for
+// dp_background's collectives: they reduce gradients while backward goes on, and their
+// users join them (OverlappedGradReduce::wait, ZeroShards). background_collectives turns
+// off: NCCL calls only queue work, so its stream gives the overlap that the background
+// thread gives MPI. Ranks that would share a GPU are refused.
+void use_nccl(ProcessGroups& groups, CudaDevice& device);
 
 }  // namespace switchyard

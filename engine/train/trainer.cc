@@ -241,8 +241,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   const int zero_stage = recipe.parallel().zero_stage();
 #ifdef SWITCHYARD_WITH_NCCL
   // On GPUs the groups' collectives go over NCCL, on the tensors where they are.
-  if (dev.is_cuda() && layout.world_size > 1)
-    use_nccl(groups, as_cuda(dev), /*overlap_dp_background=*/zero_stage < 2);
+  if (dev.is_cuda() && layout.world_size > 1) use_nccl(groups, as_cuda(dev));
 #endif
   const double peak_flops =
       options.peak_flops > 0 ? options.peak_flops
