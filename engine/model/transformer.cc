@@ -216,7 +216,7 @@ int64_t Transformer::logit_rows(int64_t n, int64_t vocab) const {
   const int64_t mb = recipe_.runtime().max_logits_mb();
   const int64_t budget = (mb > 0 ? mb : kDefaultMaxLogitsMb) << 20;
   const int64_t row_bytes = vocab * static_cast<int64_t>(sizeof(float));
-  return std::clamp<int64_t>(budget / row_bytes, 1, n);
+  return std::clamp<int64_t>(budget / row_bytes, 1, std::max<int64_t>(n, 1));
 }
 
 Tensor Transformer::vocab_parallel_losses(Device& dev, const Tensor& shard_lse,
