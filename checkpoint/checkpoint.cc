@@ -263,14 +263,15 @@ absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Mani
                                               read.first_row + rows, ") of ", read.key,
                                               " are not all in the checkpoint"));
   }
-  // HDF5 reads stay on this thread; each slice's checksum is a task for the other CPU
-  // threads, queued once its rows are in their destination.
+  // HDF5 reads and device copies stay on this (the master) thread; each slice's checksum
+  // is a task, queued once its rows are in their destination, which the other CPU threads
+  // take while they wait at the region's end.
   absl::Status status;
   std::vector<std::string> mismatches(pieces.size());
   int64_t waiting_bytes = 0;
 #pragma omp parallel
-#pragma omp single
-  for (size_t i = 0; i < pieces.size() && status.ok(); ++i) {
+#pragma omp master
+  for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& piece = pieces[i];
     const RowsToRead& read = reads[piece.read];
     const int64_t row_elements = read.out.shape().empty() ? 1 : read.out.row_size();
