@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
     optimizer.step(dev);
   }
   dev.synchronize();
+  const int64_t transfers_before = dev.host_transfers();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < o.steps; ++i) {
     forward();
@@ -172,6 +173,9 @@ int main(int argc, char** argv) {
   }
   dev.synchronize();
   const double seconds = seconds_since(start);
+  // Copies between the GPU and the host, each a wait for the stream (Device::host_transfers).
+  const double transfers_per_step =
+      static_cast<double>(dev.host_transfers() - transfers_before) / o.steps;
 
   // One more step with the device drained between its parts, for where the time goes.
   auto part = [&](auto&& fn) {
@@ -212,8 +216,9 @@ int main(int argc, char** argv) {
                 o.bf16_peak_tflops);
   std::printf(
       "\none step drained between parts: forward %.1f ms, backward %.1f ms, optimizer "
-      "%.1f ms; peak device memory %.2f GB\n",
-      forward_ms, backward_ms, optimizer_ms, dev.memory_stats().total_peak_bytes / 1e9);
+      "%.1f ms; peak device memory %.2f GB; %.1f host transfers per step\n",
+      forward_ms, backward_ms, optimizer_ms, dev.memory_stats().total_peak_bytes / 1e9,
+      transfers_per_step);
 
   nlohmann::ordered_json result = {{"bench", "gpu_step"},
                                    {"preset", o.preset},
@@ -242,6 +247,7 @@ int main(int argc, char** argv) {
                                    {"backward_ms", backward_ms},
                                    {"optimizer_ms", optimizer_ms},
                                    {"peak_memory_bytes", dev.memory_stats().total_peak_bytes},
+                                   {"host_transfers_per_step", transfers_per_step},
                                    {"loss", loss.total}};
   std::printf("%s\n", result.dump().c_str());
   return 0;

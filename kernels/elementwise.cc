@@ -121,13 +121,18 @@ std::vector<double> sum_squares(Device& dev, const std::vector<Tensor>& xs) {
       stream = op_stream(dev, "sum_squares", {&x});
       sizes.push_back(x.numel());
     }
+    // The double totals live in 8-byte cells on the device, read back in one copy.
+    static_assert(sizeof(int64_t) == sizeof(double));
+    const int64_t count = static_cast<int64_t>(xs.size());
+    Tensor cells = Tensor::empty({count}, DType::kI64, MemoryKind::kOther, dev);
     with_cuda_type(xs[0], [&](auto type) {
       using T = typename decltype(type)::type;
       std::vector<const T*> data;
       for (const Tensor& x : xs) data.push_back(cuda_data<T>(x));
-      cuda::sum_squares(data.data(), sizes.data(), static_cast<int>(xs.size()), totals.data(),
-                        stream);
+      cuda::sum_squares(data.data(), sizes.data(), static_cast<int>(count),
+                        static_cast<double*>(cells.raw_data()), stream);
     });
+    dev.copy_to_host(totals.data(), cells.raw_data(), cells.nbytes());
     return totals;
   }
 #endif

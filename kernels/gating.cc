@@ -32,30 +32,34 @@ void gating_forward(Device& dev, const Tensor& logits, int k, bool renormalize, 
                       weights.data<float>(), n, num_experts, k, renormalize);
 }
 
-double router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, Tensor& probs,
-                      Tensor& expert_ids, Tensor& weights, Tensor& selections, Tensor& prob_sums) {
+void router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, Tensor& probs,
+                    Tensor& expert_ids, Tensor& weights, Tensor& sums) {
+  SY_CHECK_MSG(logits.rank() == 2, "router_forward: logits must be (n, E)");
+  const int64_t num_experts = logits.dim(1);
+  SY_CHECK_MSG(sums.numel() == 2 * num_experts + 1 && sums.dtype() == DType::kF32,
+               "router_forward: sums must be (2 E + 1) f32");
 #ifdef SWITCHYARD_WITH_CUDA
-  if (dev.is_cuda() && logits.rank() == 2 && logits.dim(1) <= cuda::kFusedRouterMaxExperts) {
+  if (dev.is_cuda() && num_experts <= cuda::kFusedRouterMaxExperts) {
     const int64_t n = logits.dim(0);
-    const int64_t num_experts = logits.dim(1);
     SY_CHECK_MSG(num_experts > 0 && k >= 1 && k <= num_experts,
                  "router_forward: k must be in [1, E]");
     SY_CHECK_MSG(probs.shape() == logits.shape(), "router_forward: probs must be (n, E)");
     SY_CHECK_MSG(expert_ids.shape() == Shape({n, k}) && weights.shape() == Shape({n, k}),
                  "router_forward: expert_ids and weights must be (n, k)");
-    SY_CHECK_MSG(selections.numel() == num_experts && prob_sums.numel() == num_experts,
-                 "router_forward: selections and prob_sums must be (E)");
-    return cuda::router_forward(
+    cuda::router_forward(
         logits.data<float>(), probs.data<float>(), expert_ids.data<int32_t>(),
-        weights.data<float>(), selections.data<float>(), prob_sums.data<float>(), n,
-        num_experts, k, renormalize,
-        op_stream(dev, "router_forward",
-                  {&logits, &probs, &expert_ids, &weights, &selections, &prob_sums}));
+        weights.data<float>(), sums.data<float>(), n, num_experts, k, renormalize,
+        op_stream(dev, "router_forward", {&logits, &probs, &expert_ids, &weights, &sums}));
+    return;
   }
 #endif
   gating_forward(dev, logits, k, renormalize, probs, expert_ids, weights);
+  const Tensor flat = sums.reshape({2 * num_experts + 1, 1});
+  Tensor selections = flat.slice_rows(0, num_experts).reshape({num_experts});
+  Tensor prob_sums = flat.slice_rows(num_experts, 2 * num_experts).reshape({num_experts});
+  Tensor z_sum = flat.slice_rows(2 * num_experts, 2 * num_experts + 1).reshape({1});
   routing_counts(dev, probs, expert_ids, selections, prob_sums);
-  return router_z_loss_forward(dev, logits);
+  router_z_loss_sum(dev, logits, z_sum);
 }
 
 void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,
@@ -83,16 +87,20 @@ void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,
                        dlogits.data<float>(), n, num_experts, static_cast<int>(k), renormalize);
 }
 
-double router_z_loss_forward(Device& dev, const Tensor& logits) {
-  SY_CHECK_MSG(logits.rank() == 2 && logits.dim(1) > 0,
-               "router_z_loss_forward: logits must be (n, E)");
+void router_z_loss_sum(Device& dev, const Tensor& logits, Tensor& z_sum) {
+  SY_CHECK_MSG(logits.rank() == 2 && logits.dim(1) > 0, "router_z_loss_sum: logits must be (n, E)");
+  SY_CHECK_MSG(z_sum.numel() == 1 && z_sum.dtype() == DType::kF32,
+               "router_z_loss_sum: z_sum must be one f32");
 #ifdef SWITCHYARD_WITH_CUDA
-  if (dev.is_cuda())
-    return cuda::router_z_loss_forward(logits.data<float>(), logits.dim(0), logits.dim(1),
-                                       op_stream(dev, "router_z_loss_forward", {&logits}));
+  if (dev.is_cuda()) {
+    cuda::router_z_loss_sum(logits.data<float>(), logits.dim(0), logits.dim(1), z_sum.data<float>(),
+                            op_stream(dev, "router_z_loss_sum", {&logits, &z_sum}));
+    return;
+  }
 #endif
-  SY_CHECK_MSG(!dev.is_cuda(), "router_z_loss_forward: this build has no CUDA backend");
-  return cpu::router_z_loss_forward(logits.data<float>(), logits.dim(0), logits.dim(1));
+  SY_CHECK_MSG(!dev.is_cuda(), "router_z_loss_sum: this build has no CUDA backend");
+  *z_sum.data<float>() = static_cast<float>(
+      cpu::router_z_loss_sum(logits.data<float>(), logits.dim(0), logits.dim(1)));
 }
 
 void router_z_loss_backward(Device& dev, const Tensor& logits, float scale, Tensor& dlogits) {

@@ -11,20 +11,22 @@ namespace switchyard {
 // `renormalize` (Mixtral), as they are otherwise (Switch, Qwen2-MoE, OLMoE).
 void gating_forward(Device& dev, const Tensor& logits, int k, bool renormalize, Tensor& probs,
                     Tensor& expert_ids, Tensor& weights);
-// The router's whole forward in one op: gating_forward's outputs, routing_counts'
-// statistics (kernels/router_aux.h: selections, prob_sums (E)) and the router z-loss
-// (returned). The CPU runs the three ops; CUDA fuses them into one pass over the logits
-// and one host synchronisation (for the z-loss value).
-double router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, Tensor& probs,
-                      Tensor& expert_ids, Tensor& weights, Tensor& selections, Tensor& prob_sums);
+// The router's whole forward in one op: gating_forward's outputs and the routing sums
+// a forward records, sums: (2E + 1) f32 written on `dev` = routing_counts' selections
+// (E) and prob_sums (E) (kernels/router_aux.h), then router_z_loss_sum. Nothing waits
+// for the host. CUDA fuses the three into one pass over the logits.
+void router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, Tensor& probs,
+                    Tensor& expert_ids, Tensor& weights, Tensor& sums);
 // dweights: (n, k) -> dlogits: (n, E) written, through the top-k selection (held
 // fixed), the optional renormalisation and the softmax.
 void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,
                      const Tensor& dweights, bool renormalize, Tensor& dlogits);
 
-// Router z-loss (ST-MoE): mean over rows of logsumexp(logits)^2; returns the value.
-// Its gradient, scale * d/dlogits, is accumulated into dlogits by the backward.
-double router_z_loss_forward(Device& dev, const Tensor& logits);
+// Router z-loss (ST-MoE): the mean over rows of logsumexp(logits)^2. z_sum: (1) f32
+// written on `dev`, the sum over rows (in double, rounded once): sums over ranks add up,
+// and the reader divides by the rows. Its gradient, scale * d(mean)/dlogits, is
+// accumulated into dlogits by the backward.
+void router_z_loss_sum(Device& dev, const Tensor& logits, Tensor& z_sum);
 void router_z_loss_backward(Device& dev, const Tensor& logits, float scale, Tensor& dlogits);
 
 }  // namespace switchyard

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
@@ -73,36 +74,18 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   expert_ids_ = activation(dev, {n, top_k_}, DType::kI32);
   weights_ = activation(dev, {n, top_k_});
   const bool renormalize = gating_ != config::SOFTMAX_TOPK;
-  // Selections per expert, then probability sums: one buffer, so one reduction over the
-  // group and one copy to the host.
-  Tensor counts = activation(dev, {2, E});
-  Tensor selections = counts.slice_rows(0, 1).reshape({E});
-  Tensor prob_sums = counts.slice_rows(1, 2).reshape({E});
-  double z_loss = router_forward(dev, router_logits_, top_k_, renormalize, probs_, expert_ids_,
-                                 weights_, selections, prob_sums);
-  if (tp_) {
-    tp_->all_reduce_sum(counts);
-    tp_->all_reduce_sum(&z_loss, 1);
-    z_loss /= group;  // the mean over all the group's tokens
-  }
-  RouterStats::Layer& layer = stats.layers.emplace_back();
-  const Tensor counts_host = counts.on_host();
-  const float* host = counts_host.data<float>();
-  layer.selections_per_expert.assign(host, host + E);
-  layer.prob_sum_per_expert.assign(host + E, host + 2 * E);
-  layer.tokens = total;
-  for (int e = 0; e < E; ++e) {
-    stats.selections_per_expert[e] += layer.selections_per_expert[e];
-    stats.prob_sum_per_expert[e] += layer.prob_sum_per_expert[e];
-  }
-  stats.routed_tokens += total;
-  stats.z_loss += z_loss;
+  // This layer's routing sums (selections, probability sums, z-loss) stay on the device
+  // until the forward's end (RouterStats::collect): one reduction over the group, no wait.
+  Tensor sums = stats.add_layer(total);
+  router_forward(dev, router_logits_, top_k_, renormalize, probs_, expert_ids_, weights_, sums);
+  if (tp_) tp_->all_reduce_sum(sums);
 
   // GShard: the second expert takes the token with probability min(1, 2 * weight); an
   // unsent assignment has expert id -1 in the dispatch plan (the gating backward keeps
   // the full top-2 selection). Token t of the group draws the t-th number of `rng`.
   Tensor dispatch_ids = expert_ids_;
-  if (gating_ == config::GSHARD_TOP2 && training) {
+  const bool random_second = gating_ == config::GSHARD_TOP2 && training;
+  if (random_second) {
     // Drawn on the host: one number per token, in token order.
     Tensor host_ids = activation(cpu_device(), {n, top_k_}, DType::kI32);
     host_ids.copy_from(expert_ids_);
@@ -116,20 +99,9 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
     dispatch_ids = host_ids.to(dev, MemoryKind::kActivations);
   }
 
-  const std::vector<int64_t> kept = plan_dispatch(dev, dispatch_ids, total);
-  int64_t kept_total = 0, max_kept = 0;
-  for (int64_t k : kept) {
-    kept_total += k;
-    max_kept = std::max(max_kept, k);
-  }
-  stats.assignments += total * top_k_;
-  stats.dropped_assignments += total * top_k_ - kept_total;
-  if (kept_total > 0)
-    stats.worst_load_ratio =
-        std::max(stats.worst_load_ratio, static_cast<double>(max_kept) * E / kept_total);
-
-  int64_t rows = 0;
-  for (int e = 0; e < E; ++e) rows += tokens_per_expert_.data<int32_t>()[e];
+  const int64_t rows =
+      plan_dispatch(dev, dispatch_ids, total, capacity_factor_ > 0 || random_second,
+                    stats.layers.back().kept_per_expert);
   Tensor permuted = activation(dev, {rows, hidden}, dtype);
   permute_gather(dev, x_, dest_rows_, permuted);
   if (ep_) {
@@ -161,28 +133,34 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   return y;
 }
 
-std::vector<int64_t> MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids,
-                                             int64_t total_tokens) {
+int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens,
+                                bool can_drop, std::vector<int64_t>& group_kept) {
   const int E = num_experts_;
   const int64_t n = dispatch_ids.dim(0);
-  // The counts live on the host: they size the grouped GEMMs and the exchanges.
-  tokens_per_expert_ = activation(cpu_device(), {E}, DType::kI32);
+  tokens_per_expert_ = activation(dev, {E}, DType::kI32);
   dest_rows_ = activation(dev, {n, top_k_}, DType::kI32);
-  auto counts = [](const Tensor& per_expert) {
-    const int32_t* c = per_expert.data<int32_t>();
+  const int64_t capacity =
+      capacity_factor_ > 0
+          ? static_cast<int64_t>(std::ceil(capacity_factor_ * total_tokens * top_k_ / E))
+          : -1;
+  if (!can_drop) {
+    permute_plan(dev, dispatch_ids, weights_, E, -1, tokens_per_expert_, dest_rows_);
+    return n * top_k_;
+  }
+  auto on_host = [](const Tensor& per_expert) {
+    const Tensor host = per_expert.on_host();
+    const int32_t* c = host.data<int32_t>();
     return std::vector<int64_t>(c, c + per_expert.numel());
   };
-  if (capacity_factor_ <= 0) {
-    permute_plan(dev, dispatch_ids, weights_, E, -1, tokens_per_expert_, dest_rows_);
-    std::vector<int64_t> kept = counts(tokens_per_expert_);
-    if (tp_) tp_->all_reduce_sum(kept.data(), E);
-    return kept;
-  }
-  const int64_t capacity =
-      static_cast<int64_t>(std::ceil(capacity_factor_ * total_tokens * top_k_ / E));
-  if (!tp_) {
+  auto sum = [](const std::vector<int64_t>& v) {
+    return std::accumulate(v.begin(), v.end(), int64_t{0});
+  };
+  if (!tp_ || capacity < 0) {
     permute_plan(dev, dispatch_ids, weights_, E, capacity, tokens_per_expert_, dest_rows_);
-    return counts(tokens_per_expert_);
+    group_kept = on_host(tokens_per_expert_);
+    const int64_t rows = sum(group_kept);
+    if (tp_) tp_->all_reduce_sum(group_kept.data(), E);
+    return rows;
   }
   // Capacity keeps each expert's highest-weight assignments among all the group's
   // tokens: every rank plans the whole group's assignments (a few bytes per token) and
@@ -191,7 +169,7 @@ std::vector<int64_t> MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch
   Tensor all_weights = activation(dev, {total_tokens, top_k_});
   tp_->all_gather(dispatch_ids, all_ids);
   tp_->all_gather(weights_, all_weights);
-  Tensor all_per_expert = activation(cpu_device(), {E}, DType::kI32);
+  Tensor all_per_expert = activation(dev, {E}, DType::kI32);
   Tensor all_dest = activation(dev, {total_tokens, top_k_}, DType::kI32);
   permute_plan(dev, all_ids, all_weights, E, capacity, all_per_expert, all_dest);
   Tensor kept_ids = activation(cpu_device(), {n, top_k_}, DType::kI32);
@@ -199,11 +177,15 @@ std::vector<int64_t> MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch
   const Tensor mine = all_dest.slice_rows(tp_->rank() * n, (tp_->rank() + 1) * n).on_host();
   int32_t* ids = kept_ids.data<int32_t>();
   const int32_t* dest = mine.data<int32_t>();
-  for (int64_t a = 0; a < n * top_k_; ++a)
+  int64_t rows = 0;
+  for (int64_t a = 0; a < n * top_k_; ++a) {
     if (dest[a] < 0) ids[a] = -1;
+    rows += ids[a] >= 0;
+  }
   permute_plan(dev, kept_ids.to(dev, MemoryKind::kActivations), weights_, E, -1,
                tokens_per_expert_, dest_rows_);
-  return counts(all_per_expert);
+  group_kept = on_host(all_per_expert);
+  return rows;
 }
 
 Tensor MoeLayer::experts_forward(Device& dev, const Tensor& xe, const Tensor& counts) {
@@ -221,15 +203,18 @@ Tensor MoeLayer::experts_forward(Device& dev, const Tensor& xe, const Tensor& co
 Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
   const int P = ep_->size();
   const int local = num_local_experts_;
-  const int32_t* per_expert = tokens_per_expert_.data<int32_t>();
-  // Rows per (destination rank, its local expert): the counts travel first.
-  Tensor send_counts = activation(dev, {num_experts_, 1}, DType::kI32);
-  send_counts.copy_from(tokens_per_expert_.reshape({num_experts_, 1}));
-  Tensor recv_counts = activation(dev, {num_experts_, 1}, DType::kI32);
+  const int E = num_experts_;
+  // Rows per (rank, its local expert), sent and then received, in one buffer: the counts
+  // travel first, and both come to the host in one copy to size the exchange of rows.
+  Tensor both_counts = activation(dev, {2 * E, 1}, DType::kI32);
+  Tensor sent_counts = both_counts.slice_rows(0, E);
+  Tensor recv_counts = both_counts.slice_rows(E, 2 * E);
+  sent_counts.copy_from(tokens_per_expert_.reshape({E, 1}));
   const std::vector<int64_t> per_rank(P, local);
-  ep_->all_to_all_v(send_counts, per_rank, recv_counts, per_rank);
-  const Tensor recv_host = recv_counts.on_host();
-  const int32_t* from = recv_host.data<int32_t>();  // from[i * local + e]
+  ep_->all_to_all_v(sent_counts, per_rank, recv_counts, per_rank);
+  const Tensor counts_host = both_counts.on_host();
+  const int32_t* per_expert = counts_host.data<int32_t>();
+  const int32_t* from = per_expert + E;  // from[i * local + e]
 
   send_rows_.assign(P, 0);
   recv_rows_.assign(P, 0);
@@ -242,8 +227,9 @@ Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
       recv_rows_[j] += from[j * local + e];
       counts[e] += from[j * local + e];
     }
-  int64_t received_rows = 0;
-  for (int64_t r : recv_rows_) received_rows += r;
+  SY_CHECK_MSG(std::accumulate(send_rows_.begin(), send_rows_.end(), int64_t{0}) == rows.rows(),
+               "MoE dispatch: the expert counts do not add up to the permuted rows");
+  const int64_t received_rows = std::accumulate(recv_rows_.begin(), recv_rows_.end(), int64_t{0});
   Tensor received = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
   ep_->all_to_all_v(rows, send_rows_, received, recv_rows_);
 
@@ -264,14 +250,11 @@ Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
 }
 
 Tensor MoeLayer::gather_back(Device& dev, const Tensor& expert_rows) {
-  const int64_t received_rows = expert_rows.rows();
-  Tensor ones_host = activation(cpu_device(), {received_rows, 1});
-  std::fill(ones_host.data<float>(), ones_host.data<float>() + received_rows, 1.0f);
-  const Tensor ones = ones_host.to(dev, MemoryKind::kActivations);
-  Tensor by_source = activation(dev, expert_rows.shape(), expert_rows.dtype());
-  unpermute_combine(dev, expert_rows, regroup_rows_, ones, by_source);
-  int64_t rows = 0;
-  for (int64_t s : send_rows_) rows += s;
+  // Back to source order: by_source[r] = expert_rows[regroup_rows_[r]], added to zeros.
+  Tensor by_source =
+      Tensor::zeros(expert_rows.shape(), expert_rows.dtype(), MemoryKind::kActivations, dev);
+  permute_gather_backward(dev, expert_rows, regroup_rows_, by_source);
+  const int64_t rows = std::accumulate(send_rows_.begin(), send_rows_.end(), int64_t{0});
   Tensor out = activation(dev, {rows, expert_rows.row_size()}, expert_rows.dtype());
   ep_->all_to_all_v(by_source, recv_rows_, out, send_rows_);
   return out;

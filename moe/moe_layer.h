@@ -43,8 +43,11 @@ class MoeLayer {
            const config::MoeConfig& moe, Communicator* expert_parallel,
            Communicator* tensor_parallel = nullptr);
 
-  // x: (n, hidden) -> (n, hidden). Adds this layer's routing to `stats`. `rng` drives
-  // GShard's random second-expert dispatch during training.
+  // x: (n, hidden) -> (n, hidden). Adds this layer's routing to `stats` (a row of its
+  // device sums, RouterStats::add_layer). `rng` drives GShard's random second-expert
+  // dispatch during training. Dropless routing on one expert-parallel rank never waits
+  // for the host; capacity and GShard's dispatch read the expert counts back, and expert
+  // parallelism the exchanged counts.
   Tensor forward(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats);
   // dy: (n, hidden) -> dx. `aux_prob_grad` (E) is the gradient of the weighted aux loss
   // with respect to each token's router probabilities, `z_loss_scale` the weight of this
@@ -66,10 +69,12 @@ class MoeLayer {
   // Runs the local experts on rows grouped by local expert.
   Tensor experts_forward(Device& dev, const Tensor& xe, const Tensor& counts);
   // The dispatch plan of this rank's assignments (dispatch_ids: (n, k), -1 not sent):
-  // fills tokens_per_expert_ and dest_rows_ and returns the kept assignments per expert
-  // over all the tensor-parallel group's tokens.
-  std::vector<int64_t> plan_dispatch(Device& dev, const Tensor& dispatch_ids,
-                                     int64_t total_tokens);
+  // fills tokens_per_expert_ and dest_rows_ on the device and returns the rows to permute.
+  // Without drops that is every assignment, and nothing waits for the host. A layer that
+  // `can_drop` (capacity, GShard) reads the counts back and sets `group_kept`, the kept
+  // assignments per expert over all the tensor-parallel group's tokens.
+  int64_t plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens,
+                        bool can_drop, std::vector<int64_t>& group_kept);
 
   int num_experts_;
   int num_local_experts_;
@@ -92,13 +97,13 @@ class MoeLayer {
   Tensor router_logits_;      // (n, E)
   Tensor expert_ids_;         // (n, k)
   Tensor weights_;            // (n, k)
-  Tensor tokens_per_expert_;  // (E)
+  Tensor tokens_per_expert_;  // (E) i32 on the device
   Tensor dest_rows_;          // (n, k)
   // Exchange plan (expert parallelism): rows sent to / received from each rank, the
   // received rows' places in local-expert order, and the rows per local expert.
   std::vector<int64_t> send_rows_, recv_rows_;
   Tensor regroup_rows_;       // (received, 1) i32
-  Tensor local_counts_;       // (local experts) i32
+  Tensor local_counts_;       // (local experts) i32, on the host under expert parallelism
   Tensor xp_;                 // (rows, hidden) tokens in local-expert order
   Tensor gate_up_out_;        // (rows, 2 * ffn)
   Tensor act_;                // (rows, ffn)

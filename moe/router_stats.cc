@@ -1,5 +1,9 @@
 #include "moe/router_stats.h"
 
+#include <algorithm>
+
+#include "engine/runtime/check.h"
+
 namespace switchyard {
 
 void RouterStats::reset(int experts, int k) {
@@ -8,6 +12,50 @@ void RouterStats::reset(int experts, int k) {
   top_k = k;
   selections_per_expert.assign(experts, 0.0);
   prob_sum_per_expert.assign(experts, 0.0);
+}
+
+void RouterStats::begin(Device& dev, int experts, int k, int moe_layers) {
+  reset(experts, k);
+  device_sums = Tensor::empty({moe_layers, 2 * static_cast<int64_t>(experts) + 1}, DType::kF32,
+                              MemoryKind::kActivations, dev);
+}
+
+Tensor RouterStats::add_layer(int64_t tokens) {
+  const int64_t row = static_cast<int64_t>(layers.size());
+  SY_CHECK_MSG(device_sums.defined() && row < device_sums.rows(),
+               "RouterStats: more MoE layers than begin() made room for");
+  layers.emplace_back().tokens = tokens;
+  return device_sums.slice_rows(row, row + 1).reshape({device_sums.row_size()});
+}
+
+void RouterStats::collect() {
+  SY_CHECK_MSG(device_sums.defined() && static_cast<int64_t>(layers.size()) == device_sums.rows(),
+               "RouterStats: collect() needs one row from every MoE layer");
+  const Tensor host = device_sums.on_host();
+  device_sums = Tensor();
+  const int E = num_experts;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    Layer& layer = layers[l];
+    const float* row = host.data<float>() + l * (2 * E + 1);
+    layer.selections_per_expert.assign(row, row + E);
+    layer.prob_sum_per_expert.assign(row + E, row + 2 * E);
+    if (layer.tokens > 0) z_loss += row[2 * E] / static_cast<double>(layer.tokens);
+    routed_tokens += layer.tokens;
+    int64_t kept_total = 0, max_kept = 0;
+    for (int e = 0; e < E; ++e) {
+      selections_per_expert[e] += layer.selections_per_expert[e];
+      prob_sum_per_expert[e] += layer.prob_sum_per_expert[e];
+      const int64_t kept = layer.kept_per_expert.empty()
+                               ? static_cast<int64_t>(layer.selections_per_expert[e])
+                               : layer.kept_per_expert[e];
+      kept_total += kept;
+      max_kept = std::max(max_kept, kept);
+    }
+    assignments += layer.tokens * top_k;
+    dropped_assignments += layer.tokens * top_k - kept_total;
+    if (kept_total > 0)
+      worst_load_ratio = std::max(worst_load_ratio, static_cast<double>(max_kept) * E / kept_total);
+  }
 }
 
 namespace {

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/runtime/tensor.h"
+
 namespace switchyard {
 
 struct RouterStats {
@@ -27,9 +29,24 @@ struct RouterStats {
     std::vector<double> selections_per_expert;
     std::vector<double> prob_sum_per_expert;
     int64_t tokens = 0;
+    // Assignments kept per expert over the layer's tokens, set by a layer that can drop
+    // (capacity, GShard's random second expert); empty when every selection was kept.
+    std::vector<int64_t> kept_per_expert;
   };
   std::vector<Layer> layers;
 
+  // The routing sums of the forward under way, on its device: one row per MoE layer,
+  // (layers, 2E + 1) f32 = selections, probability sums and the z-loss sum over the
+  // layer's tokens (router_forward's sums, added over the tensor-parallel group). The
+  // layers write their rows without waiting for the host; collect() reads them all at once.
+  Tensor device_sums;
+
+  // Starts one forward's statistics (reset) with room for `moe_layers` rows on `dev`.
+  void begin(Device& dev, int experts, int k, int moe_layers);
+  // Adds a layer of `tokens` tokens and returns its row of device_sums to fill.
+  Tensor add_layer(int64_t tokens);
+  // Reads device_sums back (one host wait) and fills the per-layer and total sums.
+  void collect();
   void reset(int experts, int k);
   // All layers together (transformers' formula): aux = E * sum_e (selections_e / T) *
   // (prob_sum_e / T), T = routed_tokens. Per layer: the mean over layers of the same

@@ -114,7 +114,8 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
              .to(dev, MemoryKind::kActivations);
   targets_host_ = targets.reshape({n}).on_host();
   targets_ = targets_host_.to(dev, MemoryKind::kActivations);
-  stats_.reset(recipe_.moe().num_experts(), recipe_.moe().top_k());
+  stats_.begin(dev, recipe_.moe().num_experts(), recipe_.moe().top_k(),
+               static_cast<int>(moe_layers().size()));
 
   acquire({0});
   // The compute dtype is the working copies' (ParamStore::allocate): bf16 activations
@@ -181,6 +182,7 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
     if (!tp_) logits_out->copy_from(logits_);
   }
   losses = tp_ ? vocab_parallel_losses(dev, shard_lse, target_logits) : losses.on_host();
+  stats_.collect();
   double sum = 0;
   target_tokens_ = 0;
   const int32_t* t = targets_host_.data<int32_t>();
@@ -303,7 +305,15 @@ void Transformer::backward(Device& dev, float loss_scale) {
   const bool per_layer = recipe_.moe().aux_loss_per_layer();
   const double aux_scale = recipe_.moe().aux_loss_coef() * loss_scale;
   const float z_scale = recipe_.moe().z_loss_coef() * loss_scale;
-  size_t moe_index = stats_.layers.size();
+  // Every MoE layer's aux-loss gradient (E values), one upload for the whole backward.
+  const int64_t num_moe = static_cast<int64_t>(stats_.layers.size());
+  Tensor aux_grads_host = activation(cpu_device(), {num_moe, recipe_.moe().num_experts()});
+  for (int64_t l = 0; l < num_moe; ++l) {
+    const std::vector<float> g = stats_.aux_loss_prob_gradient(aux_scale, per_layer, l);
+    std::copy(g.begin(), g.end(), aux_grads_host.data<float>() + l * aux_grads_host.row_size());
+  }
+  const Tensor aux_grads = aux_grads_host.to(dev, MemoryKind::kActivations);
+  int64_t moe_index = num_moe;
 
   int unit = static_cast<int>(blocks_.size()) + 1;
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
@@ -315,10 +325,9 @@ void Transformer::backward(Device& dev, float loss_scale) {
     Tensor dffn_in;
     if (b.moe) {
       --moe_index;
-      const std::vector<float> g = stats_.aux_loss_prob_gradient(aux_scale, per_layer, moe_index);
-      Tensor aux_prob_grad = activation(cpu_device(), {static_cast<int64_t>(g.size())});
-      std::copy(g.begin(), g.end(), aux_prob_grad.data<float>());
-      dffn_in = b.moe->backward(dev, dx, aux_prob_grad.to(dev, MemoryKind::kActivations), z_scale);
+      const Tensor aux_prob_grad =
+          aux_grads.slice_rows(moe_index, moe_index + 1).reshape({aux_grads.row_size()});
+      dffn_in = b.moe->backward(dev, dx, aux_prob_grad, z_scale);
     } else {
       dffn_in = b.dense->backward(dev, dx);
     }

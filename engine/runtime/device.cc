@@ -41,13 +41,9 @@ void Device::deallocate(void* ptr, size_t bytes, MemoryKind kind) {
   total_current_bytes_ -= static_cast<int64_t>(bytes);
 }
 
-void Device::copy_from_host(void* dst, const void* src, size_t bytes) {
-  if (bytes) std::memmove(dst, src, bytes);
-}
+void Device::upload(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
 
-void Device::copy_to_host(void* dst, const void* src, size_t bytes) {
-  if (bytes) std::memmove(dst, src, bytes);
-}
+void Device::download(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
 
 void Device::copy_within(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memmove(dst, src, bytes);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -53,10 +54,22 @@ class Device {
   // once the bytes have arrived; a copy from the host once `src` may be reused. Tensor
   // copies and zeroing go through these, so runtime code moves data without knowing
   // the backend.
-  virtual void copy_from_host(void* dst, const void* src, size_t bytes);
-  virtual void copy_to_host(void* dst, const void* src, size_t bytes);
+  void copy_from_host(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    host_transfers_.fetch_add(1, std::memory_order_relaxed);
+    upload(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    host_transfers_.fetch_add(1, std::memory_order_relaxed);
+    download(dst, src, bytes);
+  }
   virtual void copy_within(void* dst, const void* src, size_t bytes);
   virtual void fill_zero(void* dst, size_t bytes);
+  // Copies between this device and the host so far. On a GPU each one waits for the
+  // work queued before it, so a training step keeps them few and independent of its
+  // number of layers (tests/model/host_transfers_test.cc).
+  int64_t host_transfers() const { return host_transfers_.load(std::memory_order_relaxed); }
 
   // Allocation and accounting are safe from several threads (gradient reductions run
   // beside the compute); read the statistics while no other thread allocates.
@@ -64,6 +77,10 @@ class Device {
   void reset_peak_memory();
 
  protected:
+  // The copies behind copy_from_host and copy_to_host (plain memory copies by default);
+  // `bytes` > 0.
+  virtual void upload(void* dst, const void* src, size_t bytes);
+  virtual void download(void* dst, const void* src, size_t bytes);
   virtual void* raw_allocate(size_t bytes) = 0;
   virtual void raw_deallocate(void* ptr) = 0;
 
@@ -71,6 +88,7 @@ class Device {
   std::mutex stats_mutex_;
   MemoryStats stats_;
   int64_t total_current_bytes_ = 0;
+  std::atomic<int64_t> host_transfers_{0};
 };
 
 class CpuDevice final : public Device {

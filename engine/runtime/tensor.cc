@@ -97,14 +97,15 @@ void Tensor::copy_from(const Tensor& src) {
   SY_CHECK(src.dtype() == dtype_ && src.numel() == numel());
   Device& to = device();
   Device& from = src.device();
-  if (!from.is_cuda()) {
-    to.copy_from_host(raw_data(), src.raw_data(), nbytes());
-  } else if (!to.is_cuda()) {
-    from.copy_to_host(raw_data(), src.raw_data(), nbytes());
-  } else if (&to == &from) {
+  Device& host = cpu_device();
+  if (&to == &from) {
     to.copy_within(raw_data(), src.raw_data(), nbytes());
+  } else if (&from == &host) {
+    to.copy_from_host(raw_data(), src.raw_data(), nbytes());
+  } else if (&to == &host) {
+    from.copy_to_host(raw_data(), src.raw_data(), nbytes());
   } else {
-    // Between two GPUs: through the host, which keeps devices free of peer access setup.
+    // Between two devices: through the host, which keeps GPUs free of peer access setup.
     copy_from(src.on_host());
   }
 }

@@ -78,15 +78,20 @@ void gating_backward(const T* probs, const int32_t* expert_ids, const T* dweight
   }
 }
 
-// Mean over the n rows of logsumexp(logits row)^2.
+// Sum over the n rows of logsumexp(logits row)^2, in a fixed order.
 template <typename T>
-double router_z_loss_forward(const T* logits, int64_t n, int64_t num_experts) {
+double router_z_loss_sum(const T* logits, int64_t n, int64_t num_experts) {
   if (n == 0) return 0.0;
-  const double total = ordered_chunk_sum(n, num_experts, [&](int64_t r) {
+  return ordered_chunk_sum(n, num_experts, [&](int64_t r) {
     const double lse = static_cast<double>(logsumexp_row(logits + r * num_experts, num_experts));
     return lse * lse;
   });
-  return total / static_cast<double>(n);
+}
+
+// Mean over the n rows of logsumexp(logits row)^2.
+template <typename T>
+double router_z_loss_forward(const T* logits, int64_t n, int64_t num_experts) {
+  return n == 0 ? 0.0 : router_z_loss_sum(logits, n, num_experts) / static_cast<double>(n);
 }
 
 // dlogits += scale * 2 * lse * softmax(logits) / n.

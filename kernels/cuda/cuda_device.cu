@@ -111,15 +111,13 @@ cuda::Blas& op_blas(Device& device, const char* op, std::initializer_list<const 
   return as_cuda(device).blas();
 }
 
-void CudaDevice::copy_from_host(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;
+void CudaDevice::upload(void* dst, const void* src, size_t bytes) {
   SY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
   // Pageable host memory may be reused as soon as this returns.
   SY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaDevice::copy_to_host(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;
+void CudaDevice::download(void* dst, const void* src, size_t bytes) {
   SY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
   SY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

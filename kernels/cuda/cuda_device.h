@@ -39,9 +39,7 @@ class CudaDevice final : public Device {
     int clock_khz = 0;  // peak SM clock
   };
   Properties properties() const;
-  // cudaMemcpyAsync / cudaMemsetAsync on stream(); the host copies then wait for it.
-  void copy_from_host(void* dst, const void* src, size_t bytes) override;
-  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  // cudaMemcpyAsync / cudaMemsetAsync on stream().
   void copy_within(void* dst, const void* src, size_t bytes) override;
   void fill_zero(void* dst, size_t bytes) override;
 
@@ -58,6 +56,9 @@ class CudaDevice final : public Device {
   cuda::Blas& blas();
 
  protected:
+  // Each waits for the stream: for the bytes to arrive, or for pageable `src` to be read.
+  void upload(void* dst, const void* src, size_t bytes) override;
+  void download(void* dst, const void* src, size_t bytes) override;
   void* raw_allocate(size_t bytes) override;
   void raw_deallocate(void* ptr) override;
 

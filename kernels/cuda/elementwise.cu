@@ -112,25 +112,20 @@ void bias_backward(const T* dy, float* dbias, int64_t rows, int64_t n, cudaStrea
 }
 
 template <typename T>
-void sum_squares(const T* const* xs, const int64_t* ns, int count, double* host_totals,
+void sum_squares(const T* const* xs, const int64_t* ns, int count, double* totals,
                  cudaStream_t stream) {
   if (count == 0) return;
   // One scratch of block partials serves every array: the stream orders each array's
   // two kernels before the next array's.
-  Scratch<double> scratch(kSumBlocks + count, stream);
-  double* partial = scratch.get();
-  double* totals = partial + kSumBlocks;
+  Scratch<double> partial(kSumBlocks, stream);
   SY_CUDA_CHECK(cudaMemsetAsync(totals, 0, static_cast<size_t>(count) * sizeof(double), stream));
   for (int i = 0; i < count; ++i) {
     if (ns[i] == 0) continue;
-    sum_squares_partial_kernel<<<kSumBlocks, kThreads, 0, stream>>>(xs[i], ns[i], partial);
+    sum_squares_partial_kernel<<<kSumBlocks, kThreads, 0, stream>>>(xs[i], ns[i], partial.get());
     SY_CUDA_CHECK_LAUNCH();
-    sum_partials_kernel<<<1, kThreads, 0, stream>>>(partial, kSumBlocks, totals + i);
+    sum_partials_kernel<<<1, kThreads, 0, stream>>>(partial.get(), kSumBlocks, totals + i);
     SY_CUDA_CHECK_LAUNCH();
   }
-  SY_CUDA_CHECK(cudaMemcpyAsync(host_totals, totals, static_cast<size_t>(count) * sizeof(double),
-                                cudaMemcpyDeviceToHost, stream));
-  SY_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 template <typename T, typename G>

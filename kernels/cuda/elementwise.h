@@ -2,7 +2,7 @@
 // the element types, explicitly instantiated for float and __nv_bfloat16 (every
 // combination where two are named): elements are loaded as float, arithmetic and sums run
 // in float and each stored element is rounded once. Parameter gradients (dbias) are
-// float. All run on `stream`; only sum_squares waits for its results.
+// float. All run on `stream` and none waits for it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,10 +25,9 @@ void add_bias(T* y, const B* bias, int64_t rows, int64_t n, cudaStream_t stream)
 template <typename T>
 void bias_backward(const T* dy, float* dbias, int64_t rows, int64_t n, cudaStream_t stream);
 // Sums of squares of `count` arrays (xs[i] of ns[i] elements) in double, each in a
-// fixed order, into host_totals[i]; queues them all, then blocks once until they are on
-// the host.
+// fixed order, into totals[i] on the device.
 template <typename T>
-void sum_squares(const T* const* xs, const int64_t* ns, int count, double* host_totals,
+void sum_squares(const T* const* xs, const int64_t* ns, int count, double* totals,
                  cudaStream_t stream);
 // y[r] += sigmoid(g[r]) * x[r]; x, y: (rows, n), g: (rows).
 template <typename T, typename G>

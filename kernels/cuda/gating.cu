@@ -106,10 +106,9 @@ __global__ void router_forward_kernel(const float* logits, float* probs, int32_t
   if (threadIdx.x == 0) partial_z[blockIdx.x] = z;
 }
 
-__global__ void router_totals_kernel(const double* partial_probs,
-                                     const int64_t* partial_selections, const double* partial_z,
-                                     int64_t blocks, int64_t num_experts, float* prob_sums,
-                                     float* selections, double* z_total) {
+__global__ void router_totals_kernel(const double* partial_probs, const int64_t* partial_selections,
+                                     const double* partial_z, int64_t blocks, int64_t num_experts,
+                                     float* sums) {
   for (int64_t e = grid_start(); e < num_experts; e += grid_stride()) {
     double sum = 0.0;
     int64_t count = 0;
@@ -117,13 +116,13 @@ __global__ void router_totals_kernel(const double* partial_probs,
       sum += partial_probs[b * num_experts + e];
       count += partial_selections[b * num_experts + e];
     }
-    prob_sums[e] = static_cast<float>(sum);
-    selections[e] = static_cast<float>(count);
+    sums[e] = static_cast<float>(count);
+    sums[num_experts + e] = static_cast<float>(sum);
   }
   if (grid_start() == 0) {
     double z = 0.0;
     for (int64_t b = 0; b < blocks; ++b) z += partial_z[b];
-    *z_total = z;
+    sums[2 * num_experts] = static_cast<float>(z);
   }
 }
 
@@ -161,11 +160,11 @@ __global__ void squared_lse_kernel(const float* logits, int64_t n, int64_t num_e
 }
 
 // One block adds the n values: thread t takes every blockDim-th one, then the block sum.
-__global__ void ordered_sum_kernel(const double* values, int64_t n, double* total) {
+__global__ void ordered_sum_kernel(const double* values, int64_t n, float* total) {
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += values[i];
   sum = block_sum(sum);
-  if (threadIdx.x == 0) *total = sum;
+  if (threadIdx.x == 0) *total = static_cast<float>(sum);
 }
 
 __global__ void router_z_loss_backward_kernel(const float* logits, float scale, float* dlogits,
@@ -189,21 +188,19 @@ void gating_forward(const float* logits, float* probs, int32_t* expert_ids, floa
   SY_CUDA_CHECK_LAUNCH();
 }
 
-double router_forward(const float* logits, float* probs, int32_t* expert_ids, float* weights,
-                      float* selections, float* prob_sums, int64_t n, int64_t num_experts, int k,
-                      bool renormalize, cudaStream_t stream) {
+void router_forward(const float* logits, float* probs, int32_t* expert_ids, float* weights,
+                    float* sums, int64_t n, int64_t num_experts, int k, bool renormalize,
+                    cudaStream_t stream) {
   SY_CHECK(num_experts <= kFusedRouterMaxExperts);
   if (n == 0) {
-    SY_CUDA_CHECK(cudaMemsetAsync(selections, 0, num_experts * sizeof(float), stream));
-    SY_CUDA_CHECK(cudaMemsetAsync(prob_sums, 0, num_experts * sizeof(float), stream));
-    return 0.0;
+    SY_CUDA_CHECK(cudaMemsetAsync(sums, 0, (2 * num_experts + 1) * sizeof(float), stream));
+    return;
   }
   const int64_t chunks = (n + kRouterChunk - 1) / kRouterChunk;
   const int64_t blocks = chunks < kRouterMaxBlocks ? chunks : kRouterMaxBlocks;
   Scratch<double> partial_probs(blocks * num_experts, stream);
   Scratch<int64_t> partial_selections(blocks * num_experts, stream);
-  Scratch<double> partial_z(blocks + 1, stream);
-  double* z_total = partial_z.get() + blocks;
+  Scratch<double> partial_z(blocks, stream);
   const size_t shared_bytes = static_cast<size_t>(2 * num_experts + kRouterChunk) * 8;
   router_forward_kernel<<<static_cast<unsigned int>(blocks), kRouterThreads, shared_bytes,
                           stream>>>(logits, probs, expert_ids, weights, n, num_experts, k,
@@ -211,14 +208,8 @@ double router_forward(const float* logits, float* probs, int32_t* expert_ids, fl
                                     partial_z.get());
   SY_CUDA_CHECK_LAUNCH();
   router_totals_kernel<<<grid_blocks(num_experts, kRouterThreads), kRouterThreads, 0, stream>>>(
-      partial_probs.get(), partial_selections.get(), partial_z.get(), blocks, num_experts,
-      prob_sums, selections, z_total);
+      partial_probs.get(), partial_selections.get(), partial_z.get(), blocks, num_experts, sums);
   SY_CUDA_CHECK_LAUNCH();
-  double host_total = 0.0;
-  SY_CUDA_CHECK(
-      cudaMemcpyAsync(&host_total, z_total, sizeof(double), cudaMemcpyDeviceToHost, stream));
-  SY_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return host_total / static_cast<double>(n);
 }
 
 void gating_backward(const float* probs, const int32_t* expert_ids, const float* dweights,
@@ -230,21 +221,18 @@ void gating_backward(const float* probs, const int32_t* expert_ids, const float*
   SY_CUDA_CHECK_LAUNCH();
 }
 
-double router_z_loss_forward(const float* logits, int64_t n, int64_t num_experts,
-                             cudaStream_t stream) {
-  if (n == 0) return 0.0;
-  Scratch<double> squared(n + 1, stream);
-  double* total = squared.get() + n;
+void router_z_loss_sum(const float* logits, int64_t n, int64_t num_experts, float* z_sum,
+                       cudaStream_t stream) {
+  if (n == 0) {
+    SY_CUDA_CHECK(cudaMemsetAsync(z_sum, 0, sizeof(float), stream));
+    return;
+  }
+  Scratch<double> squared(n, stream);
   squared_lse_kernel<<<grid_blocks(n, kRowThreads), kRowThreads, 0, stream>>>(
       logits, n, num_experts, squared.get());
   SY_CUDA_CHECK_LAUNCH();
-  ordered_sum_kernel<<<1, 1024, 0, stream>>>(squared.get(), n, total);
+  ordered_sum_kernel<<<1, 1024, 0, stream>>>(squared.get(), n, z_sum);
   SY_CUDA_CHECK_LAUNCH();
-  double host_total = 0.0;
-  SY_CUDA_CHECK(
-      cudaMemcpyAsync(&host_total, total, sizeof(double), cudaMemcpyDeviceToHost, stream));
-  SY_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return host_total / static_cast<double>(n);
 }
 
 void router_z_loss_backward(const float* logits, float scale, float* dlogits, int64_t n,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/gating.h"
+#include "kernels/router_aux.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
@@ -218,10 +219,46 @@ TEST(RouterZLossTest, ForwardMatchesDoubleReference) {
     for (int64_t e = 0; e < num_experts; ++e) sum += std::exp(double(logits[r * num_experts + e]));
     expected += std::log(sum) * std::log(sum);
   }
+  Tensor z_sum = Tensor::empty({1});
+  router_z_loss_sum(cpu_device(), make_tensor({n, num_experts}, logits), z_sum);
+  EXPECT_NEAR(*z_sum.data<float>(), expected, 1e-6 * expected);
   expected /= n;
-  const double got = router_z_loss_forward(cpu_device(), make_tensor({n, num_experts}, logits));
+  const double got = cpu::router_z_loss_forward(logits.data(), n, num_experts);
   EXPECT_NEAR(got, expected, 1e-6 * expected);
   EXPECT_GT(got, 0.0);
+}
+
+// The router's one op: the gating outputs of gating_forward, then the selections,
+// probability sums and z-loss sum in one (2E + 1) buffer.
+TEST(RouterForwardTest, SumsAreTheRoutingCountsAndZLossSum) {
+  const int64_t n = 300, num_experts = 6;
+  const int k = 2;
+  const Tensor logits =
+      make_tensor({n, num_experts}, random_vector<float>(n * num_experts, 24, -3.0, 3.0));
+  Tensor probs = Tensor::empty({n, num_experts}), ids = Tensor::empty({n, k}, DType::kI32);
+  Tensor weights = Tensor::empty({n, k});
+  Tensor sums =
+      make_tensor({2 * num_experts + 1}, std::vector<float>(2 * num_experts + 1, std::nanf("")));
+  router_forward(cpu_device(), logits, k, /*renormalize=*/true, probs, ids, weights, sums);
+
+  Tensor want_probs = Tensor::empty({n, num_experts}),
+         want_ids = Tensor::empty({n, k}, DType::kI32);
+  Tensor want_weights = Tensor::empty({n, k});
+  gating_forward(cpu_device(), logits, k, true, want_probs, want_ids, want_weights);
+  EXPECT_EQ(values_of<float>(probs), values_of<float>(want_probs));
+  EXPECT_EQ(values_of<int32_t>(ids), values_of<int32_t>(want_ids));
+  EXPECT_EQ(values_of<float>(weights), values_of<float>(want_weights));
+  Tensor selections = Tensor::empty({num_experts}), prob_sums = Tensor::empty({num_experts});
+  routing_counts(cpu_device(), want_probs, want_ids, selections, prob_sums);
+  Tensor z_sum = Tensor::empty({1});
+  router_z_loss_sum(cpu_device(), logits, z_sum);
+  std::vector<float> want = values_of<float>(selections);
+  for (float p : values_of<float>(prob_sums)) want.push_back(p);
+  want.push_back(*z_sum.data<float>());
+  EXPECT_EQ(values_of<float>(sums), want);
+  Tensor short_sums = Tensor::empty({2 * num_experts});
+  EXPECT_DEATH(router_forward(cpu_device(), logits, k, true, probs, ids, weights, short_sums),
+               "sums must be");
 }
 
 TEST(RouterZLossTest, BackwardAccumulatesFiniteDifferenceGradient) {

@@ -116,8 +116,9 @@ Result run(Layer& l, const Tensor& x, const Tensor& dy, const Tensor& aux_prob_g
            int experts) {
   Result r;
   Rng rng(7);
-  r.stats.reset(experts, kTopK);
+  r.stats.begin(cpu_device(), experts, kTopK, 1);
   Tensor y = l.layer->forward(cpu_device(), x, /*training=*/false, rng, r.stats);
+  r.stats.collect();
   r.y = values_of<float>(y);
   Tensor dx = l.layer->backward(cpu_device(), dy, aux_prob_grad, /*z_loss_scale=*/1e-2f);
   r.dx = values_of<float>(dx);
