@@ -10,8 +10,12 @@
 # fp32 and in bf16 with the `switchyard` binary (the README's main job: train, save a
 # checkpoint, export it to Hugging Face format).
 #
-# Arguments pick the parts to run (default: all of them, in this order): tests, bench,
-# train; e.g. `scripts/gpu_check.sh tests train` when one call must stay short.
+# Arguments pick the parts to run (default: tests, bench, train, in this order); e.g.
+# `scripts/gpu_check.sh tests train` when one call must stay short. A fourth part,
+# `sanitize`, runs only when named: every GPU test under compute-sanitizer's memcheck
+# (out-of-bounds and misaligned accesses, leaks of device memory), then the tests of the
+# kernels that share memory between threads under racecheck; a test that outlasts its
+# time is reported as unchecked, not as passed.
 #
 # Everything printed also goes to ${OUT:-/tmp}/gpu_check.log, and each benchmark's JSON
 # line to ${OUT:-/tmp}/gpu_bench.jsonl. A failing test does not stop the benchmarks; the
@@ -55,6 +59,41 @@ bundled_tests() {
   done
   echo "gpu_check: $passed passed, $failed failed, $skipped skipped"
   [[ $failed -eq 0 ]]
+}
+
+# sanitize TEST...: the tests under memcheck, then those of kernels with shared-memory
+# staging (grouped GEMM, attention, the fused router) under racecheck.
+sanitize() {
+  local tool test name rc clean=0 found=0 unchecked=0 extra
+  if ! command -v compute-sanitizer >/dev/null 2>&1; then
+    echo "gpu_check: compute-sanitizer is not on this machine: sanitize skipped"
+    return 0
+  fi
+  for tool in memcheck racecheck; do
+    for test in "$@"; do
+      name=$(basename "$test")
+      if [[ $tool == racecheck && ! $name =~ ^gpu_(grouped_gemm|grouped_batched_gemm|attention|gating)_test$ ]]; then
+        continue
+      fi
+      extra=()
+      [[ $tool == memcheck ]] && extra=(--leak-check full)
+      set +e
+      timeout 180 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 10 \
+        "${extra[@]}" "$test" --gtest_brief=1 >"$out_dir/sanitize.tmp" 2>&1
+      rc=$?
+      set -e
+      grep -E "^=========|FAILED|rror" "$out_dir/sanitize.tmp" | head -40 || true
+      case $rc in
+        0) clean=$((clean + 1)); echo "gpu_check: $tool $name clean" ;;
+        77) echo "gpu_check: $tool $name skipped (no GPU)" ;;
+        124) unchecked=$((unchecked + 1)); echo "gpu_check: $tool $name UNCHECKED (over 180 s)" ;;
+        *) found=$((found + 1)); echo "gpu_check: $tool $name FOUND ERRORS (exit $rc)" ;;
+      esac
+    done
+  done
+  rm -f "$out_dir/sanitize.tmp"
+  echo "gpu_check: sanitize: $clean clean, $found with errors, $unchecked unchecked"
+  [[ $found -eq 0 ]]
 }
 
 # bench LABEL COMMAND...: runs one benchmark and appends its JSON line (the last line of
@@ -186,6 +225,7 @@ main() {
     wheel_libs=$("$python" -c 'import glob, site; print(":".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2>/dev/null || true)
     [[ -n "$wheel_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_libs"
     if wants tests; then bundled_tests || tests_ok=false; fi
+    if wants sanitize; then sanitize .gpu-bundle/bin/gpu_* || tests_ok=false; fi
     if wants bench; then benchmarks .gpu-bundle/bench; fi
     if wants train; then train .gpu-bundle/tools/switchyard; fi
   else
@@ -193,6 +233,7 @@ main() {
     cmake --preset release -DSWITCHYARD_CUDA=ON >/dev/null
     cmake --build build -j"$(nproc)" --target gpu_tests gpu_benchmarks switchyard
     if wants tests; then (cd build && ctest --output-on-failure -L gpu) || tests_ok=false; fi
+    if wants sanitize; then sanitize build/tests/gpu_* || tests_ok=false; fi
     if wants bench; then benchmarks build/bench; fi
     if wants train; then train build/engine/cli/switchyard; fi
   fi
