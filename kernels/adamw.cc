@@ -39,9 +39,15 @@ void adamw_step(Device& dev, const AdamWHyper& h, float grad_scale,
                                           u.work ? u.work->raw_data() : nullptr, u.param->numel(),
                                           u.decay});
     }
-    if (stream)
-      cuda::adamw_step(tensors, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step, grad_scale,
-                       stream);
+    const std::vector<cuda::AdamWChunk> chunks = cuda::adamw_chunks(tensors, h.lr, h.weight_decay);
+    if (chunks.empty()) return;
+    // The work list reaches the device through its copy from the host (one wait per step).
+    const size_t bytes = chunks.size() * sizeof(cuda::AdamWChunk);
+    Tensor table = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, MemoryKind::kOther, dev);
+    dev.copy_from_host(table.raw_data(), chunks.data(), bytes);
+    cuda::adamw_step(static_cast<const cuda::AdamWChunk*>(table.raw_data()),
+                     static_cast<int64_t>(chunks.size()), h.lr, h.beta1, h.beta2, h.eps, h.step,
+                     grad_scale, stream);
     return;
   }
 #endif

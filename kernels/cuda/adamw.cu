@@ -6,7 +6,6 @@
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/scratch.h"
 
 namespace switchyard::cuda {
 namespace {
@@ -14,16 +13,6 @@ namespace {
 // The tensors are cut into chunks of at most kChunk elements; block b updates chunk b
 // (and every gridDim.x-th after it), so one launch covers any number of tensors.
 constexpr int64_t kChunk = 1 << 16;
-
-struct Chunk {
-  float* param;
-  const float* grad;
-  float* exp_avg;
-  float* exp_avg_sq;
-  __nv_bfloat16* work;
-  int64_t begin, end;  // element range within the tensor
-  float decay;         // 1 - lr * weight_decay, or 1
-};
 
 struct Factors {
   float step_size;
@@ -36,9 +25,10 @@ struct Factors {
   float grad_scale;
 };
 
-__global__ void adamw_kernel(const Chunk* chunks, int64_t num_chunks, Factors f) {
+__global__ void adamw_kernel(const AdamWChunk* chunks, int64_t num_chunks, Factors f) {
   for (int64_t c = blockIdx.x; c < num_chunks; c += gridDim.x) {
-    const Chunk ch = chunks[c];
+    const AdamWChunk ch = chunks[c];
+    auto* work = static_cast<__nv_bfloat16*>(ch.work);
     for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
       const float g = ch.grad[i] * f.grad_scale;
       const float m = f.beta1 * ch.exp_avg[i] + f.one_minus_beta1 * g;
@@ -48,24 +38,27 @@ __global__ void adamw_kernel(const Chunk* chunks, int64_t num_chunks, Factors f)
       const float denom = sqrtf(v) / f.bias_correction2_sqrt + f.eps;
       const float p = ch.param[i] * ch.decay - f.step_size * m / denom;
       ch.param[i] = p;
-      if (ch.work) ch.work[i] = __float2bfloat16_rn(p);
+      if (work) work[i] = __float2bfloat16_rn(p);
     }
   }
 }
 
 }  // namespace
 
-void adamw_step(const std::vector<AdamWTensor>& tensors, double lr, double beta1, double beta2,
-                double eps, double weight_decay, int64_t step, double grad_scale,
-                cudaStream_t stream) {
+std::vector<AdamWChunk> adamw_chunks(const std::vector<AdamWTensor>& tensors, double lr,
+                                     double weight_decay) {
   const float decay = static_cast<float>(1.0 - lr * weight_decay);
-  std::vector<Chunk> chunks;
+  std::vector<AdamWChunk> chunks;
   for (const AdamWTensor& t : tensors)
     for (int64_t begin = 0; begin < t.n; begin += kChunk)
-      chunks.push_back(Chunk{t.param, t.grad, t.exp_avg, t.exp_avg_sq,
-                             static_cast<__nv_bfloat16*>(t.work), begin,
-                             std::min(t.n, begin + kChunk), t.decay ? decay : 1.0f});
-  if (chunks.empty()) return;
+      chunks.push_back(AdamWChunk{t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.work, begin,
+                                  std::min(t.n, begin + kChunk), t.decay ? decay : 1.0f});
+  return chunks;
+}
+
+void adamw_step(const AdamWChunk* chunks, int64_t count, double lr, double beta1, double beta2,
+                double eps, int64_t step, double grad_scale, cudaStream_t stream) {
+  if (count == 0) return;
   const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
   const Factors f{static_cast<float>(lr / bias_correction1),
@@ -76,14 +69,8 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, double lr, double beta1
                   static_cast<float>(1.0 - beta2),
                   static_cast<float>(eps),
                   static_cast<float>(grad_scale)};
-  const int64_t count = static_cast<int64_t>(chunks.size());
-  Scratch<Chunk> table(count, stream);
-  // From pageable memory cudaMemcpyAsync waits for the stream's earlier work and returns
-  // once the table is staged, so `chunks` may go right after: one host wait per step.
-  SY_CUDA_CHECK(cudaMemcpyAsync(table.get(), chunks.data(), chunks.size() * sizeof(Chunk),
-                                cudaMemcpyHostToDevice, stream));
   const unsigned int blocks = static_cast<unsigned int>(std::min<int64_t>(count, kMaxBlocks));
-  adamw_kernel<<<blocks, kThreads, 0, stream>>>(table.get(), count, f);
+  adamw_kernel<<<blocks, kThreads, 0, stream>>>(chunks, count, f);
   SY_CUDA_CHECK_LAUNCH();
 }
 

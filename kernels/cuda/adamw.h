@@ -21,10 +21,24 @@ struct AdamWTensor {
   bool decay;  // whether weight decay applies
 };
 
-// One step over every tensor, one kernel launch. The scalar factors are formed in double
-// on the host, as PyTorch does from Python floats, then applied in float. step is 1-based.
-void adamw_step(const std::vector<AdamWTensor>& tensors, double lr, double beta1, double beta2,
-                double eps, double weight_decay, int64_t step, double grad_scale,
-                cudaStream_t stream);
+// The kernel's work list: the tensors cut into chunks of at most 64K elements, each with
+// its weight-decay factor (1 - lr * weight_decay, or 1).
+struct AdamWChunk {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* work;
+  int64_t begin, end;  // element range within the tensor
+  float decay;
+};
+std::vector<AdamWChunk> adamw_chunks(const std::vector<AdamWTensor>& tensors, double lr,
+                                     double weight_decay);
+
+// One step over the `count` chunks at `chunks` (adamw_chunks' list, in device memory), one
+// kernel launch. The scalar factors are formed in double on the host, as PyTorch does from
+// Python floats, then applied in float. step is 1-based.
+void adamw_step(const AdamWChunk* chunks, int64_t count, double lr, double beta1, double beta2,
+                double eps, int64_t step, double grad_scale, cudaStream_t stream);
 
 }  // namespace switchyard::cuda
