@@ -180,7 +180,9 @@ TEST(GpuHostTransfersTest, DroplessBf16StepCopiesFiveTimes) {
     const int64_t before = gpu_dev.host_transfers();
     gpu.model.forward(gpu_dev, ids, targets, true, routing);
     gpu.model.backward(gpu_dev, 1.0f);
-    if (step == 2) EXPECT_EQ(gpu_dev.host_transfers() - before, 5);
+    if (step == 2) {
+      EXPECT_EQ(gpu_dev.host_transfers() - before, 5);
+    }
   }
 }
 
