@@ -8,7 +8,9 @@
 
 namespace switchyard {
 void convert(Device& dev, const Tensor& src, Tensor& dst) {
-  SY_CHECK_MSG(is_float(src) && is_float(dst), "convert: f32 and bf16 tensors only");
+  const bool counts = src.dtype() == DType::kI32 && dst.dtype() == DType::kF32;
+  SY_CHECK_MSG((is_float(src) && is_float(dst)) || counts,
+               "convert: f32 and bf16 tensors, or i32 to f32, only");
   SY_CHECK_MSG(src.numel() == dst.numel(), "convert: the tensors differ in size");
   if (src.dtype() == dst.dtype()) {
     dst.copy_from(src);
@@ -18,7 +20,9 @@ void convert(Device& dev, const Tensor& src, Tensor& dst) {
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
     cudaStream_t stream = op_stream(dev, "convert", {&src, &dst});
-    if (src.dtype() == DType::kF32)
+    if (counts)
+      cuda::widen_from_i32(src.data<int32_t>(), dst.data<float>(), n, stream);
+    else if (src.dtype() == DType::kF32)
       cuda::narrow_to_bf16(src.data<float>(), dst.raw_data(), n, stream);
     else
       cuda::widen_from_bf16(src.raw_data(), dst.data<float>(), n, stream);
@@ -28,7 +32,11 @@ void convert(Device& dev, const Tensor& src, Tensor& dst) {
   SY_CHECK_MSG(!dev.is_cuda(), "convert: this build has no CUDA backend");
   SY_CHECK_MSG(!src.device().is_cuda() && !dst.device().is_cuda(),
                "convert: a CUDA tensor given to the CPU op");
-  if (src.dtype() == DType::kF32) {
+  if (counts) {
+    const int32_t* s = src.data<int32_t>();
+    float* d = dst.data<float>();
+    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
+  } else if (src.dtype() == DType::kF32) {
     const float* s = src.data<float>();
     bf16* d = dst.data<bf16>();
 #pragma omp parallel for schedule(static) if (n >= cpu::kParallelMinWork)

@@ -9,7 +9,8 @@
 namespace switchyard {
 
 // dst = src element-wise (same numel, same device), f32 and bf16 in any direction:
-// narrowing rounds to nearest even, widening is exact; equal dtypes copy.
+// narrowing rounds to nearest even, widening is exact; equal dtypes copy. Also i32 to f32
+// (counts: exact up to 2^24).
 void convert(Device& dev, const Tensor& src, Tensor& dst);
 
 // The CPU runs an op on bf16 operands in f32: inputs are widened (exactly) to f32

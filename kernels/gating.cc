@@ -1,5 +1,6 @@
 #include "kernels/gating.h"
 
+#include "engine/runtime/rng.h"
 #include "kernels/cpu/gating.h"
 #include "kernels/router_aux.h"
 #ifdef SWITCHYARD_WITH_CUDA
@@ -60,6 +61,37 @@ void router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, 
   Tensor z_sum = flat.slice_rows(2 * num_experts, 2 * num_experts + 1).reshape({1});
   routing_counts(dev, probs, expert_ids, selections, prob_sums);
   router_z_loss_sum(dev, logits, z_sum);
+}
+
+void gshard_dispatch_ids(Device& dev, const Tensor& expert_ids, const Tensor& weights,
+                         uint64_t seed, uint64_t first_draw, Tensor& dispatch_ids) {
+  SY_CHECK_MSG(
+      expert_ids.rank() == 2 && expert_ids.dim(1) == 2 && expert_ids.dtype() == DType::kI32,
+      "gshard_dispatch_ids: expert_ids must be i32 (n, 2)");
+  SY_CHECK_MSG(weights.shape() == expert_ids.shape() && weights.dtype() == DType::kF32,
+               "gshard_dispatch_ids: weights must be f32 (n, 2)");
+  SY_CHECK_MSG(dispatch_ids.shape() == expert_ids.shape() && dispatch_ids.dtype() == DType::kI32,
+               "gshard_dispatch_ids: dispatch_ids must be i32 (n, 2)");
+  const int64_t n = expert_ids.dim(0);
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::gshard_dispatch_ids(
+        expert_ids.data<int32_t>(), weights.data<float>(), n, seed, first_draw,
+        dispatch_ids.data<int32_t>(),
+        op_stream(dev, "gshard_dispatch_ids", {&expert_ids, &weights, &dispatch_ids}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "gshard_dispatch_ids: this build has no CUDA backend");
+  const int32_t* ids = expert_ids.data<int32_t>();
+  const float* w = weights.data<float>();
+  int32_t* out = dispatch_ids.data<int32_t>();
+  for (int64_t t = 0; t < n; ++t) {
+    out[2 * t] = ids[2 * t];
+    const bool sent = Rng::uniform_at(seed, first_draw + static_cast<uint64_t>(t)) <
+                      2.0 * static_cast<double>(w[2 * t + 1]);
+    out[2 * t + 1] = sent ? ids[2 * t + 1] : -1;
+  }
 }
 
 void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,

@@ -17,6 +17,12 @@ void gating_forward(Device& dev, const Tensor& logits, int k, bool renormalize, 
 // for the host. CUDA fuses the three into one pass over the logits.
 void router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, Tensor& probs,
                     Tensor& expert_ids, Tensor& weights, Tensor& sums);
+// GShard's random dispatch of the second expert: dispatch_ids (n, 2) i32 written =
+// expert_ids, except that token t's second expert becomes -1 (not sent) when
+// u_t >= 2 * weights[t, 1], where u_t = Rng::uniform_at(seed, first_draw + t) (the draws
+// of one Rng stream in token order). expert_ids and weights are (n, 2).
+void gshard_dispatch_ids(Device& dev, const Tensor& expert_ids, const Tensor& weights,
+                         uint64_t seed, uint64_t first_draw, Tensor& dispatch_ids);
 // dweights: (n, k) -> dlogits: (n, E) written, through the top-k selection (held
 // fixed), the optional renormalisation and the softmax.
 void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,

@@ -11,7 +11,9 @@ void matmul(Device& dev, const Tensor& a, bool trans_a, const Tensor& b, bool tr
             float alpha = 1.0f, float beta = 0.0f);
 
 // Grouped products over row blocks: group g owns rows [offset_g, offset_g + sizes[g]) of
-// the row-blocked operands, where offset_g = sizes[0] + ... + sizes[g-1].
+// the row-blocked operands, where offset_g = sizes[0] + ... + sizes[g-1]. The sizes add
+// up to at most R: rows past their sum (a buffer sized for the most rows a routing plan
+// can keep, whose count stays on the device) are neither read nor written.
 // `group_sizes` is an i32 tensor of shape (G), on the host or, on a CUDA device, on the
 // op's device. On CUDA, bf16 operands run the engine's tensor-core kernels
 // (kernels/cuda/grouped_gemm.h), which read the sizes where they are: sizes on the device

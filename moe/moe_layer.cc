@@ -74,34 +74,27 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   expert_ids_ = activation(dev, {n, top_k_}, DType::kI32);
   weights_ = activation(dev, {n, top_k_});
   const bool renormalize = gating_ != config::SOFTMAX_TOPK;
-  // This layer's routing sums (selections, probability sums, z-loss) stay on the device
-  // until the forward's end (RouterStats::collect): one reduction over the group, no wait.
-  Tensor sums = stats.add_layer(total);
+  // This layer's routing sums (selections, probability sums, z-loss, kept assignments)
+  // stay on the device until the forward's end (RouterStats::collect).
+  Tensor row = stats.add_layer(total).reshape({3 * E + 1, 1});
+  Tensor sums = row.slice_rows(0, 2 * E + 1).reshape({2 * E + 1});
+  Tensor kept = row.slice_rows(2 * E + 1, 3 * E + 1).reshape({E});
   router_forward(dev, router_logits_, top_k_, renormalize, probs_, expert_ids_, weights_, sums);
-  if (tp_) tp_->all_reduce_sum(sums);
 
   // GShard: the second expert takes the token with probability min(1, 2 * weight); an
   // unsent assignment has expert id -1 in the dispatch plan (the gating backward keeps
   // the full top-2 selection). Token t of the group draws the t-th number of `rng`.
   Tensor dispatch_ids = expert_ids_;
-  const bool random_second = gating_ == config::GSHARD_TOP2 && training;
-  if (random_second) {
-    // Drawn on the host: one number per token, in token order.
-    Tensor host_ids = activation(cpu_device(), {n, top_k_}, DType::kI32);
-    host_ids.copy_from(expert_ids_);
-    const Tensor host_weights = weights_.on_host();
-    int32_t* ids = host_ids.data<int32_t>();
-    const float* w = host_weights.data<float>();
-    Rng mine(rng.seed(), rng.counter() + static_cast<uint64_t>(member * n));
-    for (int64_t t = 0; t < n; ++t)
-      if (mine.uniform() >= 2.0 * w[t * 2 + 1]) ids[t * 2 + 1] = -1;
+  if (gating_ == config::GSHARD_TOP2 && training) {
+    dispatch_ids = activation(dev, {n, top_k_}, DType::kI32);
+    gshard_dispatch_ids(dev, expert_ids_, weights_, rng.seed(),
+                        rng.counter() + static_cast<uint64_t>(member * n) + 1, dispatch_ids);
     rng = Rng(rng.seed(), rng.counter() + static_cast<uint64_t>(total));
-    dispatch_ids = host_ids.to(dev, MemoryKind::kActivations);
   }
 
-  const int64_t rows =
-      plan_dispatch(dev, dispatch_ids, total, capacity_factor_ > 0 || random_second,
-                    stats.layers.back().kept_per_expert);
+  const int64_t rows = plan_dispatch(dev, dispatch_ids, total);
+  convert(dev, tokens_per_expert_, kept);
+  if (tp_) tp_->all_reduce_sum(row);
   Tensor permuted = activation(dev, {rows, hidden}, dtype);
   permute_gather(dev, x_, dest_rows_, permuted);
   if (ep_) {
@@ -133,8 +126,7 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   return y;
 }
 
-int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens,
-                                bool can_drop, std::vector<int64_t>& group_kept) {
+int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens) {
   const int E = num_experts_;
   const int64_t n = dispatch_ids.dim(0);
   tokens_per_expert_ = activation(dev, {E}, DType::kI32);
@@ -143,24 +135,9 @@ int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t
       capacity_factor_ > 0
           ? static_cast<int64_t>(std::ceil(capacity_factor_ * total_tokens * top_k_ / E))
           : -1;
-  if (!can_drop) {
-    permute_plan(dev, dispatch_ids, weights_, E, -1, tokens_per_expert_, dest_rows_);
-    return n * top_k_;
-  }
-  auto on_host = [](const Tensor& per_expert) {
-    const Tensor host = per_expert.on_host();
-    const int32_t* c = host.data<int32_t>();
-    return std::vector<int64_t>(c, c + per_expert.numel());
-  };
-  auto sum = [](const std::vector<int64_t>& v) {
-    return std::accumulate(v.begin(), v.end(), int64_t{0});
-  };
   if (!tp_ || capacity < 0) {
     permute_plan(dev, dispatch_ids, weights_, E, capacity, tokens_per_expert_, dest_rows_);
-    group_kept = on_host(tokens_per_expert_);
-    const int64_t rows = sum(group_kept);
-    if (tp_) tp_->all_reduce_sum(group_kept.data(), E);
-    return rows;
+    return n * top_k_;
   }
   // Capacity keeps each expert's highest-weight assignments among all the group's
   // tokens: every rank plans the whole group's assignments (a few bytes per token) and
@@ -182,9 +159,8 @@ int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t
     if (dest[a] < 0) ids[a] = -1;
     rows += ids[a] >= 0;
   }
-  permute_plan(dev, kept_ids.to(dev, MemoryKind::kActivations), weights_, E, -1,
-               tokens_per_expert_, dest_rows_);
-  group_kept = on_host(all_per_expert);
+  permute_plan(dev, kept_ids.to(dev, MemoryKind::kActivations), weights_, E, -1, tokens_per_expert_,
+               dest_rows_);
   return rows;
 }
 
@@ -227,11 +203,13 @@ Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
       recv_rows_[j] += from[j * local + e];
       counts[e] += from[j * local + e];
     }
-  SY_CHECK_MSG(std::accumulate(send_rows_.begin(), send_rows_.end(), int64_t{0}) == rows.rows(),
-               "MoE dispatch: the expert counts do not add up to the permuted rows");
+  const int64_t sent_rows = std::accumulate(send_rows_.begin(), send_rows_.end(), int64_t{0});
+  SY_CHECK_MSG(sent_rows <= rows.rows(),
+               "MoE dispatch: the expert counts add up to more than the permuted rows");
   const int64_t received_rows = std::accumulate(recv_rows_.begin(), recv_rows_.end(), int64_t{0});
   Tensor received = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
-  ep_->all_to_all_v(rows, send_rows_, received, recv_rows_);
+  // The kept rows lead the permuted buffer; the rest (dropped assignments) stay here.
+  ep_->all_to_all_v(rows.slice_rows(0, sent_rows), send_rows_, received, recv_rows_);
 
   // Received rows come by source rank, then local expert; the grouped GEMMs want them
   // by local expert, then source rank.

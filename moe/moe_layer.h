@@ -45,9 +45,9 @@ class MoeLayer {
 
   // x: (n, hidden) -> (n, hidden). Adds this layer's routing to `stats` (a row of its
   // device sums, RouterStats::add_layer). `rng` drives GShard's random second-expert
-  // dispatch during training. Dropless routing on one expert-parallel rank never waits
-  // for the host; capacity and GShard's dispatch read the expert counts back, and expert
-  // parallelism the exchanged counts.
+  // dispatch during training. Nothing waits for the host, except that expert parallelism
+  // reads the exchanged expert counts back (they size the all-to-all) and a capacity
+  // under tensor parallelism reads the group's plan back.
   Tensor forward(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats);
   // dy: (n, hidden) -> dx. `aux_prob_grad` (E) is the gradient of the weighted aux loss
   // with respect to each token's router probabilities, `z_loss_scale` the weight of this
@@ -69,12 +69,12 @@ class MoeLayer {
   // Runs the local experts on rows grouped by local expert.
   Tensor experts_forward(Device& dev, const Tensor& xe, const Tensor& counts);
   // The dispatch plan of this rank's assignments (dispatch_ids: (n, k), -1 not sent):
-  // fills tokens_per_expert_ and dest_rows_ on the device and returns the rows to permute.
-  // Without drops that is every assignment, and nothing waits for the host. A layer that
-  // `can_drop` (capacity, GShard) reads the counts back and sets `group_kept`, the kept
-  // assignments per expert over all the tensor-parallel group's tokens.
-  int64_t plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens,
-                        bool can_drop, std::vector<int64_t>& group_kept);
+  // fills tokens_per_expert_ and dest_rows_ on the device and returns the rows of the
+  // permuted buffer. On one tensor-parallel rank that is every assignment, n * k, whatever
+  // capacity and GShard drop (the kept ones come first, grouped by expert, and the grouped
+  // products skip the rest), so nothing waits for the host. A capacity over a
+  // tensor-parallel group plans the whole group's assignments and returns the kept rows.
+  int64_t plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens);
 
   int num_experts_;
   int num_local_experts_;

@@ -16,7 +16,7 @@ void RouterStats::reset(int experts, int k) {
 
 void RouterStats::begin(Device& dev, int experts, int k, int moe_layers) {
   reset(experts, k);
-  device_sums = Tensor::empty({moe_layers, 2 * static_cast<int64_t>(experts) + 1}, DType::kF32,
+  device_sums = Tensor::empty({moe_layers, 3 * static_cast<int64_t>(experts) + 1}, DType::kF32,
                               MemoryKind::kActivations, dev);
 }
 
@@ -36,7 +36,8 @@ void RouterStats::collect() {
   const int E = num_experts;
   for (size_t l = 0; l < layers.size(); ++l) {
     Layer& layer = layers[l];
-    const float* row = host.data<float>() + l * (2 * E + 1);
+    const float* row = host.data<float>() + l * (3 * E + 1);
+    const float* kept_row = row + 2 * E + 1;
     layer.selections_per_expert.assign(row, row + E);
     layer.prob_sum_per_expert.assign(row + E, row + 2 * E);
     if (layer.tokens > 0) z_loss += row[2 * E] / static_cast<double>(layer.tokens);
@@ -45,9 +46,7 @@ void RouterStats::collect() {
     for (int e = 0; e < E; ++e) {
       selections_per_expert[e] += layer.selections_per_expert[e];
       prob_sum_per_expert[e] += layer.prob_sum_per_expert[e];
-      const int64_t kept = layer.kept_per_expert.empty()
-                               ? static_cast<int64_t>(layer.selections_per_expert[e])
-                               : layer.kept_per_expert[e];
+      const auto kept = static_cast<int64_t>(kept_row[e]);
       kept_total += kept;
       max_kept = std::max(max_kept, kept);
     }

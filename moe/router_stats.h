@@ -29,16 +29,14 @@ struct RouterStats {
     std::vector<double> selections_per_expert;
     std::vector<double> prob_sum_per_expert;
     int64_t tokens = 0;
-    // Assignments kept per expert over the layer's tokens, set by a layer that can drop
-    // (capacity, GShard's random second expert); empty when every selection was kept.
-    std::vector<int64_t> kept_per_expert;
   };
   std::vector<Layer> layers;
 
   // The routing sums of the forward under way, on its device: one row per MoE layer,
-  // (layers, 2E + 1) f32 = selections, probability sums and the z-loss sum over the
-  // layer's tokens (router_forward's sums, added over the tensor-parallel group). The
-  // layers write their rows without waiting for the host; collect() reads them all at once.
+  // (layers, 3E + 1) f32 = selections, probability sums and the z-loss sum over the
+  // layer's tokens (router_forward's sums), then the assignments each expert kept (after
+  // capacity and GShard's dispatch), all added over the tensor-parallel group. The layers
+  // write their rows without waiting for the host; collect() reads them all at once.
   Tensor device_sums;
 
   // Starts one forward's statistics (reset) with room for `moe_layers` rows on `dev`.

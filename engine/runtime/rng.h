@@ -6,15 +6,30 @@
 #include <cmath>
 #include <cstdint>
 
+// Host code, and device code compiled by nvcc: the GPU draws the same numbers.
+#if defined(__CUDACC__)
+#define SY_HOST_DEVICE __host__ __device__
+#else
+#define SY_HOST_DEVICE
+#endif
+
 namespace switchyard {
 
 class Rng {
  public:
   explicit Rng(uint64_t seed = 0, uint64_t counter = 0) : seed_(seed), counter_(counter) {}
 
-  uint64_t next_u64() { return mix(seed_ * 0x9E3779B97F4A7C15ULL + (++counter_)); }
+  uint64_t next_u64() { return u64_at(seed_, ++counter_); }
   // Uniform in [0, 1) with 53 random bits.
-  double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+  double uniform() { return uniform_at(seed_, ++counter_); }
+  // The numbers a stream of `seed` gives when its counter reaches `counter`: any draw of
+  // the stream, computed apart (by one GPU thread per draw, say).
+  static SY_HOST_DEVICE uint64_t u64_at(uint64_t seed, uint64_t counter) {
+    return mix(seed * 0x9E3779B97F4A7C15ULL + counter);
+  }
+  static SY_HOST_DEVICE double uniform_at(uint64_t seed, uint64_t counter) {
+    return static_cast<double>(u64_at(seed, counter) >> 11) * 0x1.0p-53;
+  }
   // Standard normal (Box-Muller, one value per two draws for simplicity).
   double normal() {
     double u1 = uniform();
@@ -31,7 +46,7 @@ class Rng {
   Rng fork(uint64_t label) const { return Rng(mix(seed_ ^ mix(label + 0x51ED27ULL))); }
 
  private:
-  static uint64_t mix(uint64_t z) {
+  static SY_HOST_DEVICE uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);

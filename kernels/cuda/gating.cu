@@ -1,7 +1,7 @@
-#include "kernels/cuda/gating.h"
-
+#include "engine/runtime/rng.h"
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gating.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/scratch.h"
 #include "kernels/top_k_selection.h"
@@ -126,6 +126,16 @@ __global__ void router_totals_kernel(const double* partial_probs, const int64_t*
   }
 }
 
+__global__ void gshard_dispatch_kernel(const int32_t* expert_ids, const float* weights, int64_t n,
+                                       uint64_t seed, uint64_t first_draw, int32_t* dispatch_ids) {
+  for (int64_t t = grid_start(); t < n; t += grid_stride()) {
+    dispatch_ids[2 * t] = expert_ids[2 * t];
+    const bool sent = Rng::uniform_at(seed, first_draw + static_cast<uint64_t>(t)) <
+                      2.0 * static_cast<double>(weights[2 * t + 1]);
+    dispatch_ids[2 * t + 1] = sent ? expert_ids[2 * t + 1] : -1;
+  }
+}
+
 // With renormalisation w_j = p_j / S, so dp_j = (dw_j - sum_i dw_i w_i) / S on the selected
 // experts and 0 elsewhere; then dlogit = p * (dp - sum(p * dp)).
 __global__ void gating_backward_kernel(const float* probs, const int32_t* expert_ids,
@@ -209,6 +219,14 @@ void router_forward(const float* logits, float* probs, int32_t* expert_ids, floa
   SY_CUDA_CHECK_LAUNCH();
   router_totals_kernel<<<grid_blocks(num_experts, kRouterThreads), kRouterThreads, 0, stream>>>(
       partial_probs.get(), partial_selections.get(), partial_z.get(), blocks, num_experts, sums);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void gshard_dispatch_ids(const int32_t* expert_ids, const float* weights, int64_t n, uint64_t seed,
+                         uint64_t first_draw, int32_t* dispatch_ids, cudaStream_t stream) {
+  if (n == 0) return;
+  gshard_dispatch_kernel<<<grid_blocks(n, kRowThreads), kRowThreads, 0, stream>>>(
+      expert_ids, weights, n, seed, first_draw, dispatch_ids);
   SY_CUDA_CHECK_LAUNCH();
 }
 

@@ -22,6 +22,10 @@ inline constexpr int64_t kFusedRouterMaxExperts = 2048;
 void router_forward(const float* logits, float* probs, int32_t* expert_ids, float* weights,
                     float* sums, int64_t n, int64_t num_experts, int k, bool renormalize,
                     cudaStream_t stream);
+// GShard's second-expert dispatch (kernels/gating.h): one thread per token draws
+// Rng::uniform_at(seed, first_draw + t), as the CPU does.
+void gshard_dispatch_ids(const int32_t* expert_ids, const float* weights, int64_t n, uint64_t seed,
+                         uint64_t first_draw, int32_t* dispatch_ids, cudaStream_t stream);
 // dweights: (n, k) -> dlogits: (n, E) written, the selection held fixed.
 void gating_backward(const float* probs, const int32_t* expert_ids, const float* dweights,
                      float* dlogits, int64_t n, int64_t num_experts, int k, bool renormalize,

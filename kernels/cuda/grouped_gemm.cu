@@ -43,8 +43,8 @@ __global__ void group_layout_kernel(const int32_t* sizes, int64_t groups, int64_
     tile_base += tile_total;
   }
   if (threadIdx.x == 0) {
-    SY_DEVICE_CHECK(row_base == rows, "grouped matmul: group sizes do not add up to the row count");
-    offsets[groups] = static_cast<int32_t>(rows);
+    SY_DEVICE_CHECK(row_base <= rows, "grouped matmul: group sizes add up to more than the rows");
+    offsets[groups] = static_cast<int32_t>(row_base);
     tile_starts[groups] = static_cast<int32_t>(tile_base);
   }
 }

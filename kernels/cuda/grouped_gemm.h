@@ -27,11 +27,12 @@ inline constexpr int kGroupedTileRows = 128;
 
 // Scans device group sizes: offsets[g] = sizes[0] + ... + sizes[g-1] and tile_starts[g]
 // the same sum of ceil(sizes[h] / tile_rows), for g = 0..G (G + 1 entries each, device
-// memory). A negative size, or sizes not adding up to `rows`, trap on the device.
+// memory). A negative size, or sizes adding up to more than `rows`, trap on the device.
 void group_layout(const int32_t* sizes, int64_t groups, int64_t rows, int tile_rows,
                   int32_t* offsets, int32_t* tile_starts, cudaStream_t stream);
 
-// Group g owns rows [offsets[g], offsets[g + 1]) of the row-blocked operands (R rows).
+// Group g owns rows [offsets[g], offsets[g + 1]) of the row-blocked operands (R rows);
+// rows past offsets[G] are neither read nor written.
 // out_g = a_g @ w[g]^T; a: (R, K), w: (G, N, K), out: (R, N), written.
 template <typename Out>
 void grouped_gemm_nt(const __nv_bfloat16* a, const __nv_bfloat16* w, GroupSizes sizes, int64_t rows,

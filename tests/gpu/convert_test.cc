@@ -1,5 +1,5 @@
 // CUDA f32 <-> bf16 conversion against the CPU's: the same bits for every non-NaN value
-// (ties, subnormals, overflow to infinity), NaN kept NaN, widening exact.
+// (ties, subnormals, overflow to infinity), NaN kept NaN, widening exact; i32 counts to f32.
 #include "kernels/convert.h"
 
 #include <gtest/gtest.h>
@@ -44,6 +44,19 @@ TEST(ConvertGpu, MatchesCpuBitForBit) {
       ASSERT_EQ(wide.data<float>()[i], expected) << i;
     }
   }
+}
+
+// Expert counts (i32) widen to f32 exactly, as on the CPU; more than one launch's grid.
+TEST(ConvertGpu, CountsWidenExactly) {
+  CudaDevice gpu(0);
+  std::vector<int32_t> counts(300001);
+  for (size_t i = 0; i < counts.size(); ++i)
+    counts[i] = static_cast<int32_t>(i * 53 % 16777217) - 7;
+  const Tensor c = testing::host_tensor({static_cast<int64_t>(counts.size())}, counts);
+  Tensor gf = testing::poisoned(gpu, c.shape());
+  convert(gpu, c.to(gpu), gf);
+  const std::vector<float> got = testing::values_of<float>(gf);
+  for (size_t i = 0; i < counts.size(); ++i) ASSERT_EQ(got[i], static_cast<float>(counts[i])) << i;
 }
 
 }  // namespace

@@ -148,6 +148,23 @@ TEST(GatingGpu, FusedRouterForwardMatchesCpu) {
   }
 }
 
+// GShard's second-expert dispatch: the device draws the CPU's numbers, bit for bit.
+TEST(GatingGpu, GshardDispatchMatchesCpu) {
+  CudaDevice gpu(0);
+  for (const int64_t n : {int64_t{1}, int64_t{1000}, int64_t{70001}}) {
+    SCOPED_TRACE(::testing::Message() << n << " tokens");
+    const Tensor logits = router_logits(n, 8, 7);
+    Tensor probs = Tensor::empty({n, 8}), ids = Tensor::empty({n, 2}, DType::kI32);
+    Tensor weights = Tensor::empty({n, 2});
+    gating_forward(cpu_device(), logits, 2, true, probs, ids, weights);
+    Tensor dispatch = Tensor::empty({n, 2}, DType::kI32);
+    gshard_dispatch_ids(cpu_device(), ids, weights, 5, 1u << 20, dispatch);
+    Tensor gdispatch = poisoned(gpu, {n, 2}, DType::kI32);
+    gshard_dispatch_ids(gpu, to_device(gpu, ids), to_device(gpu, weights), 5, 1u << 20, gdispatch);
+    EXPECT_TRUE(all_equal(gdispatch, dispatch));
+  }
+}
+
 }  // namespace
 }  // namespace switchyard
 

@@ -172,6 +172,48 @@ TEST(GroupedGemmGpu, EmptyGroupsLeaveWeightGradientsUntouched) {
   }
 }
 
+// Sizes adding up to fewer than the rows (the MoE layer's buffers sized for every
+// assignment while a capacity drops some): the group rows match the exact buffers', the
+// poisoned rows past them stay poisoned, and NaNs there do not reach dw. bf16 operands
+// (the tensor-core kernel) and f32 (the cuBLAS loop), sizes on the device.
+TEST(GroupedGemmGpu, RowsPastTheGroupsAreNeitherReadNorWritten) {
+  CudaDevice gpu(0);
+  const int64_t n = 48, k = 136, spare = 150;  // more than a row tile past the groups
+  const std::vector<int32_t> sizes = {0, 70, 3, 129};
+  const int64_t used = 202, rows = used + spare;
+  const Tensor device_sizes = to_device(gpu, host_tensor({4}, sizes));
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    auto operand_with_nan_tail = [&](int64_t cols, uint64_t seed) {
+      std::vector<float> v = values_of<float>(integer_tensor({used, cols}, seed, -4, 4));
+      v.resize(rows * cols, NAN);
+      return to_device(gpu, to_dtype(host_tensor({rows, cols}, v), dtype));
+    };
+    const Tensor a_k = operand_with_nan_tail(k, 11), a_n = operand_with_nan_tail(n, 12);
+    const Tensor w = to_device(gpu, to_dtype(integer_tensor({4, n, k}, 13, -4, 4), dtype));
+    Tensor out_n = poisoned(gpu, {rows, n}, dtype), out_k = poisoned(gpu, {rows, k}, dtype);
+    grouped_matmul_nt(gpu, a_k, w, device_sizes, out_n);
+    grouped_matmul_nn(gpu, a_n, w, device_sizes, out_k);
+    const Tensor dw0 = to_dtype(integer_tensor({4, n, k}, 14, -4, 4), dtype);
+    Tensor dw = to_device(gpu, dw0);
+    grouped_matmul_tn_accumulate(gpu, a_n, a_k, device_sizes, dw);
+
+    const Tensor exact_sizes = host_tensor({4}, sizes);
+    Tensor want_n = Tensor::empty({used, n}, dtype), want_k = Tensor::empty({used, k}, dtype);
+    const Tensor host_a_k = a_k.on_host().slice_rows(0, used);
+    const Tensor host_a_n = a_n.on_host().slice_rows(0, used);
+    grouped_matmul_nt(cpu_device(), host_a_k, w.on_host(), exact_sizes, want_n);
+    grouped_matmul_nn(cpu_device(), host_a_n, w.on_host(), exact_sizes, want_k);
+    Tensor want_dw = to_dtype(dw0, dtype);
+    grouped_matmul_tn_accumulate(cpu_device(), host_a_n, host_a_k, exact_sizes, want_dw);
+    EXPECT_TRUE(all_equal(out_n.slice_rows(0, used), want_n));
+    EXPECT_TRUE(all_equal(out_k.slice_rows(0, used), want_k));
+    EXPECT_TRUE(all_equal(dw, want_dw));
+    for (const Tensor* out : {&out_n, &out_k})
+      for (double v : testing::as_doubles(out->slice_rows(used, rows))) ASSERT_TRUE(std::isnan(v));
+  }
+}
+
 // f32 operands keep the cuBLAS loop, which copies device sizes to the host: the same
 // calls, so the same bits as with host sizes.
 TEST(GroupedGemmGpu, F32OperandsTakeDeviceSizes) {

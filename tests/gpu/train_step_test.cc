@@ -161,27 +161,33 @@ TEST_P(TrainStepTest, GpuStepsMatchCpuSteps) {
                          6 * lr, "value of " + cpu.params.params()[i].name);
 }
 
-// A dropless bf16 step copies between the GPU and the host as often as the CPU test
-// counts (tests/model/host_transfers_test.cc): token ids and targets up, the losses and
-// routing sums down, the aux-loss gradients up; none per layer.
-TEST(GpuHostTransfersTest, DroplessBf16StepCopiesFiveTimes) {
-  const config::Recipe recipe = step_recipe(Case{"TOPK_SOFTMAX", 0.0f, DType::kBF16});
-  CudaDevice gpu_dev(0);
-  Replica gpu(recipe, gpu_dev, DType::kBF16);
-  Tensor ids = Tensor::empty({3, 19}, DType::kI32);
-  Tensor targets = Tensor::empty({3, 19}, DType::kI32);
-  Rng data(5);
-  for (int64_t i = 0; i < ids.numel(); ++i) {
-    ids.data<int32_t>()[i] = static_cast<int32_t>(data.below(97));
-    targets.data<int32_t>()[i] = static_cast<int32_t>(data.below(97));
-  }
-  Rng routing(1);
-  for (int step = 1; step <= 2; ++step) {  // the first also makes the rotary table
-    const int64_t before = gpu_dev.host_transfers();
-    gpu.model.forward(gpu_dev, ids, targets, true, routing);
-    gpu.model.backward(gpu_dev, 1.0f);
-    if (step == 2) {
-      EXPECT_EQ(gpu_dev.host_transfers() - before, 5);
+// A bf16 step copies between the GPU and the host as often as the CPU test counts
+// (tests/model/host_transfers_test.cc): token ids and targets up, the losses and routing
+// sums down, the aux-loss gradients up; none per layer, dropless, with a capacity or with
+// GShard's random second expert.
+TEST(GpuHostTransfersTest, Bf16StepCopiesFiveTimes) {
+  for (const Case& c :
+       {Case{"TOPK_SOFTMAX", 0.0f, DType::kBF16}, Case{"TOPK_SOFTMAX", 0.75f, DType::kBF16},
+        Case{"GSHARD_TOP2", 0.0f, DType::kBF16}}) {
+    SCOPED_TRACE(c.gating + " capacity " + std::to_string(c.capacity_factor));
+    const config::Recipe recipe = step_recipe(c);
+    CudaDevice gpu_dev(0);
+    Replica gpu(recipe, gpu_dev, DType::kBF16);
+    Tensor ids = Tensor::empty({3, 19}, DType::kI32);
+    Tensor targets = Tensor::empty({3, 19}, DType::kI32);
+    Rng data(5);
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+      ids.data<int32_t>()[i] = static_cast<int32_t>(data.below(97));
+      targets.data<int32_t>()[i] = static_cast<int32_t>(data.below(97));
+    }
+    Rng routing(1);
+    for (int step = 1; step <= 2; ++step) {  // the first also makes the rotary table
+      const int64_t before = gpu_dev.host_transfers();
+      gpu.model.forward(gpu_dev, ids, targets, true, routing);
+      gpu.model.backward(gpu_dev, 1.0f);
+      if (step == 2) {
+        EXPECT_EQ(gpu_dev.host_transfers() - before, 5);
+      }
     }
   }
 }

@@ -59,7 +59,19 @@ TEST(Convert, ConvertsTensorsBothWays) {
     ASSERT_EQ(back.data<float>()[i], to_float(b.data<bf16>()[i])) << i;
   }
   Tensor wrong = Tensor::empty({n}, DType::kI32);
-  EXPECT_DEATH(convert(cpu_device(), f, wrong), "f32 and bf16 tensors only");
+  EXPECT_DEATH(convert(cpu_device(), f, wrong), "f32 and bf16 tensors, or i32 to f32, only");
+}
+
+// Counts (i32) widen exactly to f32 up to 2^24; nothing converts to i32.
+TEST(Convert, CountsWidenToF32) {
+  const std::vector<int32_t> counts = {0, 1, -3, 12345, 1 << 24};
+  Tensor c = Tensor::empty({5}, DType::kI32);
+  std::copy(counts.begin(), counts.end(), c.data<int32_t>());
+  Tensor f = Tensor::empty({5});
+  convert(cpu_device(), c, f);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(f.data<float>()[i], static_cast<float>(counts[i]));
+  Tensor b = Tensor::empty({5}, DType::kBF16);
+  EXPECT_DEATH(convert(cpu_device(), c, b), "or i32 to f32, only");
 }
 
 TEST(Convert, WidenedAndStoreRunAnF32OpForBf16Operands) {

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "engine/runtime/rng.h"
 #include "kernels/cpu/gating.h"
 #include "kernels/router_aux.h"
 #include "tests/test_util.h"
@@ -259,6 +260,44 @@ TEST(RouterForwardTest, SumsAreTheRoutingCountsAndZLossSum) {
   Tensor short_sums = Tensor::empty({2 * num_experts});
   EXPECT_DEATH(router_forward(cpu_device(), logits, k, true, probs, ids, weights, short_sums),
                "sums must be");
+}
+
+// GShard's second expert goes with probability min(1, 2 w): token t's draw is the t-th
+// number of the Rng stream whose next draw is `first_draw`; the first expert always goes.
+TEST(GshardDispatchTest, SendsTheSecondExpertWithProbabilityTwiceItsWeight) {
+  const int64_t n = 20000;
+  std::vector<int32_t> ids(2 * n);
+  std::vector<float> weights(2 * n);
+  for (int64_t t = 0; t < n; ++t) {
+    ids[2 * t] = static_cast<int32_t>(t % 5);
+    ids[2 * t + 1] = static_cast<int32_t>(5 + t % 3);
+    weights[2 * t] = 0.6f;
+    weights[2 * t + 1] = t % 4 == 0 ? 0.5f : (t % 4 == 1 ? 0.0f : 0.2f);
+  }
+  const uint64_t seed = 99, first_draw = 1234;
+  Tensor out = make_tensor({n, 2}, std::vector<int32_t>(2 * n, 77));
+  gshard_dispatch_ids(cpu_device(), make_tensor({n, 2}, ids), make_tensor({n, 2}, weights), seed,
+                      first_draw, out);
+  const std::vector<int32_t> got = values_of<int32_t>(out);
+  Rng stream(seed, first_draw - 1);
+  int64_t light = 0, light_sent = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    ASSERT_EQ(got[2 * t], ids[2 * t]);
+    const bool sent = stream.uniform() < 2.0 * weights[2 * t + 1];
+    ASSERT_EQ(got[2 * t + 1], sent ? ids[2 * t + 1] : -1) << t;
+    if (t % 4 <= 1) {
+      ASSERT_EQ(sent, t % 4 == 0);  // weight 1/2: always; weight 0: never
+    }
+    if (t % 4 >= 2) {
+      ++light;
+      light_sent += sent;
+    }
+  }
+  // Weight 0.2: sent 40% of the time (10000 tokens; 4 sigma is 0.02).
+  EXPECT_NEAR(static_cast<double>(light_sent) / static_cast<double>(light), 0.4, 0.02);
+  Tensor three = Tensor::empty({n, 3}, DType::kI32);
+  EXPECT_DEATH(gshard_dispatch_ids(cpu_device(), three, three, seed, first_draw, three),
+               "expert_ids must be i32 \\(n, 2\\)");
 }
 
 TEST(RouterZLossTest, BackwardAccumulatesFiniteDifferenceGradient) {

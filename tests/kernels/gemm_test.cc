@@ -214,6 +214,47 @@ TEST_F(GroupedMatmulTest, FloatOpsMatchDoubleTemplates) {
   EXPECT_TRUE(any_nonzero(to_vector(out_nn)));
 }
 
+// Sizes adding up to fewer than the rows (a buffer sized for the most rows a routing plan
+// can keep): the rows past their sum are not written, and NaNs there are not read. More
+// rows than the buffer has are refused.
+TEST_F(GroupedMatmulTest, RowsPastTheGroupsAreNeitherReadNorWritten) {
+  const int64_t spare = 4, rows = rows_ + spare;
+  const float nan = std::nanf("");
+  auto with_tail = [&](std::vector<float> v, int64_t cols, float tail) {
+    v.resize(rows * cols, tail);
+    return v;
+  };
+  const auto a_nt = random_vector<float>(rows_ * k_, 40),
+             a_nn = random_vector<float>(rows_ * n_, 41);
+  const auto w = random_vector<float>(groups_ * n_ * k_, 42);
+  const auto dw0 = random_vector<float>(groups_ * n_ * k_, 43);
+  const Tensor t_w = to_tensor(w, {groups_, n_, k_}), t_sizes = to_tensor(sizes_);
+  // The exact buffers, then the same with a NaN tail in the operands and 7s in the outputs.
+  Tensor want_nt = Tensor::empty({rows_, n_}), want_nn = Tensor::empty({rows_, k_});
+  Tensor want_dw = to_tensor(dw0, {groups_, n_, k_});
+  grouped_matmul_nt(cpu_device(), to_tensor(a_nt, {rows_, k_}), t_w, t_sizes, want_nt);
+  grouped_matmul_nn(cpu_device(), to_tensor(a_nn, {rows_, n_}), t_w, t_sizes, want_nn);
+  grouped_matmul_tn_accumulate(cpu_device(), to_tensor(a_nn, {rows_, n_}),
+                               to_tensor(a_nt, {rows_, k_}), t_sizes, want_dw);
+  const Tensor tail_nt = to_tensor(with_tail(a_nt, k_, nan), {rows, k_});
+  const Tensor tail_nn = to_tensor(with_tail(a_nn, n_, nan), {rows, n_});
+  Tensor out_nt = to_tensor(std::vector<float>(rows * n_, 7.0f), {rows, n_});
+  Tensor out_nn = to_tensor(std::vector<float>(rows * k_, 7.0f), {rows, k_});
+  Tensor dw = to_tensor(dw0, {groups_, n_, k_});
+  grouped_matmul_nt(cpu_device(), tail_nt, t_w, t_sizes, out_nt);
+  grouped_matmul_nn(cpu_device(), tail_nn, t_w, t_sizes, out_nn);
+  grouped_matmul_tn_accumulate(cpu_device(), tail_nn, tail_nt, t_sizes, dw);
+  EXPECT_EQ(to_vector(out_nt), with_tail(to_vector(want_nt), n_, 7.0f));
+  EXPECT_EQ(to_vector(out_nn), with_tail(to_vector(want_nn), k_, 7.0f));
+  EXPECT_EQ(to_vector(dw), to_vector(want_dw));
+
+  Tensor short_out = Tensor::empty({rows_ - 1, n_});
+  EXPECT_DEATH(
+      grouped_matmul_nt(cpu_device(), to_tensor(a_nt, {rows_, k_}).slice_rows(0, rows_ - 1), t_w,
+                        t_sizes, short_out),
+      "add up to more than the rows");
+}
+
 // bf16 operands run as the f32 product of their exact f32 values, rounded once into a
 // bf16 result (f32 results are not rounded); a bf16 c is read for beta != 0.
 TEST(GemmTest, Bf16OperandsComputeInF32) {

@@ -16,15 +16,15 @@ namespace {
 
 constexpr int64_t kBatch = 2, kSeq = 16, kVocab = 64;
 
-config::Recipe recipe_with(int layers, float capacity_factor) {
+config::Recipe recipe_with(int layers, const std::string& moe) {
   const std::string text = R"(
     name: "host-transfers"
     model { vocab_size: 64 hidden_size: 16 num_layers: )" +
                            std::to_string(layers) + R"( num_heads: 4 num_kv_heads: 2
             rope_theta: 10000 norm_eps: 1e-5 ffn_hidden_size: 24 init_std: 0.3 }
     moe { num_experts: 4 top_k: 2 aux_loss_coef: 0.01 z_loss_coef: 0.001
-          expert_ffn_hidden_size: 12 capacity_factor: )" +
-                           std::to_string(capacity_factor) + R"( }
+          expert_ffn_hidden_size: 12 )" +
+                           moe + R"( }
     optimizer { lr: 1e-3 }
     train { global_batch_size: 2 seq_len: 16 steps: 1 }
   )";
@@ -63,23 +63,20 @@ Step second_step(const config::Recipe& recipe, Device& dev) {
   return step;
 }
 
-TEST(HostTransfersTest, DroplessStepCopiesAFixedNumberOfTimes) {
-  CpuDevice two_layers_dev, four_layers_dev;
-  const Step two = second_step(recipe_with(2, 0), two_layers_dev);
-  const Step four = second_step(recipe_with(4, 0), four_layers_dev);
-  EXPECT_EQ(two.transfers, four.transfers);
-  // Up: token ids and targets; down: the losses and every layer's routing sums; up: every
-  // layer's aux-loss gradient.
-  EXPECT_EQ(four.transfers, 5);
-  // The same step on the host's own device.
-  EXPECT_EQ(four.loss, second_step(recipe_with(4, 0), cpu_device()).loss);
-}
-
-TEST(HostTransfersTest, CapacityReadsTheExpertCountsBackOncePerLayer) {
-  CpuDevice two_layers_dev, four_layers_dev;
-  const Step two = second_step(recipe_with(2, 1.25f), two_layers_dev);
-  const Step four = second_step(recipe_with(4, 1.25f), four_layers_dev);
-  EXPECT_EQ(four.transfers - two.transfers, 2);
+// Up: token ids and targets; down: the losses and every layer's routing sums; up: every
+// layer's aux-loss gradient. Dropless, with a capacity that drops, and with GShard's
+// random second expert: the plan's counts stay on the device in each.
+TEST(HostTransfersTest, StepCopiesFiveTimesWhateverItsDepth) {
+  for (const std::string moe : {"", "capacity_factor: 0.75", "gating: GSHARD_TOP2"}) {
+    SCOPED_TRACE(moe);
+    CpuDevice two_layers_dev, four_layers_dev;
+    const Step two = second_step(recipe_with(2, moe), two_layers_dev);
+    const Step four = second_step(recipe_with(4, moe), four_layers_dev);
+    EXPECT_EQ(two.transfers, 5);
+    EXPECT_EQ(four.transfers, 5);
+    // The same step on the host's own device.
+    EXPECT_EQ(four.loss, second_step(recipe_with(4, moe), cpu_device()).loss);
+  }
 }
 
 }  // namespace
