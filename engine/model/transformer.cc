@@ -110,10 +110,21 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
   const int64_t hidden = recipe_.model().hidden_size();
   const int64_t vocab = lm_head_->shape[0];  // this rank's vocabulary rows
   const Tensor& rope = rope_for(dev, seq_);
-  ids_ = (tp_ ? shard_ids(ids.on_host().reshape({n})) : ids.reshape({n}))
-             .to(dev, MemoryKind::kActivations);
   targets_host_ = targets.reshape({n}).on_host();
-  targets_ = targets_host_.to(dev, MemoryKind::kActivations);
+  if (&ids.device() == &dev && !tp_) {
+    ids_ = ids.reshape({n});
+    targets_ = targets_host_.to(dev, MemoryKind::kActivations);
+  } else {
+    // Token ids (this shard's rows of the vocabulary under tp) and targets: one copy.
+    Tensor both = activation(cpu_device(), {2, n}, DType::kI32);
+    Tensor ids_part = both.slice_rows(0, 1).reshape({n});
+    Tensor targets_part = both.slice_rows(1, 2).reshape({n});
+    ids_part.copy_from(tp_ ? shard_ids(ids.on_host().reshape({n})) : ids.on_host().reshape({n}));
+    targets_part.copy_from(targets_host_);
+    both = both.to(dev, MemoryKind::kActivations);
+    ids_ = both.slice_rows(0, 1).reshape({n});
+    targets_ = both.slice_rows(1, 2).reshape({n});
+  }
   stats_.begin(dev, recipe_.moe().num_experts(), recipe_.moe().top_k(),
                static_cast<int>(moe_layers().size()));
 
