@@ -1,6 +1,7 @@
 #include "kernels/permute.h"
 
 #include <initializer_list>
+#include <vector>
 
 #include "kernels/convert.h"
 #include "kernels/cpu/permute.h"
@@ -69,6 +70,44 @@ void permute_plan(Device& dev, const Tensor& expert_ids, const Tensor& weights, 
   }
   cpu::permute_plan(ids, weights.data<float>(), n, k, num_experts, capacity,
                     tokens_per_expert.data<int32_t>(), dest_rows.data<int32_t>());
+}
+
+void regroup_received_rows(Device& dev, const Tensor& counts, Tensor& regroup) {
+  SY_CHECK_MSG(counts.dtype() == DType::kI32 && counts.rank() == 2,
+               "regroup_received_rows: counts must be i32 (sources, experts)");
+  SY_CHECK_MSG(counts.numel() <= kMaxRegroupCounts, "regroup_received_rows: too many counts");
+  SY_CHECK_MSG(regroup.dtype() == DType::kI32 && regroup.rank() == 2 && regroup.dim(1) == 1 &&
+                   regroup.rows() <= INT32_MAX,
+               "regroup_received_rows: regroup must be i32 (R, 1)");
+  const int sources = static_cast<int>(counts.dim(0)), experts = static_cast<int>(counts.dim(1));
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::regroup_received_rows(counts.data<int32_t>(), sources, experts, regroup.rows(),
+                                regroup.data<int32_t>(),
+                                op_stream(dev, "regroup_received_rows", {&counts, &regroup}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "regroup_received_rows: this build has no CUDA backend");
+  const int32_t* c = counts.data<int32_t>();
+  int64_t total = 0;
+  for (int64_t i = 0; i < counts.numel(); ++i) {
+    SY_CHECK_MSG(c[i] >= 0, "regroup_received_rows: a negative count");
+    total += c[i];
+  }
+  SY_CHECK_MSG(total == regroup.rows(), "regroup_received_rows: the counts do not add up to R");
+  // Each (source, expert) block's first place in expert-then-source order.
+  std::vector<int64_t> base(counts.numel());
+  int64_t place = 0;
+  for (int e = 0; e < experts; ++e)
+    for (int i = 0; i < sources; ++i) {
+      base[i * experts + e] = place;
+      place += c[i * experts + e];
+    }
+  int32_t* out = regroup.data<int32_t>();
+  int64_t r = 0;
+  for (int64_t b = 0; b < counts.numel(); ++b)
+    for (int32_t q = 0; q < c[b]; ++q) out[r++] = static_cast<int32_t>(base[b] + q);
 }
 
 void permute_gather(Device& dev, const Tensor& x, const Tensor& dest_rows, Tensor& xp) {

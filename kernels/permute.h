@@ -16,6 +16,15 @@ namespace switchyard {
 void permute_plan(Device& dev, const Tensor& expert_ids, const Tensor& weights, int num_experts,
                   int64_t capacity, Tensor& tokens_per_expert, Tensor& dest_rows);
 
+// Expert parallelism: the rows a rank receives come by source rank, then by local expert,
+// counts[i, e] of them from source i for local expert e (counts: (sources, experts) i32,
+// on `dev`). regroup: (R, 1) i32 written, R = the counts' sum: each received row's place
+// when the rows are ordered by local expert, then source (arrival order kept within
+// each), i.e. the dest_rows of a permute_gather into expert order. At most
+// kMaxRegroupCounts counts.
+inline constexpr int64_t kMaxRegroupCounts = 4096;
+void regroup_received_rows(Device& dev, const Tensor& counts, Tensor& regroup);
+
 // The rows moved (x, xp, dx, dxp, yp, y, dy, dyp) are f32 or bf16, one dtype per call;
 // dest_rows is i32 and the combine weights and their gradients f32. With bf16 rows the
 // arithmetic runs in f32 and each stored element is rounded once: a gather copies rows

@@ -212,16 +212,10 @@ Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
   ep_->all_to_all_v(rows.slice_rows(0, sent_rows), send_rows_, received, recv_rows_);
 
   // Received rows come by source rank, then local expert; the grouped GEMMs want them
-  // by local expert, then source rank.
-  std::vector<int64_t> next(local, 0);
-  for (int e = 1; e < local; ++e) next[e] = next[e - 1] + counts[e - 1];
-  Tensor regroup = activation(cpu_device(), {received_rows, 1}, DType::kI32);
-  int32_t* place = regroup.data<int32_t>();
-  int64_t r = 0;
-  for (int i = 0; i < P; ++i)
-    for (int e = 0; e < local; ++e)
-      for (int32_t q = 0; q < from[i * local + e]; ++q) place[r++] = static_cast<int32_t>(next[e]++);
-  regroup_rows_ = regroup.to(dev, MemoryKind::kActivations);
+  // by local expert, then source rank. Their places come from the received counts, on
+  // the device.
+  regroup_rows_ = activation(dev, {received_rows, 1}, DType::kI32);
+  regroup_received_rows(dev, recv_counts.reshape({P, local}), regroup_rows_);
   Tensor grouped = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
   permute_gather(dev, received, regroup_rows_, grouped);
   return grouped;

@@ -156,7 +156,56 @@ __global__ void unpermute_combine_backward_kernel(const T* dy, const T* yp,
   }
 }
 
+constexpr int kRegroupMaxCounts = 4096;
+
+__global__ void regroup_kernel(const int32_t* counts, int sources, int experts, int64_t rows,
+                               int32_t* regroup) {
+  __shared__ int32_t start[kRegroupMaxCounts + 1];  // each block's first received row
+  __shared__ int32_t base[kRegroupMaxCounts];       // its first place in expert order
+  const int blocks = sources * experts;
+  if (threadIdx.x == 0) {
+    int64_t place = 0;
+    for (int e = 0; e < experts; ++e)
+      for (int i = 0; i < sources; ++i) {
+        const int32_t c = counts[i * experts + e];
+        SY_DEVICE_CHECK(c >= 0, "regroup_received_rows: a negative count");
+        base[i * experts + e] = static_cast<int32_t>(place);
+        place += c;
+      }
+    SY_DEVICE_CHECK(place == rows, "regroup_received_rows: the counts do not add up to R");
+    int32_t at = 0;
+    for (int b = 0; b < blocks; ++b) {
+      start[b] = at;
+      at += counts[b];
+    }
+    start[blocks] = at;
+  }
+  __syncthreads();
+  for (int64_t r = grid_start(); r < rows; r += grid_stride()) {
+    int lo = 0, hi = blocks;  // start[lo] <= r < start[hi]; empty blocks are passed over
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (start[mid] <= r)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    regroup[r] = base[lo] + static_cast<int32_t>(r - start[lo]);
+  }
+}
+
 }  // namespace
+
+void regroup_received_rows(const int32_t* counts, int sources, int experts, int64_t rows,
+                           int32_t* regroup, cudaStream_t stream) {
+  SY_CHECK_MSG(static_cast<int64_t>(sources) * experts <= kRegroupMaxCounts,
+               "regroup_received_rows: too many counts");
+  if (rows == 0) return;
+  SY_CHECK_MSG(sources * experts > 0, "regroup_received_rows: rows but no counts");
+  regroup_kernel<<<grid_blocks(rows), kThreads, 0, stream>>>(counts, sources, experts, rows,
+                                                             regroup);
+  SY_CUDA_CHECK_LAUNCH();
+}
 
 void permute_plan(const int32_t* expert_ids, const float* weights, int64_t n, int k,
                   int num_experts, int64_t capacity, int32_t* tokens_per_expert, int32_t* dest_rows,

@@ -25,6 +25,13 @@ void permute_plan(const int32_t* expert_ids, const float* weights, int64_t n, in
                   int num_experts, int64_t capacity, int32_t* tokens_per_expert, int32_t* dest_rows,
                   cudaStream_t stream);
 
+// Expert parallelism's regrouping of received rows (kernels/permute.h): counts:
+// (sources, experts) -> regroup: (rows) places. Each block lays the counts out in shared
+// memory (at most 4096 of them), then each thread finds its rows' blocks by binary search.
+// Counts not adding up to `rows` stop the kernel.
+void regroup_received_rows(const int32_t* counts, int sources, int experts, int64_t rows,
+                           int32_t* regroup, cudaStream_t stream);
+
 // xp[dest_rows[t, j]] = x[t] for every kept assignment; x: (n, hidden), xp:
 // (permuted_rows, hidden).
 template <typename T>

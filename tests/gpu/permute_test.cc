@@ -219,6 +219,28 @@ INSTANTIATE_TEST_SUITE_P(Cases, PermuteGpu,
                                            Case{301, 3, 1000}, Case{301, 3, 0}, Case{1, 1, -1},
                                            Case{40000, 2, 5000}, Case{0, 2, -1}, Case{0, 2, 4}));
 
+// Expert parallelism's regrouping of received rows: the CPU's places exactly, with empty
+// blocks, a source sending nothing, the most counts the kernel takes and no rows at all.
+TEST(RegroupGpu, MatchesCpu) {
+  CudaDevice gpu(0);
+  for (const auto& [sources, experts] : {std::pair{3, 2}, std::pair{8, 16}, std::pair{64, 64}}) {
+    SCOPED_TRACE(::testing::Message() << sources << " sources, " << experts << " experts");
+    std::vector<int32_t> counts(sources * experts);
+    for (size_t b = 0; b < counts.size(); ++b)
+      counts[b] = b % 7 == 3 ? 0 : static_cast<int32_t>(b * 29 % 50);
+    std::fill(counts.begin() + experts, counts.begin() + 2 * experts, 0);  // source 1 sends none
+    const int64_t rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    const Tensor host_counts = host_tensor({sources, experts}, counts);
+    Tensor regroup = Tensor::empty({rows, 1}, DType::kI32);
+    regroup_received_rows(cpu_device(), host_counts, regroup);
+    Tensor gregroup = poisoned(gpu, {rows, 1}, DType::kI32);
+    regroup_received_rows(gpu, to_device(gpu, host_counts), gregroup);
+    EXPECT_TRUE(all_equal(gregroup, regroup));
+  }
+  Tensor none = poisoned(gpu, {0, 1}, DType::kI32);
+  regroup_received_rows(gpu, to_device(gpu, host_tensor({2, 2}, std::vector<int32_t>(4, 0))), none);
+}
+
 }  // namespace
 }  // namespace switchyard
 

@@ -123,6 +123,20 @@ TEST(PermutePlanTest, CapacityAboveLoadDropsNothing) {
   EXPECT_EQ(dropless.permuted_rows(), n * k);
 }
 
+// Received rows by source, then local expert, placed by expert, then source: 3 sources,
+// 2 local experts, some blocks empty.
+TEST(RegroupReceivedRowsTest, PlacesByExpertThenSource) {
+  // counts[i][e]: source 0 sends 2 rows for expert 0 and 1 for expert 1; source 1 none for
+  // expert 0 and 2 for expert 1; source 2 1 row for expert 0, none for expert 1.
+  const Tensor counts = make_tensor<int32_t>({3, 2}, {2, 1, 0, 2, 1, 0});
+  Tensor regroup = make_tensor<int32_t>({6, 1}, std::vector<int32_t>(6, -7));
+  regroup_received_rows(cpu_device(), counts, regroup);
+  // Expert order: s0e0 (rows 0, 1), s2e0 (row 5), s0e1 (row 2), s1e1 (rows 3, 4).
+  EXPECT_EQ(values_of<int32_t>(regroup), (std::vector<int32_t>{0, 1, 3, 4, 5, 2}));
+  Tensor short_regroup = Tensor::empty({5, 1}, DType::kI32);
+  EXPECT_DEATH(regroup_received_rows(cpu_device(), counts, short_regroup), "do not add up");
+}
+
 TEST(PermuteTest, FullyDroppedTokenGetsZeros) {
   // Token 1 has the lowest weight at both of its experts; capacity 2 drops it twice.
   const std::vector<int32_t> ids = {0, 1, 0, 1, 1, 0};
