@@ -121,6 +121,11 @@ void matmul(Device& dev, const Tensor& a, bool trans_a, const Tensor& b, bool tr
                    sb.cols, beta, c.data<float>(), sc.cols);
 }
 
+Tensor group_sizes_for(Device& dev, DType operand, const Tensor& sizes) {
+  const bool host_sized = dev.is_cuda() && operand == DType::kF32 && sizes.device().is_cuda();
+  return host_sized ? sizes.on_host() : sizes;
+}
+
 void grouped_matmul_nt(Device& dev, const Tensor& a, const Tensor& w, const Tensor& group_sizes,
                        Tensor& out) {
   check_types("grouped_matmul_nt", a, w, out);

@@ -22,6 +22,12 @@ void matmul(Device& dev, const Tensor& a, bool trans_a, const Tensor& b, bool tr
 // host: sizes on the device are copied there first, which waits for the stream. On the
 // CPU the sizes must be on the host.
 //
+// The group sizes to give a run of grouped products on `dev` with `operand` operands:
+// `sizes` itself where those products read sizes where they are (the CPU; bf16 on CUDA),
+// else a host copy made once (f32 on CUDA, whose cuBLASLt loop is sized on the host;
+// this waits for the stream) instead of once per product.
+Tensor group_sizes_for(Device& dev, DType operand, const Tensor& sizes);
+
 // out_g = a_g @ w[g]^T          a: (R, K), w: (G, N, K), out: (R, N)   (written)
 void grouped_matmul_nt(Device& dev, const Tensor& a, const Tensor& w, const Tensor& group_sizes,
                        Tensor& out);

@@ -101,7 +101,7 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
     xp_ = dispatch(dev, permuted);
   } else {
     xp_ = permuted;
-    local_counts_ = tokens_per_expert_;
+    local_counts_ = group_sizes_for(dev, dtype, tokens_per_expert_);
   }
   Tensor local_out = experts_forward(dev, xp_, local_counts_);
   expert_out_ = ep_ ? gather_back(dev, local_out) : local_out;

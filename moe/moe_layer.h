@@ -103,7 +103,7 @@ class MoeLayer {
   // received rows' places in local-expert order, and the rows per local expert.
   std::vector<int64_t> send_rows_, recv_rows_;
   Tensor regroup_rows_;       // (received, 1) i32
-  Tensor local_counts_;       // (local experts) i32, on the host under expert parallelism
+  Tensor local_counts_;       // (local experts) i32, where the grouped products want them
   Tensor xp_;                 // (rows, hidden) tokens in local-expert order
   Tensor gate_up_out_;        // (rows, 2 * ffn)
   Tensor act_;                // (rows, ffn)

@@ -229,6 +229,11 @@ TEST(GroupedGemmGpu, F32OperandsTakeDeviceSizes) {
   grouped_matmul_nt(gpu, a, w, device_sizes, from_device);
   EXPECT_TRUE(all_equal(from_device, from_host));
   EXPECT_TRUE(any_nonzero(from_host));
+  // A run of products takes the sizes where they need them: f32 on the host, bf16 where
+  // they are.
+  EXPECT_EQ(values_of<int32_t>(group_sizes_for(gpu, DType::kF32, device_sizes)), sizes);
+  EXPECT_FALSE(group_sizes_for(gpu, DType::kF32, device_sizes).device().is_cuda());
+  EXPECT_EQ(group_sizes_for(gpu, DType::kBF16, device_sizes).raw_data(), device_sizes.raw_data());
 }
 
 }  // namespace
