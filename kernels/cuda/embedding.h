@@ -17,9 +17,10 @@ template <typename T>
 void embedding_forward(const int32_t* ids, const T* table, int64_t n, int64_t vocab, int64_t hidden,
                        T* out, cudaStream_t stream);
 // dtable: (vocab, hidden) += dout rows scattered by ids. The tokens are sorted by id
-// (stable), and each (id, column) adds its tokens' values (loaded as float) in token order
-// onto the old value, exactly the additions the CPU kernel makes: deterministic, no
-// atomics.
+// (stable); each id's tokens are summed (loaded as float) in pieces of at most 32 sorted
+// positions in parallel, and the pieces added to the row in order: exactly the additions
+// the CPU kernel makes, deterministic, without atomics, and with no serial chain longer
+// than a piece plus one addition per piece of an id's run.
 template <typename T>
 void embedding_backward(const int32_t* ids, const T* dout, int64_t n, int64_t vocab, int64_t hidden,
                         float* dtable, cudaStream_t stream);
