@@ -4,11 +4,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SY_HOST_DEVICE __host__ __device__
-#else
-#define SY_HOST_DEVICE
-#endif
+#include "engine/runtime/host_device.h"
 
 namespace switchyard {
 

@@ -6,12 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-// Host code, and device code compiled by nvcc: the GPU draws the same numbers.
-#if defined(__CUDACC__)
-#define SY_HOST_DEVICE __host__ __device__
-#else
-#define SY_HOST_DEVICE
-#endif
+#include "engine/runtime/host_device.h"
 
 namespace switchyard {
 
@@ -23,7 +18,7 @@ class Rng {
   // Uniform in [0, 1) with 53 random bits.
   double uniform() { return uniform_at(seed_, ++counter_); }
   // The numbers a stream of `seed` gives when its counter reaches `counter`: any draw of
-  // the stream, computed apart (by one GPU thread per draw, say).
+  // the stream, computed apart (by one GPU thread per draw, say, with the CPU's bits).
   static SY_HOST_DEVICE uint64_t u64_at(uint64_t seed, uint64_t counter) {
     return mix(seed * 0x9E3779B97F4A7C15ULL + counter);
   }
