@@ -46,8 +46,9 @@ class MoeLayer {
   // x: (n, hidden) -> (n, hidden). Adds this layer's routing to `stats` (a row of its
   // device sums, RouterStats::add_layer). `rng` drives GShard's random second-expert
   // dispatch during training. Nothing waits for the host, except that expert parallelism
-  // reads the exchanged expert counts back (they size the all-to-all) and a capacity
-  // under tensor parallelism reads the group's plan back.
+  // reads the exchanged expert counts back (they size the all-to-all), a capacity under
+  // tensor parallelism reads the group's plan back, and f32 products on CUDA read the
+  // counts back once (group_sizes_for).
   Tensor forward(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats);
   // dy: (n, hidden) -> dx. `aux_prob_grad` (E) is the gradient of the weighted aux loss
   // with respect to each token's router probabilities, `z_loss_scale` the weight of this
