@@ -107,8 +107,11 @@ def test_bf16_layouts_match_single_process(tmp_path, layout):
     can round to the neighbouring bf16 value (0.4% away), so later steps spread more
     than in fp32 (measured: cross-entropy 1.2e-5, the other terms 3.6e-4, weights 0.005
     lr on average per tensor and 1.3 lr at most). A wrong gradient moves whole tensors
-    by about lr a step."""
-    bf16 = ["--set", "runtime.precision=bf16"]
+    by about lr a step. Both runs use one thread per process, as the ranks do on two
+    cores: with two threads the CPU kernels split some f32 sums differently, which can tip
+    a bf16 rounding already in step 1 (measured on an AVX2 machine: gradient norms 1.2e-5
+    apart with two threads against one, 1e-11 with one thread each)."""
+    bf16 = ["--set", "runtime.precision=bf16", "--set", "runtime.threads=1"]
     single_losses, single_weights = train(tmp_path, "single", 1, bf16)
     ranks, overrides = LAYOUTS[layout]
     losses, weights = train(tmp_path, layout, ranks, overrides + bf16)

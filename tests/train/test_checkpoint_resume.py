@@ -127,15 +127,16 @@ def test_another_layout_resumes(tmp_path, uninterrupted, saved_by, resumed_by):
     resumed = losses(run_dir)
     assert resumed.keys() == reference.keys()
     for key, value in reference.items():
+        # Another layout sums in another order, and AdamW amplifies the rounding over the
+        # 8 steps until a near-tie between two experts can select the other one for a
+        # token, which moves a step's loss by about 1e-5 (of 512 tokens). Seen with
+        # OpenBLAS's AVX2 kernels after the tp2 saves: losses and validation losses up
+        # to 1.3e-5 and 4e-5 apart from step 6 on, 1e-7 before. So 1e-4 for the losses;
+        # the gradient norm and aux loss, more sensitive, to 5e-4 (seen: up to 1.2e-4).
         if key[0] == "val":
-            # Measured after the step's update, where the layouts' rounding has moved the
-            # weights for up to 8 AdamW steps (seen: 1.04e-5 after the tp2 resumes).
-            assert resumed[key] == pytest.approx(value, rel=3e-5), key
+            assert resumed[key] == pytest.approx(value, rel=1e-4), key
             continue
-        # Another layout sums in another order; the loss agrees to 1e-5, the gradient
-        # norm and aux loss, which inherit AdamW's sensitivity to rounding over the 8
-        # steps, to 5e-4 (seen: up to 1.5e-4).
-        assert resumed[key][0] == pytest.approx(value[0], rel=1e-5), key
+        assert resumed[key][0] == pytest.approx(value[0], rel=1e-4), key
         assert resumed[key][1:] == pytest.approx(value[1:], rel=5e-4), key
 
 
