@@ -103,21 +103,22 @@ def test_layout_matches_single_process(tmp_path, single, layout, routing):
 def test_bf16_layouts_match_single_process(tmp_path, layout):
     """bf16 compute: each replica's micro-batches see the same bf16 working copies and
     activations as in one process (ZeRO-3 rounds the gathered masters as allocation
-    does), so step 1 agrees to rounding. After it, a master that moved by one f32 ulp
-    can round to the neighbouring bf16 value (0.4% away), so later steps spread more
-    than in fp32 (measured: cross-entropy 1.2e-5, the other terms 3.6e-4, weights 0.005
-    lr on average per tensor and 1.3 lr at most). A wrong gradient moves whole tensors
-    by about lr a step. Both runs use one thread per process, as the ranks do on two
-    cores: with two threads the CPU kernels split some f32 sums differently, which can tip
-    a bf16 rounding already in step 1 (measured on an AVX2 machine: gradient norms 1.2e-5
-    apart with two threads against one, 1e-11 with one thread each)."""
+    does), so step 1 agrees to rounding. Both runs use one thread per process, as the
+    ranks do on two cores: with two threads the CPU kernels split some f32 sums
+    differently, which can tip a bf16 rounding already in step 1 (measured with
+    OpenBLAS's AVX2 kernels: gradient norms 1.2e-5 apart with two threads against one,
+    1e-11 with one thread each). After step 1, a master that moved by one f32 ulp can
+    round to the neighbouring bf16 value (0.4% away), so later steps spread more than in
+    fp32, by how much depending on the CPU's kernels (measured on two machines:
+    cross-entropy up to 6.7e-5, the other terms 1.9e-3, weights 0.006 lr on average per
+    tensor and 1.3 lr at most). A wrong gradient moves whole tensors by about lr a step."""
     bf16 = ["--set", "runtime.precision=bf16", "--set", "runtime.threads=1"]
     single_losses, single_weights = train(tmp_path, "single", 1, bf16)
     ranks, overrides = LAYOUTS[layout]
     losses, weights = train(tmp_path, layout, ranks, overrides + bf16)
     np.testing.assert_allclose(losses[0], single_losses[0], rtol=1e-6)
-    np.testing.assert_allclose(losses[:, 0], single_losses[:, 0], rtol=5e-5)
-    np.testing.assert_allclose(losses[:, 1:], single_losses[:, 1:], rtol=1e-3)
+    np.testing.assert_allclose(losses[:, 0], single_losses[:, 0], rtol=2e-4)
+    np.testing.assert_allclose(losses[:, 1:], single_losses[:, 1:], rtol=5e-3)
     lr = 3e-3
     for name, value in single_weights.items():
         diff = np.abs(weights[name] - value)
