@@ -55,6 +55,10 @@ Device* select_device(const std::string& wanted, int local_rank, std::string* er
 #endif
 }
 
+DType working_dtype(const std::string& wanted, const Device& device) {
+  return wanted == "bf16" || (wanted.empty() && device.is_cuda()) ? DType::kBF16 : DType::kF32;
+}
+
 double bf16_peak_flops(Device& device) {
 #ifdef SWITCHYARD_WITH_CUDA
   if (!device.is_cuda()) return 0;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/runtime/device.h"
+#include "engine/runtime/tensor.h"
 
 namespace switchyard {
 
@@ -19,6 +20,11 @@ int visible_gpus();
 // Returns null and sets *error (one line) when the choice cannot be honoured. The device
 // lives for the whole process.
 Device* select_device(const std::string& wanted, int local_rank, std::string* error);
+
+// The working precision of weights and activations for runtime.precision = `wanted`:
+// "fp32", "bf16", or "" (bf16 on a GPU; fp32 on the CPU, where bf16 runs every op in f32
+// on widened copies and only costs time). The recipe's validation rejects other values.
+DType working_dtype(const std::string& wanted, const Device& device);
 
 // Peak dense bf16 FLOP/s of `device` from its multiprocessor count and clock, for the
 // MFU the progress line shows: tensor-core FLOPs per clock per multiprocessor by

@@ -594,12 +594,12 @@ std::string summarize_recipe(const Recipe& recipe) {
   const ParallelConfig& parallel = recipe.parallel();
   const std::string setup = absl::StrFormat(
       "train: %d steps x %d seqs x %d tokens (micro batch %d), lr %g %s to %g after %d warmup, "
-      "tp %d ep %d zero %d, device %s, %s",
+      "tp %d ep %d zero %d, device %s, precision %s",
       train.steps(), train.global_batch_size(), train.seq_len(), train.micro_batch_size(),
       optimizer.lr(), LrDecay_Name(optimizer.decay()), optimizer.min_lr(), optimizer.warmup_steps(),
       parallel.tensor_parallel_size(), parallel.expert_parallel_size(), parallel.zero_stage(),
       recipe.runtime().device().empty() ? "auto" : recipe.runtime().device(),
-      recipe.runtime().precision().empty() ? "fp32" : recipe.runtime().precision());
+      recipe.runtime().precision().empty() ? "auto" : recipe.runtime().precision());
   return absl::StrCat(shape, "\n", setup);
 }
 

@@ -259,8 +259,8 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
                                         groups.background_collectives);
     model.set_param_hooks(zero.get());
   }
-  params.allocate(dev,
-                  recipe.runtime().precision() == "bf16" ? DType::kBF16 : DType::kF32);
+  const DType working = working_dtype(recipe.runtime().precision(), dev);
+  params.allocate(dev, working);
   params.initialize(tc.seed());
   if (zero) zero->initialize(tc.seed());
   refresh_working_copies(dev, params);
@@ -387,11 +387,11 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
 
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
-      "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d, tp %d, ep %d) on %s, "
-      "%d threads; data: %s (%lld training tokens)",
+      "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d, tp %d, ep %d) on %s "
+      "in %s, %d threads; data: %s (%lld training tokens)",
       stats.total_params / 1e6, stats.active_params / 1e6, layout.world_size,
       layout.data_parallel_size, layout.tensor_parallel_size, layout.expert_parallel_size,
-      dev.name(), cpu_threads(), data_dir,
+      dev.name(), working == DType::kBF16 ? "bf16" : "fp32", cpu_threads(), data_dir,
       static_cast<long long>(train_data.num_tokens())));
 
   const int64_t micro = tc.micro_batch_size();

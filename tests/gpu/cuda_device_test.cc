@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "engine/runtime/tensor.h"
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/devices.h"
 
 namespace switchyard {
 namespace {
@@ -44,6 +46,26 @@ TEST(CudaDevice, TensorCopiesAndZeroingWorkAcrossDevices) {
   // Tensor::zeros on the device.
   const Tensor z = Tensor::zeros({5}, DType::kF32, MemoryKind::kOther, dev).on_host();
   for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(z.data<float>()[i], 0.0f);
+}
+
+TEST(CudaDevice, RunsInBf16UnlessFp32IsAskedFor) {
+  CudaDevice dev(0);
+  EXPECT_EQ(working_dtype("", dev), DType::kBF16);
+  EXPECT_EQ(working_dtype("bf16", dev), DType::kBF16);
+  EXPECT_EQ(working_dtype("fp32", dev), DType::kF32);
+}
+
+// ctest hides the GPU from the tests not labelled gpu, so select_device's CUDA side is
+// checked here.
+TEST(CudaDevice, SelectDevicePicksTheGpuOfTheLocalRank) {
+  std::string error;
+  Device* automatic = select_device("", 0, &error);
+  ASSERT_NE(automatic, nullptr) << error;
+  EXPECT_TRUE(automatic->is_cuda());
+  EXPECT_EQ(select_device("cuda", 0, &error), automatic);
+  // Local ranks past the visible GPUs wrap around (a launcher may show each rank one).
+  EXPECT_EQ(select_device("cuda", visible_gpus(), &error), automatic);
+  EXPECT_GT(bf16_peak_flops(*automatic), 0.0);
 }
 
 }  // namespace

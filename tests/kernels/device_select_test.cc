@@ -1,5 +1,5 @@
-// Tensor copies through the Device interface, and runtime.device selection. The CUDA
-// side of both is in tests/gpu/cuda_device_test.cc.
+// Tensor copies through the Device interface, runtime.device and runtime.precision
+// selection. The CUDA side of each is in tests/gpu/cuda_device_test.cc.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -41,11 +41,14 @@ TEST(SelectDevice, PicksTheCpuOrExplainsWhyNot) {
     EXPECT_NE(error.find(built_with_cuda() ? "no CUDA device is visible" : "no CUDA backend"),
               std::string::npos)
         << error;
-  } else {
-    // Local ranks past the visible GPUs wrap around (a launcher may show each rank one).
-    EXPECT_EQ(select_device("cuda", visible_gpus(), &error), select_device("cuda", 0, &error));
   }
   EXPECT_EQ(bf16_peak_flops(cpu_device()), 0.0);
+}
+
+TEST(WorkingDtype, Fp32OnTheCpuUnlessBf16IsAskedFor) {
+  EXPECT_EQ(working_dtype("", cpu_device()), DType::kF32);
+  EXPECT_EQ(working_dtype("fp32", cpu_device()), DType::kF32);
+  EXPECT_EQ(working_dtype("bf16", cpu_device()), DType::kBF16);
 }
 
 }  // namespace

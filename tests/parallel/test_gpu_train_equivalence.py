@@ -27,7 +27,8 @@ NEEDED = max(LAYOUTS[name][0] for name in GPU_LAYOUTS)
 pytestmark = pytest.mark.skipif(visible_gpus() < NEEDED,
                                 reason=f"fewer than {NEEDED} GPUs visible")
 
-CUDA = ["--set", "runtime.device=cuda"]
+# fp32, as the CPU comparisons are (a GPU run is bf16 unless told otherwise).
+CUDA = ["--set", "runtime.device=cuda", "--set", "runtime.precision=fp32"]
 
 
 @pytest.fixture(scope="module")
