@@ -7,17 +7,22 @@
 # packed in lib.tar.gz (OpenBLAS alone is 35 MiB, 10 gzipped, and what travels to the
 # device machine must stay under 64 MiB). Carry that folder to the GPU machine (the
 # device tool's `carry`), where scripts/gpu_check.sh runs the bundle instead of
-# building. BUILD_DIR (default build) is the CUDA build folder to use, configured with
-# the release preset when it is new.
+# building. The binaries run on another machine's CPU, so they are built for any x86-64
+# with AVX2 (the gpu-bundle preset, in build-gpu-bundle/), not with -march=native: code
+# for this CPU's AVX-512 would stop with an illegal instruction on a host without it.
+# BUILD_DIR names another CUDA build folder configured with SWITCHYARD_NATIVE=OFF.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${BUILD_DIR:-build}
+build=${BUILD_DIR:-build-gpu-bundle}
 if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
-[[ -f $build/CMakeCache.txt ]] || cmake --preset release -B "$build" >/dev/null
+[[ -f $build/CMakeCache.txt ]] || cmake --preset gpu-bundle -B "$build" >/dev/null
 grep -q "SWITCHYARD_CUDA:BOOL=ON" "$build/CMakeCache.txt" ||
   { echo "gpu_bundle: $build/ is configured without CUDA" >&2; exit 1; }
+grep -q "SWITCHYARD_NATIVE:BOOL=OFF" "$build/CMakeCache.txt" ||
+  { echo "gpu_bundle: $build/ is built for this machine's CPU (-march=native); use the" \
+      "gpu-bundle preset or configure with -DSWITCHYARD_NATIVE=OFF" >&2; exit 1; }
 cmake --build "$build" -j"$(nproc)" --target gpu_tests gpu_benchmarks switchyard
 
 rm -rf .gpu-bundle
