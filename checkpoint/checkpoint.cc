@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "engine/runtime/file_util.h"
 #include "data/hdf5_handle.h"
 #include "data/sha256.h"
 #include "engine/runtime/status_macros.h"
@@ -28,31 +29,8 @@ constexpr char kLatestFile[] = "latest";
 
 std::string step_dir_name(int64_t step) { return absl::StrCat("step_", step); }
 
-absl::Status fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return absl::DataLossError(absl::StrCat(path, ": cannot open to sync"));
-  const bool ok = ::fsync(fd) == 0;
-  ::close(fd);
-  return ok ? absl::OkStatus() : absl::DataLossError(absl::StrCat(path, ": fsync failed"));
-}
-
 std::string slice_bytes_sha256(const Tensor& t) {
   return sha256_hex(std::string_view(static_cast<const char*>(t.raw_data()), t.nbytes()));
-}
-
-absl::Status write_file_atomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << bytes;
-    out.flush();
-    if (!out) return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
-  }
-  SY_RETURN_IF_ERROR(fsync_path(tmp));
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat(path, ": cannot rename into place: ", ec.message()));
-  return absl::OkStatus();
 }
 
 // Writes this rank's slices into one HDF5 file and returns their manifest entries.

@@ -4,11 +4,12 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "data/dataset_index.h"
-#include "data/file_util.h"
+#include "engine/runtime/file_util.h"
 #include "data/prepare.h"
 #include "data/sha256.h"
 #include "data/token_shard.h"
@@ -31,7 +32,9 @@ std::string default_dataset_cache_dir() {
 absl::StatusOr<std::string> ensure_prepared_corpus(const std::string& corpus_path,
                                                    const CorpusDatasetOptions& options,
                                                    DataProgressSink& sink) {
-  SY_ASSIGN_OR_RETURN(const std::string corpus, read_file(corpus_path));
+  // The user's own corpus: as large as the file is (it is hashed whole for the cache key).
+  SY_ASSIGN_OR_RETURN(const std::string corpus,
+                      read_file(corpus_path, std::numeric_limits<int64_t>::max()));
   if (corpus.empty())
     return absl::InvalidArgumentError(absl::StrCat(corpus_path, ": the corpus is empty"));
   const std::string cache_dir =

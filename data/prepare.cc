@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "data/dataset_index.h"
 #include "data/document_reader.h"
-#include "data/file_util.h"
+#include "engine/runtime/file_util.h"
 #include "data/sha256.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"

@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "data/file_util.h"
+#include "engine/runtime/file_util.h"
 #include "data/hdf5_handle.h"
 #include "engine/runtime/check.h"
 #include "engine/runtime/status_macros.h"

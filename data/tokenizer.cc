@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "data/document_reader.h"
-#include "data/file_util.h"
+#include "engine/runtime/file_util.h"
 #include "data/sentencepiece_model.h"
 #include "data/sha256.h"
 #include "engine/runtime/status_macros.h"

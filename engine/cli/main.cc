@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <filesystem>
 #include <optional>
 #include <iostream>
@@ -215,11 +217,28 @@ int report(const absl::Status& status) {
   return 1;
 }
 
-}  // namespace
-}  // namespace switchyard
+// The last resort for anything that escapes the readers' own checks: an exception, or
+// std::terminate (an exception leaving an OpenMP region): one line, exit status 1, and
+// the whole job ended under a launcher. The readers never rely on it.
+std::string describe_current_exception() {
+  try {
+    if (const std::exception_ptr e = std::current_exception()) std::rethrow_exception(e);
+    return "terminated without an exception";
+  } catch (const std::bad_alloc&) {
+    return "out of memory (std::bad_alloc)";
+  } catch (const std::exception& e) {
+    return absl::StrCat("unexpected exception: ", e.what());
+  } catch (...) {
+    return "unexpected exception of unknown type";
+  }
+}
 
-int main(int argc, char** argv) {
-  using namespace switchyard;
+[[noreturn]] void on_terminate() {
+  report(absl::InternalError(describe_current_exception()));
+  std::_Exit(1);
+}
+
+int run_main(int argc, char** argv) {
   use_fastest_blas_kernels(argv);
   // Keep large activation buffers in the heap between steps instead of mapping and
   // faulting in fresh pages for every allocation.
@@ -275,4 +294,17 @@ int main(int argc, char** argv) {
   if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, split, batches));
   if (sample_cmd->parsed()) return report(run_sample(weights_dir, prompt, tokens, temperature, seed));
   return 1;
+}
+
+}  // namespace
+}  // namespace switchyard
+
+int main(int argc, char** argv) {
+  using namespace switchyard;
+  std::set_terminate(on_terminate);
+  try {
+    return run_main(argc, argv);
+  } catch (...) {
+    return report(absl::InternalError(describe_current_exception()));
+  }
 }

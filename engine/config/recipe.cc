@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -532,17 +533,8 @@ absl::Status validate_recipe(const Recipe& recipe) {
 
 absl::StatusOr<Recipe> load_recipe(const std::string& path,
                                    const std::vector<std::string>& overrides) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read recipe ", path, ": ", std::strerror(errno)));
-  }
-  std::ostringstream text;
-  text << file.rdbuf();
-  if (file.bad()) {
-    return absl::DataLossError(absl::StrCat("error reading recipe ", path));
-  }
-  SY_ASSIGN_OR_RETURN(Recipe recipe, parse_without_defaults(text.str(), path));
+  SY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  SY_ASSIGN_OR_RETURN(Recipe recipe, parse_without_defaults(text, path));
   // Data paths written in the file are relative to the file; overrides given on the
   // command line are taken as they are (relative to the working directory).
   auto relative_to_file = [&](const std::string& p) {

@@ -34,6 +34,21 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
+std::optional<int64_t> checked_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  return n;
+}
+
+std::optional<int64_t> checked_nbytes(const Shape& shape, DType dtype) {
+  const std::optional<int64_t> n = checked_numel(shape);
+  int64_t bytes = 0;
+  if (!n || __builtin_mul_overflow(*n, static_cast<int64_t>(dtype_size(dtype)), &bytes))
+    return std::nullopt;
+  return bytes;
+}
+
 std::string shape_string(const Shape& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,10 @@ template <> constexpr DType dtype_of<uint8_t>() { return DType::kU8; }
 
 using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& shape);
+// For shapes read from files: the element count and byte size, or nullopt when a
+// dimension is negative or the count or byte size overflows int64.
+std::optional<int64_t> checked_numel(const Shape& shape);
+std::optional<int64_t> checked_nbytes(const Shape& shape, DType dtype);
 std::string shape_string(const Shape& shape);
 
 class Storage {

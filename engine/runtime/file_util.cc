@@ -1,0 +1,204 @@
+#include "engine/runtime/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/status_macros.h"
+
+namespace switchyard {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+// An fd closed on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Opens `path` for reading without blocking (a FIFO would otherwise wait for a writer)
+// and checks that it is a regular file; returns its size through `size`.
+absl::StatusOr<int> open_regular(const std::string& path, int64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open: ", errno_text()));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": cannot stat: ", errno_text()));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, S_ISDIR(st.st_mode) ? ": is a directory, not a file" : ": is not a regular file"));
+  }
+  *size = static_cast<int64_t>(st.st_size);
+  return fd;
+}
+
+absl::Status write_all(int fd, const char* data, size_t bytes, const std::string& path) {
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, data, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      return absl::DataLossError(absl::StrCat(path, ": write failed: ", errno_text()));
+    data += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> regular_file_size(const std::string& path) {
+  int64_t size = 0;
+  SY_ASSIGN_OR_RETURN(const int fd, open_regular(path, &size));
+  ::close(fd);
+  return size;
+}
+
+absl::StatusOr<std::string> read_file(const std::string& path, int64_t max_bytes) {
+  int64_t size = 0;
+  SY_ASSIGN_OR_RETURN(const int raw_fd, open_regular(path, &size));
+  Fd fd(raw_fd);
+  if (size > max_bytes)
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is ", size, " bytes, more than the ", max_bytes, " allowed"));
+  std::string bytes(static_cast<size_t>(size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read error: ", errno_text()));
+    if (n == 0) return absl::DataLossError(absl::StrCat(path, ": shrank while being read"));
+    done += static_cast<size_t>(n);
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::string> path_in_directory(const std::string& dir, const std::string& name,
+                                              const std::string& what) {
+  auto refuse = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " \"", name, "\" ", why));
+  };
+  if (name.empty()) return refuse("is empty");
+  if (name.find('/') != std::string::npos || name == "." || name == "..")
+    return refuse(absl::StrCat("is not a plain file name inside ", dir));
+  if (name.find('\0') != std::string::npos) return refuse("holds a NUL byte");
+  const fs::path path = fs::path(dir) / name;
+  std::error_code ec;
+  const fs::path real_dir = fs::canonical(dir, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
+  const fs::path real = fs::canonical(path, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat(path.string(), " (", what, "): no such file"));
+  if (real.parent_path() != real_dir)
+    return refuse(absl::StrCat("leads outside ", dir, " (to ", real.string(), ")"));
+  SY_RETURN_IF_ERROR(regular_file_size(path.string()).status());
+  return path.string();
+}
+
+absl::StatusOr<AtomicFileWriter> AtomicFileWriter::open(const std::string& path) {
+  const std::string partial = path + ".partial";
+  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return absl::PermissionDeniedError(absl::StrCat(partial, ": cannot write: ", errno_text()));
+  return AtomicFileWriter(path, fd);
+}
+
+AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(partial().c_str());
+}
+
+absl::Status AtomicFileWriter::write(const void* data, size_t bytes) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": already committed"));
+  return write_all(fd_, static_cast<const char*>(data), bytes, partial());
+}
+
+absl::Status AtomicFileWriter::commit() {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": already committed"));
+  const int fd = std::exchange(fd_, -1);
+  const bool synced = ::fsync(fd) == 0;
+  const std::string sync_error = synced ? "" : errno_text();
+  const bool closed = ::close(fd) == 0;
+  if (!synced || !closed) {
+    ::unlink(partial().c_str());
+    return absl::DataLossError(absl::StrCat(partial(), ": write failed: ",
+                                            synced ? errno_text() : sync_error));
+  }
+  if (::rename(partial().c_str(), path_.c_str()) != 0) {
+    const std::string why = errno_text();
+    ::unlink(partial().c_str());
+    return absl::DataLossError(absl::StrCat(path_, ": cannot rename into place: ", why));
+  }
+  const fs::path parent = fs::path(path_).parent_path();
+  return fsync_path(parent.empty() ? "." : parent.string());
+}
+
+absl::Status write_file_atomically(const std::string& path, std::string_view bytes) {
+  SY_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::open(path));
+  SY_RETURN_IF_ERROR(out.write(bytes));
+  return out.commit();
+}
+
+absl::Status copy_file_atomically(const std::string& from, const std::string& to) {
+  int64_t size = 0;
+  SY_ASSIGN_OR_RETURN(const int raw_fd, open_regular(from, &size));
+  Fd in(raw_fd);
+  SY_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::open(to));
+  std::vector<char> buffer(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(in.get(), buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::DataLossError(absl::StrCat(from, ": read error: ", errno_text()));
+    if (n == 0) break;
+    SY_RETURN_IF_ERROR(out.write(buffer.data(), static_cast<size_t>(n)));
+  }
+  return out.commit();
+}
+
+absl::Status fsync_path(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0)
+    return absl::DataLossError(absl::StrCat(path, ": cannot open to sync: ", errno_text()));
+  if (::fsync(fd.get()) != 0)
+    return absl::DataLossError(absl::StrCat(path, ": fsync failed: ", errno_text()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> total_file_bytes(const std::vector<std::string>& paths) {
+  int64_t total = 0;
+  for (const std::string& path : paths) {
+    const absl::StatusOr<int64_t> size = regular_file_size(path);
+    if (!size.ok()) return absl::NotFoundError(absl::StrCat(path, ": no such input file"));
+    total += *size;
+  }
+  return total;
+}
+
+}  // namespace switchyard

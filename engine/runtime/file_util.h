@@ -1,0 +1,63 @@
+// File helpers for untrusted input and for writes that are complete or absent. Every
+// error names the file. docs/security.md says what each promises.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace switchyard {
+
+// The most bytes a metadata file (JSON, recipe, manifest, tokenizer model, `latest`)
+// may have; larger ones are refused before anything is read. safetensors headers have
+// the same cap.
+inline constexpr int64_t kMaxMetadataFileBytes = int64_t{100} << 20;
+
+// Size of a regular file. FIFOs, devices, sockets and directories are refused without
+// blocking on them.
+absl::StatusOr<int64_t> regular_file_size(const std::string& path);
+// Reads a regular file of at most `max_bytes`.
+absl::StatusOr<std::string> read_file(const std::string& path,
+                                      int64_t max_bytes = kMaxMetadataFileBytes);
+
+// `name`, read from a file (`what` says where: "index.json: splits.train[0].file"), as a
+// path inside `dir`: a relative path without "." or ".." components that, with every
+// symlink followed, stays inside `dir` and is a regular file.
+absl::StatusOr<std::string> path_in_directory(const std::string& dir, const std::string& name,
+                                              const std::string& what);
+
+// A file written completely or not at all: bytes go to `path`.partial, and commit()
+// checks every write, fsyncs, closes, renames over `path` and fsyncs the directory. A
+// writer destroyed without commit() removes the partial file.
+class AtomicFileWriter {
+ public:
+  static absl::StatusOr<AtomicFileWriter> open(const std::string& path);
+  AtomicFileWriter(AtomicFileWriter&& other) noexcept;
+  AtomicFileWriter& operator=(AtomicFileWriter&&) = delete;
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  ~AtomicFileWriter();
+
+  absl::Status write(const void* data, size_t bytes);
+  absl::Status write(std::string_view bytes) { return write(bytes.data(), bytes.size()); }
+  absl::Status commit();
+
+ private:
+  AtomicFileWriter(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string partial() const { return path_ + ".partial"; }
+  std::string path_;
+  int fd_ = -1;
+};
+
+absl::Status write_file_atomically(const std::string& path, std::string_view bytes);
+// Copies a regular file to `to`, atomically.
+absl::Status copy_file_atomically(const std::string& from, const std::string& to);
+// Flushes a written file (or directory) to disk.
+absl::Status fsync_path(const std::string& path);
+// Sum of the files' sizes; an error names the first that is missing.
+absl::StatusOr<int64_t> total_file_bytes(const std::vector<std::string>& paths);
+
+}  // namespace switchyard

@@ -1,0 +1,42 @@
+"""Every hostile or damaged input of docs/security.md is refused cleanly: exit status 1,
+one line on stderr naming what is wrong, within the time and memory limits of
+hostile.py. The table in docs/security.md lists exactly these cases.
+
+Run by ctest with the interop Python; SWITCHYARD names the binary.
+"""
+import re
+
+import pytest
+
+import cases_checkpoint
+import cases_data
+import cases_hf
+import cases_recipe
+from hostile import REPO, make_world, run_refused
+
+CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hf.CASES]
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory):
+    return make_world(tmp_path_factory.mktemp("world"))
+
+
+def test_case_ids_are_unique():
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_refused_cleanly(case, world, tmp_path):
+    argv = case.make(world, tmp_path)
+    status, lines = run_refused(argv)
+    assert status == 1, f"exit status {status}, stderr: {lines}"
+    assert len(lines) == 1, f"stderr is not one line: {lines}"
+    assert case.expect in lines[0], lines[0]
+
+
+def test_security_doc_lists_every_case():
+    text = (REPO / "docs" / "security.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z0-9_-]+)` \|", text, re.MULTILINE))
+    assert documented == {c.id for c in CASES}
