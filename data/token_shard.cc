@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/file_util.h"
-#include "data/hdf5_handle.h"
+#include "data/hdf5_checks.h"
 #include "engine/runtime/check.h"
 #include "engine/runtime/status_macros.h"
 
@@ -43,47 +43,97 @@ absl::Status write_string_attribute(hid_t object, const char* name, const std::s
   return absl::OkStatus();
 }
 
+// Attributes are single values: an array attribute would be read past the one value's
+// memory. Strings longer than this are refused before they are read.
+constexpr size_t kMaxStringAttributeBytes = 1024;
+
+absl::Status attribute_error(const std::string& path, const char* name, const char* why) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": attribute ", name, " ", why));
+}
+
+// The attribute `name` of `object` when it holds exactly one value; an invalid handle
+// (and no error) when it is absent.
+absl::StatusOr<H5Handle> open_single_attribute(hid_t object, const std::string& path,
+                                               const char* name) {
+  const htri_t exists = H5Aexists(object, name);
+  if (exists < 0) return attribute_error(path, name, "is unreadable");
+  if (exists == 0) return H5Handle();
+  H5Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
+  H5Handle space(attr.valid() ? H5Aget_space(attr.get()) : H5I_INVALID_HID, H5Sclose);
+  if (!space.valid() || H5Sget_simple_extent_npoints(space.get()) != 1)
+    return attribute_error(path, name, "must hold exactly one value");
+  return attr;
+}
+
 absl::StatusOr<int64_t> read_int_attribute(hid_t object, const std::string& path, const char* name,
                                            std::optional<int64_t> fallback = std::nullopt) {
-  if (H5Aexists(object, name) <= 0) {
+  SY_ASSIGN_OR_RETURN(const H5Handle attr, open_single_attribute(object, path, name));
+  if (!attr.valid()) {
     if (fallback) return *fallback;
-    return absl::InvalidArgumentError(absl::StrCat(path, ": attribute ", name, " is missing"));
+    return attribute_error(path, name, "is missing");
   }
-  H5Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
-  H5Handle type(attr.valid() ? H5Aget_type(attr.get()) : H5I_INVALID_HID, H5Tclose);
+  H5Handle type(H5Aget_type(attr.get()), H5Tclose);
   int64_t value = 0;
   if (!type.valid() || H5Tget_class(type.get()) != H5T_INTEGER ||
       H5Aread(attr.get(), H5T_NATIVE_INT64, &value) < 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": attribute ", name, " is not a readable integer"));
+    return attribute_error(path, name, "is not a readable integer");
   return value;
 }
 
 // Fixed-length or variable-length strings (h5py writes either, depending on the value).
 absl::StatusOr<std::string> read_string_attribute(hid_t object, const std::string& path,
                                                   const char* name) {
-  const std::string error = absl::StrCat(path, ": attribute ", name, " is missing or not a string");
-  if (H5Aexists(object, name) <= 0) return absl::InvalidArgumentError(error);
-  H5Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
-  H5Handle type(attr.valid() ? H5Aget_type(attr.get()) : H5I_INVALID_HID, H5Tclose);
+  const char* kWhy = "is missing or not a string";
+  SY_ASSIGN_OR_RETURN(const H5Handle attr, open_single_attribute(object, path, name));
+  if (!attr.valid()) return attribute_error(path, name, kWhy);
+  H5Handle type(H5Aget_type(attr.get()), H5Tclose);
   if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING)
-    return absl::InvalidArgumentError(error);
+    return attribute_error(path, name, kWhy);
   if (H5Tis_variable_str(type.get()) > 0) {
     H5Handle memtype(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(memtype.get(), H5T_VARIABLE);
     H5Tset_cset(memtype.get(), H5Tget_cset(type.get()));
     char* data = nullptr;
     if (H5Aread(attr.get(), memtype.get(), &data) < 0 || data == nullptr)
-      return absl::InvalidArgumentError(error);
-    std::string value(data);
+      return attribute_error(path, name, kWhy);
+    std::string value(data, strnlen(data, kMaxStringAttributeBytes + 1));
     H5free_memory(data);
+    if (value.size() > kMaxStringAttributeBytes)
+      return attribute_error(path, name, "is longer than 1024 bytes");
     return value;
   }
   const size_t size = H5Tget_size(type.get());
+  if (size == 0 || size > kMaxStringAttributeBytes)
+    return attribute_error(path, name, "is longer than 1024 bytes");
   std::string value(size, '\0');
-  if (H5Aread(attr.get(), type.get(), value.data()) < 0) return absl::InvalidArgumentError(error);
+  if (H5Aread(attr.get(), type.get(), value.data()) < 0) return attribute_error(path, name, kWhy);
   value.resize(std::strlen(value.c_str()));
   return value;
+}
+
+// The length of the one-dimensional dataset `dataset` (`what` in errors), refused when
+// its elements of `element_bytes` would take more than the file can hold.
+absl::StatusOr<int64_t> checked_length(hid_t dataset, int64_t element_bytes, int64_t file_bytes,
+                                       const std::string& what) {
+  H5Handle space(H5Dget_space(dataset), H5Sclose);
+  hsize_t size = 0;
+  if (!space.valid() || H5Sget_simple_extent_ndims(space.get()) != 1 ||
+      H5Sget_simple_extent_dims(space.get(), &size, nullptr) < 0)
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be one-dimensional"));
+  const int64_t max_bytes = max_hdf5_dataset_bytes(dataset, file_bytes);
+  if (size > static_cast<hsize_t>(max_bytes / element_bytes))
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " declares ", size, " elements of ", element_bytes,
+                     " bytes, more than the file's ", file_bytes, " bytes can hold"));
+  return static_cast<int64_t>(size);
+}
+
+absl::Status check_special_id(const std::string& path, const char* name, int64_t id,
+                              int64_t vocab_size) {
+  if (id < -1 || id >= vocab_size)
+    return absl::InvalidArgumentError(absl::StrCat(path, ": attribute ", name, " is ", id,
+                                                   ", outside [-1, vocab_size ", vocab_size, ")"));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -203,57 +253,27 @@ struct ShardReader::Handles {
 };
 
 absl::StatusOr<std::shared_ptr<ShardReader>> ShardReader::open(const std::string& path) {
-  silence_hdf5_errors();
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    return absl::NotFoundError(absl::StrCat(path, ": no such shard file"));
+  SY_ASSIGN_OR_RETURN(const int64_t file_bytes, regular_file_size(path));
+  SY_ASSIGN_OR_RETURN(H5Handle file, open_hdf5_file(path));
+  return from_file(std::move(file), path, file_bytes);
+}
+
+absl::StatusOr<std::shared_ptr<ShardReader>> ShardReader::open_image(std::string_view bytes,
+                                                                     const std::string& name) {
+  SY_ASSIGN_OR_RETURN(H5Handle file, open_hdf5_image(bytes, name));
+  return from_file(std::move(file), name, static_cast<int64_t>(bytes.size()));
+}
+
+absl::StatusOr<std::shared_ptr<ShardReader>> ShardReader::from_file(H5Handle file,
+                                                                    const std::string& path,
+                                                                    int64_t file_bytes) {
   std::shared_ptr<ShardReader> r(new ShardReader());
   r->path_ = path;
+  r->file_bytes_ = file_bytes;
   r->h5_ = std::make_unique<Handles>();
-  r->h5_->file = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!r->h5_->file.valid())
-    return absl::DataLossError(
-        absl::StrCat(path, ": not a readable HDF5 file (truncated or corrupted?)"));
-  const hid_t file = r->h5_->file.get();
-
-  H5Handle root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
-  if (!root.valid())
-    return absl::DataLossError(absl::StrCat(path, ": cannot read the root group (corrupted?)"));
-  ShardAttributes& a = r->attributes_;
-  SY_ASSIGN_OR_RETURN(a.format_version, read_int_attribute(root.get(), path, "format_version"));
-  if (a.format_version != kTokenFormatVersion)
-    return absl::InvalidArgumentError(absl::StrCat(path, ": format_version ", a.format_version,
-                                                   "; this build reads version ",
-                                                   kTokenFormatVersion));
-  SY_ASSIGN_OR_RETURN(a.tokenizer_sha256,
-                      read_string_attribute(root.get(), path, "tokenizer_sha256"));
-  SY_ASSIGN_OR_RETURN(a.vocab_size, read_int_attribute(root.get(), path, "vocab_size"));
-  if (a.vocab_size <= 0 || a.vocab_size > (int64_t{1} << 31))
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": vocab_size ", a.vocab_size, " is out of range"));
-  SY_ASSIGN_OR_RETURN(a.special_ids.unk, read_int_attribute(root.get(), path, "unk_id", -1));
-  SY_ASSIGN_OR_RETURN(a.special_ids.bos, read_int_attribute(root.get(), path, "bos_id", -1));
-  SY_ASSIGN_OR_RETURN(a.special_ids.eos, read_int_attribute(root.get(), path, "eos_id", -1));
-  SY_ASSIGN_OR_RETURN(a.special_ids.pad, read_int_attribute(root.get(), path, "pad_id", -1));
-
-  H5Handle access(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
-  H5Pset_chunk_cache(access.get(), 0, 0, 1.0);
-  r->h5_->tokens = H5Handle(H5Dopen2(file, "tokens", access.get()), H5Dclose);
-  if (!r->h5_->tokens.valid())
-    return absl::InvalidArgumentError(absl::StrCat(path, ": has no readable /tokens dataset"));
-  H5Handle type(H5Dget_type(r->h5_->tokens.get()), H5Tclose);
-  H5Handle space(H5Dget_space(r->h5_->tokens.get()), H5Sclose);
-  const size_t type_size = type.valid() ? H5Tget_size(type.get()) : 0;
-  if (!type.valid() || H5Tget_class(type.get()) != H5T_INTEGER ||
-      H5Tget_sign(type.get()) != H5T_SGN_NONE || (type_size != 2 && type_size != 4))
-    return absl::InvalidArgumentError(absl::StrCat(path, ": /tokens must be uint16 or uint32"));
-  r->dtype_ = type_size == 2 ? TokenDType::kUint16 : TokenDType::kUint32;
-  hsize_t size = 0;
-  if (!space.valid() || H5Sget_simple_extent_ndims(space.get()) != 1 ||
-      H5Sget_simple_extent_dims(space.get(), &size, nullptr) < 0)
-    return absl::InvalidArgumentError(absl::StrCat(path, ": /tokens must be one-dimensional"));
-  r->num_tokens_ = static_cast<int64_t>(size);
-
+  r->h5_->file = std::move(file);
+  SY_RETURN_IF_ERROR(r->read_attributes());
+  SY_RETURN_IF_ERROR(r->open_tokens());
   SY_ASSIGN_OR_RETURN(std::vector<int64_t> offsets, r->read_doc_offsets());
   if (offsets.empty() || offsets.front() != 0 || offsets.back() != r->num_tokens_ ||
       !std::is_sorted(offsets.begin(), offsets.end()))
@@ -263,24 +283,67 @@ absl::StatusOr<std::shared_ptr<ShardReader>> ShardReader::open(const std::string
   return r;
 }
 
+absl::Status ShardReader::read_attributes() {
+  const std::string& path = path_;
+  H5Handle root(H5Gopen2(h5_->file.get(), "/", H5P_DEFAULT), H5Gclose);
+  if (!root.valid())
+    return absl::DataLossError(absl::StrCat(path, ": cannot read the root group (corrupted?)"));
+  ShardAttributes& a = attributes_;
+  SY_ASSIGN_OR_RETURN(a.format_version, read_int_attribute(root.get(), path, "format_version"));
+  if (a.format_version != kTokenFormatVersion)
+    return absl::InvalidArgumentError(absl::StrCat(path, ": format_version ", a.format_version,
+                                                   "; this build reads version ",
+                                                   kTokenFormatVersion));
+  SY_ASSIGN_OR_RETURN(a.tokenizer_sha256,
+                      read_string_attribute(root.get(), path, "tokenizer_sha256"));
+  SY_ASSIGN_OR_RETURN(a.vocab_size, read_int_attribute(root.get(), path, "vocab_size"));
+  if (a.vocab_size <= 0 || a.vocab_size > kMaxVocabSize)
+    return absl::InvalidArgumentError(absl::StrCat(path, ": attribute vocab_size ", a.vocab_size,
+                                                   " is outside [1, ", kMaxVocabSize, "]"));
+  SpecialTokenIds& ids = a.special_ids;
+  for (auto [name, id] : {std::pair{"unk_id", &ids.unk}, std::pair{"bos_id", &ids.bos},
+                          std::pair{"eos_id", &ids.eos}, std::pair{"pad_id", &ids.pad}}) {
+    SY_ASSIGN_OR_RETURN(*id, read_int_attribute(root.get(), path, name, -1));
+    SY_RETURN_IF_ERROR(check_special_id(path, name, *id, a.vocab_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardReader::open_tokens() {
+  const std::string what = absl::StrCat(path_, ": /tokens");
+  H5Handle access = no_external_links_access();
+  H5Pset_chunk_cache(access.get(), 0, 0, 1.0);
+  SY_ASSIGN_OR_RETURN(h5_->tokens,
+                      open_plain_hdf5_dataset(h5_->file.get(), "tokens", what, access.get()));
+  H5Handle type(H5Dget_type(h5_->tokens.get()), H5Tclose);
+  const size_t type_size = type.valid() ? H5Tget_size(type.get()) : 0;
+  if (!type.valid() || H5Tget_class(type.get()) != H5T_INTEGER ||
+      H5Tget_sign(type.get()) != H5T_SGN_NONE || (type_size != 2 && type_size != 4))
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be uint16 or uint32"));
+  dtype_ = type_size == 2 ? TokenDType::kUint16 : TokenDType::kUint32;
+  SY_ASSIGN_OR_RETURN(num_tokens_, checked_length(h5_->tokens.get(),
+                                                  static_cast<int64_t>(type_size), file_bytes_,
+                                                  what));
+  return absl::OkStatus();
+}
+
 ShardReader::~ShardReader() = default;
 
 absl::StatusOr<std::vector<int64_t>> ShardReader::read_doc_offsets() const {
   silence_hdf5_errors();
-  const std::string error = absl::StrCat(path_, ": has no readable one-dimensional /doc_offsets");
-  H5Handle dataset(H5Dopen2(h5_->file.get(), "doc_offsets", H5P_DEFAULT), H5Dclose);
-  if (!dataset.valid()) return absl::InvalidArgumentError(error);
+  const std::string what = absl::StrCat(path_, ": /doc_offsets");
+  SY_ASSIGN_OR_RETURN(const H5Handle dataset,
+                      open_plain_hdf5_dataset(h5_->file.get(), "doc_offsets", what));
   H5Handle type(H5Dget_type(dataset.get()), H5Tclose);
-  H5Handle space(H5Dget_space(dataset.get()), H5Sclose);
-  hsize_t size = 0;
-  if (!type.valid() || H5Tget_class(type.get()) != H5T_INTEGER || !space.valid() ||
-      H5Sget_simple_extent_ndims(space.get()) != 1 ||
-      H5Sget_simple_extent_dims(space.get(), &size, nullptr) < 0)
-    return absl::InvalidArgumentError(error);
-  std::vector<int64_t> offsets(size);
+  if (!type.valid() || H5Tget_class(type.get()) != H5T_INTEGER)
+    return absl::InvalidArgumentError(absl::StrCat(what, " must hold integers"));
+  const int64_t element_bytes = static_cast<int64_t>(std::max<size_t>(H5Tget_size(type.get()), 1));
+  SY_ASSIGN_OR_RETURN(const int64_t size,
+                      checked_length(dataset.get(), element_bytes, file_bytes_, what));
+  std::vector<int64_t> offsets(static_cast<size_t>(size));
   if (size > 0 &&
       H5Dread(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0)
-    return absl::DataLossError(absl::StrCat(path_, ": cannot read /doc_offsets (corrupted?)"));
+    return absl::DataLossError(absl::StrCat(what, ": cannot read (corrupted?)"));
   return offsets;
 }
 

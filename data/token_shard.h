@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -19,6 +20,8 @@ namespace switchyard {
 
 inline constexpr int64_t kTokenFormatVersion = 1;
 inline constexpr int64_t kUint16VocabLimit = 65536;
+
+class H5Handle;
 
 enum class TokenDType { kUint16, kUint32 };
 
@@ -67,10 +70,15 @@ class ShardWriter {
 };
 
 // Reads a shard. Opening checks the structure (datasets, types, attributes, document
-// offsets); token values are checked as they are read. Thread-safe.
+// offsets), refuses the HDF5 features of data/hdf5_checks.h and any extent larger than
+// the file can hold, before allocating; token values are checked as they are read.
+// Thread-safe.
 class ShardReader {
  public:
   static absl::StatusOr<std::shared_ptr<ShardReader>> open(const std::string& path);
+  // The same checks on an in-memory image of a shard file; `name` names it in errors.
+  static absl::StatusOr<std::shared_ptr<ShardReader>> open_image(std::string_view bytes,
+                                                                 const std::string& name);
   ~ShardReader();
 
   const std::string& path() const { return path_; }
@@ -89,12 +97,19 @@ class ShardReader {
 
  private:
   ShardReader() = default;
+  struct Handles;
+  static absl::StatusOr<std::shared_ptr<ShardReader>> from_file(H5Handle file,
+                                                                const std::string& path,
+                                                                int64_t file_bytes);
+  absl::Status read_attributes();
+  absl::Status open_tokens();
+
   std::string path_;
+  int64_t file_bytes_ = 0;
   ShardAttributes attributes_;
   TokenDType dtype_ = TokenDType::kUint16;
   int64_t num_tokens_ = 0;
   int64_t num_documents_ = 0;
-  struct Handles;
   std::unique_ptr<Handles> h5_;
 };
 

@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 
+#include "data/hdf5_checks.h"
 #include "tests/data/data_test_util.h"
 
 namespace switchyard {
@@ -127,6 +130,78 @@ TEST(TokenShardTest, DamagedFilesAreErrorsNamingTheFile) {
   EXPECT_TRUE(IsOneLineWith(message_of(ShardReader::open(path).status()), path));
   EXPECT_TRUE(IsOneLineWith(message_of(ShardReader::open(dir / "missing.h5").status()),
                             dir / "missing.h5"));
+}
+
+// Opens a written shard for editing with the HDF5 C API.
+H5Handle open_for_edit(const std::string& path) {
+  silence_hdf5_errors();
+  return H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+}
+
+TEST(TokenShardTest, ExtentsLargerThanTheFileAreRefusedBeforeAllocating) {
+  ScratchDir dir;
+  const std::string path = write_shard(dir, 1000, {{1, 2, 3}});
+  {
+    H5Handle file = open_for_edit(path);
+    H5Ldelete(file.get(), "tokens", H5P_DEFAULT);
+    const hsize_t huge = hsize_t{1} << 40, chunk = 1 << 16, unlimited = H5S_UNLIMITED;
+    H5Handle space(H5Screate_simple(1, &huge, &unlimited), H5Sclose);
+    H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_chunk(dcpl.get(), 1, &chunk);
+    H5Handle tokens(H5Dcreate2(file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT,
+                               dcpl.get(), H5P_DEFAULT),
+                    H5Dclose);
+    ASSERT_TRUE(tokens.valid());
+  }
+  EXPECT_TRUE(IsOneLineWith(message_of(ShardReader::open(path).status()),
+                            path + ": /tokens declares 1099511627776 elements of 2 bytes"));
+}
+
+TEST(TokenShardTest, AttributesAreSingleValuesInRange) {
+  ScratchDir dir;
+  const std::string path = write_shard(dir, 1000, {{1, 2, 3}});
+  const std::string good = testing::read_text(path);
+  auto set_attribute = [&](const char* name, const std::vector<int64_t>& values) {
+    testing::write_text(path, good);
+    H5Handle file = open_for_edit(path);
+    H5Adelete(file.get(), name);
+    const hsize_t n = values.size();
+    H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    H5Handle attr(H5Acreate2(file.get(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT,
+                             H5P_DEFAULT),
+                  H5Aclose);
+    H5Awrite(attr.get(), H5T_NATIVE_INT64, values.data());
+  };
+  set_attribute("vocab_size", std::vector<int64_t>(4000, 1000));
+  EXPECT_TRUE(IsOneLineWith(message_of(ShardReader::open(path).status()),
+                            path + ": attribute vocab_size must hold exactly one value"));
+  set_attribute("vocab_size", {int64_t{1} << 40});
+  EXPECT_TRUE(IsOneLineWith(message_of(ShardReader::open(path).status()),
+                            path + ": attribute vocab_size 1099511627776 is outside"));
+  set_attribute("eos_id", {1000});
+  EXPECT_TRUE(IsOneLineWith(message_of(ShardReader::open(path).status()),
+                            path + ": attribute eos_id is 1000, outside [-1, vocab_size 1000)"));
+}
+
+TEST(TokenShardTest, ImagesOpenWithTheSameChecks) {
+  ScratchDir dir;
+  const std::string path = write_shard(dir, 1000, {{1, 2, 3}, {4, 5}});
+  const std::string good = testing::read_text(path);
+  auto reader = ShardReader::open_image(good, "image.h5");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->num_tokens(), 5);
+  EXPECT_EQ((*reader)->num_documents(), 2);
+  EXPECT_EQ(*(*reader)->scan_max_token(), 5);
+  EXPECT_TRUE(IsOneLineWith(message_of(ShardReader::open_image(good.substr(0, 200), "cut.h5")
+                                           .status()),
+                            "cut.h5: not a readable HDF5 file"));
+}
+
+TEST(TokenShardTest, SpecialFilesAreRefusedWithoutBlocking) {
+  ScratchDir dir;
+  ASSERT_EQ(mkfifo((dir / "fifo.h5").c_str(), 0600), 0);
+  EXPECT_TRUE(IsOneLineWith(message_of(ShardReader::open(dir / "fifo.h5").status()),
+                            "is not a regular file"));
 }
 
 }  // namespace
