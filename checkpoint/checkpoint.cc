@@ -4,17 +4,21 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/file_util.h"
 #include "data/hdf5_handle.h"
 #include "data/sha256.h"
+#include "engine/config/recipe.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -28,6 +32,20 @@ constexpr char kManifestFile[] = "manifest.pb";
 constexpr char kLatestFile[] = "latest";
 
 std::string step_dir_name(int64_t step) { return absl::StrCat("step_", step); }
+
+// N when `name` is exactly step_dir_name(N) for some N >= 0.
+std::optional<int64_t> parse_step_dir_name(std::string_view name) {
+  constexpr std::string_view kPrefix = "step_";
+  constexpr size_t kMaxDigits = 18;  // below int64's range
+  if (name.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  const std::string_view digits = name.substr(kPrefix.size());
+  if (digits.empty() || digits.size() > kMaxDigits || (digits.size() > 1 && digits[0] == '0') ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  int64_t step = 0;
+  for (const char c : digits) step = step * 10 + (c - '0');
+  return step;
+}
 
 std::string slice_bytes_sha256(const Tensor& t) {
   return sha256_hex(std::string_view(static_cast<const char*>(t.raw_data()), t.nbytes()));
@@ -80,15 +98,9 @@ absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
 
 void prune(const std::string& checkpoints_dir, int64_t newest, int keep) {
   if (keep <= 0) return;
-  std::vector<int64_t> steps;
-  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
-    const std::string name = entry.path().filename().string();
-    int64_t step = 0;
-    if (name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos &&
-        std::sscanf(name.c_str(), "step_%ld", &step) == 1 && step <= newest)
-      steps.push_back(step);
-  }
-  std::sort(steps.rbegin(), steps.rend());
+  std::vector<int64_t> steps = checkpoint_steps(checkpoints_dir);
+  steps.erase(std::remove_if(steps.begin(), steps.end(), [&](int64_t s) { return s > newest; }),
+              steps.end());
   std::error_code ec;
   for (size_t i = static_cast<size_t>(keep); i < steps.size(); ++i)
     fs::remove_all(fs::path(checkpoints_dir) / step_dir_name(steps[i]), ec);
@@ -157,32 +169,263 @@ absl::StatusOr<std::string> save_checkpoint(const std::string& checkpoints_dir,
   return final_dir;
 }
 
+std::vector<int64_t> checkpoint_steps(const std::string& checkpoints_dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (fs::directory_iterator it(checkpoints_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::optional<int64_t> step = parse_step_dir_name(it->path().filename().string());
+    if (step && it->is_directory(ec) && !it->is_symlink(ec)) steps.push_back(*step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
 absl::StatusOr<std::string> latest_checkpoint(const std::string& checkpoints_dir) {
-  const fs::path latest = fs::path(checkpoints_dir) / kLatestFile;
-  if (!fs::exists(latest)) return std::string();
-  std::ifstream in(latest);
-  std::string name;
-  std::getline(in, name);
-  const fs::path dir = fs::path(checkpoints_dir) / name;
-  if (name.rfind("step_", 0) != 0 || !fs::exists(dir / kManifestFile))
-    return absl::DataLossError(absl::StrCat(latest.string(), ": names \"", name,
-                                            "\", which is not a complete checkpoint"));
+  constexpr int64_t kMaxLatestBytes = 64;
+  const std::string latest = (fs::path(checkpoints_dir) / kLatestFile).string();
+  std::error_code ec;
+  if (fs::symlink_status(latest, ec).type() == fs::file_type::not_found) return std::string();
+  SY_ASSIGN_OR_RETURN(const std::string text, read_file(latest, kMaxLatestBytes));
+  const std::optional<int64_t> step =
+      !text.empty() && text.back() == '\n'
+          ? parse_step_dir_name(std::string_view(text).substr(0, text.size() - 1))
+          : std::nullopt;
+  if (!step)
+    return absl::DataLossError(
+        absl::StrCat(latest, ": does not hold exactly one line step_<N> naming a checkpoint"));
+  const fs::path dir = fs::path(checkpoints_dir) / step_dir_name(*step);
+  const fs::path real_parent = fs::canonical(checkpoints_dir, ec);
+  const fs::path real = ec ? fs::path() : fs::canonical(dir, ec);
+  if (ec || !fs::is_directory(real, ec))
+    return absl::DataLossError(absl::StrCat(latest, ": names ", step_dir_name(*step),
+                                            ", which is not a directory in ", checkpoints_dir));
+  if (real.parent_path() != real_parent)
+    return absl::DataLossError(absl::StrCat(latest, ": names ", step_dir_name(*step),
+                                            ", which leads outside ", checkpoints_dir, " (to ",
+                                            real.string(), ")"));
+  SY_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest, read_manifest(dir.string()));
+  if (manifest.step() != *step)
+    return absl::DataLossError(absl::StrCat(latest, ": names ", step_dir_name(*step),
+                                            ", whose manifest is at step ", manifest.step()));
   return dir.string();
 }
 
-absl::StatusOr<checkpoint::Manifest> read_manifest(const std::string& checkpoint_dir) {
-  const fs::path path = fs::path(checkpoint_dir) / kManifestFile;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(checkpoint_dir, ": no ", kManifestFile, " (not a checkpoint)"));
-  std::stringstream bytes;
-  bytes << in.rdbuf();
+std::string newest_complete_checkpoint(const std::string& checkpoints_dir, int64_t before) {
+  for (const int64_t step : checkpoint_steps(checkpoints_dir)) {
+    if (step >= before) continue;
+    const std::string dir = (fs::path(checkpoints_dir) / step_dir_name(step)).string();
+    const absl::StatusOr<checkpoint::Manifest> manifest = read_manifest(dir);
+    if (manifest.ok() && manifest->step() == step && verify_checkpoint(dir, *manifest).ok())
+      return dir;
+  }
+  return std::string();
+}
+
+absl::Status with_resume_hint(const absl::Status& problem, const std::string& checkpoints_dir,
+                              int64_t before) {
+  const std::string older = newest_complete_checkpoint(checkpoints_dir, before);
+  const std::string hint =
+      older.empty()
+          ? "no complete checkpoint is left to resume from; train in another --run-dir"
+          : absl::StrCat("the newest complete checkpoint is ", older,
+                         ": resume from it with `switchyard train ... --resume-from ", older, "`");
+  return absl::Status(problem.code(), absl::StrCat(problem.message(), "; ", hint));
+}
+
+absl::StatusOr<std::string> checkpoint_to_resume(const std::string& checkpoints_dir,
+                                                 const std::string& resume_from) {
+  constexpr int64_t kAnyStep = std::numeric_limits<int64_t>::max();
+  if (!resume_from.empty()) return resume_from;
+  const absl::StatusOr<std::string> latest = latest_checkpoint(checkpoints_dir);
+  if (!latest.ok()) return with_resume_hint(latest.status(), checkpoints_dir, kAnyStep);
+  if (latest->empty() && !checkpoint_steps(checkpoints_dir).empty())
+    return with_resume_hint(
+        absl::DataLossError(absl::StrCat(checkpoints_dir, ": holds step directories but no `",
+                                         kLatestFile, "` naming the newest complete one")),
+        checkpoints_dir, kAnyStep);
+  return *latest;
+}
+
+namespace {
+
+// The most dimensions a saved tensor has, and the longest tensor or dataset name.
+constexpr int kMaxSliceRank = 8;
+constexpr size_t kMaxNameBytes = 1024;
+
+absl::Status field_error(const std::string& path, const std::string& field,
+                         const std::string& why) {
+  return absl::DataLossError(absl::StrCat(path, ": field ", field, " ", why));
+}
+
+std::string slice_field(int index, const char* name) {
+  return absl::StrCat("slices[", index, "].", name);
+}
+
+Shape global_shape_of(const checkpoint::TensorSlice& slice) {
+  return Shape(slice.global_shape().begin(), slice.global_shape().end());
+}
+
+// Dimension 0 of a tensor's global shape (a scalar is one row).
+int64_t rows_of(const Shape& shape) { return shape.empty() ? 1 : shape[0]; }
+
+int64_t row_elements_of(const Shape& shape) {
+  return shape.size() < 2 ? 1 : shape_numel(Shape(shape.begin() + 1, shape.end()));
+}
+
+int64_t slice_bytes(const checkpoint::TensorSlice& slice) {
+  return slice.rows() * row_elements_of(global_shape_of(slice)) *
+         static_cast<int64_t>(sizeof(float));
+}
+
+// A tensor or HDF5 dataset name as the writer makes them ("param/model.norm.weight"):
+// printable, '/'-separated, no empty, "." or ".." component.
+bool is_object_name(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameBytes) return false;
+  for (const char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' &&
+        c != '/')
+      return false;
+  size_t begin = 0;
+  while (begin <= name.size()) {
+    const size_t end = std::min(name.find('/', begin), name.size());
+    const std::string_view part(name.data() + begin, end - begin);
+    if (part.empty() || part == "." || part == "..") return false;
+    begin = end + 1;
+  }
+  return true;
+}
+
+bool is_sha256_hex(const std::string& digest) {
+  return digest.size() == 64 && std::all_of(digest.begin(), digest.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// One slice on its own: names, shape, rows and checksum.
+absl::Status check_slice(const checkpoint::TensorSlice& slice, int index, const std::string& path) {
+  if (!is_object_name(slice.tensor()))
+    return field_error(path, slice_field(index, "tensor"), "is not a tensor name");
+  if (!is_object_name(slice.dataset()))
+    return field_error(path, slice_field(index, "dataset"), "is not an HDF5 dataset name");
+  if (slice.file().empty() || slice.file().size() > kMaxNameBytes ||
+      slice.file().find('/') != std::string::npos || slice.file().find('\0') != std::string::npos ||
+      slice.file() == "." || slice.file() == "..")
+    return field_error(path, slice_field(index, "file"),
+                       absl::StrCat("\"", slice.file(), "\" is not a plain file name"));
+  const Shape shape = global_shape_of(slice);
+  if (shape.size() > kMaxSliceRank || !checked_nbytes(shape, DType::kF32))
+    return field_error(path, slice_field(index, "global_shape"),
+                       absl::StrCat(shape_string(shape), " has more than ", kMaxSliceRank,
+                                    " dimensions, a negative one, or a byte size that "
+                                    "overflows"));
+  if (slice.tensor_parallel_dim() < -1 ||
+      slice.tensor_parallel_dim() >= static_cast<int>(std::max<size_t>(shape.size(), 1)))
+    return field_error(path, slice_field(index, "tensor_parallel_dim"),
+                       absl::StrCat(slice.tensor_parallel_dim(), " is not -1 or a dimension of ",
+                                    shape_string(shape)));
+  const int64_t rows = rows_of(shape);
+  if (slice.first_row() < 0 || slice.first_row() >= rows || slice.rows() < 1 ||
+      slice.rows() > rows - slice.first_row())
+    return field_error(path, slice_field(index, "rows"),
+                       absl::StrCat("[", slice.first_row(), ", +", slice.rows(),
+                                    ") are not rows inside dimension 0 of ", shape_string(shape)));
+  if (!is_sha256_hex(slice.sha256()))
+    return field_error(path, slice_field(index, "sha256"), "is not 64 lowercase hex digits");
+  return absl::OkStatus();
+}
+
+// The slices of each tensor share its global shape and cover its dimension 0 exactly
+// once: sorted by first row, each starts where the one before ended.
+absl::Status check_tiling(const checkpoint::Manifest& manifest, const std::string& path) {
+  std::map<std::string, std::vector<int>> slices_of;
+  for (int i = 0; i < manifest.slices_size(); ++i)
+    slices_of[manifest.slices(i).tensor()].push_back(i);
+  for (auto& [tensor, indexes] : slices_of) {
+    std::sort(indexes.begin(), indexes.end(), [&](int a, int b) {
+      return manifest.slices(a).first_row() < manifest.slices(b).first_row();
+    });
+    const Shape shape = global_shape_of(manifest.slices(indexes.front()));
+    int64_t next_row = 0;
+    for (const int i : indexes) {
+      const checkpoint::TensorSlice& s = manifest.slices(i);
+      if (global_shape_of(s) != shape)
+        return field_error(path, slice_field(i, "global_shape"),
+                           absl::StrCat(shape_string(global_shape_of(s)), " differs from ",
+                                        shape_string(shape), " in another slice of ", tensor));
+      if (s.first_row() != next_row)
+        return field_error(
+            path, slice_field(i, "first_row"),
+            absl::StrCat(s.first_row(), s.first_row() < next_row ? " overlaps" : " leaves a gap after",
+                         " the slice of ", tensor, " ending at row ", next_row));
+      next_row = s.first_row() + s.rows();
+    }
+    if (next_row != rows_of(shape))
+      return absl::DataLossError(absl::StrCat(path, ": rows [", next_row, ", ", rows_of(shape),
+                                              ") of ", tensor, " are in no slice"));
+  }
+  return absl::OkStatus();
+}
+
+// Every slice's file is a regular file inside checkpoint_dir holding at least the bytes
+// of its slices, so nothing read from it is larger than the disk.
+absl::Status check_slice_files(const std::string& checkpoint_dir,
+                               const checkpoint::Manifest& manifest, const std::string& path) {
+  std::map<std::string, std::pair<int64_t, int64_t>> files;  // name -> (size, bytes needed)
+  for (int i = 0; i < manifest.slices_size(); ++i) {
+    const checkpoint::TensorSlice& s = manifest.slices(i);
+    auto it = files.find(s.file());
+    if (it == files.end()) {
+      SY_ASSIGN_OR_RETURN(const std::string file,
+                          path_in_directory(checkpoint_dir, s.file(),
+                                            absl::StrCat(path, ": field ", slice_field(i, "file"))));
+      SY_ASSIGN_OR_RETURN(const int64_t size, regular_file_size(file));
+      it = files.emplace(s.file(), std::make_pair(size, int64_t{0})).first;
+    }
+    auto& [size, needed] = it->second;
+    if (slice_bytes(s) > size - needed)
+      return absl::DataLossError(absl::StrCat(
+          (fs::path(checkpoint_dir) / s.file()).string(), ": ", size,
+          " bytes, too few for the slices the manifest places in it (truncated?)"));
+    needed += slice_bytes(s);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<checkpoint::Manifest> parse_manifest(std::string_view bytes,
+                                                    const std::string& path) {
+  if (bytes.size() > static_cast<size_t>(kMaxMetadataFileBytes))
+    return absl::DataLossError(absl::StrCat(path, ": is ", bytes.size(), " bytes, more than the ",
+                                            kMaxMetadataFileBytes, " allowed"));
   checkpoint::Manifest manifest;
-  if (!manifest.ParseFromString(bytes.str()))
-    return absl::DataLossError(absl::StrCat(path.string(), ": not a valid manifest"));
+  if (!manifest.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    return absl::DataLossError(absl::StrCat(path, ": not a valid manifest"));
   if (manifest.format_version() != kFormatVersion)
-    return absl::DataLossError(absl::StrCat(path.string(), ": format version ",
-                                            manifest.format_version(), ", expected ",
-                                            kFormatVersion));
+    return field_error(path, "format_version",
+                       absl::StrCat("is ", manifest.format_version(), ", expected ", kFormatVersion));
+  const absl::Status recipe = config::validate_recipe(manifest.recipe());
+  if (!recipe.ok())
+    return absl::DataLossError(absl::StrCat(path, ": field recipe: ", recipe.message()));
+  if (manifest.step() < 0 || manifest.step() > manifest.recipe().train().steps())
+    return field_error(path, "step", absl::StrCat("is ", manifest.step(), ", outside [0, recipe.train.steps]"));
+  if (manifest.loader().epoch() < 0 || manifest.loader().position() < 0)
+    return field_error(path, "loader", "holds a negative epoch or position");
+  for (int i = 0; i < manifest.slices_size(); ++i)
+    SY_RETURN_IF_ERROR(check_slice(manifest.slices(i), i, path));
+  SY_RETURN_IF_ERROR(check_tiling(manifest, path));
+  return manifest;
+}
+
+absl::StatusOr<checkpoint::Manifest> read_manifest(const std::string& checkpoint_dir) {
+  const std::string path = (fs::path(checkpoint_dir) / kManifestFile).string();
+  absl::StatusOr<std::string> bytes = read_file(path);
+  if (absl::IsNotFound(bytes.status()))
+    return absl::NotFoundError(
+        absl::StrCat(checkpoint_dir, ": no ", kManifestFile, " (not a checkpoint)"));
+  SY_RETURN_IF_ERROR(bytes.status());
+  SY_ASSIGN_OR_RETURN(checkpoint::Manifest manifest, parse_manifest(*bytes, path));
+  SY_RETURN_IF_ERROR(check_slice_files(checkpoint_dir, manifest, path));
   return manifest;
 }
 
@@ -199,20 +442,61 @@ struct Piece {
   int64_t lo, hi;
 };
 
-// Reads `slice` whole from its file into `values` (row_elements per row).
+// The HDF5 dataset of `slice` holds fp32 values of shape [rows, global_shape[1:]...]
+// (a scalar is saved as [1]).
+absl::Status check_slice_dataset(hid_t dataset, const checkpoint::TensorSlice& slice,
+                                 const std::string& where) {
+  Shape expected = global_shape_of(slice);
+  if (expected.empty()) expected.push_back(1);
+  expected[0] = slice.rows();
+  H5Handle space(H5Dget_space(dataset), H5Sclose);
+  H5Handle type(H5Dget_type(dataset), H5Tclose);
+  const int rank = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+  Shape dims;
+  if (rank >= 1 && rank <= kMaxSliceRank) {
+    std::vector<hsize_t> extent(static_cast<size_t>(rank));
+    H5Sget_simple_extent_dims(space.get(), extent.data(), nullptr);
+    dims.assign(extent.begin(), extent.end());
+  }
+  if (dims != expected)
+    return absl::DataLossError(absl::StrCat(where, " has shape ", shape_string(dims),
+                                            ", the manifest says ", shape_string(expected)));
+  if (!type.valid() || H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4)
+    return absl::DataLossError(absl::StrCat(where, " does not hold 32-bit floats"));
+  return absl::OkStatus();
+}
+
+// Reads `slice` whole from its file into `values`, its shape and type checked first.
 absl::Status read_slice(const std::string& checkpoint_dir, const checkpoint::TensorSlice& slice,
-                        int64_t row_elements, std::vector<float>& values) {
+                        std::vector<float>& values) {
   const std::string path = (fs::path(checkpoint_dir) / slice.file()).string();
   H5Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!h5.valid())
     return absl::DataLossError(absl::StrCat(path, ": cannot open (missing or corrupt)"));
+  const std::string where = absl::StrCat(path, ": dataset ", slice.dataset());
   H5Handle dataset(H5Dopen2(h5.get(), slice.dataset().c_str(), H5P_DEFAULT), H5Dclose);
-  values.resize(static_cast<size_t>(slice.rows() * row_elements));
-  if (!dataset.valid() ||
-      H5Sget_simple_extent_npoints(H5Dget_space(dataset.get())) !=
-          static_cast<hssize_t>(values.size()) ||
-      H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
-    return absl::DataLossError(absl::StrCat(path, ": cannot read ", slice.tensor()));
+  if (!dataset.valid()) return absl::DataLossError(absl::StrCat(where, " cannot be opened"));
+  SY_RETURN_IF_ERROR(check_slice_dataset(dataset.get(), slice, where));
+  values.resize(static_cast<size_t>(slice.rows() * row_elements_of(global_shape_of(slice))));
+  if (H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
+    return absl::DataLossError(absl::StrCat(where, " cannot be read"));
+  return absl::OkStatus();
+}
+
+// A read's destination has the rows of the saved tensor: the same shape past dimension 0.
+absl::Status check_row_shape(const std::string& checkpoint_dir, const RowsToRead& read,
+                             const checkpoint::TensorSlice& slice) {
+  const Shape saved = global_shape_of(slice);
+  const Shape wanted = read.out.shape();
+  const bool same = saved.size() < 2 && wanted.size() < 2
+                        ? true
+                        : saved.size() == wanted.size() &&
+                              std::equal(saved.begin() + 1, saved.end(), wanted.begin() + 1);
+  if (!same)
+    return absl::DataLossError(absl::StrCat(checkpoint_dir, ": tensor ", read.key,
+                                            " has shape ", shape_string(saved),
+                                            " in the checkpoint, rows of ",
+                                            shape_string(wanted), " were asked for"));
   return absl::OkStatus();
 }
 
@@ -230,6 +514,7 @@ absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Mani
     const int64_t rows = read.out.shape().empty() ? 1 : read.out.dim(0);
     int64_t covered = 0;
     for (const checkpoint::TensorSlice* s : slices_of[read.key]) {
+      SY_RETURN_IF_ERROR(check_row_shape(checkpoint_dir, read, *s));
       const int64_t lo = std::max(read.first_row, s->first_row());
       const int64_t hi = std::min(read.first_row + rows, s->first_row() + s->rows());
       if (lo >= hi) continue;
@@ -254,7 +539,7 @@ absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Mani
     const RowsToRead& read = reads[piece.read];
     const int64_t row_elements = read.out.shape().empty() ? 1 : read.out.row_size();
     auto values = std::make_shared<std::vector<float>>();
-    status = read_slice(checkpoint_dir, *piece.slice, row_elements, *values);
+    status = read_slice(checkpoint_dir, *piece.slice, *values);
     if (!status.ok()) break;
     const size_t row_bytes = static_cast<size_t>(row_elements) * sizeof(float);
     read.out.device().copy_from_host(

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -44,10 +45,42 @@ absl::StatusOr<std::string> save_checkpoint(const std::string& checkpoints_dir,
                                             const std::vector<SliceToSave>& mine, int keep,
                                             Communicator& world);
 
-// The newest complete checkpoint under checkpoints_dir ("" when there is none).
+// The steps of the step_<N> directories under checkpoints_dir, newest first.
+std::vector<int64_t> checkpoint_steps(const std::string& checkpoints_dir);
+
+// The checkpoint `latest` names ("" when there is no `latest`). `latest` must hold
+// exactly "step_<N>\n" and name a directory inside checkpoints_dir (no symlink out of
+// it) whose manifest is at step N.
 absl::StatusOr<std::string> latest_checkpoint(const std::string& checkpoints_dir);
 
+// The newest checkpoint under checkpoints_dir before step `before` whose manifest reads
+// and whose every slice matches its checksum ("" when there is none).
+std::string newest_complete_checkpoint(const std::string& checkpoints_dir, int64_t before);
+
+// `problem`, a checkpoint that cannot be resumed, with the way on: the newest complete
+// checkpoint before step `before` and the --resume-from that resumes from it.
+absl::Status with_resume_hint(const absl::Status& problem, const std::string& checkpoints_dir,
+                              int64_t before);
+
+// The checkpoint a run whose checkpoints are in checkpoints_dir resumes from:
+// `resume_from` when given (any checkpoint directory), else the one `latest` names; ""
+// for a fresh start. An unusable `latest`, or step directories without one, is refused
+// with with_resume_hint, never taken for a fresh start.
+absl::StatusOr<std::string> checkpoint_to_resume(const std::string& checkpoints_dir,
+                                                 const std::string& resume_from);
+
+// Reads and validates checkpoint_dir's manifest (parse_manifest), then checks that every
+// slice's file is a regular file inside checkpoint_dir (no symlink out of it) large
+// enough for the bytes of its slices.
 absl::StatusOr<checkpoint::Manifest> read_manifest(const std::string& checkpoint_dir);
+
+// The manifest in `bytes` (read from `path`, which errors name), refused unless it is
+// of this format version, its recipe is valid, and every slice is sane: a plain file
+// name, an HDF5 dataset name, a global shape of non-negative dimensions whose byte size
+// fits int64, rows inside dimension 0, a SHA-256 of 64 hex digits; and the slices of
+// each tensor agree on its global shape and tile its dimension 0 exactly.
+absl::StatusOr<checkpoint::Manifest> parse_manifest(std::string_view bytes,
+                                                    const std::string& path);
 
 // One read from a checkpoint: rows [first_row, first_row + out.dim(0)) of tensor `key`
 // (e.g. "param/model.norm.weight") into `out`, on any device.

@@ -72,7 +72,7 @@ absl::Status dry_run(const config::Recipe& recipe) {
 
 absl::Status run_train(const std::string& recipe_path, const std::string& run_dir,
                        const std::vector<std::string>& overrides, bool dry, double peak_gflops,
-                       const std::string& cache_dir) {
+                       const std::string& cache_dir, const std::string& resume_from) {
   SY_ASSIGN_OR_RETURN(config::Recipe recipe, config::load_recipe(recipe_path, overrides));
   const MpiRuntime& runtime = MpiRuntime::get();
   // The layout is checked before any work, in a dry run too.
@@ -92,6 +92,7 @@ absl::Status run_train(const std::string& recipe_path, const std::string& run_di
   options.peak_flops = peak_gflops * 1e9;
   options.local_rank = runtime.local_rank();
   options.dataset_cache_dir = cache_dir;
+  options.resume_from = resume_from;
   options.groups = &groups;
   options.threads_per_rank = runtime.launched() ? runtime.threads_per_rank() : 0;
   options.stop_requested = &g_stop_requested;
@@ -249,7 +250,7 @@ int run_main(int argc, char** argv) {
   CLI::App app{"switchyard: training engine for sparse Mixture-of-Experts language models"};
   app.require_subcommand(1);
 
-  std::string recipe_path, run_dir, cache_dir;
+  std::string recipe_path, run_dir, cache_dir, resume_from;
   std::vector<std::string> overrides;
   bool dry = false;
   double peak_gflops = 0;
@@ -264,6 +265,9 @@ int run_main(int argc, char** argv) {
   train_cmd->add_option("--dataset-cache", cache_dir,
                         "where a data.corpus is prepared on first use (default "
                         "~/.cache/switchyard/datasets)");
+  train_cmd->add_option("--resume-from", resume_from,
+                        "resume from this checkpoint directory (DIR/checkpoints/step_N) instead "
+                        "of the one DIR/checkpoints/latest names");
 
   std::string weights_dir, data, prompt, split = "val";
   int64_t batches = 0, tokens = 200;
@@ -290,7 +294,9 @@ int run_main(int argc, char** argv) {
   if (data_commands.parsed()) return report(data_commands.run());
   if (convert_command.parsed()) return report(convert_command.run());
   if (bench_command.parsed()) return report(bench_command.run());
-  if (train_cmd->parsed()) return report(run_train(recipe_path, run_dir, overrides, dry, peak_gflops, cache_dir));
+  if (train_cmd->parsed())
+    return report(
+        run_train(recipe_path, run_dir, overrides, dry, peak_gflops, cache_dir, resume_from));
   if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, split, batches));
   if (sample_cmd->parsed()) return report(run_sample(weights_dir, prompt, tokens, temperature, seed));
   return 1;

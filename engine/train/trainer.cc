@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <tuple>
@@ -23,7 +24,9 @@
 #include "engine/optim/optimizer.h"
 #include "engine/optim/zero.h"
 #include "engine/parallel/tensor_shards.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/train/metrics_log.h"
 #include "engine/train/tensorboard_writer.h"
 #include "kernels/devices.h"
 #include "kernels/threads.h"
@@ -90,6 +93,21 @@ absl::StatusOr<std::string> dataset_dir(const config::Recipe& recipe, const Trai
   return ensure_prepared_corpus(recipe.data().corpus(), corpus_options, messages);
 }
 
+// What a training rank needs at least before its first step: parameters, gradients,
+// optimizer state, and every layer's input kept for backward.
+double training_bytes_lower_bound(const config::Recipe& recipe, const ParamStore& params,
+                                  DType working, int dp_size) {
+  const config::TrainConfig& tc = recipe.train();
+  const double layer_inputs = 4.0 * static_cast<double>(tc.micro_batch_size()) *
+                              static_cast<double>(tc.seq_len()) *
+                              static_cast<double>(recipe.model().hidden_size()) *
+                              recipe.model().num_layers();
+  return static_cast<double>(params.allocation_bytes(working)) +
+         static_cast<double>(
+             optimizer_bytes_lower_bound(params, recipe.parallel().zero_stage(), dp_size)) +
+         layer_inputs;
+}
+
 // A checkpoint resumes a run of the same model, batch and data order; the parallel
 // layout may differ.
 absl::Status check_resumable(const checkpoint::Manifest& manifest, const config::Recipe& recipe,
@@ -116,16 +134,47 @@ absl::Status check_resumable(const checkpoint::Manifest& manifest, const config:
   return absl::OkStatus();
 }
 
-// The lines of an existing metrics.jsonl whose step is at most `last_step`.
-std::vector<std::string> metrics_lines_up_to(const std::string& path, int64_t last_step) {
-  std::vector<std::string> kept;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) continue;  // a line cut short by a crash
-    if (!j.contains("step") || j["step"].get<int64_t>() <= last_step) kept.push_back(line);
-  }
-  return kept;
+// The checkpoint a run resumes from (dir empty: a fresh start) and its manifest.
+struct ResumePoint {
+  std::string dir;
+  checkpoint::Manifest manifest;
+};
+
+absl::StatusOr<ResumePoint> find_resume_point(const std::string& checkpoints_dir,
+                                              const std::string& resume_from) {
+  ResumePoint point;
+  SY_ASSIGN_OR_RETURN(point.dir, checkpoint_to_resume(checkpoints_dir, resume_from));
+  if (point.dir.empty()) return point;
+  absl::StatusOr<checkpoint::Manifest> manifest = read_manifest(point.dir);
+  if (!manifest.ok())
+    return with_resume_hint(manifest.status(), checkpoints_dir,
+                            std::numeric_limits<int64_t>::max());
+  point.manifest = *std::move(manifest);
+  return point;
+}
+
+// Every rank resumes from the step rank 0 found, decided before training's first
+// collective: a rank that found another step (its own view of the run directory) or
+// none ends the job with an error instead of mixing steps or hanging.
+absl::Status agree_on_resume_step(Communicator& world,
+                                  const absl::StatusOr<ResumePoint>& point) {
+  enum : int64_t { kUnreadable = 1, kFresh = 2, kStep0 = 3 };
+  std::vector<int64_t> found(static_cast<size_t>(world.size()), 0);
+  found[static_cast<size_t>(world.rank())] =
+      !point.ok() ? kUnreadable : point->dir.empty() ? kFresh : kStep0 + point->manifest.step();
+  world.all_reduce_sum(found.data(), static_cast<int64_t>(found.size()));
+  SY_RETURN_IF_ERROR(point.status());
+  auto describe = [](int64_t code) {
+    return code == kUnreadable ? std::string("could not read its checkpoint")
+           : code == kFresh    ? std::string("starts afresh")
+                               : absl::StrCat("resumes from step ", code - kStep0);
+  };
+  for (size_t r = 1; r < found.size(); ++r)
+    if (found[r] != found[0])
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", r, " ", describe(found[r]), " but rank 0 ", describe(found[0]),
+          "; every rank must see the same run directory"));
+  return absl::OkStatus();
 }
 
 // Reports only on world rank 0; the other ranks stay silent.
@@ -204,26 +253,33 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
 
   const std::string checkpoints_dir =
       (fs::path(options.run_dir) / recipe.checkpoint().dir()).string();
-  SY_ASSIGN_OR_RETURN(const std::string resume_dir, latest_checkpoint(checkpoints_dir));
-  checkpoint::Manifest manifest;
-  if (!resume_dir.empty()) {
-    SY_ASSIGN_OR_RETURN(manifest, read_manifest(resume_dir));
-    SY_RETURN_IF_ERROR(check_resumable(manifest, recipe, resume_dir));
-  }
+  const absl::StatusOr<ResumePoint> resume_point =
+      find_resume_point(checkpoints_dir, options.resume_from);
+  SY_RETURN_IF_ERROR(agree_on_resume_step(*groups.world, resume_point));
+  const std::string& resume_dir = resume_point->dir;
+  const checkpoint::Manifest& manifest = resume_point->manifest;
+  if (!resume_dir.empty()) SY_RETURN_IF_ERROR(check_resumable(manifest, recipe, resume_dir));
 
   const std::string metrics_path = options.run_dir + "/metrics.jsonl";
   std::ofstream metrics;
   if (reporter) {
     std::error_code ec;
     fs::create_directories(options.run_dir, ec);
-    // A resumed run keeps the lines up to its checkpoint and continues after them.
-    std::vector<std::string> kept;
-    if (!resume_dir.empty()) kept = metrics_lines_up_to(metrics_path, manifest.step());
-    if (!ec) metrics.open(metrics_path, std::ios::trunc);
-    if (ec || !metrics)
+    if (ec)
       return absl::PermissionDeniedError(
-          absl::StrCat(options.run_dir, ": cannot write the run directory"));
-    for (const std::string& line : kept) metrics << line << "\n";
+          absl::StrCat(options.run_dir, ": cannot create the run directory: ", ec.message()));
+    // A resumed run keeps the lines up to its checkpoint (rewritten atomically) and
+    // continues after them.
+    std::string kept;
+    if (!resume_dir.empty() && fs::exists(metrics_path)) {
+      SY_ASSIGN_OR_RETURN(const std::string text, read_file(metrics_path, kMaxMetricsFileBytes));
+      SY_ASSIGN_OR_RETURN(const std::vector<std::string> lines,
+                          metrics_lines_up_to(text, manifest.step(), metrics_path));
+      for (const std::string& line : lines) absl::StrAppend(&kept, line, "\n");
+    }
+    SY_RETURN_IF_ERROR(write_file_atomically(metrics_path, kept));
+    metrics.open(metrics_path, std::ios::app);
+    if (!metrics) return absl::PermissionDeniedError(absl::StrCat(metrics_path, ": cannot open"));
   }
   // TensorBoard events beside metrics.jsonl (a new file per run or resume, as TensorBoard
   // expects).
@@ -260,6 +316,9 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     model.set_param_hooks(zero.get());
   }
   const DType working = working_dtype(recipe.runtime().precision(), dev);
+  SY_RETURN_IF_ERROR(check_fits(dev, training_bytes_lower_bound(recipe, params, working,
+                                                                 groups.dp->size()),
+                                 "this run's parameters, gradients, optimizer state and layer inputs"));
   params.allocate(dev, working);
   params.initialize(tc.seed());
   if (zero) zero->initialize(tc.seed());
@@ -321,7 +380,8 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       }
       ++i;
     }
-    SY_RETURN_IF_ERROR(read_rows(resume_dir, manifest, reads));
+    const absl::Status loaded = read_rows(resume_dir, manifest, reads);
+    if (!loaded.ok()) return with_resume_hint(loaded, checkpoints_dir, manifest.step());
     for (auto& [whole, dim, rows] : cuts)
       copy_shard(whole, dim, groups.tp->rank(), groups.tp->size(), rows);
     refresh_working_copies(dev, params);

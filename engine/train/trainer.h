@@ -61,13 +61,17 @@ struct TrainOptions {
   const std::atomic<bool>* stop_requested = nullptr;
   // This process's rank among the node's processes, which picks its GPU.
   int local_rank = 0;
+  // A checkpoint directory to resume from instead of the one `latest` names.
+  std::string resume_from;
 };
 
 // Trains `recipe` (already validated, paths resolved) and writes into options.run_dir:
 // metrics.jsonl, checkpoints under <checkpoint.dir> (every checkpoint.interval_steps,
 // at the end, and when stopped), and the final weights (with the tokenizer) under
 // <checkpoint.dir>/final. When run_dir already holds a checkpoint, training resumes
-// from the newest one and continues exactly as if it had never stopped.
+// from the one `latest` names (or options.resume_from) and continues exactly as if it
+// had never stopped; a checkpoint that cannot be read is refused, naming the newest
+// complete one, never taken for a fresh start.
 absl::Status train(const config::Recipe& recipe, const TrainOptions& options, ProgressSink& sink);
 
 }  // namespace switchyard
