@@ -1,5 +1,6 @@
 #include "data/dataset_index.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,27 @@ namespace switchyard {
 std::string shard_file_name(std::string_view split, int64_t index, int64_t count) {
   return absl::StrFormat("%s-%05d-of-%05d.h5", split, index, count);
 }
+
+namespace {
+
+bool is_sha256_hex(const std::string& text) {
+  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+absl::StatusOr<ShardEntry> read_shard_entry(const JsonFields& shard) {
+  ShardEntry e;
+  SY_ASSIGN_OR_RETURN(e.file, shard.string("file"));
+  SY_ASSIGN_OR_RETURN(e.tokens, shard.integer("tokens"));
+  SY_ASSIGN_OR_RETURN(e.documents, shard.integer("documents", 0, e.tokens));
+  SY_ASSIGN_OR_RETURN(e.bytes, shard.integer("bytes"));
+  SY_ASSIGN_OR_RETURN(e.sha256, shard.string("sha256"));
+  if (!is_sha256_hex(e.sha256)) return shard.error("sha256", "must be 64 lower-case hex digits");
+  return e;
+}
+
+}  // namespace
 
 absl::StatusOr<DatasetIndex> read_dataset_index(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / kIndexFileName).string();
@@ -41,20 +63,18 @@ absl::StatusOr<DatasetIndex> read_dataset_index(const std::string& dir) {
     SY_ASSIGN_OR_RETURN(index.special_ids.pad, special.integer_or("pad", -1, -1, hi));
   }
   SY_ASSIGN_OR_RETURN(const JsonFields splits, r.object("splits"));
+  std::map<std::string, std::string> listed;  // file -> the field that first listed it
   for (const auto& [split, shards] : splits.json().items()) {
     if (!shards.is_array()) return splits.error(split, "must be a list of shards");
     std::vector<ShardEntry>& entries = index.splits[split];
     for (size_t i = 0; i < shards.size(); ++i) {
-      if (!shards[i].is_object()) return splits.error(absl::StrCat(split, "[", i, "]"), "must be an object");
-      const JsonFields shard = splits.element(shards[i], split, i);
-      ShardEntry e;
-      SY_ASSIGN_OR_RETURN(e.file, shard.string("file"));
-      SY_ASSIGN_OR_RETURN(e.tokens, shard.integer("tokens"));
-      SY_ASSIGN_OR_RETURN(e.documents, shard.integer("documents"));
-      SY_ASSIGN_OR_RETURN(e.bytes, shard.integer("bytes"));
-      SY_ASSIGN_OR_RETURN(e.sha256, shard.string("sha256"));
-      if (e.file.empty() || e.file.find('/') != std::string::npos || e.file == "." || e.file == "..")
-        return shard.error("file", "must be a file name inside the directory");
+      const std::string field = absl::StrCat(split, "[", i, "]");
+      if (!shards[i].is_object()) return splits.error(field, "must be an object");
+      SY_ASSIGN_OR_RETURN(ShardEntry e, read_shard_entry(splits.element(shards[i], split, i)));
+      const auto [first, added] = listed.emplace(e.file, absl::StrCat("splits.", field, ".file"));
+      if (!added)
+        return splits.error(absl::StrCat(field, ".file"),
+                            absl::StrCat("lists \"", e.file, "\" again (", first->second, ")"));
       entries.push_back(std::move(e));
     }
   }

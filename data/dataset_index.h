@@ -19,7 +19,7 @@ inline constexpr char kIndexFileName[] = "index.json";
 inline constexpr char kIndexFormatName[] = "switchyard-tokens";
 
 struct ShardEntry {
-  std::string file;  // relative to the dataset directory
+  std::string file;  // a name in the dataset directory, checked when the shard is opened
   int64_t tokens = 0;
   int64_t documents = 0;
   int64_t bytes = 0;
@@ -38,6 +38,9 @@ struct DatasetIndex {
 // "train-00003-of-00012.h5"
 std::string shard_file_name(std::string_view split, int64_t index, int64_t count);
 
+// Checks types and ranges (documents <= tokens, special ids inside the vocabulary, sha256
+// digests of 64 hex digits, no file listed twice); names are resolved by their users
+// through path_in_directory.
 absl::StatusOr<DatasetIndex> read_dataset_index(const std::string& dir);
 // Atomically (temporary file, fsync, rename).
 absl::Status write_dataset_index(const std::string& dir, const DatasetIndex& index);

@@ -5,13 +5,38 @@
 
 #include "absl/strings/str_cat.h"
 #include "data/dataset_index.h"
-#include "data/sha256.h"
+#include "data/checksum_verdicts.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/check.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// The index's tokenizer_file inside `dir`, refused unless it is the tokenizer the index
+// names and has the index's vocabulary size.
+absl::StatusOr<std::string> checked_tokenizer_path(const std::string& dir,
+                                                   const DatasetIndex& index) {
+  const std::string index_path = (fs::path(dir) / kIndexFileName).string();
+  SY_ASSIGN_OR_RETURN(
+      const std::string path,
+      path_in_directory(dir, index.tokenizer_file, index_path + ": field tokenizer_file"));
+  SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::load(path));
+  if (tokenizer.sha256() != index.tokenizer_sha256)
+    return absl::FailedPreconditionError(absl::StrCat(path, ": sha256 ", tokenizer.sha256(),
+                                                      " is not the index's tokenizer_sha256 ",
+                                                      index.tokenizer_sha256));
+  if (tokenizer.vocab_size() != index.vocab_size)
+    return absl::FailedPreconditionError(absl::StrCat(path, ": has ", tokenizer.vocab_size(),
+                                                      " pieces, the index's vocab_size is ",
+                                                      index.vocab_size));
+  return path;
+}
+
+}  // namespace
 
 absl::StatusOr<TokenDataset> TokenDataset::open(const std::string& dir, std::string_view split,
                                                 const DatasetOpenOptions& options) {
@@ -41,23 +66,22 @@ absl::StatusOr<TokenDataset> TokenDataset::open(const std::string& dir, std::str
   d.vocab_size_ = index.vocab_size;
   d.tokenizer_sha256_ = index.tokenizer_sha256;
   d.special_ids_ = index.special_ids;
-  if (!index.tokenizer_file.empty())
-    d.tokenizer_path_ = (fs::path(dir) / index.tokenizer_file).string();
-  for (const ShardEntry& entry : split_it->second) {
-    const std::string path = (fs::path(dir) / entry.file).string();
-    std::error_code ec;
-    const auto bytes = fs::file_size(path, ec);
-    if (ec) return absl::NotFoundError(absl::StrCat(path, ": listed in the index but missing"));
-    if (static_cast<int64_t>(bytes) != entry.bytes)
+  if (!index.tokenizer_file.empty()) {
+    SY_ASSIGN_OR_RETURN(d.tokenizer_path_, checked_tokenizer_path(dir, index));
+  }
+  const std::string verdicts = options.remember_verdicts ? default_verdict_cache_dir() : "";
+  for (size_t i = 0; i < split_it->second.size(); ++i) {
+    const ShardEntry& entry = split_it->second[i];
+    SY_ASSIGN_OR_RETURN(const std::string path,
+                        path_in_directory(dir, entry.file,
+                                          absl::StrCat(index_path, ": field splits.", d.split_,
+                                                       "[", i, "].file")));
+    SY_ASSIGN_OR_RETURN(const int64_t bytes, regular_file_size(path));
+    if (bytes != entry.bytes)
       return absl::DataLossError(absl::StrCat(path, ": is ", bytes, " bytes, the index says ",
                                               entry.bytes, " (truncated or replaced?)"));
-    if (options.verify_checksums) {
-      SY_ASSIGN_OR_RETURN(const std::string sha, sha256_file(path));
-      if (sha != entry.sha256)
-        return absl::DataLossError(absl::StrCat(path, ": sha256 ", sha,
-                                                " does not match the index (", entry.sha256,
-                                                "); the shard is corrupted"));
-    }
+    if (options.verify_checksums)
+      SY_RETURN_IF_ERROR(verify_file_sha256(path, entry.sha256, verdicts));
     SY_ASSIGN_OR_RETURN(std::shared_ptr<ShardReader> shard, ShardReader::open(path));
     const ShardAttributes& a = shard->attributes();
     if (a.tokenizer_sha256 != index.tokenizer_sha256)

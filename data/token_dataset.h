@@ -16,9 +16,13 @@
 namespace switchyard {
 
 struct DatasetOpenOptions {
-  // Hash every shard against the index (a full read of the split). Without it, opening
-  // still checks each shard's size, structure and attributes against the index.
-  bool verify_checksums = false;
+  // Hash every shard against the index's sha256 (a full read of the split), so that no
+  // damaged byte is trained on. Without it, opening still checks each shard's size,
+  // structure and attributes against the index.
+  bool verify_checksums = true;
+  // Skip the hash of a shard whose unchanged version matched before, and remember new
+  // matches (data/checksum_verdicts.h, in default_verdict_cache_dir()).
+  bool remember_verdicts = true;
   // When set, the dataset must have been made with this tokenizer / vocabulary size.
   std::string expected_tokenizer_sha256;
   int64_t expected_vocab_size = 0;
@@ -26,7 +30,9 @@ struct DatasetOpenOptions {
 
 class TokenDataset {
  public:
-  // Errors name the directory, the index or the shard at fault.
+  // Errors name the directory, the index or the shard at fault. Shard and tokenizer
+  // names from the index must be regular files inside `dir`; the tokenizer kept there
+  // must be the one the index names, with the index's vocabulary size.
   static absl::StatusOr<TokenDataset> open(const std::string& dir, std::string_view split,
                                            const DatasetOpenOptions& options = {});
 

@@ -49,11 +49,6 @@ std::vector<int32_t> read_all(const TokenDataset& d) {
   return ids;
 }
 
-DatasetOpenOptions verify_checksums() {
-  DatasetOpenOptions o;
-  o.verify_checksums = true;
-  return o;
-}
 DatasetOpenOptions expect_vocab(int64_t vocab_size) {
   DatasetOpenOptions o;
   o.expected_vocab_size = vocab_size;
@@ -100,9 +95,9 @@ TEST_F(PrepareTest, ShardsHoldTheEncodedStream) {
   EXPECT_EQ(summary->documents[1], documents / 10);
   EXPECT_GT(summary->shards[0], 3);  // 8000-token shards
 
-  auto train_set = TokenDataset::open(options_.out_dir, "train", verify_checksums());
+  auto train_set = TokenDataset::open(options_.out_dir, "train");
   ASSERT_TRUE(train_set.ok()) << train_set.status();
-  auto val_set = TokenDataset::open(options_.out_dir, "val", verify_checksums());
+  auto val_set = TokenDataset::open(options_.out_dir, "val");
   ASSERT_TRUE(val_set.ok()) << val_set.status();
   EXPECT_EQ(read_all(*train_set), train);
   EXPECT_EQ(read_all(*val_set), val);
@@ -223,10 +218,11 @@ TEST_F(PrepareTest, OpeningChecksShardsAgainstIndexAndCaller) {
   // Same size, other bytes: only the checksum sees it.
   const int64_t offset = static_cast<int64_t>(good.size()) - 100;
   testing::patch_file(shard, offset, std::string(1, static_cast<char>(good[offset] ^ 0x5a)));
-  EXPECT_TRUE(TokenDataset::open(dir, "train").ok());
-  EXPECT_TRUE(
-      IsOneLineWith(message_of(TokenDataset::open(dir, "train", verify_checksums()).status()),
-                    shard + ": sha256"));
+  DatasetOpenOptions unverified;
+  unverified.verify_checksums = false;
+  EXPECT_TRUE(TokenDataset::open(dir, "train", unverified).ok());
+  EXPECT_TRUE(IsOneLineWith(message_of(TokenDataset::open(dir, "train").status()),
+                            shard + ": sha256"));
 
   // Truncated.
   write_text(shard, good.substr(0, good.size() - 1000));
@@ -241,12 +237,12 @@ TEST_F(PrepareTest, OpeningChecksShardsAgainstIndexAndCaller) {
   other_sha.replace(other_sha.find(sha), sha.size(), std::string(64, 'f'));
   write_text(dir + "/index.json", other_sha);
   EXPECT_TRUE(IsOneLineWith(message_of(TokenDataset::open(dir, "train").status()),
-                            ": made with tokenizer sha256 " + sha));
+                            "tokenizer.model: sha256 " + sha + " is not the index's tokenizer_sha256"));
   std::string other_vocab = index_text;
   other_vocab.replace(other_vocab.find("\"vocab_size\": 512"), 17, "\"vocab_size\": 999");
   write_text(dir + "/index.json", other_vocab);
   EXPECT_TRUE(IsOneLineWith(message_of(TokenDataset::open(dir, "train").status()),
-                            ": has vocab_size 512, the index says 999"));
+                            "tokenizer.model: has 512 pieces, the index's vocab_size is 999"));
   write_text(dir + "/index.json", "{\"format\": \"switchyard-tokens\"");
   EXPECT_TRUE(IsOneLineWith(message_of(TokenDataset::open(dir, "train").status()),
                             dir + "/index.json: not a JSON object"));
