@@ -1,40 +1,185 @@
 #include "checkpoint/safetensors.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "engine/runtime/file_util.h"
+#include "engine/runtime/json_fields.h"
+#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 
 namespace {
 
+using Json = nlohmann::json;
+
+constexpr int64_t kLengthBytes = 8;
+
+constexpr std::pair<const char*, DType> kDTypes[] = {
+    {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"F16", DType::kF16},
+    {"I32", DType::kI32}, {"I64", DType::kI64},   {"U8", DType::kU8}};
+
 const char* safetensors_dtype(DType d) {
-  switch (d) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kU8: return "U8";
-  }
+  for (const auto& [name, dtype] : kDTypes)
+    if (d == dtype) return name;
   return "";
 }
 
-bool parse_dtype(const std::string& s, DType* d) {
-  static const std::pair<const char*, DType> table[] = {
-      {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"F16", DType::kF16},
-      {"I32", DType::kI32}, {"I64", DType::kI64},   {"U8", DType::kU8}};
-  for (const auto& [name, dtype] : table)
-    if (s == name) {
-      *d = dtype;
-      return true;
-    }
-  return false;
+// One tensor of a validated header: its bytes are [begin, end) of the data section.
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// A JSON integer in [0, int64 max], as written for dims and offsets.
+std::optional<int64_t> non_negative(const Json& v) {
+  if (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(JsonFields::kMaxInt))
+    return v.get<int64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) return v.get<int64_t>();
+  return std::nullopt;
+}
+
+absl::StatusOr<DType> parse_dtype(const JsonFields& tensor) {
+  SY_ASSIGN_OR_RETURN(const std::string text, tensor.string("dtype"));
+  for (const auto& [name, dtype] : kDTypes)
+    if (text == name) return dtype;
+  return tensor.error("dtype", absl::StrCat("\"", text.substr(0, 32),
+                                            "\" is not one of F32, BF16, F16, I32, I64, U8"));
+}
+
+absl::StatusOr<Shape> parse_shape(const JsonFields& tensor) {
+  const Json* dims = tensor.find("shape");
+  if (!dims || !dims->is_array())
+    return tensor.error("shape", "must be an array of non-negative integers");
+  Shape shape;
+  for (const Json& d : *dims) {
+    const std::optional<int64_t> dim = non_negative(d);
+    if (!dim) return tensor.error("shape", "must be an array of non-negative integers");
+    shape.push_back(*dim);
+  }
+  return shape;
+}
+
+// dtype, shape and data_offsets of tensor `key`, checked against a data section of
+// `data_bytes` bytes.
+absl::StatusOr<Entry> parse_entry(const JsonFields& header, const std::string& key,
+                                  int64_t data_bytes) {
+  SY_ASSIGN_OR_RETURN(const JsonFields tensor, header.object(key.c_str()));
+  Entry e{.name = key};
+  SY_ASSIGN_OR_RETURN(e.dtype, parse_dtype(tensor));
+  SY_ASSIGN_OR_RETURN(e.shape, parse_shape(tensor));
+  const std::optional<int64_t> nbytes = checked_nbytes(e.shape, e.dtype);
+  if (!nbytes)
+    return absl::InvalidArgumentError(absl::StrCat(header.path(), ": tensor ", key, " has shape ",
+                                                   shape_string(e.shape),
+                                                   " whose byte size overflows"));
+  const Json* offsets = tensor.find("data_offsets");
+  if (!offsets || !offsets->is_array() || offsets->size() != 2 || !non_negative((*offsets)[0]) ||
+      !non_negative((*offsets)[1]))
+    return tensor.error("data_offsets", "must be two non-negative integers [begin, end]");
+  e.begin = *non_negative((*offsets)[0]);
+  e.end = *non_negative((*offsets)[1]);
+  if (e.begin > e.end || e.end > data_bytes)
+    return tensor.error("data_offsets",
+                        absl::StrCat("[", e.begin, ", ", e.end, "] lies outside the data's ",
+                                     data_bytes, " bytes (file truncated?)"));
+  if (e.end - e.begin != *nbytes)
+    return tensor.error("data_offsets",
+                        absl::StrCat("spans ", e.end - e.begin, " bytes, but ",
+                                     safetensors_dtype(e.dtype), shape_string(e.shape), " needs ",
+                                     *nbytes));
+  return e;
+}
+
+absl::Status check_metadata(const JsonFields& header) {
+  if (!header.json().contains("__metadata__")) return absl::OkStatus();
+  SY_ASSIGN_OR_RETURN(const JsonFields metadata, header.object("__metadata__"));
+  for (const auto& [key, value] : metadata.json().items())
+    if (!value.is_string()) return metadata.error(key, "must be a string");
+  return absl::OkStatus();
+}
+
+absl::Status check_no_overlap(std::vector<Entry>& entries, const std::string& name) {
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  const Entry* previous = nullptr;
+  for (const Entry& e : entries) {
+    if (e.begin == e.end) continue;
+    if (previous && e.begin < previous->end)
+      return absl::InvalidArgumentError(absl::StrCat(name, ": tensors ", previous->name, " and ",
+                                                     e.name, " overlap in the data (bytes ",
+                                                     e.begin, " to ", previous->end, ")"));
+    previous = &e;
+  }
+  return absl::OkStatus();
+}
+
+// Every entry of the header `text`, validated against a data section of `data_bytes`.
+absl::StatusOr<std::vector<Entry>> parse_header(std::string_view text, int64_t data_bytes,
+                                                const std::string& name) {
+  SY_ASSIGN_OR_RETURN(const Json json, parse_json_object(text, absl::StrCat(name, " header")));
+  const JsonFields header(json, name);
+  SY_RETURN_IF_ERROR(check_metadata(header));
+  std::vector<Entry> entries;
+  for (const auto& item : json.items()) {
+    if (item.key() == "__metadata__") continue;
+    SY_ASSIGN_OR_RETURN(Entry e, parse_entry(header, item.key(), data_bytes));
+    entries.push_back(std::move(e));
+  }
+  SY_RETURN_IF_ERROR(check_no_overlap(entries, name));
+  return entries;
+}
+
+// The header length from the first 8 bytes of a source of `size` bytes.
+absl::StatusOr<int64_t> header_length(const unsigned char* bytes, int64_t size,
+                                      const std::string& name) {
+  uint64_t length = 0;
+  for (int i = 0; i < kLengthBytes; ++i) length |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  if (length > static_cast<uint64_t>(kMaxMetadataFileBytes))
+    return absl::InvalidArgumentError(absl::StrCat(name, ": header length ", length,
+                                                   " is over the cap of ",
+                                                   kMaxMetadataFileBytes, " bytes"));
+  if (static_cast<int64_t>(length) > size - kLengthBytes)
+    return absl::InvalidArgumentError(absl::StrCat(name, ": header length ", length,
+                                                   " runs past the end of the file (", size,
+                                                   " bytes; truncated?)"));
+  return static_cast<int64_t>(length);
+}
+
+// Reads `bytes` bytes at `offset` of the source into `data`.
+using ReadAt = std::function<absl::Status(int64_t offset, void* data, size_t bytes)>;
+
+// The tensors of a source of `size` bytes: the header validated whole, then each tensor
+// allocated and read.
+absl::StatusOr<std::map<std::string, Tensor>> parse_source(int64_t size, const ReadAt& read,
+                                                           const std::string& name) {
+  if (size < kLengthBytes)
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": is ", size, " bytes, shorter than the 8-byte header length (truncated?)"));
+  unsigned char length_bytes[kLengthBytes];
+  SY_RETURN_IF_ERROR(read(0, length_bytes, kLengthBytes));
+  SY_ASSIGN_OR_RETURN(const int64_t length, header_length(length_bytes, size, name));
+  std::string text(static_cast<size_t>(length), '\0');
+  SY_RETURN_IF_ERROR(read(kLengthBytes, text.data(), text.size()));
+  const int64_t data_start = kLengthBytes + length;
+  SY_ASSIGN_OR_RETURN(const std::vector<Entry> entries,
+                      parse_header(text, size - data_start, name));
+  std::map<std::string, Tensor> out;
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype);
+    SY_RETURN_IF_ERROR(read(data_start + e.begin, t.raw_data(), t.nbytes()));
+    out.emplace(e.name, std::move(t));
+  }
+  return out;
 }
 
 }  // namespace
@@ -64,84 +209,36 @@ absl::Status write_safetensors(const std::string& path,
   }
   std::string text = header.dump();
   text.append((8 - (text.size() % 8)) % 8, ' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot open for writing"));
-    const uint64_t n = text.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (size_t i : order) {
-      const Tensor& t = tensors[i].second;
-      out.write(static_cast<const char*>(t.raw_data()), static_cast<std::streamsize>(t.nbytes()));
-    }
-    out.flush();
-    if (!out) return absl::DataLossError(absl::StrCat(tmp, ": write failed (disk full?)"));
+  const uint64_t n = text.size();
+  unsigned char length[kLengthBytes];
+  for (int i = 0; i < kLengthBytes; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));
+  SY_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::open(path));
+  SY_RETURN_IF_ERROR(out.write(length, kLengthBytes));
+  SY_RETURN_IF_ERROR(out.write(text));
+  for (size_t i : order) {
+    const Tensor& t = tensors[i].second;
+    SY_RETURN_IF_ERROR(out.write(t.raw_data(), t.nbytes()));
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat(path, ": cannot rename into place: ", ec.message()));
-  return absl::OkStatus();
+  return out.commit();
 }
 
 absl::StatusOr<std::map<std::string, Tensor>> read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
-  auto bad = [&](const std::string& why) {
-    return absl::DataLossError(absl::StrCat(path, ": not a valid safetensors file: ", why));
-  };
-  if (file_size < 8) return bad("shorter than its 8-byte header length");
-  unsigned char len[8];
-  in.read(reinterpret_cast<char*>(len), 8);
-  uint64_t header_len = 0;
-  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len[i]) << (8 * i);
-  if (header_len > file_size - 8) return bad("header length exceeds the file size");
-  std::string text(header_len, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(header_len));
-  nlohmann::json header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) return bad("header is not a JSON object");
-  const uint64_t data_size = file_size - 8 - header_len;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  std::map<std::string, Tensor> out;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const auto& e = it.value();
-    DType dtype;
-    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() ||
-        !parse_dtype(e["dtype"].get<std::string>(), &dtype))
-      return bad(absl::StrCat("tensor ", it.key(), " has a missing or unsupported dtype"));
-    if (!e.contains("shape") || !e["shape"].is_array() || !e.contains("data_offsets") ||
-        !e["data_offsets"].is_array() || e["data_offsets"].size() != 2)
-      return bad(absl::StrCat("tensor ", it.key(), " lacks shape or data_offsets"));
-    Shape shape;
-    for (const auto& d : e["shape"]) {
-      if (!d.is_number_unsigned()) return bad(absl::StrCat("tensor ", it.key(), " has a bad shape"));
-      shape.push_back(d.get<int64_t>());
-    }
-    const auto& offs = e["data_offsets"];
-    if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned())
-      return bad(absl::StrCat("tensor ", it.key(), " has bad data_offsets"));
-    const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
-    if (begin > end || end > data_size)
-      return bad(absl::StrCat("tensor ", it.key(), " lies outside the data (file truncated?)"));
-    if (end - begin != static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype))
-      return bad(absl::StrCat("tensor ", it.key(), " byte range does not match its shape"));
-    ranges.emplace_back(begin, end);
-    Tensor t = Tensor::empty(shape, dtype);
-    in.seekg(static_cast<std::streamoff>(8 + header_len + begin));
-    in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(end - begin));
-    if (!in) return bad(absl::StrCat("tensor ", it.key(), " could not be read"));
-    out.emplace(it.key(), std::move(t));
-  }
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i)
-    if (ranges[i].first < ranges[i - 1].second) return bad("tensor byte ranges overlap");
-  return out;
+  SY_ASSIGN_OR_RETURN(const RegularFile file, RegularFile::open(path));
+  return parse_source(
+      file.size(),
+      [&](int64_t offset, void* data, size_t bytes) { return file.read_at(offset, data, bytes); },
+      path);
+}
+
+absl::StatusOr<std::map<std::string, Tensor>> parse_safetensors(std::string_view bytes,
+                                                                const std::string& name) {
+  return parse_source(
+      static_cast<int64_t>(bytes.size()),
+      [&](int64_t offset, void* data, size_t n) {
+        std::memcpy(data, bytes.data() + offset, n);
+        return absl::OkStatus();
+      },
+      name);
 }
 
 }  // namespace switchyard

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -13,14 +14,22 @@
 
 namespace switchyard {
 
-// Writes tensors (CPU, f32/i32/i64/u8/bf16/f16) in the given order, to `path`.tmp first,
-// then renames, so a crash never leaves a half-written file under the final name.
+// Writes tensors (CPU, f32/i32/i64/u8/bf16/f16) in the given order, to `path`,
+// completely or not at all (AtomicFileWriter).
 absl::Status write_safetensors(const std::string& path,
                                const std::vector<std::pair<std::string, Tensor>>& tensors,
                                const std::map<std::string, std::string>& metadata = {});
 
-// Reads every tensor of a file into CPU tensors. Errors name the file and what is wrong
-// (truncated, bad header, overlapping or out-of-range offsets, unknown dtype).
+// Reads every tensor of a file into CPU tensors. The file must be a regular file; its
+// header (at most kMaxMetadataFileBytes) is validated whole before any tensor is
+// allocated: dtypes, shapes whose byte sizes fit int64, byte ranges inside the data that
+// match their shapes and do not overlap, and __metadata__ an object of strings. So the
+// tensors never take more memory than the file has bytes. Errors name the file and the
+// field ("model.safetensors: field lm_head.weight.dtype must be one of F32, ...").
 absl::StatusOr<std::map<std::string, Tensor>> read_safetensors(const std::string& path);
+
+// The same, from the bytes of a whole file; `name` stands for it in errors.
+absl::StatusOr<std::map<std::string, Tensor>> parse_safetensors(std::string_view bytes,
+                                                                const std::string& name);
 
 }  // namespace switchyard

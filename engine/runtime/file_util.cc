@@ -97,6 +97,33 @@ absl::StatusOr<std::string> read_file(const std::string& path, int64_t max_bytes
   return bytes;
 }
 
+absl::StatusOr<RegularFile> RegularFile::open(const std::string& path) {
+  int64_t size = 0;
+  SY_ASSIGN_OR_RETURN(const int fd, open_regular(path, &size));
+  return RegularFile(path, fd, size);
+}
+
+RegularFile::RegularFile(RegularFile&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), size_(other.size_) {}
+
+RegularFile::~RegularFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status RegularFile::read_at(int64_t offset, void* data, size_t bytes) const {
+  char* out = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd_, out, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::DataLossError(absl::StrCat(path_, ": read error: ", errno_text()));
+    if (n == 0) return absl::DataLossError(absl::StrCat(path_, ": shrank while being read"));
+    out += n;
+    offset += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> path_in_directory(const std::string& dir, const std::string& name,
                                               const std::string& what) {
   auto refuse = [&](const std::string& why) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,6 +24,29 @@ absl::StatusOr<int64_t> regular_file_size(const std::string& path);
 // Reads a regular file of at most `max_bytes`.
 absl::StatusOr<std::string> read_file(const std::string& path,
                                       int64_t max_bytes = kMaxMetadataFileBytes);
+
+// A regular file opened once for reads at any offset (a safetensors file's tensors),
+// refused as read_file refuses non-regular files; size() is taken at open.
+class RegularFile {
+ public:
+  static absl::StatusOr<RegularFile> open(const std::string& path);
+  RegularFile(RegularFile&& other) noexcept;
+  RegularFile& operator=(RegularFile&&) = delete;
+  RegularFile(const RegularFile&) = delete;
+  ~RegularFile();
+
+  int64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Exactly `bytes` bytes from `offset`; a short read is an error naming the file.
+  absl::Status read_at(int64_t offset, void* data, size_t bytes) const;
+
+ private:
+  RegularFile(std::string path, int fd, int64_t size)
+      : path_(std::move(path)), fd_(fd), size_(size) {}
+  std::string path_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+};
 
 // `name`, read from a file (`what` says where: "index.json: splits.train[0].file"), as a
 // path inside `dir`: a relative path without "." or ".." components that, with every
