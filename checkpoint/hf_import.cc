@@ -4,18 +4,22 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <map>
-#include <sstream>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
+#include "data/tokenizer.h"
 #include "engine/config/recipe.h"
+#include "engine/runtime/file_util.h"
+#include "engine/runtime/json_fields.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -26,188 +30,174 @@ using Json = nlohmann::json;
 
 enum class Family { kMixtral, kQwen2Moe, kOlmoe };
 
-absl::StatusOr<Json> read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  Json j = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
-  return j;
+// The widest value a config.json integer may have: the recipe stores most of them as
+// int32, and validate_recipe applies the engine's own limits after.
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+constexpr double kMaxFloat = std::numeric_limits<float>::max();
+
+absl::Status refuse(const JsonFields& c, const std::string& key, const std::string& why) {
+  return absl::UnimplementedError(absl::StrCat(c.path(), ": ", key, " ", why));
 }
 
-bool present(const Json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
-
-// Reads the config fields the engine maps, refusing the ones it cannot honour. Every
-// error names config.json and the field.
-class ConfigReader {
- public:
-  ConfigReader(const Json& j, std::string path) : j_(j), path_(std::move(path)) {}
-
-  absl::StatusOr<int64_t> integer(const char* key) const {
-    if (!present(j_, key) || !j_[key].is_number_integer())
-      return absl::InvalidArgumentError(absl::StrCat(path_, ": field ", key, " must be an integer"));
-    return j_[key].get<int64_t>();
-  }
-  absl::StatusOr<int64_t> integer(const char* key, int64_t fallback) const {
-    return present(j_, key) ? integer(key) : fallback;
-  }
-  absl::StatusOr<double> number(const char* key, double fallback) const {
-    if (!present(j_, key)) return fallback;
-    if (!j_[key].is_number())
-      return absl::InvalidArgumentError(absl::StrCat(path_, ": field ", key, " must be a number"));
-    return j_[key].get<double>();
-  }
-  absl::StatusOr<bool> boolean(const char* key, bool fallback) const {
-    if (!present(j_, key)) return fallback;
-    if (!j_[key].is_boolean())
-      return absl::InvalidArgumentError(absl::StrCat(path_, ": field ", key, " must be true or false"));
-    return j_[key].get<bool>();
-  }
-  absl::Status refuse(const std::string& key, const std::string& why) const {
-    return absl::UnimplementedError(absl::StrCat(path_, ": ", key, " ", why));
-  }
-  const Json& json() const { return j_; }
-
- private:
-  const Json& j_;
-  std::string path_;
-};
-
-absl::StatusOr<Family> family_of(const Json& j, const std::string& path) {
-  const std::string type = j.value("model_type", "");
+absl::StatusOr<Family> family_of(const JsonFields& c) {
+  SY_ASSIGN_OR_RETURN(const std::string type, c.string("model_type"));
   if (type == "mixtral") return Family::kMixtral;
   if (type == "qwen2_moe") return Family::kQwen2Moe;
   if (type == "olmoe") return Family::kOlmoe;
   return absl::UnimplementedError(absl::StrCat(
-      path, ": model_type \"", type, "\" is not one of mixtral, qwen2_moe, olmoe"));
+      c.path(), ": model_type \"", type.substr(0, 64), "\" is not one of mixtral, qwen2_moe, olmoe"));
+}
+
+// A float field of the recipe: finite and within float's range.
+absl::StatusOr<float> float_or(const JsonFields& c, const char* key, double fallback) {
+  SY_ASSIGN_OR_RETURN(const double value, c.number_or(key, fallback, -kMaxFloat, kMaxFloat));
+  return static_cast<float>(value);
 }
 
 // RoPE base from the 4.x top-level field or 5.x rope_parameters; only plain RoPE.
-absl::StatusOr<double> rope_theta(const ConfigReader& c) {
-  const Json& j = c.json();
-  if (present(j, "rope_scaling")) return c.refuse("rope_scaling", "is set: the engine has plain RoPE only");
-  if (present(j, "rope_parameters")) {
-    const Json& rope = j["rope_parameters"];
-    const std::string type = rope.value("rope_type", "default");
+absl::StatusOr<float> rope_theta(const JsonFields& c) {
+  if (c.has("rope_scaling")) return refuse(c, "rope_scaling", "is set: the engine has plain RoPE only");
+  if (c.has("rope_parameters")) {
+    SY_ASSIGN_OR_RETURN(const JsonFields rope, c.object("rope_parameters"));
+    SY_ASSIGN_OR_RETURN(const std::string type, rope.string_or("rope_type", "default"));
     if (type != "default")
-      return c.refuse("rope_parameters.rope_type", absl::StrCat("\"", type, "\": the engine has plain RoPE only"));
-    if (rope.contains("rope_theta") && rope["rope_theta"].is_number()) return rope["rope_theta"].get<double>();
+      return refuse(c, "rope_parameters.rope_type",
+                    absl::StrCat("\"", type.substr(0, 64), "\": the engine has plain RoPE only"));
+    if (rope.has("rope_theta")) return float_or(rope, "rope_theta", 0);
   }
-  return c.number("rope_theta", 10000.0);
+  return float_or(c, "rope_theta", 10000.0);
 }
 
-absl::StatusOr<config::Recipe> recipe_from_config(const Json& j, Family family,
-                                                  const std::string& path, const std::string& name) {
-  const ConfigReader c(j, path);
-  config::Recipe recipe;
-  recipe.set_name(name);
+// The engine's dense layers can only be a prefix of the stack (first_dense_layers).
+absl::StatusOr<int64_t> first_dense_layers(const JsonFields& c, int64_t layers) {
+  const Json* dense = c.find("mlp_only_layers");
+  if (!dense) return 0;
+  if (!dense->is_array() || static_cast<int64_t>(dense->size()) > layers)
+    return c.error("mlp_only_layers", "must be an array of at most num_hidden_layers layers");
+  for (size_t i = 0; i < dense->size(); ++i) {
+    const Json& layer = (*dense)[i];
+    if (!layer.is_number_integer() || layer.get<int64_t>() != static_cast<int64_t>(i))
+      return refuse(c, "mlp_only_layers", "must be 0, 1, ... n-1: the engine's dense layers are the first n");
+  }
+  return static_cast<int64_t>(dense->size());
+}
+
+absl::Status read_mixtral(const JsonFields& c, config::Recipe& recipe) {
+  if (c.has("sliding_window")) return refuse(c, "sliding_window", "is set: the engine attends to the whole window");
+  SY_ASSIGN_OR_RETURN(const double jitter, c.number_or("router_jitter_noise", 0.0));
+  if (jitter != 0) return refuse(c, "router_jitter_noise", "is not 0: the engine has no router jitter");
+  SY_ASSIGN_OR_RETURN(const int64_t ffn, c.integer("intermediate_size", 1, kMaxInt32));
+  recipe.mutable_moe()->set_expert_ffn_hidden_size(ffn);
+  recipe.mutable_moe()->set_gating(config::TOPK_SOFTMAX);
+  recipe.mutable_model()->set_moe_layer_interval(1);
+  return absl::OkStatus();
+}
+
+absl::Status read_qwen2_moe(const JsonFields& c, config::Recipe& recipe) {
   config::ModelConfig& model = *recipe.mutable_model();
   config::MoeConfig& moe = *recipe.mutable_moe();
+  SY_ASSIGN_OR_RETURN(const bool sliding, c.boolean_or("use_sliding_window", false));
+  if (sliding) return refuse(c, "use_sliding_window", "is true: the engine attends to the whole window");
+  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("qkv_bias", true));
+  SY_ASSIGN_OR_RETURN(const int64_t step, c.integer_or("decoder_sparse_step", 1, 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t dense_ffn, c.integer("intermediate_size", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t expert_ffn, c.integer("moe_intermediate_size", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t shared_ffn,
+                      c.integer("shared_expert_intermediate_size", 0, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean_or("norm_topk_prob", false));
+  SY_ASSIGN_OR_RETURN(const int64_t first_dense, first_dense_layers(c, model.num_layers()));
+  model.set_attention_bias(bias);
+  model.set_ffn_hidden_size(dense_ffn);
+  model.set_moe_layer_interval(static_cast<int32_t>(step));
+  model.set_first_dense_layers(static_cast<int32_t>(first_dense));
+  moe.set_expert_ffn_hidden_size(expert_ffn);
+  if (shared_ffn > 0) {
+    moe.set_num_shared_experts(1);
+    moe.set_shared_expert_ffn_hidden_size(shared_ffn);
+    moe.set_shared_expert_gate(true);
+  }
+  moe.set_gating(norm_topk ? config::TOPK_SOFTMAX : config::SOFTMAX_TOPK);
+  return absl::OkStatus();
+}
 
-  const std::string act = j.value("hidden_act", "silu");
-  if (act != "silu") return c.refuse("hidden_act", absl::StrCat("\"", act, "\": the engine's FFNs are SwiGLU (silu)"));
-  SY_ASSIGN_OR_RETURN(const bool mlp_bias, c.boolean("mlp_bias", false));
-  if (mlp_bias) return c.refuse("mlp_bias", "is true: the engine's FFNs have no biases");
+absl::Status read_olmoe(const JsonFields& c, config::Recipe& recipe) {
+  if (c.has("clip_qkv")) return refuse(c, "clip_qkv", "is set: the engine does not clamp q, k and v");
+  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("attention_bias", false));
+  if (bias) return refuse(c, "attention_bias", "is true: OLMoE's output projection bias has no engine counterpart");
+  SY_ASSIGN_OR_RETURN(const int64_t ffn, c.integer("intermediate_size", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean_or("norm_topk_prob", false));
+  recipe.mutable_model()->set_qk_norm(true);
+  recipe.mutable_model()->set_moe_layer_interval(1);
+  recipe.mutable_moe()->set_expert_ffn_hidden_size(ffn);
+  recipe.mutable_moe()->set_gating(norm_topk ? config::TOPK_SOFTMAX : config::SOFTMAX_TOPK);
+  return absl::OkStatus();
+}
 
-  SY_ASSIGN_OR_RETURN(const int64_t vocab, c.integer("vocab_size"));
-  SY_ASSIGN_OR_RETURN(const int64_t hidden, c.integer("hidden_size"));
-  SY_ASSIGN_OR_RETURN(const int64_t layers, c.integer("num_hidden_layers"));
-  SY_ASSIGN_OR_RETURN(const int64_t heads, c.integer("num_attention_heads"));
-  SY_ASSIGN_OR_RETURN(const int64_t kv_heads, c.integer("num_key_value_heads", heads));
-  SY_ASSIGN_OR_RETURN(const int64_t head_dim, c.integer("head_dim", 0));
-  SY_ASSIGN_OR_RETURN(const int64_t max_positions, c.integer("max_position_embeddings"));
-  SY_ASSIGN_OR_RETURN(const double theta, rope_theta(c));
-  SY_ASSIGN_OR_RETURN(const double eps, c.number("rms_norm_eps", 1e-6));
-  SY_ASSIGN_OR_RETURN(const double init_std, c.number("initializer_range", 0.02));
-  SY_ASSIGN_OR_RETURN(const bool tie, c.boolean("tie_word_embeddings", false));
+// The fields every family shares.
+absl::Status read_common(const JsonFields& c, Family family, config::Recipe& recipe) {
+  config::ModelConfig& model = *recipe.mutable_model();
+  config::MoeConfig& moe = *recipe.mutable_moe();
+  SY_ASSIGN_OR_RETURN(const std::string act, c.string_or("hidden_act", "silu"));
+  if (act != "silu")
+    return refuse(c, "hidden_act", absl::StrCat("\"", act.substr(0, 64), "\": the engine's FFNs are SwiGLU (silu)"));
+  SY_ASSIGN_OR_RETURN(const bool mlp_bias, c.boolean_or("mlp_bias", false));
+  if (mlp_bias) return refuse(c, "mlp_bias", "is true: the engine's FFNs have no biases");
+
+  SY_ASSIGN_OR_RETURN(const int64_t vocab, c.integer("vocab_size", 1, kMaxVocabSize));
+  SY_ASSIGN_OR_RETURN(const int64_t hidden, c.integer("hidden_size", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t layers, c.integer("num_hidden_layers", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t heads, c.integer("num_attention_heads", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t kv_heads, c.integer_or("num_key_value_heads", heads, 1, heads));
+  SY_ASSIGN_OR_RETURN(const int64_t head_dim, c.integer_or("head_dim", 0, 0, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t max_positions,
+                      c.integer("max_position_embeddings", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const float theta, rope_theta(c));
+  SY_ASSIGN_OR_RETURN(const float eps, float_or(c, "rms_norm_eps", 1e-6));
+  SY_ASSIGN_OR_RETURN(const float init_std, float_or(c, "initializer_range", 0.02));
+  SY_ASSIGN_OR_RETURN(const bool tie, c.boolean_or("tie_word_embeddings", false));
   SY_ASSIGN_OR_RETURN(const int64_t experts,
-                      c.integer(family == Family::kMixtral ? "num_local_experts" : "num_experts"));
-  SY_ASSIGN_OR_RETURN(const int64_t top_k, c.integer("num_experts_per_tok"));
-  SY_ASSIGN_OR_RETURN(const double aux_coef, c.number("router_aux_loss_coef", 0.0));
+                      c.integer(family == Family::kMixtral ? "num_local_experts" : "num_experts",
+                                1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t top_k, c.integer("num_experts_per_tok", 1, experts));
+  SY_ASSIGN_OR_RETURN(const float aux_coef, float_or(c, "router_aux_loss_coef", 0.0));
   model.set_vocab_size(vocab);
   model.set_hidden_size(hidden);
   model.set_num_layers(static_cast<int32_t>(layers));
   model.set_num_heads(static_cast<int32_t>(heads));
   model.set_num_kv_heads(static_cast<int32_t>(kv_heads));
   model.set_head_dim(static_cast<int32_t>(head_dim));
-  model.set_rope_theta(static_cast<float>(theta));
-  model.set_norm_eps(static_cast<float>(eps));
-  model.set_init_std(static_cast<float>(init_std));
+  model.set_rope_theta(theta);
+  model.set_norm_eps(eps);
+  model.set_init_std(init_std);
   model.set_tie_embeddings(tie);
   model.set_max_position_embeddings(max_positions);
   moe.set_num_experts(static_cast<int32_t>(experts));
   moe.set_top_k(static_cast<int32_t>(top_k));
-  moe.set_aux_loss_coef(static_cast<float>(aux_coef));
+  moe.set_aux_loss_coef(aux_coef);
+  return absl::OkStatus();
+}
 
+absl::StatusOr<config::Recipe> recipe_from_config(const JsonFields& c, Family family,
+                                                  const std::string& name) {
+  config::Recipe recipe;
+  recipe.set_name(name);
+  SY_RETURN_IF_ERROR(read_common(c, family, recipe));
   switch (family) {
-    case Family::kMixtral: {
-      if (present(j, "sliding_window")) return c.refuse("sliding_window", "is set: the engine attends to the whole window");
-      SY_ASSIGN_OR_RETURN(const double jitter, c.number("router_jitter_noise", 0.0));
-      if (jitter != 0) return c.refuse("router_jitter_noise", "is not 0: the engine has no router jitter");
-      SY_ASSIGN_OR_RETURN(const int64_t ffn, c.integer("intermediate_size"));
-      moe.set_expert_ffn_hidden_size(ffn);
-      moe.set_gating(config::TOPK_SOFTMAX);
-      model.set_moe_layer_interval(1);
-      break;
-    }
-    case Family::kQwen2Moe: {
-      SY_ASSIGN_OR_RETURN(const bool sliding, c.boolean("use_sliding_window", false));
-      if (sliding) return c.refuse("use_sliding_window", "is true: the engine attends to the whole window");
-      SY_ASSIGN_OR_RETURN(const bool bias, c.boolean("qkv_bias", true));
-      SY_ASSIGN_OR_RETURN(const int64_t step, c.integer("decoder_sparse_step", 1));
-      SY_ASSIGN_OR_RETURN(const int64_t dense_ffn, c.integer("intermediate_size"));
-      SY_ASSIGN_OR_RETURN(const int64_t expert_ffn, c.integer("moe_intermediate_size"));
-      SY_ASSIGN_OR_RETURN(const int64_t shared_ffn, c.integer("shared_expert_intermediate_size"));
-      SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean("norm_topk_prob", false));
-      // The engine's dense layers can only be a prefix of the stack (first_dense_layers).
-      int64_t first_dense = 0;
-      if (present(j, "mlp_only_layers")) {
-        const Json& dense = j["mlp_only_layers"];
-        for (size_t i = 0; i < dense.size(); ++i) {
-          if (!dense[i].is_number_integer() || dense[i].get<int64_t>() != static_cast<int64_t>(i))
-            return c.refuse("mlp_only_layers", "must be 0, 1, ... n-1: the engine's dense layers are the first n");
-        }
-        first_dense = static_cast<int64_t>(dense.size());
-      }
-      model.set_attention_bias(bias);
-      model.set_ffn_hidden_size(dense_ffn);
-      model.set_moe_layer_interval(static_cast<int32_t>(step));
-      model.set_first_dense_layers(static_cast<int32_t>(first_dense));
-      moe.set_expert_ffn_hidden_size(expert_ffn);
-      if (shared_ffn > 0) {
-        moe.set_num_shared_experts(1);
-        moe.set_shared_expert_ffn_hidden_size(shared_ffn);
-        moe.set_shared_expert_gate(true);
-      }
-      moe.set_gating(norm_topk ? config::TOPK_SOFTMAX : config::SOFTMAX_TOPK);
-      break;
-    }
-    case Family::kOlmoe: {
-      if (present(j, "clip_qkv")) return c.refuse("clip_qkv", "is set: the engine does not clamp q, k and v");
-      SY_ASSIGN_OR_RETURN(const bool bias, c.boolean("attention_bias", false));
-      if (bias) return c.refuse("attention_bias", "is true: OLMoE's output projection bias has no engine counterpart");
-      SY_ASSIGN_OR_RETURN(const int64_t ffn, c.integer("intermediate_size"));
-      SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean("norm_topk_prob", false));
-      model.set_qk_norm(true);
-      model.set_moe_layer_interval(1);
-      moe.set_expert_ffn_hidden_size(ffn);
-      moe.set_gating(norm_topk ? config::TOPK_SOFTMAX : config::SOFTMAX_TOPK);
-      break;
-    }
+    case Family::kMixtral: SY_RETURN_IF_ERROR(read_mixtral(c, recipe)); break;
+    case Family::kQwen2Moe: SY_RETURN_IF_ERROR(read_qwen2_moe(c, recipe)); break;
+    case Family::kOlmoe: SY_RETURN_IF_ERROR(read_olmoe(c, recipe)); break;
   }
   // Training settings are placeholders that make the recipe valid for `sample` and
   // `eval`; fine-tuning sets its own data and schedule with --set.
   recipe.mutable_optimizer()->set_lr(1e-4f);
   recipe.mutable_optimizer()->set_decay(config::CONSTANT);
   recipe.mutable_train()->set_global_batch_size(1);
-  recipe.mutable_train()->set_seq_len(max_positions);
+  recipe.mutable_train()->set_seq_len(recipe.model().max_position_embeddings());
   recipe.mutable_data()->set_dataset("unset");
   config::fill_defaults(recipe);
   const absl::Status valid = config::validate_recipe(recipe);
   if (!valid.ok())
-    return absl::InvalidArgumentError(absl::StrCat(path, ": gives an invalid recipe: ", valid.message()));
+    return absl::InvalidArgumentError(absl::StrCat(c.path(), ": gives an invalid recipe: ", valid.message()));
   return recipe;
 }
 
@@ -250,35 +240,76 @@ absl::StatusOr<Tensor> to_f32(const Tensor& t, const std::string& name, const st
   return out;
 }
 
-// Every tensor of the directory in f32, under names with Mixtral's `block_sparse_moe`
-// read as `mlp` (transformers 5.x's own spelling).
-absl::StatusOr<std::map<std::string, Tensor>> read_hf_tensors(const std::string& dir) {
-  std::vector<std::string> files;
+// The safetensors files of `dir`: model.safetensors, or the shards its index names, each
+// kept inside `dir`.
+absl::StatusOr<std::vector<std::string>> hf_weight_files(const std::string& dir) {
+  const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
-  if (fs::exists(dir + "/model.safetensors")) {
-    files.push_back("model.safetensors");
-  } else if (fs::exists(index_path)) {
-    SY_ASSIGN_OR_RETURN(const Json index, read_json(index_path));
-    if (!index.contains("weight_map") || !index["weight_map"].is_object())
-      return absl::InvalidArgumentError(absl::StrCat(index_path, ": no weight_map object"));
-    for (const auto& [name, file] : index["weight_map"].items()) {
-      if (!file.is_string())
-        return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map[", name, "] is not a file name"));
-      if (std::find(files.begin(), files.end(), file.get<std::string>()) == files.end())
-        files.push_back(file.get<std::string>());
-    }
-  } else {
-    return absl::NotFoundError(absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json"));
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(single, ec))) return std::vector<std::string>{single};
+  if (!fs::exists(fs::symlink_status(index_path, ec)))
+    return absl::NotFoundError(
+        absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json"));
+  SY_ASSIGN_OR_RETURN(const std::string text, read_file(index_path));
+  SY_ASSIGN_OR_RETURN(const auto weight_map, parse_hf_weight_map(text, index_path));
+  std::map<std::string, std::string> first_tensor;  // shard file -> a tensor naming it
+  for (const auto& [tensor, file] : weight_map) first_tensor.emplace(file, tensor);
+  std::vector<std::string> files;
+  for (const auto& [file, tensor] : first_tensor) {
+    SY_ASSIGN_OR_RETURN(std::string path,
+                        path_in_directory(dir, file,
+                                          absl::StrCat(index_path, ": field weight_map.", tensor)));
+    files.push_back(std::move(path));
   }
+  return files;
+}
+
+// A lower bound on the bytes that hold the parameters of `recipe`, at 2 bytes each (BF16
+// or F16), counted in double so that no size a config.json declares overflows.
+double min_model_bytes(const config::Recipe& recipe) {
+  const config::ModelConfig& model = recipe.model();
+  const config::MoeConfig& moe = recipe.moe();
+  const double H = model.hidden_size(), hd = config::effective_head_dim(model);
+  const double q = model.num_heads() * hd, kv = config::effective_kv_heads(model) * hd;
+  const double moe_ffn = moe.num_experts() * (H + 3.0 * moe.expert_ffn_hidden_size() * H) +
+                         3.0 * moe.num_shared_experts() * moe.shared_expert_ffn_hidden_size() * H;
+  double params = model.vocab_size() * H * (model.tie_embeddings() ? 1 : 2);
+  for (int layer = 0; layer < model.num_layers(); ++layer)
+    params += H * (2 * q + 2 * kv) +
+              (config::is_moe_layer(recipe, layer) ? moe_ffn : 3.0 * model.ffn_hidden_size() * H);
+  return 2 * params;
+}
+
+// The model config.json describes must fit in the bytes of the files that hold it,
+// checked before any of it is allocated.
+absl::Status check_files_hold_model(const config::Recipe& recipe,
+                                    const std::vector<std::string>& files,
+                                    const std::string& config_path) {
+  SY_ASSIGN_OR_RETURN(const int64_t file_bytes, total_file_bytes(files));
+  const double need = min_model_bytes(recipe);
+  if (need > static_cast<double>(file_bytes))
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: describes a model of at least %.4g bytes, more than its safetensors files' %d",
+        config_path, need, file_bytes));
+  return absl::OkStatus();
+}
+
+// Every tensor of `files` in f32, under names with Mixtral's `block_sparse_moe` read as
+// `mlp` (transformers 5.x's own spelling).
+absl::StatusOr<std::map<std::string, Tensor>> read_hf_tensors(const std::vector<std::string>& files) {
   std::map<std::string, Tensor> out;
-  for (const std::string& file : files) {
-    const std::string path = dir + "/" + file;
+  for (const std::string& path : files) {
     SY_ASSIGN_OR_RETURN(auto tensors, read_safetensors(path));
     for (auto& [name, tensor] : tensors) {
       std::string key = name;
       if (const size_t at = key.find(".block_sparse_moe."); at != std::string::npos)
         key.replace(at, std::strlen(".block_sparse_moe."), ".mlp.");
-      SY_ASSIGN_OR_RETURN(out[key], to_f32(tensor, name, path));
+      if (out.count(key))
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": tensor ", name, " is also in another file"));
+      SY_ASSIGN_OR_RETURN(Tensor f32, to_f32(tensor, name, path));
+      SY_RETURN_IF_ERROR(check_finite(f32, path, name));
+      out.emplace(std::move(key), std::move(f32));
     }
   }
   return out;
@@ -421,22 +452,69 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
   return m.finish();
 }
 
+// config.json read as a recipe, with the family whose tensor names the directory uses.
+struct HfConfig {
+  config::Recipe recipe;
+  Family family;
+};
+
+absl::StatusOr<HfConfig> parse_config(std::string_view json, const std::string& path,
+                                      const std::string& name) {
+  SY_ASSIGN_OR_RETURN(const Json j, parse_json_object(json, path));
+  const JsonFields c(j, path);
+  HfConfig out;
+  SY_ASSIGN_OR_RETURN(out.family, family_of(c));
+  SY_ASSIGN_OR_RETURN(out.recipe, recipe_from_config(c, out.family, name));
+  return out;
+}
+
+// The directory's tokenizer.model, kept inside it and fitting the model's vocabulary;
+// empty when there is none.
+absl::StatusOr<std::string> hf_tokenizer(const std::string& dir, const config::Recipe& recipe) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(dir + "/tokenizer.model", ec))) return std::string();
+  SY_ASSIGN_OR_RETURN(const std::string path,
+                      path_in_directory(dir, "tokenizer.model", absl::StrCat(dir, ": tokenizer")));
+  SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::load(path));
+  SY_RETURN_IF_ERROR(check_tokenizer_fits(tokenizer, path, recipe));
+  return path;
+}
+
 }  // namespace
+
+absl::StatusOr<config::Recipe> recipe_from_hf_config_text(std::string_view json,
+                                                          const std::string& path,
+                                                          const std::string& name) {
+  SY_ASSIGN_OR_RETURN(HfConfig config, parse_config(json, path, name));
+  return std::move(config.recipe);
+}
+
+absl::StatusOr<std::map<std::string, std::string>> parse_hf_weight_map(std::string_view json,
+                                                                       const std::string& path) {
+  SY_ASSIGN_OR_RETURN(const Json j, parse_json_object(json, path));
+  SY_ASSIGN_OR_RETURN(const JsonFields weight_map, JsonFields(j, path).object("weight_map"));
+  std::map<std::string, std::string> out;
+  for (const auto& [tensor, file] : weight_map.json().items()) {
+    if (!file.is_string()) return weight_map.error(tensor, "must be a file name");
+    out.emplace(tensor, file.get<std::string>());
+  }
+  return out;
+}
 
 absl::Status import_hf(const std::string& hf_dir, const std::string& out_dir) {
   const std::string config_path = hf_dir + "/config.json";
-  SY_ASSIGN_OR_RETURN(const Json j, read_json(config_path));
-  SY_ASSIGN_OR_RETURN(const Family family, family_of(j, config_path));
+  SY_ASSIGN_OR_RETURN(const std::string text, read_file(config_path));
   fs::path dir = fs::path(hf_dir).lexically_normal();
   if (!dir.has_filename()) dir = dir.parent_path();
-  SY_ASSIGN_OR_RETURN(const config::Recipe recipe,
-                      recipe_from_config(j, family, config_path, dir.filename().string()));
-  SY_ASSIGN_OR_RETURN(auto hf_tensors, read_hf_tensors(hf_dir));
+  SY_ASSIGN_OR_RETURN(const HfConfig config,
+                      parse_config(text, config_path, dir.filename().string()));
+  SY_ASSIGN_OR_RETURN(const std::vector<std::string> files, hf_weight_files(hf_dir));
+  SY_RETURN_IF_ERROR(check_files_hold_model(config.recipe, files, config_path));
+  SY_ASSIGN_OR_RETURN(const std::string tokenizer, hf_tokenizer(hf_dir, config.recipe));
+  SY_ASSIGN_OR_RETURN(auto hf_tensors, read_hf_tensors(files));
   TensorMapper mapper(std::move(hf_tensors), hf_dir);
-  SY_ASSIGN_OR_RETURN(const auto tensors, map_tensors(recipe, family, mapper));
-
-  const std::string tokenizer = hf_dir + "/tokenizer.model";
-  return save_weights(out_dir, recipe, tensors, fs::exists(tokenizer) ? tokenizer : "");
+  SY_ASSIGN_OR_RETURN(const auto tensors, map_tensors(config.recipe, config.family, mapper));
+  return save_weights(out_dir, config.recipe, tensors, tokenizer);
 }
 
 }  // namespace switchyard

@@ -1,14 +1,15 @@
 #include "checkpoint/weights.h"
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <google/protobuf/text_format.h>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
 #include "engine/config/recipe.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -22,23 +23,11 @@ absl::Status save_weights(const std::string& dir, const config::Recipe& recipe,
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
   SY_RETURN_IF_ERROR(write_safetensors(dir + "/model.safetensors", tensors));
-  if (!tokenizer_path.empty()) {
-    const std::string dest = dir + "/tokenizer.model";
-    fs::copy_file(tokenizer_path, dest + ".tmp", fs::copy_options::overwrite_existing, ec);
-    if (!ec) fs::rename(dest + ".tmp", dest, ec);
-    if (ec) return absl::DataLossError(absl::StrCat(dest, ": cannot copy the tokenizer: ", ec.message()));
-  }
+  if (!tokenizer_path.empty())
+    SY_RETURN_IF_ERROR(copy_file_atomically(tokenizer_path, dir + "/tokenizer.model"));
   std::string text;
   google::protobuf::TextFormat::PrintToString(recipe, &text);
-  const std::string recipe_path = dir + "/recipe.textproto";
-  {
-    std::ofstream out(recipe_path + ".tmp", std::ios::trunc);
-    out << text;
-    if (!out) return absl::DataLossError(absl::StrCat(recipe_path, ": write failed"));
-  }
-  fs::rename(recipe_path + ".tmp", recipe_path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat(recipe_path, ": ", ec.message()));
-  return absl::OkStatus();
+  return write_file_atomically(dir + "/recipe.textproto", text);
 }
 
 absl::StatusOr<config::Recipe> load_weights_recipe(const std::string& dir) {
@@ -48,23 +37,57 @@ absl::StatusOr<config::Recipe> load_weights_recipe(const std::string& dir) {
   return config::load_recipe(path, {});
 }
 
+bool is_weights_file(std::string_view name) {
+  if (name.ends_with(".partial")) name.remove_suffix(std::strlen(".partial"));
+  return name == "recipe.textproto" || name == "model.safetensors" || name == "tokenizer.model";
+}
+
 absl::Status load_weights(const std::string& dir, ParamStore& params) {
-  SY_ASSIGN_OR_RETURN(auto tensors, read_safetensors(dir + "/model.safetensors"));
+  const std::string path = dir + "/model.safetensors";
+  SY_ASSIGN_OR_RETURN(auto tensors, read_safetensors(path));
   for (Param& p : params.params()) {
     auto it = tensors.find(p.name);
     if (it == tensors.end())
-      return absl::DataLossError(absl::StrCat(dir, "/model.safetensors: missing tensor ", p.name));
+      return absl::DataLossError(absl::StrCat(path, ": missing tensor ", p.name));
     if (it->second.shape() != p.shape || it->second.dtype() != DType::kF32)
-      return absl::DataLossError(absl::StrCat(dir, "/model.safetensors: tensor ", p.name, " is ",
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", p.name, " is ",
                                               dtype_name(it->second.dtype()),
                                               shape_string(it->second.shape()), ", expected f32",
                                               shape_string(p.shape)));
+    SY_RETURN_IF_ERROR(check_finite(it->second, path, p.name));
     p.value.copy_from(it->second);
     tensors.erase(it);
   }
   if (!tensors.empty())
-    return absl::DataLossError(absl::StrCat(dir, "/model.safetensors: unexpected tensor ",
-                                            tensors.begin()->first));
+    return absl::DataLossError(absl::StrCat(path, ": unexpected tensor ", tensors.begin()->first));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tokenizer> load_weights_tokenizer(const std::string& dir,
+                                                 const config::Recipe& recipe) {
+  const std::string path = dir + "/tokenizer.model";
+  SY_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(path));
+  SY_RETURN_IF_ERROR(check_tokenizer_fits(tokenizer, path, recipe));
+  return tokenizer;
+}
+
+absl::Status check_finite(const Tensor& t, const std::string& file, const std::string& name) {
+  const float* values = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (!std::isfinite(values[i]))
+      return absl::DataLossError(absl::StrCat(file, ": tensor ", name, " holds ",
+                                              std::isnan(values[i]) ? "NaN" : "infinity",
+                                              " at element ", i));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_tokenizer_fits(const Tokenizer& tokenizer, const std::string& path,
+                                  const config::Recipe& recipe) {
+  if (tokenizer.vocab_size() > recipe.model().vocab_size())
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": the tokenizer's ", tokenizer.vocab_size(),
+        " pieces do not fit the model's model.vocab_size of ", recipe.model().vocab_size()));
   return absl::OkStatus();
 }
 

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "data/tokenizer.h"
 #include "engine/config/recipe.pb.h"
 #include "engine/runtime/param_store.h"
 
@@ -17,12 +19,27 @@ namespace switchyard {
 
 // Writes `tensors` (registry names), copies `tokenizer_path` (may be empty) in as
 // tokenizer.model, and writes the recipe last: its presence marks a complete directory.
+// Each file is written completely or not at all.
 absl::Status save_weights(const std::string& dir, const config::Recipe& recipe,
                           const std::vector<std::pair<std::string, Tensor>>& tensors,
                           const std::string& tokenizer_path);
 absl::StatusOr<config::Recipe> load_weights_recipe(const std::string& dir);
+// Whether `name` is a file save_weights writes (recipe.textproto, model.safetensors,
+// tokenizer.model) or the partial file of one: what `convert from-hf --overwrite` removes.
+bool is_weights_file(std::string_view name);
 // Copies the saved tensors into `params` (already allocated); every parameter must be
-// present with its shape, and the file must hold nothing else.
+// present with its shape and finite, and the file must hold nothing else.
 absl::Status load_weights(const std::string& dir, ParamStore& params);
+// The directory's tokenizer.model, whose vocabulary must fit the recipe's.
+absl::StatusOr<Tokenizer> load_weights_tokenizer(const std::string& dir,
+                                                 const config::Recipe& recipe);
+
+// An error naming `file`, the tensor and its first NaN or infinity ("model.safetensors:
+// tensor lm_head.weight holds NaN at element 17"); `t` is f32.
+absl::Status check_finite(const Tensor& t, const std::string& file, const std::string& name);
+// An error naming both values when the tokenizer at `path` has more pieces than
+// model.vocab_size.
+absl::Status check_tokenizer_fits(const Tokenizer& tokenizer, const std::string& path,
+                                  const config::Recipe& recipe);
 
 }  // namespace switchyard
