@@ -1,10 +1,12 @@
 #include "engine/config/recipe.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -14,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "data/tokenizer.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 #include "google/protobuf/descriptor.h"
@@ -111,16 +114,44 @@ int32_t effective_moe_layer_interval(const Recipe& recipe) {
 
 absl::Status invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
 
-// The checks below are written as `if (!(value > 0))` so that NaN fails them too.
+// The checks below are written as `if (!(value > 0))` so that NaN fails them too;
+// infinities fail them as well.
+template <typename T>
+bool finite(T value) {
+  if constexpr (std::is_floating_point_v<T>) return std::isfinite(value);
+  return true;
+}
+
 template <typename T>
 absl::Status check_positive(absl::string_view path, T value) {
-  if (!(value > 0)) return invalid(absl::StrCat(path, " (", value, ") must be > 0"));
+  if (!(value > 0) || !finite(value))
+    return invalid(absl::StrCat(path, " (", value, ") must be > 0 and finite"));
   return absl::OkStatus();
 }
 
 template <typename T>
 absl::Status check_non_negative(absl::string_view path, T value) {
-  if (!(value >= 0)) return invalid(absl::StrCat(path, " (", value, ") must be >= 0"));
+  if (!(value >= 0) || !finite(value))
+    return invalid(absl::StrCat(path, " (", value, ") must be >= 0 and finite"));
+  return absl::OkStatus();
+}
+
+// Upper bounds on the sizes that shape tensors: far beyond any published model, and
+// small enough that no product of them (a parameter count, its bytes) overflows int64.
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHiddenSize = 65536;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxFfnSize = 262144;
+constexpr int64_t kMaxExperts = 4096;
+constexpr int64_t kMaxSharedExperts = 64;
+constexpr int64_t kMaxTokensPerSequence = int64_t{1} << 24;
+constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
+constexpr int64_t kMaxThreads = 4096;
+
+template <typename T>
+absl::Status check_at_most(absl::string_view path, T value, int64_t bound) {
+  if (value > bound) return invalid(absl::StrCat(path, " (", value, ") must be <= ", bound));
   return absl::OkStatus();
 }
 
@@ -141,9 +172,13 @@ bool has_dense_layer(const Recipe& recipe) {
 absl::Status validate_model(const Recipe& recipe) {
   const ModelConfig& model = recipe.model();
   SY_RETURN_IF_ERROR(check_positive("model.vocab_size", model.vocab_size()));
+  SY_RETURN_IF_ERROR(check_at_most("model.vocab_size", model.vocab_size(), kMaxVocabSize));
   SY_RETURN_IF_ERROR(check_positive("model.hidden_size", model.hidden_size()));
+  SY_RETURN_IF_ERROR(check_at_most("model.hidden_size", model.hidden_size(), kMaxHiddenSize));
   SY_RETURN_IF_ERROR(check_positive("model.num_layers", model.num_layers()));
+  SY_RETURN_IF_ERROR(check_at_most("model.num_layers", model.num_layers(), kMaxLayers));
   SY_RETURN_IF_ERROR(check_positive("model.num_heads", model.num_heads()));
+  SY_RETURN_IF_ERROR(check_at_most("model.num_heads", model.num_heads(), kMaxHeads));
   SY_RETURN_IF_ERROR(check_non_negative("model.num_kv_heads", model.num_kv_heads()));
   const int32_t kv_heads = effective_kv_heads(model);
   if (model.num_heads() % kv_heads != 0) {
@@ -158,6 +193,7 @@ absl::Status validate_model(const Recipe& recipe) {
   }
   const int32_t head_dim = effective_head_dim(model);
   SY_RETURN_IF_ERROR(check_positive("model.head_dim", head_dim));
+  SY_RETURN_IF_ERROR(check_at_most("model.head_dim", head_dim, kMaxHeadDim));
   if (head_dim % 2 != 0) {
     return invalid(absl::StrCat("model.head_dim (", head_dim,
                                 ") must be even: RoPE rotates pairs of dimensions"));
@@ -166,6 +202,7 @@ absl::Status validate_model(const Recipe& recipe) {
   SY_RETURN_IF_ERROR(check_positive("model.norm_eps", model.norm_eps()));
   SY_RETURN_IF_ERROR(check_positive("model.init_std", model.init_std()));
   SY_RETURN_IF_ERROR(check_non_negative("model.ffn_hidden_size", model.ffn_hidden_size()));
+  SY_RETURN_IF_ERROR(check_at_most("model.ffn_hidden_size", model.ffn_hidden_size(), kMaxFfnSize));
   SY_RETURN_IF_ERROR(
       check_non_negative("model.moe_layer_interval", effective_moe_layer_interval(recipe)));
   SY_RETURN_IF_ERROR(check_non_negative("model.first_dense_layers", model.first_dense_layers()));
@@ -181,10 +218,17 @@ absl::Status validate_model(const Recipe& recipe) {
 absl::Status validate_moe(const Recipe& recipe) {
   const MoeConfig& moe = recipe.moe();
   SY_RETURN_IF_ERROR(check_non_negative("moe.num_experts", moe.num_experts()));
+  SY_RETURN_IF_ERROR(check_at_most("moe.num_experts", moe.num_experts(), kMaxExperts));
+  SY_RETURN_IF_ERROR(check_at_most("moe.expert_ffn_hidden_size", moe.expert_ffn_hidden_size(),
+                                   kMaxFfnSize));
+  SY_RETURN_IF_ERROR(check_at_most("moe.shared_expert_ffn_hidden_size",
+                                   moe.shared_expert_ffn_hidden_size(), kMaxFfnSize));
   SY_RETURN_IF_ERROR(check_non_negative("moe.capacity_factor", moe.capacity_factor()));
   SY_RETURN_IF_ERROR(check_non_negative("moe.aux_loss_coef", moe.aux_loss_coef()));
   SY_RETURN_IF_ERROR(check_non_negative("moe.z_loss_coef", moe.z_loss_coef()));
   SY_RETURN_IF_ERROR(check_non_negative("moe.num_shared_experts", moe.num_shared_experts()));
+  SY_RETURN_IF_ERROR(
+      check_at_most("moe.num_shared_experts", moe.num_shared_experts(), kMaxSharedExperts));
   const int32_t interval = effective_moe_layer_interval(recipe);
   if (interval == 0) return absl::OkStatus();
 
@@ -278,6 +322,8 @@ absl::Status validate_optimizer(const Recipe& recipe) {
 absl::Status validate_train(const Recipe& recipe) {
   const TrainConfig& train = recipe.train();
   SY_RETURN_IF_ERROR(check_positive("train.global_batch_size", train.global_batch_size()));
+  SY_RETURN_IF_ERROR(
+      check_at_most("train.global_batch_size", train.global_batch_size(), kMaxBatchSize));
   SY_RETURN_IF_ERROR(check_positive("train.micro_batch_size", train.micro_batch_size()));
   if (train.global_batch_size() % train.micro_batch_size() != 0) {
     return invalid(absl::StrCat("train.global_batch_size (", train.global_batch_size(),
@@ -287,6 +333,8 @@ absl::Status validate_train(const Recipe& recipe) {
   SY_RETURN_IF_ERROR(check_positive("train.seq_len", train.seq_len()));
   const int64_t max_positions = recipe.model().max_position_embeddings();
   SY_RETURN_IF_ERROR(check_positive("model.max_position_embeddings", max_positions));
+  SY_RETURN_IF_ERROR(
+      check_at_most("model.max_position_embeddings", max_positions, kMaxTokensPerSequence));
   if (train.seq_len() > max_positions) {
     return invalid(absl::StrCat("train.seq_len (", train.seq_len(),
                                 ") must be <= model.max_position_embeddings (", max_positions,
@@ -328,6 +376,7 @@ absl::Status validate_checkpoint_and_runtime(const Recipe& recipe) {
                                 "\") must be \"cpu\", \"cuda\" or empty (pick automatically)"));
   }
   SY_RETURN_IF_ERROR(check_non_negative("runtime.threads", runtime.threads()));
+  SY_RETURN_IF_ERROR(check_at_most("runtime.threads", runtime.threads(), kMaxThreads));
   SY_RETURN_IF_ERROR(check_non_negative("runtime.max_logits_mb", runtime.max_logits_mb()));
   if (!runtime.precision().empty() && runtime.precision() != "fp32" &&
       runtime.precision() != "bf16") {

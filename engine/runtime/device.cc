@@ -1,9 +1,13 @@
 #include "engine/runtime/device.h"
 
 #include <algorithm>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <new>
+#include <string>
+
+#include "absl/strings/str_format.h"
 
 #include "engine/runtime/check.h"
 
@@ -69,9 +73,30 @@ void* CpuDevice::raw_allocate(size_t bytes) {
 
 void CpuDevice::raw_deallocate(void* ptr) { std::free(ptr); }
 
+int64_t CpuDevice::available_bytes() const {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
+}
+
 Device& cpu_device() {
   static CpuDevice device;
   return device;
+}
+
+absl::Status check_fits(Device& dev, double bytes, const std::string& what) {
+  const int64_t available = dev.available_bytes();
+  if (available < 0 || bytes <= static_cast<double>(available)) return absl::OkStatus();
+  constexpr double kGiB = 1 << 30;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s need at least %.1f GiB on %s, more than the %.1f GiB available there; use a "
+      "smaller model or micro-batch, or more ranks (tensor, expert or data parallel with "
+      "parallel.zero_stage)",
+      what, bytes / kGiB, dev.name(), available / kGiB));
 }
 
 }  // namespace switchyard

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace switchyard {
 
 enum class DeviceType { kCpu, kCuda };
@@ -48,6 +50,9 @@ class Device {
   void deallocate(void* ptr, size_t bytes, MemoryKind kind);
   // Blocks until queued work is done (no-op on the CPU).
   virtual void synchronize() {}
+  // Bytes this device can still allocate, as the system reports it (-1: unknown). A run
+  // that needs more is refused before it allocates anything.
+  virtual int64_t available_bytes() const { return -1; }
 
   // Byte copies between this device's memory and host memory, or within this device,
   // ordered after the work already queued on the device. A copy to the host returns
@@ -95,6 +100,8 @@ class CpuDevice final : public Device {
  public:
   DeviceType type() const override { return DeviceType::kCpu; }
   std::string name() const override { return "cpu"; }
+  // MemAvailable of /proc/meminfo.
+  int64_t available_bytes() const override;
 
  protected:
   void* raw_allocate(size_t bytes) override;
@@ -103,5 +110,10 @@ class CpuDevice final : public Device {
 
 // The process-wide CPU device.
 Device& cpu_device();
+
+// Refuses, before anything is allocated, a need of `bytes` that is more than `dev` has
+// available; `what` names what needs it ("the run's parameters, ...": the subject of the
+// error).
+absl::Status check_fits(Device& dev, double bytes, const std::string& what);
 
 }  // namespace switchyard

@@ -134,6 +134,19 @@ Param* ParamStore::find(const std::string& name) {
   return nullptr;
 }
 
+int64_t ParamStore::allocation_bytes(DType compute) const {
+  int64_t bytes = 0;
+  for (const Param& p : params_) {
+    const int64_t n = shape_numel(p.shape);
+    if (p.value_resident) {
+      bytes += n * 4;
+      if (compute == DType::kBF16 && p.shape.size() >= 2) bytes += n * 2;
+    }
+    if (p.grad_resident) bytes += n * 4;
+  }
+  return bytes;
+}
+
 int64_t ParamStore::total_numel() const {
   int64_t n = 0;
   for (const Param& p : params_) n += shape_numel(p.shape);

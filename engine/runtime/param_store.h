@@ -94,6 +94,9 @@ class ParamStore {
   // With a bf16 `compute` dtype, matrices also get a bf16 working copy (Param::work);
   // vectors (norm gains, biases) are used in f32 by every op.
   void allocate(Device& device, DType compute = DType::kF32);
+  // The bytes allocate(compute) takes: resident values, their working copies and
+  // resident gradients.
+  int64_t allocation_bytes(DType compute) const;
   DType compute_dtype() const { return compute_; }
   // Deterministic initialisation: every parameter draws from its own stream derived
   // from (seed, name), element by element of the whole tensor, so the result depends

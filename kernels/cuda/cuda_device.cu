@@ -86,6 +86,16 @@ void* CudaDevice::raw_allocate(size_t bytes) {
   return ptr;
 }
 
+int64_t CudaDevice::available_bytes() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  SY_CUDA_CHECK(cudaSetDevice(index_));
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int64_t>(free_bytes);
+}
+
 void CudaDevice::raw_deallocate(void* ptr) { SY_CUDA_CHECK(cudaFreeAsync(ptr, stream())); }
 
 CudaDevice& as_cuda(Device& device) {

@@ -32,6 +32,8 @@ class CudaDevice final : public Device {
   int index() const override { return index_; }
   std::string name() const override;
   void synchronize() override;
+  // cudaMemGetInfo's free bytes.
+  int64_t available_bytes() const override;
 
   struct Properties {
     int major = 0, minor = 0;  // compute capability

@@ -59,6 +59,8 @@ CASES = [
          "optimizer.lr"),
     Case("set-huge-vocab", "--set value", "model.vocab_size=2000000000 (about 1 TB of weights)",
          _override("model.vocab_size=2000000000"), "model.vocab_size"),
-    Case("set-huge-model", "--set value", "model.hidden_size=65536 with 64 layers: memory it cannot have",
-         _override("model.hidden_size=65536", ("--set", "model.num_layers=64")), "bytes"),
+    Case("set-huge-model", "--set value",
+         "model.hidden_size=65536, 64 heads, 64 layers: memory the machine does not have",
+         _override("model.hidden_size=65536",
+                   ("--set", "model.num_heads=64", "--set", "model.num_layers=64")), "GiB"),
 ]

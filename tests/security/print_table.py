@@ -1,0 +1,32 @@
+"""Prints docs/security.md's table of hostile inputs: every case run, with the one-line
+error it got. SWITCHYARD names the binary.
+
+    SWITCHYARD=build/engine/cli/switchyard python tests/security/print_table.py
+"""
+import tempfile
+from pathlib import Path
+
+from hostile import make_world, run_refused
+from test_hostile_inputs import CASES
+
+
+def escape(text):
+    return text.replace("|", "\\|")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as root:
+        world = make_world(Path(root) / "world")
+        print("| case | input | damage | outcome (exit status, then the line on stderr) |")
+        print("|---|---|---|---|")
+        for i, case in enumerate(CASES):
+            tmp = Path(root) / f"case{i}"
+            tmp.mkdir()
+            status, lines = run_refused(case.make(world, tmp))
+            line = lines[0].replace(root, "…") if lines else "(nothing)"
+            print(f"| `{case.id}` | {escape(case.input)} | {escape(case.damage)} | "
+                  f"{status}: `{escape(line)}` |")
+
+
+if __name__ == "__main__":
+    main()
