@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/file_util.h"
+#include "data/hdf5_checks.h"
 #include "data/hdf5_handle.h"
 #include "data/sha256.h"
 #include "engine/config/recipe.h"
@@ -470,12 +471,10 @@ absl::Status check_slice_dataset(hid_t dataset, const checkpoint::TensorSlice& s
 absl::Status read_slice(const std::string& checkpoint_dir, const checkpoint::TensorSlice& slice,
                         std::vector<float>& values) {
   const std::string path = (fs::path(checkpoint_dir) / slice.file()).string();
-  H5Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!h5.valid())
-    return absl::DataLossError(absl::StrCat(path, ": cannot open (missing or corrupt)"));
+  SY_ASSIGN_OR_RETURN(const H5Handle h5, open_hdf5_file(path));
   const std::string where = absl::StrCat(path, ": dataset ", slice.dataset());
-  H5Handle dataset(H5Dopen2(h5.get(), slice.dataset().c_str(), H5P_DEFAULT), H5Dclose);
-  if (!dataset.valid()) return absl::DataLossError(absl::StrCat(where, " cannot be opened"));
+  SY_ASSIGN_OR_RETURN(const H5Handle dataset,
+                      open_plain_hdf5_dataset(h5.get(), slice.dataset(), where));
   SY_RETURN_IF_ERROR(check_slice_dataset(dataset.get(), slice, where));
   values.resize(static_cast<size_t>(slice.rows() * row_elements_of(global_shape_of(slice))));
   if (H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
