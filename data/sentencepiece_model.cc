@@ -90,6 +90,18 @@ size_t utf8_length(const unsigned char* s, size_t n) {
   return len;
 }
 
+// The byte of a byte piece "<0xNN>", or -1 when the piece has another form.
+int byte_of_piece(std::string_view piece) {
+  if (piece.size() != 6 || piece.substr(0, 3) != "<0x" || piece[5] != '>') return -1;
+  int byte = 0;
+  for (const char c : piece.substr(3, 2)) {
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (digit < 0) return -1;
+    byte = byte * 16 + digit;
+  }
+  return byte;
+}
+
 }  // namespace
 
 std::string train(const TrainSpec& spec, const std::function<bool(std::string*)>& next_sentence,
@@ -247,8 +259,9 @@ std::string Model::decode(const int32_t* ids, size_t count, std::string* text) c
     if (processor_->IsUnknown(id)) {
       text->append(kUnknownSurface);
     } else if (processor_->IsByte(id)) {
-      const std::string& piece = processor_->IdToPiece(id);  // "<0xNN>"
-      text->push_back(static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+      const int byte = byte_of_piece(processor_->IdToPiece(id));
+      if (byte < 0) return "byte piece " + std::to_string(id) + " is not of the form <0xNN>";
+      text->push_back(static_cast<char>(byte));
     } else {
       std::string_view piece = processor_->IdToPiece(id);
       if (first_piece && dummy_prefix_ && piece.substr(0, kSpaceMark.size()) == kSpaceMark)

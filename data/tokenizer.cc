@@ -120,11 +120,19 @@ absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& path) {
 absl::StatusOr<Tokenizer> Tokenizer::from_bytes(std::string model_bytes, const std::string& name) {
   if (model_bytes.empty())
     return absl::InvalidArgumentError(absl::StrCat(name, ": is empty, not a SentencePiece model"));
+  if (static_cast<int64_t>(model_bytes.size()) > kMaxMetadataFileBytes)
+    return absl::InvalidArgumentError(absl::StrCat(name, ": is ", model_bytes.size(),
+                                                   " bytes, more than the ",
+                                                   kMaxMetadataFileBytes, " allowed"));
   auto model = std::make_shared<spm::Model>();
   const std::string error = model->load(model_bytes);
   if (!error.empty())
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": not a SentencePiece model (", error, ")"));
+  if (model->piece_size() > kMaxVocabSize)
+    return absl::InvalidArgumentError(absl::StrCat(name, ": has ", model->piece_size(),
+                                                   " pieces, more than the ", kMaxVocabSize,
+                                                   " allowed"));
   Tokenizer t;
   t.model_ = std::move(model);
   t.sha256_ = sha256_hex(model_bytes);

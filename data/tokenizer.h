@@ -60,7 +60,8 @@ absl::Status train_tokenizer(const TokenizerTrainOptions& options, const std::st
 class Tokenizer {
  public:
   static absl::StatusOr<Tokenizer> load(const std::string& path);
-  // `name` stands for the source in error messages.
+  // `name` stands for the source in error messages. Models over kMaxMetadataFileBytes or
+  // kMaxVocabSize pieces are refused; so is anything SentencePiece cannot parse.
   static absl::StatusOr<Tokenizer> from_bytes(std::string model_bytes, const std::string& name);
 
   int64_t vocab_size() const;

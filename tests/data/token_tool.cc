@@ -6,6 +6,7 @@
 //   token_tool read DIR SPLIT                  -> [the split's token stream]
 //   token_tool windows DIR SEQ SEED GLOBAL_BATCH RANK SIZE COUNT -> [[window ids]...]
 //   token_tool inspect PATH                    -> {"shards": N, "tokens": N}
+//   token_tool open DIR SPLIT hash|remembered|unverified -> {"seconds": X, "tokens": N}
 //   token_tool bench-loader DIR SEQ GLOBAL_BATCH STEPS -> {"tokens_per_s": X, ...}
 //       (for bench/prepare_throughput.py)
 #include <chrono>
@@ -61,6 +62,19 @@ absl::Status run(const std::vector<std::string>& a) {
     options.val_fraction = std::stod(a.at(4));
     options.shard_tokens = std::stoll(a.at(5));
     return prepare_dataset(options, quiet).status();
+  }
+  if (command == "open") {
+    DatasetOpenOptions options;
+    options.verify_checksums = a.at(3) != "unverified";
+    options.remember_verdicts = a.at(3) == "remembered";
+    const auto start = std::chrono::steady_clock::now();
+    SY_ASSIGN_OR_RETURN(const TokenDataset dataset, TokenDataset::open(a.at(1), a.at(2), options));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s\n", nlohmann::json({{"seconds", seconds}, {"tokens", dataset.num_tokens()}})
+                            .dump()
+                            .c_str());
+    return absl::OkStatus();
   }
   if (command == "read") {
     SY_ASSIGN_OR_RETURN(const TokenDataset dataset, TokenDataset::open(a.at(1), a.at(2)));

@@ -3,6 +3,7 @@
 #include "data/tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "data/sha256.h"
 #include "engine/config/recipe.h"
@@ -13,6 +14,7 @@ namespace {
 
 using ::switchyard::testing::IsOneLineWith;
 using ::switchyard::testing::message_of;
+using ::switchyard::testing::read_text;
 using ::switchyard::testing::ScratchDir;
 using ::switchyard::testing::small_tokenizer_path;
 using ::switchyard::testing::write_text;
@@ -106,6 +108,33 @@ TEST(TokenizerTest, BadFilesAreErrorsNamingTheFile) {
     ASSERT_FALSE(tok.ok());
     EXPECT_TRUE(IsOneLineWith(message_of(tok.status()), dir / name));
   }
+}
+
+TEST(TokenizerTest, DamagedModelsAreRefusedOrLoadWithoutCrashing) {
+  const std::string good = read_text(small_tokenizer_path());
+  for (size_t step = 0; step < 64; ++step) {
+    const size_t at = good.size() * step / 64;
+    std::string flipped = good;
+    flipped[at] = static_cast<char>(flipped[at] ^ 0xA5);
+    for (const std::string& bytes : {good.substr(0, at), flipped}) {
+      absl::StatusOr<Tokenizer> tok = Tokenizer::from_bytes(bytes, "damaged.model");
+      if (!tok.ok()) {
+        EXPECT_TRUE(IsOneLineWith(message_of(tok.status()), "damaged.model: "));
+        continue;
+      }
+      EXPECT_LE(tok->vocab_size(), kMaxVocabSize);
+      std::vector<int32_t> ids = tok->encode("To be, or not to be");
+      ids.push_back(static_cast<int32_t>(tok->vocab_size() - 1));
+      tok->decode(ids).IgnoreError();
+    }
+  }
+}
+
+TEST(TokenizerTest, SpecialFilesAreRefusedWithoutBlocking) {
+  ScratchDir dir;
+  ASSERT_EQ(mkfifo((dir / "fifo.model").c_str(), 0600), 0);
+  EXPECT_TRUE(IsOneLineWith(message_of(Tokenizer::load(dir / "fifo.model").status()),
+                            "fifo.model: is not a regular file"));
 }
 
 TEST(TokenizerTest, TrainingRejectsBadInput) {
