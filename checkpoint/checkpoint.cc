@@ -314,11 +314,16 @@ absl::Status check_slice(const checkpoint::TensorSlice& slice, int index, const 
     return field_error(path, slice_field(index, "file"),
                        absl::StrCat("\"", slice.file(), "\" is not a plain file name"));
   const Shape shape = global_shape_of(slice);
-  if (shape.size() > kMaxSliceRank || !checked_nbytes(shape, DType::kF32))
-    return field_error(path, slice_field(index, "global_shape"),
-                       absl::StrCat(shape_string(shape), " has more than ", kMaxSliceRank,
-                                    " dimensions, a negative one, or a byte size that "
-                                    "overflows"));
+  const std::string global_shape = slice_field(index, "global_shape");
+  if (shape.size() > kMaxSliceRank)
+    return field_error(path, global_shape, absl::StrCat("has more than ", kMaxSliceRank,
+                                                        " dimensions"));
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; }))
+    return field_error(path, global_shape,
+                       absl::StrCat(shape_string(shape), " has a negative dimension"));
+  if (!checked_nbytes(shape, DType::kF32))
+    return field_error(path, global_shape,
+                       absl::StrCat(shape_string(shape), " has a byte size that overflows"));
   if (slice.tensor_parallel_dim() < -1 ||
       slice.tensor_parallel_dim() >= static_cast<int>(std::max<size_t>(shape.size(), 1)))
     return field_error(path, slice_field(index, "tensor_parallel_dim"),
