@@ -7,6 +7,7 @@
 #include "data/dataset_index.h"
 #include "data/sha256.h"
 #include "data/token_dataset.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -90,7 +91,10 @@ absl::StatusOr<std::string> sample_tokenizer_path(const std::string& path, bool 
   SY_ASSIGN_OR_RETURN(const DatasetIndex index,
                       read_dataset_index(dir.empty() ? "." : dir.string()));
   if (index.tokenizer_file.empty()) return std::string();
-  return (dir / index.tokenizer_file).string();
+  const std::string index_dir = dir.empty() ? "." : dir.string();
+  return path_in_directory(index_dir, index.tokenizer_file,
+                           (fs::path(index_dir) / kIndexFileName).string() +
+                               ": field tokenizer_file");
 }
 
 // Decodes with the document boundaries visible: eos and bos decode to nothing.

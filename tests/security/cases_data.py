@@ -48,6 +48,17 @@ def _edit_index(edit):
     return make
 
 
+def _inspect_shard_with(edit):
+    def make(world, tmp):
+        dataset = world.dataset(tmp)
+        index = _index(dataset)
+        edit(index, dataset, tmp)
+        _write_index(dataset, index)
+        (tmp / "tokenizer.model").write_bytes((dataset / "tokenizer.model").read_bytes())
+        return ["inspect", str(_first_train_shard(dataset))]
+    return make
+
+
 def _set_first_shard_file(name_of):
     def edit(index, dataset, tmp):
         index["splits"]["train"][0]["file"] = name_of(dataset, tmp)
@@ -196,6 +207,10 @@ CASES = [
     Case("data-tokenizer-dotdot", "dataset index.json", "tokenizer_file \"../tokenizer.model\"",
          _edit_index(lambda index, d, t: index.update(tokenizer_file="../tokenizer.model")),
          "field tokenizer_file"),
+    Case("data-inspect-tokenizer-outside", "dataset index.json (inspect SHARD)",
+         "tokenizer_file \"../tokenizer.model\", a model outside the directory",
+         _inspect_shard_with(lambda index, d, t: index.update(tokenizer_file="../tokenizer.model")),
+         "field tokenizer_file \"../tokenizer.model\" is not a plain file name"),
     Case("data-shard-bit-flip", "dataset shard", "one byte flipped, size unchanged",
          _damage_shard(_flip_byte, reindex=False), "does not match the index"),
     Case("data-shard-token-beyond-vocab", "dataset shard",
