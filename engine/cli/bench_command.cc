@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -23,8 +22,10 @@
 #include "checkpoint/weights.h"
 #include "data/corpus_cache.h"
 #include "data/token_dataset.h"
+#include "data/tokenizer.h"
 #include "engine/config/recipe.h"
 #include "engine/model/transformer.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 #include "kernels/threads.h"
 #include "moe/balance_stats.h"
@@ -64,6 +65,9 @@ struct BenchModel {
 absl::Status build_bench_model(const config::Recipe& recipe, const std::string& source,
                                BenchModel& out) {
   out.model = std::make_unique<Transformer>(recipe, out.params);
+  SY_RETURN_IF_ERROR(check_fits(cpu_device(),
+                                static_cast<double>(out.params.allocation_bytes(DType::kF32)),
+                                absl::StrCat("the parameters of ", source)));
   out.params.allocate(cpu_device());
   std::error_code ec;
   if (fs::is_directory(source, ec)) return load_weights(source, out.params);
@@ -182,7 +186,10 @@ class PrintMessages : public DataProgressSink {
   }
 };
 
+// Tokens for the model of `source`: synthetic ones, or a dataset's, which must be
+// tokenised with a weights directory's own tokenizer and fit the model's vocabulary.
 absl::StatusOr<std::unique_ptr<TokenSource>> make_source(const config::Recipe& recipe,
+                                                         const std::string& source,
                                                          const std::string& data,
                                                          const std::string& synthetic) {
   if (!synthetic.empty()) {
@@ -203,7 +210,17 @@ absl::StatusOr<std::unique_ptr<TokenSource>> make_source(const config::Recipe& r
   }
   if (dir.empty())
     return absl::InvalidArgumentError("no data: pass --data DATASET_DIR or --synthetic zipf:S");
-  SY_ASSIGN_OR_RETURN(TokenDataset dataset, TokenDataset::open(dir, "train"));
+  DatasetOpenOptions open_options;
+  std::error_code ec;
+  if (fs::is_directory(source, ec)) {
+    SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::load(source + "/tokenizer.model"));
+    open_options.expected_tokenizer_sha256 = tokenizer.sha256();
+  }
+  SY_ASSIGN_OR_RETURN(TokenDataset dataset, TokenDataset::open(dir, "train", open_options));
+  if (dataset.vocab_size() > recipe.model().vocab_size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": its tokenizer has ", dataset.vocab_size(), " tokens, more than model.vocab_size (",
+        recipe.model().vocab_size(), ") of ", source));
   return std::make_unique<DatasetSource>(std::move(dataset));
 }
 
@@ -411,14 +428,6 @@ std::string html_report(const std::string& title, const std::vector<Variant>& va
   return html;
 }
 
-absl::Status write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat(path, ": cannot write"));
-  return absl::OkStatus();
-}
-
 // One batch of token ids and targets, (micro_batch, seq) i32 each.
 struct TokenBatch {
   Tensor ids, targets;
@@ -485,7 +494,7 @@ absl::Status BenchCommand::run_balance() {
   }
   set_cpu_threads(recipe.runtime().threads());
   SY_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source,
-                      make_source(recipe, data_, synthetic_));
+                      make_source(recipe, source_, data_, synthetic_));
 
   // Every variant routes the same tokens.
   const int64_t batch = recipe.train().micro_batch_size();
@@ -535,10 +544,10 @@ absl::Status BenchCommand::run_balance() {
         j["variants"].push_back(std::move(v));
       }
     }
-    SY_RETURN_IF_ERROR(write_file(json_path_, j.dump(2) + "\n"));
+    SY_RETURN_IF_ERROR(write_file_atomically(json_path_, j.dump(2) + "\n"));
   }
   if (!report_path_.empty())
-    SY_RETURN_IF_ERROR(write_file(
+    SY_RETURN_IF_ERROR(write_file_atomically(
         report_path_,
         html_report(absl::StrCat("Expert load balance: ", recipe.name()), variants, runs)));
   return absl::OkStatus();

@@ -64,3 +64,17 @@ CASES = [
          _override("model.hidden_size=65536",
                    ("--set", "model.num_heads=64", "--set", "model.num_layers=64")), "GiB"),
 ]
+
+
+def _bench_foreign_dataset(world, tmp):
+    import json
+    dataset = world.dataset(tmp)
+    index = json.loads((dataset / "index.json").read_text())
+    index["tokenizer_sha256"] = "0" * 64
+    (dataset / "index.json").write_text(json.dumps(index))
+    return ["bench", "balance", str(world.weights(tmp)), "--data", str(dataset)]
+
+
+CASES.append(Case("bench-foreign-dataset", "dataset for `bench balance`",
+                  "tokenised with another tokenizer than the weights'", _bench_foreign_dataset,
+                  "tokenizer"))
