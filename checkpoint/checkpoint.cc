@@ -573,15 +573,24 @@ absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Mani
 
 absl::StatusOr<int64_t> verify_checkpoint(const std::string& checkpoint_dir,
                                           const checkpoint::Manifest& manifest) {
-  std::vector<RowsToRead> reads;
-  for (const checkpoint::TensorSlice& s : manifest.slices()) {
-    Shape shape(s.global_shape().begin(), s.global_shape().end());
+  // Slices are read in batches of about kChecksumWindowBytes, so a verification holds
+  // that much memory whatever the checkpoint's size.
+  std::vector<RowsToRead> batch;
+  int64_t batch_bytes = 0;
+  for (int i = 0; i < manifest.slices_size(); ++i) {
+    const checkpoint::TensorSlice& s = manifest.slices(i);
+    Shape shape = global_shape_of(s);
     if (shape.empty()) shape.push_back(1);
     shape[0] = s.rows();
-    reads.push_back({s.tensor(), s.first_row(), Tensor::empty(shape)});
+    batch.push_back({s.tensor(), s.first_row(), Tensor::empty(shape)});
+    batch_bytes += slice_bytes(s);
+    if (batch_bytes >= kChecksumWindowBytes || i + 1 == manifest.slices_size()) {
+      SY_RETURN_IF_ERROR(read_rows(checkpoint_dir, manifest, batch));
+      batch.clear();
+      batch_bytes = 0;
+    }
   }
-  SY_RETURN_IF_ERROR(read_rows(checkpoint_dir, manifest, reads));
-  return static_cast<int64_t>(reads.size());
+  return static_cast<int64_t>(manifest.slices_size());
 }
 
 }  // namespace switchyard
