@@ -1,10 +1,10 @@
 #include "checkpoint/hf_export.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <utility>
 #include <vector>
@@ -14,7 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
+#include "data/tokenizer.h"
 #include "engine/config/recipe.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -53,20 +56,8 @@ Tensor copy_range(const Tensor& src, int64_t begin, const Shape& shape) {
   return out;
 }
 
-absl::Status write_text(const std::string& path, const std::string& text) {
-  {
-    std::ofstream out(path + ".tmp", std::ios::trunc);
-    out << text;
-    if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
-  }
-  std::error_code ec;
-  fs::rename(path + ".tmp", path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
-  return absl::OkStatus();
-}
-
 absl::Status write_json(const std::string& path, const Json& json) {
-  return write_text(path, json.dump(2) + "\n");
+  return write_file_atomically(path, json.dump(2) + "\n");
 }
 
 std::string torch_dtype_name(DType dtype) { return dtype == DType::kBF16 ? "bfloat16" : "float32"; }
@@ -139,6 +130,7 @@ absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
     if (it == weights.end()) return absl::DataLossError(absl::StrCat(source, ": missing tensor ", name));
     if (it->second.dtype() != DType::kF32)
       return absl::DataLossError(absl::StrCat(source, ": tensor ", name, " is not F32"));
+    SY_RETURN_IF_ERROR(check_finite(it->second, source, name));
     Tensor t = it->second;
     weights.erase(it);
     return t;
@@ -237,16 +229,29 @@ absl::Status write_weights(const std::string& out_dir, const NamedTensors& tenso
   return write_json(out_dir + "/model.safetensors.index.json", index);
 }
 
+// The weights directory's tokenizer.model, or empty when there is none. The exported
+// tokenizer files name the engine's special pieces by their ids, and its vocabulary must
+// fit the model's.
+absl::StatusOr<std::string> export_tokenizer_source(const std::string& weights_dir,
+                                                    const config::Recipe& recipe) {
+  const std::string path = weights_dir + "/tokenizer.model";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return std::string();
+  SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, load_weights_tokenizer(weights_dir, recipe));
+  if (tokenizer.special_ids() != kTrainedSpecialIds)
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": special ids differ from unk 0, bos 1, eos 2, pad 3, which the exported "
+        "tokenizer_config.json and generation_config.json assume"));
+  return path;
+}
+
 // Our tokenizers add no dummy prefix and no bos: legacy false with add_prefix_space
 // false keeps transformers from prepending "▁", and add_bos_token false matches the
 // training data, which has no bos.
-absl::Status write_tokenizer(const std::string& weights_dir, const std::string& out_dir,
+absl::Status write_tokenizer(const std::string& source, const std::string& out_dir,
                              const config::Recipe& recipe) {
-  const std::string source = weights_dir + "/tokenizer.model";
-  if (!fs::exists(source)) return absl::OkStatus();
-  std::error_code ec;
-  fs::copy_file(source, out_dir + "/tokenizer.model", fs::copy_options::overwrite_existing, ec);
-  if (ec) return absl::DataLossError(absl::StrCat(source, ": cannot copy: ", ec.message()));
+  if (source.empty()) return absl::OkStatus();
+  SY_RETURN_IF_ERROR(copy_file_atomically(source, out_dir + "/tokenizer.model"));
   const Json specials = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"},
                          {"pad_token", "<pad>"}};
   Json config = {{"tokenizer_class", "LlamaTokenizer"},
@@ -261,7 +266,35 @@ absl::Status write_tokenizer(const std::string& weights_dir, const std::string& 
   return write_json(out_dir + "/special_tokens_map.json", specials);
 }
 
+// "model-00001-of-00003.safetensors": the shard names write_weights gives.
+bool is_shard_name(std::string_view name) {
+  // Removes a leading run of digits; false when there is none.
+  auto digits = [&name]() {
+    const size_t n = name.find_first_not_of("0123456789");
+    if (n == 0 || n == std::string_view::npos) return false;
+    name.remove_prefix(n);
+    return true;
+  };
+  auto literal = [&name](std::string_view text) {
+    if (!name.starts_with(text)) return false;
+    name.remove_prefix(text.size());
+    return true;
+  };
+  return literal("model-") && digits() && literal("-of-") && digits() &&
+         name == ".safetensors";
+}
+
 }  // namespace
+
+bool is_hf_export_file(std::string_view name) {
+  if (name.ends_with(".partial")) name.remove_suffix(std::strlen(".partial"));
+  static constexpr std::string_view kFiles[] = {
+      "config.json",          "generation_config.json", "model.safetensors",
+      "model.safetensors.index.json", "tokenizer.model", "tokenizer.json",
+      "tokenizer_config.json", "special_tokens_map.json"};
+  return std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles) ||
+         is_shard_name(name);
+}
 
 absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe) {
   const config::ModelConfig& model = recipe.model();
@@ -307,12 +340,9 @@ absl::Status export_hf(const std::string& weights_dir, const std::string& out_di
     return absl::InvalidArgumentError("--dtype must be fp32 or bf16");
   if (options.max_shard_bytes <= 0)
     return absl::InvalidArgumentError("--max-shard-size must be > 0");
-  const std::string recipe_path = weights_dir + "/recipe.textproto";
-  if (!fs::exists(recipe_path))
-    return absl::NotFoundError(
-        absl::StrCat(weights_dir, ": not a weights directory (no recipe.textproto)"));
-  SY_ASSIGN_OR_RETURN(const config::Recipe recipe, config::load_recipe(recipe_path, {}));
+  SY_ASSIGN_OR_RETURN(const config::Recipe recipe, load_weights_recipe(weights_dir));
   SY_ASSIGN_OR_RETURN(const std::string architecture, hf_architecture_for(recipe));
+  SY_ASSIGN_OR_RETURN(const std::string tokenizer, export_tokenizer_source(weights_dir, recipe));
   const std::string source = weights_dir + "/model.safetensors";
   SY_ASSIGN_OR_RETURN(auto weights, read_safetensors(source));
   const Json config = config_json(recipe, architecture, weights, options.dtype);
@@ -326,7 +356,7 @@ absl::Status export_hf(const std::string& weights_dir, const std::string& out_di
   SY_RETURN_IF_ERROR(write_json(out_dir + "/config.json", config));
   const Json generation = {{"bos_token_id", 1}, {"eos_token_id", 2}, {"pad_token_id", 3}};
   SY_RETURN_IF_ERROR(write_json(out_dir + "/generation_config.json", generation));
-  return write_tokenizer(weights_dir, out_dir, recipe);
+  return write_tokenizer(tokenizer, out_dir, recipe);
 }
 
 }  // namespace switchyard

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -29,11 +30,19 @@ struct HfExportOptions {
 absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe);
 
 // Reads `weights_dir` (recipe.textproto, model.safetensors, optional tokenizer.model) and
-// writes the transformers directory `out_dir` (created if missing). The tokenizer files
+// writes the transformers directory `out_dir` (created if missing), each file completely
+// or not at all. Non-finite weights are refused naming the tensor. The tokenizer files
 // name the engine's special pieces (unk 0 "<unk>", bos 1 "<s>", eos 2 "</s>", pad 3
-// "<pad>"); the caller checks that tokenizer.model has them, since the tokenizer code
-// sits beside this layer, not below it.
+// "<pad>"): a tokenizer.model with other ids, or with more pieces than model.vocab_size,
+// is refused before anything is written.
 absl::Status export_hf(const std::string& weights_dir, const std::string& out_dir,
                        const HfExportOptions& options);
+
+// Whether `name` is a file an export writes, or the partial file of one: config.json,
+// generation_config.json, model.safetensors, model-NNNNN-of-NNNNN.safetensors,
+// model.safetensors.index.json and the tokenizer files (tokenizer.model, tokenizer.json,
+// tokenizer_config.json, special_tokens_map.json). `convert to-hf --overwrite` removes
+// exactly these.
+bool is_hf_export_file(std::string_view name);
 
 }  // namespace switchyard

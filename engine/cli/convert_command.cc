@@ -1,15 +1,18 @@
 #include "engine/cli/convert_command.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_import.h"
-#include "data/tokenizer.h"
+#include "checkpoint/weights.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -34,6 +37,58 @@ absl::StatusOr<int64_t> parse_size(const std::string& text) {
       absl::StrCat("--max-shard-size \"", text, "\" must be a positive size such as 5GB or 500MB"));
 }
 
+namespace fs = std::filesystem;
+
+// Whether the canonical path `inner` is `outer` or lies inside it.
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first ==
+         outer.end();
+}
+
+// The entries of the directory `dir`.
+absl::StatusOr<std::vector<fs::path>> entries_of(const fs::path& dir, const std::string& name) {
+  std::vector<fs::path> entries;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec))
+    entries.push_back(it->path());
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(name, ": cannot list: ", ec.message()));
+  return entries;
+}
+
+// Makes `out` ready for a conversion of `in`: neither `in` nor inside it (symlinks
+// followed), and empty unless `overwrite`, which removes the files `owned` names (an
+// earlier conversion's) and keeps every other file.
+absl::Status prepare_output(const std::string& in, const std::string& out, bool overwrite,
+                            bool (*owned)(std::string_view)) {
+  std::error_code ec;
+  const fs::path real_in = fs::canonical(in, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat(in, ": ", ec.message()));
+  const fs::path real_out = fs::weakly_canonical(out, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat(out, ": ", ec.message()));
+  if (is_within(real_out, real_in))
+    return absl::InvalidArgumentError(absl::StrCat(
+        out, ": the output directory is, or is inside, the input directory ", in));
+  const fs::file_status status = fs::status(real_out, ec);
+  if (!fs::exists(status)) return absl::OkStatus();
+  if (!fs::is_directory(status))
+    return absl::InvalidArgumentError(absl::StrCat(out, ": exists and is not a directory"));
+  SY_ASSIGN_OR_RETURN(const std::vector<fs::path> entries, entries_of(real_out, out));
+  if (entries.empty()) return absl::OkStatus();
+  if (!overwrite)
+    return absl::FailedPreconditionError(absl::StrCat(
+        out, ": the output directory is not empty; --overwrite replaces an earlier "
+        "conversion's files there"));
+  for (const fs::path& entry : entries) {
+    if (!owned(entry.filename().string()) || fs::is_directory(fs::symlink_status(entry, ec)))
+      continue;
+    if (!fs::remove(entry, ec) && ec)
+      return absl::PermissionDeniedError(
+          absl::StrCat(entry.string(), ": cannot remove: ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 ConvertCommand::ConvertCommand(CLI::App& app) {
@@ -48,11 +103,15 @@ ConvertCommand::ConvertCommand(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   to_hf_->add_option("--max-shard-size", max_shard_size_,
                      "split the weights into shards of at most this size (e.g. 5GB)");
+  to_hf_->add_flag("--overwrite", overwrite_,
+                   "replace an earlier export's files in a non-empty output directory");
 
   from_hf_ = convert_->add_subcommand(
       "from-hf", "import a transformers Mixtral, Qwen2-MoE or OLMoE directory as weights");
   from_hf_->add_option("hf_dir", in_, "transformers model directory")->required();
   from_hf_->add_option("out", out_, "output weights directory")->required();
+  from_hf_->add_flag("--overwrite", overwrite_,
+                     "replace an earlier import's files in a non-empty output directory");
 }
 
 bool ConvertCommand::parsed() const { return convert_->parsed(); }
@@ -66,21 +125,14 @@ absl::Status ConvertCommand::run_to_hf() {
   HfExportOptions options;
   options.dtype = dtype_ == "bf16" ? DType::kBF16 : DType::kF32;
   SY_ASSIGN_OR_RETURN(options.max_shard_bytes, parse_size(max_shard_size_));
-  // The exported tokenizer files name the engine's special pieces by these ids.
-  const std::string tokenizer_path = in_ + "/tokenizer.model";
-  if (std::filesystem::exists(tokenizer_path)) {
-    SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::load(tokenizer_path));
-    if (tokenizer.special_ids() != kTrainedSpecialIds)
-      return absl::FailedPreconditionError(absl::StrCat(
-          tokenizer_path, ": special ids differ from unk 0, bos 1, eos 2, pad 3, which the "
-          "exported tokenizer_config.json and generation_config.json assume"));
-  }
+  SY_RETURN_IF_ERROR(prepare_output(in_, out_, overwrite_, is_hf_export_file));
   SY_RETURN_IF_ERROR(export_hf(in_, out_, options));
   std::printf("wrote %s\n", out_.c_str());
   return absl::OkStatus();
 }
 
 absl::Status ConvertCommand::run_from_hf() {
+  SY_RETURN_IF_ERROR(prepare_output(in_, out_, overwrite_, is_weights_file));
   SY_RETURN_IF_ERROR(import_hf(in_, out_));
   std::printf("wrote %s\n", out_.c_str());
   return absl::OkStatus();

@@ -1,6 +1,7 @@
 // The convert subcommands of the switchyard binary:
 //   switchyard convert to-hf WEIGHTS_DIR OUT [--dtype bf16|fp32] [--max-shard-size 5GB]
-//   switchyard convert from-hf HF_DIR OUT_WEIGHTS_DIR
+//                            [--overwrite]
+//   switchyard convert from-hf HF_DIR OUT_WEIGHTS_DIR [--overwrite]
 // Wiring in main(): construct ConvertCommand on the app before parsing, then
 //   if (convert_command.parsed()) return report(convert_command.run());
 #pragma once
@@ -33,6 +34,7 @@ class ConvertCommand {
   std::string out_;
   std::string dtype_ = "fp32";
   std::string max_shard_size_ = "5GB";
+  bool overwrite_ = false;
 };
 
 }  // namespace switchyard

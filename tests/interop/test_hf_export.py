@@ -136,6 +136,27 @@ def test_bf16_and_sharded_exports_load(tmp_path, cache):
     np.testing.assert_array_equal(engine_logits(tmp_path / "back", ids, tmp_path), reference)
 
 
+def test_overwrite_leaves_exactly_the_new_files(tmp_path, cache):
+    final = train(tmp_path, cache)
+    out = tmp_path / "hf"
+    run(SWITCHYARD, "convert", "to-hf", final, out, "--max-shard-size", "2MB")
+    assert len(list(out.glob("model-*-of-*.safetensors"))) >= 3
+    (out / "notes.txt").write_text("not an export's file")
+    refused = run(SWITCHYARD, "convert", "to-hf", final, out, check=False)
+    assert refused.returncode == 1 and "--overwrite" in refused.stderr, refused.stderr
+    run(SWITCHYARD, "convert", "to-hf", final, out, "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors", "notes.txt",
+        "special_tokens_map.json", "tokenizer.model", "tokenizer_config.json"]
+
+    back = tmp_path / "back"
+    run(SWITCHYARD, "convert", "from-hf", out, back)
+    (back / "notes.txt").write_text("kept")
+    run(SWITCHYARD, "convert", "from-hf", out, back, "--overwrite")
+    assert sorted(p.name for p in back.iterdir()) == [
+        "model.safetensors", "notes.txt", "recipe.textproto", "tokenizer.model"]
+
+
 @pytest.mark.parametrize("sets,reason", [
     (["moe.gating=GSHARD_TOP2"], "GSHARD_TOP2"),
     (["model.qk_norm=true"], "model.qk_norm"),
