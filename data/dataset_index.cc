@@ -48,7 +48,8 @@ absl::StatusOr<DatasetIndex> read_dataset_index(const std::string& dir) {
   const JsonFields r(j, path);
   SY_ASSIGN_OR_RETURN(const std::string format, r.string("format"));
   if (format != kIndexFormatName)
-    return r.error("format", absl::StrCat("is \"", format, "\", expected \"", kIndexFormatName, "\""));
+    return r.error("format",
+                   absl::StrCat("is \"", format, "\", expected \"", kIndexFormatName, "\""));
   DatasetIndex index;
   SY_ASSIGN_OR_RETURN(index.format_version, r.integer("format_version"));
   SY_ASSIGN_OR_RETURN(index.tokenizer_sha256, r.string("tokenizer_sha256"));

@@ -23,9 +23,12 @@ herr_t refuse_external_link(const char*, const char*, const char*, const char*, 
 
 const char* link_type_name(H5L_type_t type) {
   switch (type) {
-    case H5L_TYPE_SOFT: return "a soft link";
-    case H5L_TYPE_EXTERNAL: return "an external link (to another file)";
-    default: return "a user-defined link";
+    case H5L_TYPE_SOFT:
+      return "a soft link";
+    case H5L_TYPE_EXTERNAL:
+      return "an external link (to another file)";
+    default:
+      return "a user-defined link";
   }
 }
 
@@ -55,9 +58,8 @@ absl::Status check_filters(hid_t dcpl, const std::string& where) {
     const H5Z_filter_t filter = H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &values,
                                                nullptr, 0, nullptr, nullptr);
     if (!allowed_filter(filter))
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": uses HDF5 filter ", filter,
-                       "; only deflate, shuffle and fletcher32 are read"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": uses HDF5 filter ", filter, "; only deflate, shuffle and fletcher32 are read"));
   }
   return absl::OkStatus();
 }
@@ -118,9 +120,8 @@ absl::Status check_hard_link(hid_t file, const std::string& name, const std::str
       if (H5Lget_info(file, prefix.c_str(), &info, access.get()) < 0)
         return absl::InvalidArgumentError(absl::StrCat(where, ": has no object ", prefix));
       if (info.type != H5L_TYPE_HARD)
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": ", prefix, " is ", link_type_name(info.type),
-                         ", which the engine refuses"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": ", prefix, " is ", link_type_name(info.type), ", which the engine refuses"));
     }
     start = end + 1;
   }
@@ -137,8 +138,8 @@ absl::Status check_plain_hdf5_dataset(hid_t file, hid_t dataset, const std::stri
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": is a virtual dataset (data in other files), which the engine refuses"));
   if (H5Pget_external_count(dcpl.get()) != 0)
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": keeps its data in external files, which the engine refuses"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": keeps its data in external files, which the engine refuses"));
   return check_filters(dcpl.get(), where);
 }
 

@@ -92,9 +92,9 @@ absl::StatusOr<std::string> sample_tokenizer_path(const std::string& path, bool 
                       read_dataset_index(dir.empty() ? "." : dir.string()));
   if (index.tokenizer_file.empty()) return std::string();
   const std::string index_dir = dir.empty() ? "." : dir.string();
-  return path_in_directory(index_dir, index.tokenizer_file,
-                           (fs::path(index_dir) / kIndexFileName).string() +
-                               ": field tokenizer_file");
+  return path_in_directory(
+      index_dir, index.tokenizer_file,
+      (fs::path(index_dir) / kIndexFileName).string() + ": field tokenizer_file");
 }
 
 // Decodes with the document boundaries visible: eos and bos decode to nothing.

@@ -4,10 +4,10 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "data/dataset_index.h"
 #include "data/checksum_verdicts.h"
-#include "engine/runtime/file_util.h"
+#include "data/dataset_index.h"
 #include "engine/runtime/check.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -72,10 +72,10 @@ absl::StatusOr<TokenDataset> TokenDataset::open(const std::string& dir, std::str
   const std::string verdicts = options.remember_verdicts ? default_verdict_cache_dir() : "";
   for (size_t i = 0; i < split_it->second.size(); ++i) {
     const ShardEntry& entry = split_it->second[i];
-    SY_ASSIGN_OR_RETURN(const std::string path,
-                        path_in_directory(dir, entry.file,
-                                          absl::StrCat(index_path, ": field splits.", d.split_,
-                                                       "[", i, "].file")));
+    SY_ASSIGN_OR_RETURN(
+        const std::string path,
+        path_in_directory(dir, entry.file,
+                          absl::StrCat(index_path, ": field splits.", d.split_, "[", i, "].file")));
     SY_ASSIGN_OR_RETURN(const int64_t bytes, regular_file_size(path));
     if (bytes != entry.bytes)
       return absl::DataLossError(absl::StrCat(path, ": is ", bytes, " bytes, the index says ",

@@ -6,9 +6,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/file_util.h"
 #include "data/hdf5_checks.h"
 #include "engine/runtime/check.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -122,9 +122,9 @@ absl::StatusOr<int64_t> checked_length(hid_t dataset, int64_t element_bytes, int
     return absl::InvalidArgumentError(absl::StrCat(what, " must be one-dimensional"));
   const int64_t max_bytes = max_hdf5_dataset_bytes(dataset, file_bytes);
   if (size > static_cast<hsize_t>(max_bytes / element_bytes))
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " declares ", size, " elements of ", element_bytes,
-                     " bytes, more than the file's ", file_bytes, " bytes can hold"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " declares ", size, " elements of ",
+                                                   element_bytes, " bytes, more than the file's ",
+                                                   file_bytes, " bytes can hold"));
   return static_cast<int64_t>(size);
 }
 
@@ -321,9 +321,9 @@ absl::Status ShardReader::open_tokens() {
       H5Tget_sign(type.get()) != H5T_SGN_NONE || (type_size != 2 && type_size != 4))
     return absl::InvalidArgumentError(absl::StrCat(what, " must be uint16 or uint32"));
   dtype_ = type_size == 2 ? TokenDType::kUint16 : TokenDType::kUint32;
-  SY_ASSIGN_OR_RETURN(num_tokens_, checked_length(h5_->tokens.get(),
-                                                  static_cast<int64_t>(type_size), file_bytes_,
-                                                  what));
+  SY_ASSIGN_OR_RETURN(
+      num_tokens_,
+      checked_length(h5_->tokens.get(), static_cast<int64_t>(type_size), file_bytes_, what));
   return absl::OkStatus();
 }
 

@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "data/document_reader.h"
-#include "engine/runtime/file_util.h"
 #include "data/sentencepiece_model.h"
 #include "data/sha256.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -122,17 +122,16 @@ absl::StatusOr<Tokenizer> Tokenizer::from_bytes(std::string model_bytes, const s
     return absl::InvalidArgumentError(absl::StrCat(name, ": is empty, not a SentencePiece model"));
   if (static_cast<int64_t>(model_bytes.size()) > kMaxMetadataFileBytes)
     return absl::InvalidArgumentError(absl::StrCat(name, ": is ", model_bytes.size(),
-                                                   " bytes, more than the ",
-                                                   kMaxMetadataFileBytes, " allowed"));
+                                                   " bytes, more than the ", kMaxMetadataFileBytes,
+                                                   " allowed"));
   auto model = std::make_shared<spm::Model>();
   const std::string error = model->load(model_bytes);
   if (!error.empty())
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": not a SentencePiece model (", error, ")"));
   if (model->piece_size() > kMaxVocabSize)
-    return absl::InvalidArgumentError(absl::StrCat(name, ": has ", model->piece_size(),
-                                                   " pieces, more than the ", kMaxVocabSize,
-                                                   " allowed"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": has ", model->piece_size(), " pieces, more than the ", kMaxVocabSize, " allowed"));
   Tokenizer t;
   t.model_ = std::move(model);
   t.sha256_ = sha256_hex(model_bytes);

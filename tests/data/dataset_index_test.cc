@@ -35,9 +35,7 @@ class DatasetIndexTest : public ::testing::Test {
   }
   std::string dir() const { return (scratch_.path() / "dataset").string(); }
   std::string index_path() const { return dir() + "/index.json"; }
-  std::string open_error() const {
-    return message_of(TokenDataset::open(dir(), "train").status());
-  }
+  std::string open_error() const { return message_of(TokenDataset::open(dir(), "train").status()); }
   // The index with its first occurrence of `from` replaced.
   void edit_index(const std::string& from, const std::string& to) {
     std::string text = index_;
@@ -67,16 +65,19 @@ TEST_F(DatasetIndexTest, ShardNamesStayInsideTheDirectory) {
 
 TEST_F(DatasetIndexTest, CountsAndDigestsMustBeConsistent) {
   edit_index("\"documents\": 60", "\"documents\": 3001");
-  EXPECT_TRUE(IsOneLineWith(open_error(), "field splits.train[0].documents must be an integer in [0, 3000]"));
+  EXPECT_TRUE(IsOneLineWith(open_error(),
+                            "field splits.train[0].documents must be an integer in [0, 3000]"));
   edit_index("\"tokens\": 3000", "\"tokens\": -5");
   EXPECT_TRUE(IsOneLineWith(open_error(), "field splits.train[0].tokens must be"));
   edit_index("\"sha256\": \"", "\"sha256\": \"../");
-  EXPECT_TRUE(IsOneLineWith(open_error(), "field splits.train[0].sha256 must be 64 lower-case hex"));
+  EXPECT_TRUE(
+      IsOneLineWith(open_error(), "field splits.train[0].sha256 must be 64 lower-case hex"));
   const size_t start = index_.find('{', index_.find("\"train\""));
   const std::string entry = index_.substr(start, index_.find('}', start) + 1 - start);
   edit_index(entry, entry + ", " + entry);
   EXPECT_TRUE(IsOneLineWith(open_error(), "field splits.train[1].file lists \"" +
-                                              std::string(kShard) + "\" again (splits.train[0].file)"));
+                                              std::string(kShard) +
+                                              "\" again (splits.train[0].file)"));
   edit_index("\"pad\": -1", "\"pad\": 1000");
   EXPECT_TRUE(IsOneLineWith(open_error(), "field special_ids.pad must be an integer in [-1, 999]"));
 }

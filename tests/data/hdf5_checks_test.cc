@@ -21,8 +21,7 @@ constexpr hsize_t kCount = 4;
 void make_dataset(hid_t file, const char* name, hid_t dcpl = H5P_DEFAULT, bool write = true) {
   H5Handle space(H5Screate_simple(1, &kCount, nullptr), H5Sclose);
   H5Handle dataset(
-      H5Dcreate2(file, name, H5T_STD_I32LE, space.get(), H5P_DEFAULT, dcpl, H5P_DEFAULT),
-      H5Dclose);
+      H5Dcreate2(file, name, H5T_STD_I32LE, space.get(), H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
   ASSERT_TRUE(dataset.valid()) << name;
   const int32_t values[kCount] = {1, 2, 3, 4};
   if (!write) return;

@@ -186,7 +186,7 @@ TEST(LoaderErrorTest, IdAtOrAboveVocabSizeFailsTheBatch) {
   const int64_t offset = testing::find_in_file(shard, run);
   ASSERT_GE(offset, 0);
   testing::patch_file(shard, offset, "\xFF\xFF");  // token 500
-  DatasetOpenOptions unverified;  // as if the index had the patched shard's sha256
+  DatasetOpenOptions unverified;                   // as if the index had the patched shard's sha256
   unverified.verify_checksums = false;
   auto dataset = TokenDataset::open(dir.path().string(), "train", unverified);
   ASSERT_TRUE(dataset.ok()) << dataset.status();

@@ -221,8 +221,8 @@ TEST_F(PrepareTest, OpeningChecksShardsAgainstIndexAndCaller) {
   DatasetOpenOptions unverified;
   unverified.verify_checksums = false;
   EXPECT_TRUE(TokenDataset::open(dir, "train", unverified).ok());
-  EXPECT_TRUE(IsOneLineWith(message_of(TokenDataset::open(dir, "train").status()),
-                            shard + ": sha256"));
+  EXPECT_TRUE(
+      IsOneLineWith(message_of(TokenDataset::open(dir, "train").status()), shard + ": sha256"));
 
   // Truncated.
   write_text(shard, good.substr(0, good.size() - 1000));
@@ -236,8 +236,9 @@ TEST_F(PrepareTest, OpeningChecksShardsAgainstIndexAndCaller) {
   std::string other_sha = index_text;
   other_sha.replace(other_sha.find(sha), sha.size(), std::string(64, 'f'));
   write_text(dir + "/index.json", other_sha);
-  EXPECT_TRUE(IsOneLineWith(message_of(TokenDataset::open(dir, "train").status()),
-                            "tokenizer.model: sha256 " + sha + " is not the index's tokenizer_sha256"));
+  EXPECT_TRUE(
+      IsOneLineWith(message_of(TokenDataset::open(dir, "train").status()),
+                    "tokenizer.model: sha256 " + sha + " is not the index's tokenizer_sha256"));
   std::string other_vocab = index_text;
   other_vocab.replace(other_vocab.find("\"vocab_size\": 512"), 17, "\"vocab_size\": 999");
   write_text(dir + "/index.json", other_vocab);

@@ -3,7 +3,6 @@
 #include "data/token_shard.h"
 
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -167,9 +166,9 @@ TEST(TokenShardTest, AttributesAreSingleValuesInRange) {
     H5Adelete(file.get(), name);
     const hsize_t n = values.size();
     H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-    H5Handle attr(H5Acreate2(file.get(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT,
-                             H5P_DEFAULT),
-                  H5Aclose);
+    H5Handle attr(
+        H5Acreate2(file.get(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+        H5Aclose);
     H5Awrite(attr.get(), H5T_NATIVE_INT64, values.data());
   };
   set_attribute("vocab_size", std::vector<int64_t>(4000, 1000));
@@ -192,9 +191,9 @@ TEST(TokenShardTest, ImagesOpenWithTheSameChecks) {
   EXPECT_EQ((*reader)->num_tokens(), 5);
   EXPECT_EQ((*reader)->num_documents(), 2);
   EXPECT_EQ(*(*reader)->scan_max_token(), 5);
-  EXPECT_TRUE(IsOneLineWith(message_of(ShardReader::open_image(good.substr(0, 200), "cut.h5")
-                                           .status()),
-                            "cut.h5: not a readable HDF5 file"));
+  EXPECT_TRUE(
+      IsOneLineWith(message_of(ShardReader::open_image(good.substr(0, 200), "cut.h5").status()),
+                    "cut.h5: not a readable HDF5 file"));
 }
 
 TEST(TokenShardTest, SpecialFilesAreRefusedWithoutBlocking) {

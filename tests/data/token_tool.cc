@@ -71,9 +71,9 @@ absl::Status run(const std::vector<std::string>& a) {
     SY_ASSIGN_OR_RETURN(const TokenDataset dataset, TokenDataset::open(a.at(1), a.at(2), options));
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s\n", nlohmann::json({{"seconds", seconds}, {"tokens", dataset.num_tokens()}})
-                            .dump()
-                            .c_str());
+    std::printf(
+        "%s\n",
+        nlohmann::json({{"seconds", seconds}, {"tokens", dataset.num_tokens()}}).dump().c_str());
     return absl::OkStatus();
   }
   if (command == "read") {
