@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of the file readers (tests/fuzz/, the `fuzz` preset: clang,
+# CUDA off, every library compiled with ASan+UBSan and fuzzer coverage) into build-fuzz/
+# and runs each for SECONDS from its seed corpus (tests/fuzz/corpus/<target>) plus what
+# earlier runs found (build-fuzz/corpus/<target>). Prints the execs and crashes of each
+# target; exits 1 when any target crashed (the inputs are in build-fuzz/crashes/<target>).
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     default: 60 s each, every target
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-60}"
+shift || true
+
+if [[ ! -f build-fuzz/CMakeCache.txt ]]; then
+  launcher=()
+  command -v ccache >/dev/null 2>&1 &&
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  cmake --preset fuzz "${launcher[@]}" >/dev/null
+fi
+cmake --build build-fuzz -j"$(nproc)" --target fuzzers >/dev/null
+
+targets=("$@")
+if ((${#targets[@]} == 0)); then
+  for seeds in tests/fuzz/corpus/*/; do targets+=("$(basename "$seeds")"); done
+fi
+
+# One run of target $1: its libFuzzer log goes to build-fuzz/logs/$1.log. Files the
+# readers write go to a scratch directory of its own under /dev/shm, removed after.
+run_target() {
+  local target="$1" corpus="build-fuzz/corpus/$1" crashes="build-fuzz/crashes/$1"
+  local scratch
+  mkdir -p "$corpus" "$crashes" build-fuzz/logs
+  scratch="$(mktemp -d /dev/shm/sy-fuzz-"$target".XXXXXX)"
+  local status=0
+  TMPDIR="$scratch" UBSAN_OPTIONS=print_stacktrace=1 \
+    LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0" \
+    "build-fuzz/tests/fuzz/${target}_fuzz" -max_total_time="$seconds" -print_final_stats=1 \
+    -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 -artifact_prefix="$crashes/" \
+    "$corpus" "tests/fuzz/corpus/$target" >"build-fuzz/logs/$target.log" 2>&1 || status=$?
+  rm -rf "$scratch"
+  return "$status"
+}
+
+printf '%-14s %12s %8s %8s\n' target execs crashes corpus
+failed=0
+for target in "${targets[@]}"; do
+  if [[ ! -x "build-fuzz/tests/fuzz/${target}_fuzz" ]]; then
+    echo "fuzz: no target ${target}_fuzz (tests/fuzz/CMakeLists.txt)" >&2
+    exit 1
+  fi
+  crashed=0
+  run_target "$target" || crashed=1
+  execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "build-fuzz/logs/$target.log")"
+  printf '%-14s %12s %8s %8s\n' "$target" "${execs:-?}" "$crashed" \
+    "$(find "build-fuzz/corpus/$target" -type f | wc -l)"
+  if ((crashed)); then
+    failed=1
+    grep -m1 -E '^(==[0-9]+==ERROR|.*runtime error|.*deadly signal|not a one-line)' \
+      "build-fuzz/logs/$target.log" >&2 || true
+    echo "fuzz: $target crashed; log build-fuzz/logs/$target.log, input in build-fuzz/crashes/$target/" >&2
+  fi
+done
+exit "$failed"

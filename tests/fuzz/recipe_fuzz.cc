@@ -1,0 +1,35 @@
+// Recipe text and `--set` overrides: the input is the textproto, optionally followed by a
+// NUL byte and one override ("field.path=value") per line. Parsing, overriding, filling
+// defaults, validating and summarising a valid recipe must refuse cleanly or succeed.
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+
+#include "engine/config/recipe.h"
+#include "tests/fuzz/fuzz_util.h"
+
+namespace sy = switchyard;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  constexpr std::string_view kName = "fuzz.textproto";
+  const std::string_view input = sy::fuzz::as_text(data, size);
+  const size_t nul = input.find('\0');
+  absl::StatusOr<sy::config::Recipe> recipe = sy::config::parse_recipe(input.substr(0, nul), kName);
+  sy::fuzz::require_clean_refusal(recipe.status(), kName);
+  if (!recipe.ok()) return 0;
+  if (nul != std::string_view::npos) {
+    std::string_view overrides = input.substr(nul + 1);
+    while (!overrides.empty()) {
+      const size_t end = std::min(overrides.find('\n'), overrides.size());
+      const absl::Status status = sy::config::apply_override(*recipe, overrides.substr(0, end));
+      sy::fuzz::require_clean_refusal(status, "");
+      if (!status.ok()) return 0;
+      overrides.remove_prefix(std::min(end + 1, overrides.size()));
+    }
+    sy::config::fill_defaults(*recipe);
+  }
+  const absl::Status valid = sy::config::validate_recipe(*recipe);
+  sy::fuzz::require_clean_refusal(valid, "");
+  if (valid.ok()) sy::config::summarize_recipe(*recipe);
+  return 0;
+}
