@@ -158,21 +158,23 @@ absl::StatusOr<ResumePoint> find_resume_point(const std::string& checkpoints_dir
 // none ends the job with an error instead of mixing steps or hanging.
 absl::Status agree_on_resume_step(Communicator& world,
                                   const absl::StatusOr<ResumePoint>& point) {
-  enum : int64_t { kUnreadable = 1, kFresh = 2, kStep0 = 3 };
-  std::vector<int64_t> found(static_cast<size_t>(world.size()), 0);
-  found[static_cast<size_t>(world.rank())] =
-      !point.ok() ? kUnreadable : point->dir.empty() ? kFresh : kStep0 + point->manifest.step();
+  enum : int64_t { kUnreadable = 1, kFresh = 2, kResumes = 3 };
+  // (what, step) of every rank, each rank filling its own pair.
+  std::vector<int64_t> found(2 * static_cast<size_t>(world.size()), 0);
+  const size_t mine = 2 * static_cast<size_t>(world.rank());
+  found[mine] = !point.ok() ? kUnreadable : point->dir.empty() ? kFresh : kResumes;
+  found[mine + 1] = found[mine] == kResumes ? point->manifest.step() : 0;
   world.all_reduce_sum(found.data(), static_cast<int64_t>(found.size()));
   SY_RETURN_IF_ERROR(point.status());
-  auto describe = [](int64_t code) {
-    return code == kUnreadable ? std::string("could not read its checkpoint")
-           : code == kFresh    ? std::string("starts afresh")
-                               : absl::StrCat("resumes from step ", code - kStep0);
+  auto describe = [&](size_t r) {
+    return found[2 * r] == kUnreadable ? std::string("could not read its checkpoint")
+           : found[2 * r] == kFresh    ? std::string("starts afresh")
+                                       : absl::StrCat("resumes from step ", found[2 * r + 1]);
   };
-  for (size_t r = 1; r < found.size(); ++r)
-    if (found[r] != found[0])
+  for (size_t r = 1; r < found.size() / 2; ++r)
+    if (found[2 * r] != found[0] || found[2 * r + 1] != found[1])
       return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", r, " ", describe(found[r]), " but rank 0 ", describe(found[0]),
+          "rank ", r, " ", describe(r), " but rank 0 ", describe(0),
           "; every rank must see the same run directory"));
   return absl::OkStatus();
 }

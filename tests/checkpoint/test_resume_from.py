@@ -1,8 +1,9 @@
 """A corrupt newest checkpoint: train refuses to resume it, naming the newest complete
 one and the --resume-from that resumes from it; that command continues from that step
-and `latest` then moves forward. A metrics.jsonl line torn by a kill is dropped.
+and `latest` then moves forward. A metrics.jsonl line torn by a kill is dropped. Ranks
+that find different resume steps end the job instead of training on mixed steps.
 
-Run by ctest with the interop Python; SWITCHYARD names the binary.
+Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import os
 import subprocess
@@ -14,16 +15,24 @@ SWITCHYARD = os.environ["SWITCHYARD"]
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
 
 
-def train(run_dir, cache, steps, *extra):
-    argv = [SWITCHYARD, "train", str(RECIPE), "--run-dir", str(run_dir),
+MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def train_argv(run_dir, cache, steps, *extra):
+    return [SWITCHYARD, "train", str(RECIPE), "--run-dir", str(run_dir),
             "--dataset-cache", str(cache), "--set", f"train.steps={steps}",
             "--set", "optimizer.warmup_steps=0", "--set", "train.eval_interval=0",
             "--set", "train.log_interval=1", "--set", "checkpoint.interval_steps=1",
             "--set", "checkpoint.keep=5", "--set", "model.num_layers=2",
             "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=4",
             "--set", "train.seq_len=32", *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def train(run_dir, cache, steps, *extra):
+    return subprocess.run(train_argv(run_dir, cache, steps, *extra), capture_output=True,
+                          text=True, timeout=600, env=ENV)
 
 
 @pytest.fixture
@@ -66,3 +75,15 @@ def test_torn_last_metrics_line_is_dropped(run):
     assert "resuming from" in resumed.stdout and "(step 2)" in resumed.stdout
     text = (run_dir / "metrics.jsonl").read_text()
     assert '"loss": 6.9' not in text and text.count('{"step":3,') == 1
+
+
+def test_ranks_that_find_different_steps_end_the_job(run):
+    # Rank 0 sees the run at step 2, rank 1 an empty run directory.
+    cache = run / "cache"
+    argv = [MPIEXEC, "--oversubscribe",
+            "-np", "1", *train_argv(run / "run", cache, 3, "--set", "train.micro_batch_size=2"),
+            ":", "-np", "1", *train_argv(run / "empty", cache, 3, "--set", "train.micro_batch_size=2")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=ENV)
+    assert result.returncode != 0
+    assert "rank 1 starts afresh but rank 0 resumes from step 2" in result.stderr
+    assert (run / "run" / "checkpoints" / "latest").read_text() == "step_2\n"
