@@ -234,6 +234,30 @@ def _flip_slice_bit(world, tmp):
     return _resume(world, run)
 
 
+def _split_slice(fields, slices):
+    """A tensor's one slice listed as two halves that both name its whole dataset."""
+    s = _first_matrix(slices)
+    rows = _slice_get(s, SLICE_ROWS)
+    second = list(map(list, s))
+    _slice_set(s, SLICE_ROWS, 0, rows // 2)
+    _slice_set(second, SLICE_FIRST_ROW, 0, rows // 2)
+    _slice_set(second, SLICE_ROWS, 0, rows - rows // 2)
+    return slices + [second]
+
+
+def _external_storage(world, tmp):
+    import h5py
+    import numpy as np
+    run = world.run_dir(tmp)
+    outside = tmp / "outside.bin"
+    outside.write_bytes(bytes(128 * 4))
+    with h5py.File(_step_dir(run, 2) / "rank_0.h5", "r+") as f:
+        del f["param/model.norm.weight"]
+        f.create_dataset("param/model.norm.weight", shape=(128,), dtype=np.float32,
+                         external=[(str(outside), 0, 128 * 4)])
+    return ["inspect", str(_step_dir(run, 2))]
+
+
 def _missing_rank_file(world, tmp):
     run = world.run_dir(tmp)
     os.remove(_step_dir(run, 2) / "rank_0.h5")
@@ -286,6 +310,12 @@ CASES = [
          _train_after(_overflowing_shape), "overflows"),
     Case("ckpt-rows-beyond-shape", "checkpoint manifest", "rows = dimension 0 + 5",
          _inspect_after(_rows_beyond), "field slices[0].rows"),
+    Case("ckpt-slice-dataset-shape", "checkpoint rank file",
+         "a dataset of [1024, 128] where the manifest's two slices say [512, 128] each",
+         _inspect_after(_split_slice), "the manifest says [512, 128]"),
+    Case("ckpt-slice-external-storage", "checkpoint rank file",
+         "a slice's dataset keeps its data in a file outside the checkpoint (HDF5 external storage)",
+         _external_storage, "keeps its data in external files"),
     Case("ckpt-latest-parent-path", "checkpoints/latest", 'holds "../x"',
          _latest("../x\n"), "does not hold exactly one line step_<N>"),
     Case("ckpt-latest-missing-step", "checkpoints/latest", 'names step_7, which does not exist',
