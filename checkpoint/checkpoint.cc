@@ -5,14 +5,11 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/file_util.h"
@@ -144,15 +141,15 @@ absl::StatusOr<std::string> save_checkpoint(const std::string& checkpoints_dir,
     manifest.set_step(contents.step);
     *manifest.mutable_loader() = contents.loader;
     for (int r = 0; r < world.size(); ++r) {
-      const fs::path entries_path = fs::path(tmp_dir) / absl::StrCat("rank_", r, ".entries");
-      std::ifstream in(entries_path, std::ios::binary);
-      std::stringstream bytes;
-      bytes << in.rdbuf();
+      const std::string entries_path =
+          (fs::path(tmp_dir) / absl::StrCat("rank_", r, ".entries")).string();
+      SY_ASSIGN_OR_RETURN(const std::string bytes, read_file(entries_path));
       checkpoint::Manifest rank_part;
-      if (!rank_part.ParseFromString(bytes.str()))
-        return absl::DataLossError(absl::StrCat(entries_path.string(), ": unreadable"));
+      if (!rank_part.ParseFromString(bytes))
+        return absl::DataLossError(absl::StrCat(entries_path, ": unreadable"));
       for (const auto& e : rank_part.slices()) *manifest.add_slices() = e;
-      fs::remove(entries_path);
+      std::error_code ec;
+      fs::remove(entries_path, ec);
     }
     SY_RETURN_IF_ERROR(write_file_atomically((fs::path(tmp_dir) / kManifestFile).string(),
                                              manifest.SerializeAsString()));
