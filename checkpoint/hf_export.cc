@@ -128,9 +128,6 @@ absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
   auto take = [&](const std::string& name) -> absl::StatusOr<Tensor> {
     auto it = weights.find(name);
     if (it == weights.end()) return absl::DataLossError(absl::StrCat(source, ": missing tensor ", name));
-    if (it->second.dtype() != DType::kF32)
-      return absl::DataLossError(absl::StrCat(source, ": tensor ", name, " is not F32"));
-    SY_RETURN_IF_ERROR(check_finite(it->second, source, name));
     Tensor t = it->second;
     weights.erase(it);
     return t;
@@ -334,20 +331,19 @@ absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe) {
   return std::string(kMixtral);
 }
 
-absl::Status export_hf(const std::string& weights_dir, const std::string& out_dir,
+absl::Status export_hf(const std::string& weights_dir, const config::Recipe& recipe,
+                       std::map<std::string, Tensor> weights, const std::string& out_dir,
                        const HfExportOptions& options) {
   if (options.dtype != DType::kF32 && options.dtype != DType::kBF16)
     return absl::InvalidArgumentError("--dtype must be fp32 or bf16");
   if (options.max_shard_bytes <= 0)
     return absl::InvalidArgumentError("--max-shard-size must be > 0");
-  SY_ASSIGN_OR_RETURN(const config::Recipe recipe, load_weights_recipe(weights_dir));
   SY_ASSIGN_OR_RETURN(const std::string architecture, hf_architecture_for(recipe));
   SY_ASSIGN_OR_RETURN(const std::string tokenizer, export_tokenizer_source(weights_dir, recipe));
-  const std::string source = weights_dir + "/model.safetensors";
-  SY_ASSIGN_OR_RETURN(auto weights, read_safetensors(source));
   const Json config = config_json(recipe, architecture, weights, options.dtype);
   SY_ASSIGN_OR_RETURN(const NamedTensors tensors,
-                      rename_tensors(recipe, architecture, weights, source));
+                      rename_tensors(recipe, architecture, weights,
+                                     weights_dir + "/model.safetensors"));
 
   std::error_code ec;
   fs::create_directories(out_dir, ec);

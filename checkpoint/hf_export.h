@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -29,13 +30,14 @@ struct HfExportOptions {
 // "Qwen2MoeForCausalLM"), or why it cannot be exported.
 absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe);
 
-// Reads `weights_dir` (recipe.textproto, model.safetensors, optional tokenizer.model) and
-// writes the transformers directory `out_dir` (created if missing), each file completely
-// or not at all. Non-finite weights are refused naming the tensor. The tokenizer files
-// name the engine's special pieces (unk 0 "<unk>", bos 1 "<s>", eos 2 "</s>", pad 3
-// "<pad>"): a tokenizer.model with other ids, or with more pieces than model.vocab_size,
-// is refused before anything is written.
-absl::Status export_hf(const std::string& weights_dir, const std::string& out_dir,
+// Writes the transformers directory `out_dir` (created if missing) for the model
+// `recipe` of the weights directory `weights_dir`, each file completely or not at all.
+// `weights` are its parameters under registry names as load_weights gives them (f32,
+// the model's shapes, finite). The tokenizer files name the engine's special pieces
+// (unk 0 "<unk>", bos 1 "<s>", eos 2 "</s>", pad 3 "<pad>"): a tokenizer.model with other
+// ids, or with more pieces than model.vocab_size, is refused before anything is written.
+absl::Status export_hf(const std::string& weights_dir, const config::Recipe& recipe,
+                       std::map<std::string, Tensor> weights, const std::string& out_dir,
                        const HfExportOptions& options);
 
 // Whether `name` is a file an export writes, or the partial file of one: config.json,

@@ -501,7 +501,7 @@ absl::StatusOr<std::map<std::string, std::string>> parse_hf_weight_map(std::stri
   return out;
 }
 
-absl::Status import_hf(const std::string& hf_dir, const std::string& out_dir) {
+absl::StatusOr<HfModel> read_hf_model(const std::string& hf_dir) {
   const std::string config_path = hf_dir + "/config.json";
   SY_ASSIGN_OR_RETURN(const std::string text, read_file(config_path));
   fs::path dir = fs::path(hf_dir).lexically_normal();
@@ -510,11 +510,13 @@ absl::Status import_hf(const std::string& hf_dir, const std::string& out_dir) {
                       parse_config(text, config_path, dir.filename().string()));
   SY_ASSIGN_OR_RETURN(const std::vector<std::string> files, hf_weight_files(hf_dir));
   SY_RETURN_IF_ERROR(check_files_hold_model(config.recipe, files, config_path));
-  SY_ASSIGN_OR_RETURN(const std::string tokenizer, hf_tokenizer(hf_dir, config.recipe));
+  HfModel out;
+  out.recipe = config.recipe;
+  SY_ASSIGN_OR_RETURN(out.tokenizer_path, hf_tokenizer(hf_dir, config.recipe));
   SY_ASSIGN_OR_RETURN(auto hf_tensors, read_hf_tensors(files));
   TensorMapper mapper(std::move(hf_tensors), hf_dir);
-  SY_ASSIGN_OR_RETURN(const auto tensors, map_tensors(config.recipe, config.family, mapper));
-  return save_weights(out_dir, config.recipe, tensors, tokenizer);
+  SY_ASSIGN_OR_RETURN(out.tensors, map_tensors(config.recipe, config.family, mapper));
+  return out;
 }
 
 }  // namespace switchyard

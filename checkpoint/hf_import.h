@@ -7,21 +7,31 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/config/recipe.pb.h"
+#include "engine/runtime/tensor.h"
 
 namespace switchyard {
 
+// A transformers directory read as the engine's model: its recipe, its weights under
+// registry names (f32) and its tokenizer.model (empty when it has none).
+struct HfModel {
+  config::Recipe recipe;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::string tokenizer_path;
+};
+
 // Reads config.json and model.safetensors (or the shards of
 // model.safetensors.index.json; F32, BF16 or F16, per-expert or fused expert tensors)
-// from `hf_dir` and writes recipe.textproto, model.safetensors (f32, registry names) and
-// tokenizer.model (when `hf_dir` has one) to `out_dir`. Every input is untrusted: shard
-// names stay inside `hf_dir`, the model config.json describes must fit in the bytes its
-// safetensors files hold before anything is allocated, and non-finite weights are
-// refused naming the tensor.
-absl::Status import_hf(const std::string& hf_dir, const std::string& out_dir);
+// from `hf_dir`; save_weights writes the result as a weights directory. Every input is
+// untrusted: shard names stay inside `hf_dir`, the model config.json describes must fit
+// in the bytes its safetensors files hold before anything is allocated, and non-finite
+// weights are refused naming the tensor.
+absl::StatusOr<HfModel> read_hf_model(const std::string& hf_dir);
 
 // The recipe of a config.json's text (`path` names it in errors; the recipe is called
 // `name`). Wrong types, nulls, missing fields and out-of-range values are errors naming

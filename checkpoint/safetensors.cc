@@ -74,7 +74,8 @@ absl::StatusOr<Shape> parse_shape(const JsonFields& tensor) {
 absl::StatusOr<Entry> parse_entry(const JsonFields& header, const std::string& key,
                                   int64_t data_bytes) {
   SY_ASSIGN_OR_RETURN(const JsonFields tensor, header.object(key.c_str()));
-  Entry e{.name = key};
+  Entry e;
+  e.name = key;
   SY_ASSIGN_OR_RETURN(e.dtype, parse_dtype(tensor));
   SY_ASSIGN_OR_RETURN(e.shape, parse_shape(tensor));
   const std::optional<int64_t> nbytes = checked_nbytes(e.shape, e.dtype);

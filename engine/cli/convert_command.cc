@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string_view>
 #include <vector>
 
@@ -13,6 +14,9 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_import.h"
 #include "checkpoint/weights.h"
+#include "engine/model/transformer.h"
+#include "engine/runtime/device.h"
+#include "engine/runtime/param_store.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -56,11 +60,9 @@ absl::StatusOr<std::vector<fs::path>> entries_of(const fs::path& dir, const std:
   return entries;
 }
 
-// Makes `out` ready for a conversion of `in`: neither `in` nor inside it (symlinks
-// followed), and empty unless `overwrite`, which removes the files `owned` names (an
-// earlier conversion's) and keeps every other file.
-absl::Status prepare_output(const std::string& in, const std::string& out, bool overwrite,
-                            bool (*owned)(std::string_view)) {
+// Refuses an output directory that is, or is inside, the input (symlinks followed), and
+// a non-empty one unless `overwrite`.
+absl::Status check_output(const std::string& in, const std::string& out, bool overwrite) {
   std::error_code ec;
   const fs::path real_in = fs::canonical(in, ec);
   if (ec) return absl::NotFoundError(absl::StrCat(in, ": ", ec.message()));
@@ -74,11 +76,19 @@ absl::Status prepare_output(const std::string& in, const std::string& out, bool 
   if (!fs::is_directory(status))
     return absl::InvalidArgumentError(absl::StrCat(out, ": exists and is not a directory"));
   SY_ASSIGN_OR_RETURN(const std::vector<fs::path> entries, entries_of(real_out, out));
-  if (entries.empty()) return absl::OkStatus();
-  if (!overwrite)
+  if (!entries.empty() && !overwrite)
     return absl::FailedPreconditionError(absl::StrCat(
         out, ": the output directory is not empty; --overwrite replaces an earlier "
         "conversion's files there"));
+  return absl::OkStatus();
+}
+
+// Removes from `out` the files `owned` names (an earlier conversion's) and keeps every
+// other file.
+absl::Status remove_owned_files(const std::string& out, bool (*owned)(std::string_view)) {
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) return absl::OkStatus();
+  SY_ASSIGN_OR_RETURN(const std::vector<fs::path> entries, entries_of(out, out));
   for (const fs::path& entry : entries) {
     if (!owned(entry.filename().string()) || fs::is_directory(fs::symlink_status(entry, ec)))
       continue;
@@ -87,6 +97,22 @@ absl::Status prepare_output(const std::string& in, const std::string& out, bool 
           absl::StrCat(entry.string(), ": cannot remove: ", ec.message()));
   }
   return absl::OkStatus();
+}
+
+// The parameters of the weights directory `dir` for `recipe`, checked by load_weights
+// against the model's own shapes, f32 and finite.
+absl::StatusOr<std::map<std::string, Tensor>> load_parameters(const std::string& dir,
+                                                             const config::Recipe& recipe) {
+  ParamStore params;
+  const Transformer model(recipe, params);
+  SY_RETURN_IF_ERROR(check_fits(cpu_device(),
+                                static_cast<double>(params.allocation_bytes(DType::kF32)),
+                                absl::StrCat("the parameters of ", dir, "/model.safetensors")));
+  params.allocate(cpu_device());
+  SY_RETURN_IF_ERROR(load_weights(dir, params));
+  std::map<std::string, Tensor> out;
+  for (const Param& p : params.params()) out.emplace(p.name, p.value);
+  return out;
 }
 
 }  // namespace
@@ -125,15 +151,21 @@ absl::Status ConvertCommand::run_to_hf() {
   HfExportOptions options;
   options.dtype = dtype_ == "bf16" ? DType::kBF16 : DType::kF32;
   SY_ASSIGN_OR_RETURN(options.max_shard_bytes, parse_size(max_shard_size_));
-  SY_RETURN_IF_ERROR(prepare_output(in_, out_, overwrite_, is_hf_export_file));
-  SY_RETURN_IF_ERROR(export_hf(in_, out_, options));
+  SY_RETURN_IF_ERROR(check_output(in_, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(const config::Recipe recipe, load_weights_recipe(in_));
+  SY_RETURN_IF_ERROR(hf_architecture_for(recipe).status());
+  SY_ASSIGN_OR_RETURN(auto weights, load_parameters(in_, recipe));
+  SY_RETURN_IF_ERROR(remove_owned_files(out_, is_hf_export_file));
+  SY_RETURN_IF_ERROR(export_hf(in_, recipe, std::move(weights), out_, options));
   std::printf("wrote %s\n", out_.c_str());
   return absl::OkStatus();
 }
 
 absl::Status ConvertCommand::run_from_hf() {
-  SY_RETURN_IF_ERROR(prepare_output(in_, out_, overwrite_, is_weights_file));
-  SY_RETURN_IF_ERROR(import_hf(in_, out_));
+  SY_RETURN_IF_ERROR(check_output(in_, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(const HfModel model, read_hf_model(in_));
+  SY_RETURN_IF_ERROR(remove_owned_files(out_, is_weights_file));
+  SY_RETURN_IF_ERROR(save_weights(out_, model.recipe, model.tensors, model.tokenizer_path));
   std::printf("wrote %s\n", out_.c_str());
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@ import struct
 from hostile import Case
 
 NAN_TENSOR = "model.norm.weight"
+EXPERTS = "model.layers.0.mlp.experts.gate_up_proj"
 
 
 def _read_safetensors(path):
@@ -186,6 +187,16 @@ def _hf_nan(world, tmp):
     return _from_hf(hf, tmp)
 
 
+def _flattened_experts(world, tmp):
+    weights = world.weights(tmp)
+    path = weights / "model.safetensors"
+    header, data = _read_safetensors(path)
+    entry = header[EXPERTS]
+    entry["shape"] = [math.prod(entry["shape"])]
+    _write_safetensors(path, header, data)
+    return ["convert", "to-hf", str(weights), str(tmp / "out")]
+
+
 def _into_own_input(world, tmp):
     weights = world.weights(tmp)
     return ["convert", "to-hf", str(weights), str(weights / "hf")]
@@ -248,6 +259,9 @@ CASES = [
          _poisoned(math.nan, lambda w, t, weights: ["convert", "to-hf", str(weights),
                                                     str(t / "out")]),
          f"tensor {NAN_TENSOR} holds NaN at element 17"),
+    Case("weights-wrong-shape-convert", "final weights",
+         "the experts' [E, 2I, H] tensor stored flat (same bytes), then convert to-hf",
+         _flattened_experts, f"tensor {EXPERTS} is f32[524288], expected f32[8, 512, 128]"),
     Case("weights-tokenizer-too-big", "final weights",
          "recipe.textproto's model.vocab_size 512 under a 1024-piece tokenizer.model",
          _small_recipe_vocab, "1024 pieces do not fit the model's model.vocab_size of 512"),
