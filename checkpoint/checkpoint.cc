@@ -236,12 +236,19 @@ absl::StatusOr<std::string> checkpoint_to_resume(const std::string& checkpoints_
   if (!resume_from.empty()) return resume_from;
   const absl::StatusOr<std::string> latest = latest_checkpoint(checkpoints_dir);
   if (!latest.ok()) return with_resume_hint(latest.status(), checkpoints_dir, kAnyStep);
-  if (latest->empty() && !checkpoint_steps(checkpoints_dir).empty())
-    return with_resume_hint(
-        absl::DataLossError(absl::StrCat(checkpoints_dir, ": holds step directories but no `",
-                                         kLatestFile, "` naming the newest complete one")),
-        checkpoints_dir, kAnyStep);
-  return *latest;
+  const std::vector<int64_t> steps = checkpoint_steps(checkpoints_dir);
+  if (!latest->empty() || steps.empty()) return *latest;
+  // A kill between the first checkpoint's rename and the writing of `latest` leaves a
+  // complete step directory and no `latest`: the newest step directory is taken when it
+  // verifies whole, anything else is refused.
+  const std::string newest = newest_complete_checkpoint(checkpoints_dir, kAnyStep);
+  if (!newest.empty() && newest == (fs::path(checkpoints_dir) / step_dir_name(steps[0])).string())
+    return newest;
+  return with_resume_hint(
+      absl::DataLossError(absl::StrCat(checkpoints_dir, ": holds step directories but no `",
+                                       kLatestFile, "`, and the newest, ",
+                                       step_dir_name(steps[0]), ", is not complete")),
+      checkpoints_dir, kAnyStep);
 }
 
 namespace {

@@ -64,8 +64,10 @@ absl::Status with_resume_hint(const absl::Status& problem, const std::string& ch
 
 // The checkpoint a run whose checkpoints are in checkpoints_dir resumes from:
 // `resume_from` when given (any checkpoint directory), else the one `latest` names; ""
-// for a fresh start. An unusable `latest`, or step directories without one, is refused
-// with with_resume_hint, never taken for a fresh start.
+// for a fresh start. Without `latest` (a kill before the first one was written) the
+// newest step directory when it verifies whole. An unusable `latest`, or step
+// directories without one whose newest does not verify, is refused with
+// with_resume_hint, never taken for a fresh start.
 absl::StatusOr<std::string> checkpoint_to_resume(const std::string& checkpoints_dir,
                                                  const std::string& resume_from);
 

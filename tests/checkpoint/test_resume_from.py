@@ -1,6 +1,6 @@
 """A corrupt newest checkpoint: train refuses to resume it, naming the newest complete
 one and the --resume-from that resumes from it; that command continues from that step
-and `latest` then moves forward. A metrics.jsonl line torn by a kill is dropped. Ranks
+and `latest` then moves forward. A complete step directory without `latest` resumes. A metrics.jsonl line torn by a kill is dropped. Ranks
 that find different resume steps end the job instead of training on mixed steps.
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
@@ -64,6 +64,16 @@ def test_corrupt_newest_checkpoint_names_the_older_one_and_resumes_from_it(run):
     steps = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if '"step"' in line]
     assert [int(line.split('"step":')[1].split(",")[0]) for line in steps] == [1, 2, 3]
+
+
+def test_a_kill_before_the_first_latest_resumes_from_the_complete_step(run):
+    # What a kill between the first checkpoint's rename and `latest` leaves behind.
+    run_dir, cache = run / "run", run / "cache"
+    (run_dir / "checkpoints" / "latest").unlink()
+    resumed = train(run_dir, cache, 3)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from {run_dir / 'checkpoints' / 'step_2'} (step 2)" in resumed.stdout
+    assert latest(run_dir) == "step_3\n"
 
 
 def test_torn_last_metrics_line_is_dropped(run):

@@ -211,6 +211,7 @@ def _latest_fifo(world, tmp):
 def _latest_missing(world, tmp):
     run = world.run_dir(tmp)
     os.remove(run / "checkpoints" / "latest")
+    (_step_dir(run, 2) / "manifest.pb").write_bytes(b"\xff" * 64)
     return _resume(world, run)
 
 
@@ -326,7 +327,8 @@ CASES = [
          "names step_2, a symlink to a checkpoint outside the run", _latest_symlink_out,
          "leads outside"),
     Case("ckpt-latest-missing", "checkpoints/latest",
-         "removed while step directories remain (no silent fresh start)", _latest_missing,
+         "removed, and the newest step directory damaged (no silent fresh start)",
+         _latest_missing,
          "--resume-from"),
     Case("ckpt-rank-file-bitflip", "checkpoint rank file",
          "one bit flipped in a slice of the newest checkpoint", _flip_slice_bit,
