@@ -215,6 +215,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> make_source(const config::Recipe& r
   if (fs::is_directory(source, ec)) {
     SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::load(source + "/tokenizer.model"));
     open_options.expected_tokenizer_sha256 = tokenizer.sha256();
+    open_options.expected_vocab_size = tokenizer.vocab_size();
   }
   SY_ASSIGN_OR_RETURN(TokenDataset dataset, TokenDataset::open(dir, "train", open_options));
   if (dataset.vocab_size() > recipe.model().vocab_size())

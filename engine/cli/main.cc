@@ -126,6 +126,7 @@ absl::Status run_eval(const std::string& dir, const std::string& data, const std
   SY_RETURN_IF_ERROR(load_model(dir, lm));
   DatasetOpenOptions open_options;
   open_options.expected_tokenizer_sha256 = lm.tokenizer->sha256();
+  open_options.expected_vocab_size = lm.tokenizer->vocab_size();
   SY_ASSIGN_OR_RETURN(const TokenDataset dataset, TokenDataset::open(data, split, open_options));
   const int64_t seq = lm.recipe.train().seq_len();
   const int64_t windows = max_windows > 0 ? std::min(max_windows, dataset.num_windows(seq))
