@@ -24,10 +24,6 @@ MPIEXEC = os.environ["MPIEXEC"]
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
 STEPS = 30
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-# OpenMPI's mpirun answers SIGTERM by sending SIGTERM to every rank and SIGKILL
-# odls_base_sigkill_timeout seconds later (1 by default); the ranks need longer to finish
-# their step and write the checkpoint (README, docs/training.md).
-MPI_LAUNCH = [MPIEXEC, "--oversubscribe", "--mca", "odls_base_sigkill_timeout", "60"]
 RESUMED = re.compile(r"resuming from (\S+) \(step (\d+)\)")
 
 
@@ -41,10 +37,6 @@ def train_args(run_dir, cache, *extra):
             "--set", "train.micro_batch_size=2", "--set", "model.num_layers=1",
             "--set", "train.seq_len=32", "--set", "checkpoint.interval_steps=1",
             "--set", "checkpoint.keep=2", "--set", "runtime.threads=1", *extra]
-
-
-def mpi(ranks, args):
-    return MPI_LAUNCH + ["-np", str(ranks)] + args
 
 
 def losses(run_dir):
@@ -212,3 +204,85 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tmp_path, cache, u
     resumed = run(train_args(run_dir, cache))
     assert resumed_step(resumed.stdout) == saved[-1]
     assert losses(run_dir) == losses(uninterrupted)
+
+
+# The launch setting of README's mpirun lines, shortened so that the tests stay quick:
+# mpirun sends SIGCONT, waits this long, sends SIGTERM, waits as long again, then SIGKILL.
+SIGKILL_TIMEOUT_S = 1
+
+
+def mpi(ranks, args):
+    return [MPIEXEC, "--oversubscribe", "--mca", "odls_base_sigkill_timeout",
+            str(SIGKILL_TIMEOUT_S), "-np", str(ranks)] + args
+
+
+def rank_pids(launcher_pid):
+    """world rank -> pid of the launcher's children."""
+    pids = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
+            continue
+        for variable in environ:
+            if variable.startswith(b"OMPI_COMM_WORLD_RANK="):
+                pids[int(variable.split(b"=")[1])] = int(entry.name)
+    return pids
+
+
+# Long enough that a stop requested SIGKILL_TIMEOUT_S after the signal falls inside it.
+MPI_STEPS = 100
+MPI_RUN = ["--set", f"train.steps={MPI_STEPS}", "--set", "parallel.expert_parallel_size=2",
+           "--set", "train.log_interval=5", "--set", "checkpoint.interval_steps=10"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_np2(tmp_path_factory, cache):
+    run_dir = tmp_path_factory.mktemp("whole_np2") / "run"
+    run(mpi(2, train_args(run_dir, cache, *MPI_RUN)))
+    return run_dir
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_killed_rank_ends_every_rank_in_bounded_time(tmp_path, cache, victim):
+    process = subprocess.Popen(mpi(2, train_args(tmp_path / "run", cache, *MPI_RUN)),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=ENV)
+    lines = Lines(process)
+    lines.wait_for(r"^step\s+5/")
+    ranks = rank_pids(process.pid)
+    assert sorted(ranks) == [0, 1], ranks
+    start = time.monotonic()
+    os.kill(ranks[victim], signal.SIGKILL)
+    # A survivor waits in a collective for the dead rank until mpirun's SIGKILL.
+    bound = 2 * SIGKILL_TIMEOUT_S + 3
+    returncode = process.wait(timeout=bound + 30)
+    elapsed = time.monotonic() - start
+    assert returncode != 0
+    assert elapsed < bound, f"the job took {elapsed:.1f} s to end"
+    for pid in ranks.values():
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+def test_sigterm_to_mpirun_checkpoints_one_agreed_step_and_resumes_exactly(
+        tmp_path, cache, uninterrupted_np2):
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(mpi(2, train_args(run_dir, cache, *MPI_RUN)),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=ENV)
+    lines = Lines(process)
+    lines.wait_for(r"^step\s+5/")
+    process.send_signal(signal.SIGTERM)
+    stopped = int(lines.wait_for(r"stopped after step (\d+);", timeout=60).group(1))
+    process.wait(timeout=60)
+    output = "".join(lines.seen)
+    # Both ranks took the signal; rank 0 reports the one step they stopped at.
+    assert output.count("switchyard: stopping after this step's checkpoint") == 2, output
+    assert 5 <= stopped < MPI_STEPS and stopped % 10 != 0, output
+    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped}\n"
+    resumed = run(mpi(2, train_args(run_dir, cache, *MPI_RUN)))
+    assert resumed_step(resumed.stdout) == stopped
+    assert losses(run_dir) == losses(uninterrupted_np2)
