@@ -55,9 +55,11 @@ StepReport AdamWOptimizer::step(Device& dev) {
   double replicated_sq = 0, tensor_parallel_sq = 0, expert_sq = 0;
   std::vector<Tensor> grads;
   std::vector<double*> sums;
+  std::vector<std::string> names;
   for (const Param& p : params_.params()) {
     if (!p.grad.defined()) continue;  // a ZeRO-2/3 row shard, counted below
     grads.push_back(p.grad);
+    names.push_back(p.name);
     sums.push_back(p.spec.expert              ? &expert_sq
                    : p.shape != p.whole_shape ? &tensor_parallel_sq
                                               : &replicated_sq);
@@ -72,12 +74,19 @@ StepReport AdamWOptimizer::step(Device& dev) {
   if (groups_.expert_parallel) groups_.expert_parallel->all_reduce_sum(&expert_sq, 1);
   if (groups_.tensor_parallel) groups_.tensor_parallel->all_reduce_sum(&tensor_parallel_sq, 1);
   report.grad_norm = std::sqrt(replicated_sq + tensor_parallel_sq + expert_sq);
+  report.lr = learning_rate(opt_, step_, total_steps_);
+  if (!std::isfinite(report.grad_norm)) {
+    for (size_t i = 0; i < squares.size() && report.non_finite_grad.empty(); ++i)
+      if (!std::isfinite(squares[i])) report.non_finite_grad = names[i];
+    report.skipped = true;
+    drop_gradients();
+    return report;
+  }
   float grad_scale = 1.0f;
   if (opt_.grad_clip() > 0 && report.grad_norm > opt_.grad_clip()) {
     grad_scale = static_cast<float>(opt_.grad_clip() / (report.grad_norm + 1e-6));
     report.clipped = true;
   }
-  report.lr = learning_rate(opt_, step_, total_steps_);
   // Every tensor this rank updates goes into one multi-tensor step, which also writes
   // their bf16 working copies; the copies of values that arrive from elsewhere (another
   // replica's ZeRO-1 update, ZeRO-2 row shards) are refreshed after they arrive.
@@ -112,6 +121,16 @@ StepReport AdamWOptimizer::step(Device& dev) {
   }
   params_.zero_grads();
   return report;
+}
+
+void AdamWOptimizer::skip_step() {
+  ++step_;
+  drop_gradients();
+}
+
+void AdamWOptimizer::drop_gradients() {
+  params_.zero_grads();
+  if (groups_.zero) groups_.zero->drop_gradients();
 }
 
 void refresh_working_copies(Device& dev, ParamStore& params) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/config/recipe.pb.h"
@@ -20,6 +21,11 @@ struct StepReport {
   double lr = 0;
   double grad_norm = 0;  // before clipping
   bool clipped = false;
+  // A gradient norm that is not finite (the same on every rank) updates nothing.
+  bool skipped = false;
+  // Then the first parameter (registration order) whose gradient on this rank is not
+  // finite; empty where this rank holds none (another rank's shard, a ZeRO-2/3 row shard).
+  std::string non_finite_grad;
 };
 
 // Rounds each parameter's master value into its bf16 working copy (Param::work) where
@@ -59,8 +65,12 @@ class AdamWOptimizer {
   // The state lives on `device`.
   AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total_steps, ParamStore& params,
                  const Groups& groups, Device& device);
-  // Applies one update from the accumulated gradients (which are then zeroed).
+  // Applies one update from the accumulated gradients (which are then zeroed), unless
+  // their norm is not finite (report.skipped).
   StepReport step(Device& dev);
+  // Counts a step without an update (its loss was not finite) and drops its gradients,
+  // so the schedule and bias corrections stay those of the step count, as on resume.
+  void skip_step();
   int64_t steps_taken() const { return step_; }
   // Resuming: the bias corrections and schedule continue from `steps`.
   void set_steps_taken(int64_t steps) { step_ = steps; }
@@ -73,6 +83,9 @@ class AdamWOptimizer {
   Tensor& exp_avg_sq(size_t i) { return exp_avg_sq_[i]; }
 
  private:
+  // Zeroes the accumulated gradients (the ParamStore's and ZeRO's row shards).
+  void drop_gradients();
+
   config::OptimizerConfig opt_;
   int64_t total_steps_;
   ParamStore& params_;

@@ -192,6 +192,11 @@ void ZeroShards::update(Device& dev, const config::OptimizerConfig& opt, double 
   }
 }
 
+void ZeroShards::drop_gradients() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (is_sharded(i)) shards_[i].grad.zero_();
+}
+
 Tensor ZeroShards::whole_value(Param& p) {
   if (p.spec.expert || stage_ < 3) return p.value;
   const auto it = std::find(params_.begin(), params_.end(), &p);

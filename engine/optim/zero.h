@@ -78,6 +78,8 @@ class ZeroShards final : public ParamHooks {
   // stage 2 the updated rows are then all-gathered into every replica's whole value.
   void update(Device& dev, const config::OptimizerConfig& opt, double lr, int64_t step,
               float grad_scale);
+  // Zeroes the accumulated gradients without an update (a skipped step).
+  void drop_gradients();
   // Collective over the replicas: the whole value of dense parameter `p` on every rank.
   Tensor whole_value(Param& p);
 

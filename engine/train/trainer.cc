@@ -207,6 +207,16 @@ void average(Communicator& dp, std::vector<double>& values) {
 // Dense parameters that tensor parallelism splits (experts split over ep instead).
 bool split_over_tp(const Param& p) { return !p.spec.expert && p.shape != p.whole_shape; }
 
+// What was not finite in a step, first the loss, then the gradients ("" when all was).
+std::string describe_non_finite(double loss, const StepReport& report) {
+  if (!std::isfinite(loss)) return absl::StrCat("the loss is ", loss);
+  if (!report.skipped) return "";
+  if (report.non_finite_grad.empty())
+    return absl::StrCat("the gradient norm is ", report.grad_norm,
+                        " (the non-finite gradient is another rank's)");
+  return absl::StrCat("the gradient of ", report.non_finite_grad, " is not finite");
+}
+
 std::string megabytes(int64_t bytes) { return absl::StrFormat("%.1f MB", bytes / 1048576.0); }
 
 }  // namespace
@@ -469,6 +479,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   auto window_start = start;
   int64_t window_steps = 0;
   double dropped = 0, assignments = 0, worst_load = 0;
+  int64_t skipped_steps = 0;  // by train.skip_non_finite_steps, since this start
   double window_all_to_all_s = 0;  // groups.ep's all-to-all seconds at the window start
 
   auto run_eval = [&](int64_t step) -> absl::Status {
@@ -522,7 +533,33 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     if (reducer) reducer->wait();
     if (zero) zero->wait();
     groups.expert_dp->all_reduce_sum(params.expert_grads());
-    StepReport report = optimizer.step(dev);
+    std::vector<double> losses = {step_loss.total, step_loss.cross_entropy, step_loss.aux_loss,
+                                  step_loss.z_loss};
+    average(*groups.dp, losses);
+    step_loss.total = losses[0];
+    step_loss.cross_entropy = losses[1];
+    step_loss.aux_loss = losses[2];
+    step_loss.z_loss = losses[3];
+    // The loss and the gradient norm are the same on every rank, so all take one branch.
+    StepReport report;
+    if (std::isfinite(step_loss.total)) report = optimizer.step(dev);
+    else optimizer.skip_step();
+    const std::string non_finite = describe_non_finite(step_loss.total, report);
+    if (!non_finite.empty()) {
+      if (!tc.skip_non_finite_steps())
+        return absl::InternalError(absl::StrCat(
+            "step ", step, ": ", non_finite, "; stopped before any update, the last checkpoint "
+            "is intact; lower optimizer.lr, set optimizer.grad_clip, or set "
+            "train.skip_non_finite_steps=true to skip such steps"));
+      ++skipped_steps;
+      sink.on_message(absl::StrCat("skipped step ", step, ": ", non_finite, " (",
+                                   skipped_steps, " skipped)"));
+      if (reporter) {
+        nlohmann::ordered_json j = {
+            {"step", step}, {"skipped", non_finite}, {"skipped_steps", skipped_steps}};
+        metrics << j.dump() << "\n" << std::flush;
+      }
+    }
     if (step == 1) {
       const MemoryStats& mem = dev.memory_stats();
       auto peak = [&](MemoryKind k) { return mem.peak_bytes[static_cast<int>(k)]; };
@@ -549,19 +586,9 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
         metrics << j.dump() << "\n" << std::flush;
       }
     }
-    std::vector<double> losses = {step_loss.total, step_loss.cross_entropy, step_loss.aux_loss,
-                                  step_loss.z_loss};
-    average(*groups.dp, losses);
-    step_loss.total = losses[0];
-    step_loss.cross_entropy = losses[1];
-    step_loss.aux_loss = losses[2];
-    step_loss.z_loss = losses[3];
-    if (!std::isfinite(step_loss.total))
-      return absl::InternalError(absl::StrCat("the loss became ", step_loss.total, " at step ", step,
-                                              "; lower optimizer.lr or enable optimizer.grad_clip"));
     ++window_steps;
 
-    if (step % tc.log_interval() == 0 || step == tc.steps()) {
+    if (non_finite.empty() && (step % tc.log_interval() == 0 || step == tc.steps())) {
       const auto now = clock::now();
       const double window_s = std::chrono::duration<double>(now - window_start).count();
       const double elapsed_s = std::chrono::duration<double>(now - start).count();

@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 
 SWITCHYARD = os.environ["SWITCHYARD"]
@@ -286,3 +288,54 @@ def test_sigterm_to_mpirun_checkpoints_one_agreed_step_and_resumes_exactly(
     resumed = run(mpi(2, train_args(run_dir, cache, *MPI_RUN)))
     assert resumed_step(resumed.stdout) == stopped
     assert losses(run_dir) == losses(uninterrupted_np2)
+
+
+def blow_up(lr):
+    """Six steps whose first update (at this learning rate) makes step 2 non-finite."""
+    return ["--set", "train.steps=6", "--set", "optimizer.warmup_steps=0",
+            "--set", f"optimizer.lr={lr}", "--set", "train.eval_interval=0",
+            "--set", "checkpoint.keep=10"]
+
+
+@pytest.mark.parametrize("lr,culprit", [
+    ("1e38", "step 2: the loss is nan"),
+    ("1e30", "step 2: the gradient of model.embed_tokens.weight is not finite"),
+])
+def test_non_finite_step_stops_naming_it_and_keeps_the_last_checkpoint(tmp_path, cache, lr,
+                                                                        culprit):
+    run_dir = tmp_path / "run"
+    result = run(train_args(run_dir, cache, *blow_up(lr)), expect=1)
+    assert result.stderr.count("\n") == 1 and culprit in result.stderr, result.stderr
+    assert re.findall(r"saved checkpoint \S+step_(\d+)\n", result.stdout) == ["1"], result.stdout
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_1"]
+    assert (checkpoints / "latest").read_text() == "step_1\n"
+    report = run([SWITCHYARD, "inspect", str(checkpoints)]).stdout
+    assert "checkpoint at step 1" in report and "slices verified" in report, report
+
+
+def test_skip_non_finite_steps_counts_them_and_updates_nothing(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    result = run(train_args(run_dir, cache, *blow_up("1e30"),
+                            "--set", "train.skip_non_finite_steps=true"))
+    for step in range(2, 7):
+        assert (f"skipped step {step}: the gradient of model.embed_tokens.weight is not "
+                f"finite ({step - 1} skipped)") in result.stdout, result.stdout
+    skipped = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+               if '"skipped"' in line]
+    assert [(m["step"], m["skipped_steps"]) for m in skipped] == [(s, s - 1) for s in range(2, 7)]
+    # Every skipped step left the weights and the AdamW state as step 1 made them.
+    first = datasets(run_dir / "checkpoints" / "step_1" / "rank_0.h5")
+    last = datasets(run_dir / "checkpoints" / "step_6" / "rank_0.h5")
+    assert first.keys() == last.keys()
+    for name, values in first.items():
+        assert np.array_equal(values, last[name]), name
+
+
+def datasets(path):
+    """name -> values of every dataset in an HDF5 file."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, item: out.__setitem__(name, item[()])
+                     if isinstance(item, h5py.Dataset) else None)
+    return out
