@@ -63,6 +63,32 @@ absl::Status load_weights(const std::string& dir, ParamStore& params) {
   return absl::OkStatus();
 }
 
+absl::Status read_weight_rows(const std::string& dir, const std::vector<RowsToRead>& reads) {
+  const std::string path = dir + "/model.safetensors";
+  SY_ASSIGN_OR_RETURN(const auto tensors, read_safetensors(path));
+  constexpr std::string_view kPrefix = "param/";
+  for (const RowsToRead& read : reads) {
+    SY_CHECK_MSG(read.key.rfind(kPrefix, 0) == 0, "weights hold parameter values only");
+    const std::string name = read.key.substr(kPrefix.size());
+    const auto it = tensors.find(name);
+    if (it == tensors.end())
+      return absl::DataLossError(absl::StrCat(path, ": missing tensor ", name));
+    const Tensor& whole = it->second;
+    const int64_t rows = read.out.rows();
+    if (whole.dtype() != DType::kF32 || whole.rank() != read.out.rank() ||
+        whole.row_size() != read.out.row_size() || read.first_row < 0 ||
+        read.first_row + rows > whole.rows())
+      return absl::DataLossError(absl::StrCat(
+          path, ": tensor ", name, " is ", dtype_name(whole.dtype()), shape_string(whole.shape()),
+          ", expected f32 with rows [", read.first_row, ", ", read.first_row + rows, ") of ",
+          read.out.row_size(), " elements"));
+    const Tensor part = whole.slice_rows(read.first_row, read.first_row + rows);
+    SY_RETURN_IF_ERROR(check_finite(part, path, name));
+    read.out.device().copy_from_host(read.out.raw_data(), part.raw_data(), part.nbytes());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tokenizer> load_weights_tokenizer(const std::string& dir,
                                                  const config::Recipe& recipe) {
   const std::string path = dir + "/tokenizer.model";

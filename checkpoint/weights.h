@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/checkpoint.h"
 #include "data/tokenizer.h"
 #include "engine/config/recipe.pb.h"
 #include "engine/runtime/param_store.h"
@@ -30,6 +31,12 @@ bool is_weights_file(std::string_view name);
 // Copies the saved tensors into `params` (already allocated); every parameter must be
 // present with its shape and finite, and the file must hold nothing else.
 absl::Status load_weights(const std::string& dir, ParamStore& params);
+// Fills each read's `out` (keys "param/<name>": rows [first_row, first_row + out rows) of
+// the tensor, as a checkpoint read takes them) from the weights in `dir`: how a run
+// started from weights (train.init_from) loads its part of every parameter under any
+// layout. Each tensor read must be f32 and finite, its rows inside it and of the size
+// `out` expects; errors name the file and the tensor.
+absl::Status read_weight_rows(const std::string& dir, const std::vector<RowsToRead>& reads);
 // The directory's tokenizer.model, whose vocabulary must fit the recipe's.
 absl::StatusOr<Tokenizer> load_weights_tokenizer(const std::string& dir,
                                                  const config::Recipe& recipe);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -39,12 +40,18 @@ absl::StatusOr<std::string> ensure_prepared_corpus(const std::string& corpus_pat
     return absl::InvalidArgumentError(absl::StrCat(corpus_path, ": the corpus is empty"));
   const std::string cache_dir =
       options.cache_dir.empty() ? default_dataset_cache_dir() : options.cache_dir;
+  std::optional<Tokenizer> given;
+  if (!options.tokenizer_path.empty()) {
+    SY_ASSIGN_OR_RETURN(given, Tokenizer::load(options.tokenizer_path));
+  }
+  const int64_t vocab = given ? given->vocab_size() : options.vocab_size;
+  const std::string tokenizer_key = given ? given->sha256() : "bpe";
   const std::string key =
-      sha256_hex(absl::StrFormat("%s|vocab=%d|val=%.17g|bpe|format=%d", sha256_hex(corpus),
-                                 options.vocab_size, options.val_fraction, kTokenFormatVersion));
+      sha256_hex(absl::StrFormat("%s|vocab=%d|val=%.17g|%s|format=%d", sha256_hex(corpus), vocab,
+                                 options.val_fraction, tokenizer_key, kTokenFormatVersion));
   const fs::path dir =
-      fs::path(cache_dir) / absl::StrCat(fs::path(corpus_path).stem().string(), "-v",
-                                         options.vocab_size, "-", key.substr(0, 16));
+      fs::path(cache_dir) /
+      absl::StrCat(fs::path(corpus_path).stem().string(), "-v", vocab, "-", key.substr(0, 16));
   std::error_code ec;
   if (fs::exists(dir / kIndexFileName, ec)) return dir.string();
 
@@ -58,11 +65,15 @@ absl::StatusOr<std::string> ensure_prepared_corpus(const std::string& corpus_pat
   auto prepare = [&]() -> absl::Status {
     sink.on_message(absl::StrCat("preparing ", corpus_path, " into ", dir.string(),
                                  " (first use; cached afterwards)"));
-    TokenizerTrainOptions tokenizer;
-    tokenizer.inputs = {corpus_path};
-    tokenizer.vocab_size = options.vocab_size;
     const std::string model = (temp / "tokenizer.model").string();
-    SY_RETURN_IF_ERROR(train_tokenizer(tokenizer, model, sink));
+    if (given) {
+      SY_RETURN_IF_ERROR(copy_file_atomically(options.tokenizer_path, model));
+    } else {
+      TokenizerTrainOptions tokenizer;
+      tokenizer.inputs = {corpus_path};
+      tokenizer.vocab_size = options.vocab_size;
+      SY_RETURN_IF_ERROR(train_tokenizer(tokenizer, model, sink));
+    }
     PrepareOptions prepare;
     prepare.tokenizer_path = model;
     prepare.inputs = {corpus_path};

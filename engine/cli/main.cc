@@ -272,6 +272,11 @@ int run_main(int argc, char** argv) {
   train_cmd->add_option("--resume-from", resume_from,
                         "resume from this checkpoint directory (DIR/checkpoints/step_N) instead "
                         "of the one DIR/checkpoints/latest names");
+  train_cmd->add_option_function<std::string>(
+      "--init-from",
+      [&overrides](const std::string& dir) { overrides.push_back("train.init_from=" + dir); },
+      "start from these weights (a run's checkpoints/final or a `convert from-hf` output) "
+      "instead of a random initialisation; the same as --set train.init_from=DIR");
 
   std::string weights_dir, data, prompt, split = "val";
   int64_t batches = 0, tokens = 200;

@@ -592,6 +592,7 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path,
   };
   recipe.mutable_data()->set_corpus(relative_to_file(recipe.data().corpus()));
   recipe.mutable_data()->set_dataset(relative_to_file(recipe.data().dataset()));
+  recipe.mutable_train()->set_init_from(relative_to_file(recipe.train().init_from()));
   for (const std::string& assignment : overrides) {
     SY_RETURN_IF_ERROR(apply_override(recipe, assignment));
   }

@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <google/protobuf/text_format.h>
 #include <optional>
 #include <tuple>
 
@@ -82,11 +84,61 @@ class DataMessages : public DataProgressSink {
   ProgressSink& sink_;
 };
 
+// The weights a run's first start loads (train.init_from) and their tokenizer, which the
+// run tokenises with.
+struct InitWeights {
+  std::string dir;
+  std::string tokenizer_path;
+  std::string tokenizer_sha256;
+};
+
+// Settings a run started from weights may change: they neither shape nor define the
+// model (docs/training.md lists them).
+bool may_differ_from_weights(const std::string& field) {
+  static const char* const kFields[] = {"model.init_std", "model.max_position_embeddings",
+                                        "moe.capacity_factor", "moe.aux_loss_coef",
+                                        "moe.z_loss_coef", "moe.aux_loss_per_layer"};
+  return std::find(std::begin(kFields), std::end(kFields), field) != std::end(kFields);
+}
+
+// The first field of `section` ("model" or "moe") where the recipe and the weights'
+// recipe differ, refused naming both values.
+absl::Status check_same_model_section(const google::protobuf::Message& mine,
+                                      const google::protobuf::Message& weights,
+                                      const std::string& section, const std::string& dir) {
+  const google::protobuf::Descriptor* descriptor = mine.GetDescriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    const std::string name = absl::StrCat(section, ".", field->name());
+    if (may_differ_from_weights(name)) continue;
+    std::string ours, theirs;
+    google::protobuf::TextFormat::PrintFieldValueToString(mine, field, -1, &ours);
+    google::protobuf::TextFormat::PrintFieldValueToString(weights, field, -1, &theirs);
+    if (ours != theirs)
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " is ", ours, " in the recipe but ", theirs, " in the weights of ", dir,
+          " (train.init_from): the recipe must describe the weights' model"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<InitWeights>> open_init_weights(const config::Recipe& recipe) {
+  if (recipe.train().init_from().empty()) return std::nullopt;
+  const std::string dir = fs::absolute(recipe.train().init_from()).lexically_normal().string();
+  SY_ASSIGN_OR_RETURN(const config::Recipe weights, load_weights_recipe(dir));
+  SY_RETURN_IF_ERROR(check_same_model_section(recipe.model(), weights.model(), "model", dir));
+  SY_RETURN_IF_ERROR(check_same_model_section(recipe.moe(), weights.moe(), "moe", dir));
+  SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, load_weights_tokenizer(dir, weights));
+  return InitWeights{dir, dir + "/tokenizer.model", tokenizer.sha256()};
+}
+
 absl::StatusOr<std::string> dataset_dir(const config::Recipe& recipe, const TrainOptions& options,
+                                        const std::optional<InitWeights>& init,
                                         ProgressSink& sink) {
   if (recipe.data().corpus().empty()) return recipe.data().dataset();
   DataMessages messages(sink);
   CorpusDatasetOptions corpus_options;
+  if (init) corpus_options.tokenizer_path = init->tokenizer_path;
   corpus_options.vocab_size = recipe.model().vocab_size();
   corpus_options.val_fraction = recipe.data().val_fraction();
   corpus_options.cache_dir = options.dataset_cache_dir;
@@ -207,6 +259,58 @@ void average(Communicator& dp, std::vector<double>& values) {
 // Dense parameters that tensor parallelism splits (experts split over ep instead).
 bool split_over_tp(const Param& p) { return !p.spec.expert && p.shape != p.whole_shape; }
 
+// Reads that fill this rank's part of every parameter (and, given the optimizer, its
+// AdamW state) from tensors saved whole, keyed "param/<name>", "exp_avg/<name>",
+// "exp_avg_sq/<name>". Dense shards split by tensor parallelism along a dimension other
+// than 0 are read as whole rows and cut after the reads.
+struct ParamReads {
+  std::vector<RowsToRead> reads;
+  std::vector<std::tuple<Tensor, int, Tensor>> cuts;  // (whole rows read, dim, shard)
+};
+
+ParamReads plan_param_reads(ParamStore& params, ZeroShards* zero, int zero_stage,
+                            AdamWOptimizer* optimizer) {
+  ParamReads plan;
+  size_t i = 0;
+  for (Param& p : params.params()) {
+    // Rows [first_row, first_row + rows.dim(0)) of this rank's shard into `rows`.
+    auto read = [&](const std::string& kind, int64_t first_row, const Tensor& rows) {
+      const std::string key = kind + "/" + p.name;
+      const int dim = p.spec.tensor_parallel_dim;
+      if (rows.numel() == 0) return;
+      if (!split_over_tp(p) || dim == 0) {
+        plan.reads.push_back({key, p.origin[0] + first_row, rows});
+        return;
+      }
+      Shape shape = p.whole_shape;
+      shape[0] = rows.dim(0);
+      plan.reads.push_back({key, first_row, Tensor::empty(shape)});
+      plan.cuts.emplace_back(plan.reads.back().out, dim, rows);
+    };
+    if (zero && zero->is_sharded(i)) {
+      ZeroShards::Shard& shard = zero->shard(i);
+      read("param", zero_stage == 3 ? shard.first_row : 0,
+           zero_stage == 3 ? shard.value : p.value);
+      if (optimizer) {
+        read("exp_avg", shard.first_row, shard.exp_avg);
+        read("exp_avg_sq", shard.first_row, shard.exp_avg_sq);
+      }
+    } else {
+      read("param", 0, p.value);
+      if (optimizer && optimizer->holds_state(i)) {
+        read("exp_avg", 0, optimizer->exp_avg(i));
+        read("exp_avg_sq", 0, optimizer->exp_avg_sq(i));
+      }
+    }
+    ++i;
+  }
+  return plan;
+}
+
+void cut_tensor_parallel_shards(const ParamReads& plan, Communicator& tp) {
+  for (auto [whole, dim, shard] : plan.cuts) copy_shard(whole, dim, tp.rank(), tp.size(), shard);
+}
+
 // What was not finite in a step, first the loss, then the gradients ("" when all was).
 std::string describe_non_finite(double loss, const StepReport& report) {
   if (!std::isfinite(loss)) return absl::StrCat("the loss is ", loss);
@@ -232,19 +336,23 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
 
   const auto& tc = recipe.train();
+  SY_ASSIGN_OR_RETURN(const std::optional<InitWeights> init, open_init_weights(recipe));
   // Rank 0 prepares a corpus on first use; the others then find it in the cache.
   if (!reporter) groups.world->barrier();
-  absl::StatusOr<std::string> prepared = dataset_dir(recipe, options, sink);
+  absl::StatusOr<std::string> prepared = dataset_dir(recipe, options, init, sink);
   if (reporter) groups.world->barrier();
   SY_ASSIGN_OR_RETURN(const std::string data_dir, std::move(prepared));
-  SY_ASSIGN_OR_RETURN(const TokenDataset train_data, TokenDataset::open(data_dir, "train"));
+  DatasetOpenOptions open_options;
+  if (init) open_options.expected_tokenizer_sha256 = init->tokenizer_sha256;
+  SY_ASSIGN_OR_RETURN(const TokenDataset train_data,
+                      TokenDataset::open(data_dir, "train", open_options));
   if (train_data.vocab_size() > recipe.model().vocab_size())
     return absl::InvalidArgumentError(absl::StrCat(
         data_dir, ": its tokenizer has ", train_data.vocab_size(),
         " tokens, more than model.vocab_size (", recipe.model().vocab_size(), ")"));
   std::optional<TokenDataset> val_data;
   if (tc.eval_interval() > 0) {
-    SY_ASSIGN_OR_RETURN(val_data, TokenDataset::open(data_dir, "val"));
+    SY_ASSIGN_OR_RETURN(val_data, TokenDataset::open(data_dir, "val", open_options));
     if (val_data->num_windows(tc.seq_len()) == 0)
       return absl::InvalidArgumentError(absl::StrCat(
           data_dir, ": the validation split is shorter than one window of train.seq_len + 1 (",
@@ -262,6 +370,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   config::Recipe saved_recipe = recipe;
   saved_recipe.mutable_data()->clear_corpus();
   saved_recipe.mutable_data()->set_dataset(data_dir);
+  if (init) saved_recipe.mutable_train()->set_init_from(init->dir);
 
   const std::string checkpoints_dir =
       (fs::path(options.run_dir) / recipe.checkpoint().dir()).string();
@@ -355,53 +464,23 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   int64_t first_step = 1;
   if (!resume_dir.empty()) {
     // One read_rows call for everything, so the slices are checksummed in parallel.
-    std::vector<RowsToRead> reads;
-    // Tensor-parallel shards along a dimension other than 0 were saved as whole rows:
-    // (whole rows read, this rank's shard) pairs, cut after the reads.
-    std::vector<std::tuple<Tensor, int, Tensor>> cuts;
-    size_t i = 0;
-    for (Param& p : params.params()) {
-      // Rows [first_row, first_row + rows.dim(0)) of this rank's shard into `rows`.
-      auto read = [&](const std::string& kind, int64_t first_row, const Tensor& rows) {
-        const std::string key = kind + "/" + p.name;
-        const int dim = p.spec.tensor_parallel_dim;
-        if (rows.numel() == 0) return;
-        if (!split_over_tp(p) || dim == 0) {
-          reads.push_back({key, p.origin[0] + first_row, rows});
-          return;
-        }
-        Shape shape = p.whole_shape;
-        shape[0] = rows.dim(0);
-        reads.push_back({key, first_row, Tensor::empty(shape)});
-        cuts.emplace_back(reads.back().out, dim, rows);
-      };
-      if (zero && zero->is_sharded(i)) {
-        ZeroShards::Shard& shard = zero->shard(i);
-        if (zero_stage == 3)
-          read("param", shard.first_row, shard.value);
-        else
-          read("param", 0, p.value);
-        read("exp_avg", shard.first_row, shard.exp_avg);
-        read("exp_avg_sq", shard.first_row, shard.exp_avg_sq);
-      } else {
-        read("param", 0, p.value);
-        if (optimizer.holds_state(i)) {
-          read("exp_avg", 0, optimizer.exp_avg(i));
-          read("exp_avg_sq", 0, optimizer.exp_avg_sq(i));
-        }
-      }
-      ++i;
-    }
-    const absl::Status loaded = read_rows(resume_dir, manifest, reads);
+    const ParamReads plan = plan_param_reads(params, zero.get(), zero_stage, &optimizer);
+    const absl::Status loaded = read_rows(resume_dir, manifest, plan.reads);
     if (!loaded.ok()) return with_resume_hint(loaded, checkpoints_dir, manifest.step());
-    for (auto& [whole, dim, rows] : cuts)
-      copy_shard(whole, dim, groups.tp->rank(), groups.tp->size(), rows);
+    cut_tensor_parallel_shards(plan, *groups.tp);
     refresh_working_copies(dev, params);
     optimizer.set_steps_taken(manifest.step());
     SY_RETURN_IF_ERROR(loader->restore(
         LoaderState{manifest.loader().epoch(), manifest.loader().position(), 0}));
     first_step = manifest.step() + 1;
     sink.on_message(absl::StrCat("resuming from ", resume_dir, " (step ", manifest.step(), ")"));
+  } else if (init) {
+    const ParamReads plan = plan_param_reads(params, zero.get(), zero_stage, nullptr);
+    SY_RETURN_IF_ERROR(read_weight_rows(init->dir, plan.reads));
+    cut_tensor_parallel_shards(plan, *groups.tp);
+    refresh_working_copies(dev, params);
+    sink.on_message(absl::StrCat("starting from the weights in ", init->dir,
+                                 " (train.init_from; step 0, fresh optimizer state)"));
   }
 
   auto save_checkpoint_at = [&](int64_t step) -> absl::Status {

@@ -78,3 +78,50 @@ def _bench_foreign_dataset(world, tmp):
 CASES.append(Case("bench-foreign-dataset", "dataset for `bench balance`",
                   "tokenised with another tokenizer than the weights'", _bench_foreign_dataset,
                   "tokenizer"))
+
+
+def _init_from(damage):
+    def make(world, tmp):
+        weights = world.weights(tmp)
+        dataset = world.dataset(tmp)
+        extra = damage(weights, dataset) or ()
+        return world.train_args(TINY_RECIPE, tmp / "run", "--init-from", str(weights),
+                                "--set", "data.corpus=", "--set", f"data.dataset={dataset}",
+                                *extra)
+    return make
+
+
+def _foreign_dataset(weights, dataset):
+    import json
+    index = json.loads((dataset / "index.json").read_text())
+    index["tokenizer_sha256"] = "0" * 64
+    (dataset / "index.json").write_text(json.dumps(index))
+
+
+def _nan_weight(weights, dataset):
+    import struct
+    path = weights / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    header = struct.unpack("<Q", data[:8])[0]
+    data[8 + header:8 + header + 4] = struct.pack("<f", float("nan"))
+    path.write_bytes(bytes(data))
+
+
+def _other_shape(weights, dataset):
+    return ("--set", "model.num_layers=3")
+
+
+CASES += [
+    Case("init-from-foreign-dataset", "dataset for `train --init-from`",
+         "tokenised with another tokenizer than the weights'", _init_from(_foreign_dataset),
+         "tokenizer sha256"),
+    Case("init-from-nan-weight", "weights for `train --init-from`", "a NaN in the first tensor",
+         _init_from(_nan_weight), "NaN"),
+    Case("init-from-other-model", "recipe for `train --init-from`",
+         "model.num_layers 3 where the weights have 2", _init_from(_other_shape),
+         "model.num_layers is 3 in the recipe but 2"),
+    Case("init-from-missing", "`train --init-from`", "a directory that does not exist",
+         lambda world, tmp: world.train_args(TINY_RECIPE, tmp / "run", "--init-from",
+                                             str(tmp / "nowhere")),
+         "not a weights directory"),
+]

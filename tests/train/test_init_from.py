@@ -1,0 +1,107 @@
+"""Fine-tuning: a run started from weights (--init-from, train.init_from) evaluates them
+exactly as `switchyard eval` does before its first step, under every parallel layout;
+a recipe that describes another model is refused naming the field and both values; a
+run directory with a checkpoint resumes instead.
+
+Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
+"""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SWITCHYARD = os.environ["SWITCHYARD"]
+MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+SMALL = ["--set", "model.num_layers=2", "--set", "train.seq_len=32",
+         "--set", "optimizer.warmup_steps=0", "--set", "train.log_interval=1"]
+EVAL_WINDOWS = 4
+
+
+def run(argv, ranks=1):
+    launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
+    return subprocess.run(launcher + argv, capture_output=True, text=True, timeout=600, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Weights after 6 steps, and the dataset they were trained on."""
+    root = tmp_path_factory.mktemp("trained")
+    result = run([SWITCHYARD, "train", str(RECIPE), "--run-dir", str(root / "run"),
+                  "--dataset-cache", str(root / "cache"), *SMALL, "--set", "train.steps=6",
+                  "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=4",
+                  "--set", "train.eval_interval=0"])
+    assert result.returncode == 0, result.stderr
+    dataset = next(p for p in (root / "cache").iterdir() if (p / "index.json").exists())
+    return root / "run" / "checkpoints" / "final", dataset
+
+
+def fine_tune(weights, dataset, run_dir, *extra, ranks=1, steps=1, batch=2):
+    """One-window micro-batches, so the first evaluation reads the windows `eval` reads."""
+    return run([SWITCHYARD, "train", str(RECIPE), "--run-dir", str(run_dir), *SMALL,
+                "--init-from", str(weights), "--set", "data.corpus=",
+                "--set", f"data.dataset={dataset}", "--set", f"train.steps={steps}",
+                "--set", f"train.global_batch_size={batch}", "--set", "train.micro_batch_size=1",
+                "--set", "train.eval_interval=1", "--set", f"train.eval_batches={EVAL_WINDOWS}",
+                "--set", "checkpoint.interval_steps=1", *extra], ranks)
+
+
+def first_val_loss(run_dir):
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if m.get("step") == 0 and "val_loss" in m:
+            return m["val_loss"]
+    raise AssertionError("no evaluation at step 0")
+
+
+def eval_loss(weights, dataset):
+    result = run([SWITCHYARD, "eval", str(weights), "--data", str(dataset),
+                  "--windows", str(EVAL_WINDOWS)])
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["val_loss"]
+
+
+def test_first_evaluation_equals_eval_of_the_weights(trained, tmp_path):
+    weights, dataset = trained
+    result = fine_tune(weights, dataset, tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert f"starting from the weights in {weights}" in result.stdout
+    assert first_val_loss(tmp_path / "run") == eval_loss(weights, dataset)
+    saved = (tmp_path / "run" / "checkpoints" / "final" / "recipe.textproto").read_text()
+    assert f'init_from: "{weights}"' in saved
+
+
+@pytest.mark.parametrize("layout", [
+    ["--set", "parallel.tensor_parallel_size=2"],
+    ["--set", "parallel.expert_parallel_size=2"],
+    ["--set", "parallel.zero_stage=3"],
+], ids=["tp2", "ep2", "dp2-zero3"])
+def test_every_layout_loads_the_same_weights(trained, tmp_path, layout):
+    weights, dataset = trained
+    result = fine_tune(weights, dataset, tmp_path / "run", *layout, ranks=2)
+    assert result.returncode == 0, result.stderr
+    assert first_val_loss(tmp_path / "run") == pytest.approx(eval_loss(weights, dataset),
+                                                             rel=1e-6)
+
+
+def test_another_model_is_refused_naming_both_values(trained, tmp_path):
+    weights, dataset = trained
+    result = fine_tune(weights, dataset, tmp_path / "run", "--set", "model.num_kv_heads=4")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "switchyard: error: model.num_kv_heads is 4 in the recipe but 2 in the weights of "
+        f"{weights} (train.init_from): the recipe must describe the weights' model"]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_checkpoint_in_the_run_directory_resumes_instead(trained, tmp_path):
+    weights, dataset = trained
+    assert fine_tune(weights, dataset, tmp_path / "run").returncode == 0
+    result = fine_tune(weights, dataset, tmp_path / "run", steps=2)
+    assert result.returncode == 0, result.stderr
+    assert "resuming from" in result.stdout and "(step 1)" in result.stdout
+    assert "starting from the weights" not in result.stdout
