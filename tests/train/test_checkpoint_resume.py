@@ -7,6 +7,7 @@ Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -51,6 +52,13 @@ def run(cmd):
     return result
 
 
+def resumed_step(output):
+    """The step a run's output says it resumed from; fails on a fresh start."""
+    match = re.search(r"resuming from \S+ \(step (\d+)\)", output)
+    assert match, f"the run did not resume from a checkpoint:\n{output}"
+    return int(match.group(1))
+
+
 def steps_logged(run_dir):
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -72,10 +80,15 @@ def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path, uninterrup
     for _ in range(3):
         process = subprocess.Popen(command(run_dir, cache), stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, env=ENV)
-        time.sleep(rng.uniform(0.2, 1.5))
+        # Killed at a random moment once the first checkpoint exists, so that every rerun
+        # has one to resume from.
+        deadline = time.monotonic() + 120
+        while not (run_dir / "checkpoints" / "latest").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.8))
         process.send_signal(signal.SIGKILL)
         process.wait()
-    run(command(run_dir, cache))
+    assert resumed_step(run(command(run_dir, cache)).stdout) > 0
     assert losses(run_dir) == reference
 
 
@@ -90,10 +103,9 @@ def test_sigterm_checkpoints_and_stops_cleanly(tmp_path, uninterrupted):
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
-    if "stopped after step" in out:
-        stopped = int(out.split("stopped after step ")[1].split(";")[0])
-        assert (run_dir / "checkpoints" / f"step_{stopped}").is_dir()
-    run(command(run_dir, cache))
+    stopped = int(re.search(r"stopped after step (\d+);", out).group(1))
+    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped}\n"
+    assert resumed_step(run(command(run_dir, cache)).stdout) == stopped
     assert losses(run_dir) == reference
 
 
@@ -123,7 +135,7 @@ def test_another_layout_resumes(tmp_path, uninterrupted, saved_by, resumed_by):
     run_dir = tmp_path / "run"
     run(command(run_dir, cache, saved_by[0], saved_by[1]))
     rewind(run_dir, 4)
-    run(command(run_dir, cache, resumed_by[0], resumed_by[1]))
+    assert resumed_step(run(command(run_dir, cache, resumed_by[0], resumed_by[1])).stdout) == 4
     resumed = losses(run_dir)
     assert resumed.keys() == reference.keys()
     for key, value in reference.items():
