@@ -188,12 +188,14 @@ absl::StatusOr<config::Recipe> recipe_from_config(const JsonFields& c, Family fa
     case Family::kOlmoe: SY_RETURN_IF_ERROR(read_olmoe(c, recipe)); break;
   }
   // Training settings are placeholders that make the recipe valid for `sample` and
-  // `eval`; fine-tuning sets its own data and schedule with --set.
+  // `eval`; training it starts from the imported weights beside it, once its data (and
+  // schedule) are set with --set.
   recipe.mutable_optimizer()->set_lr(1e-4f);
   recipe.mutable_optimizer()->set_decay(config::CONSTANT);
   recipe.mutable_train()->set_global_batch_size(1);
   recipe.mutable_train()->set_seq_len(recipe.model().max_position_embeddings());
-  recipe.mutable_data()->set_dataset("unset");
+  recipe.mutable_data()->set_dataset(config::kPlaceholderDataset);
+  recipe.mutable_train()->set_init_from(".");
   config::fill_defaults(recipe);
   const absl::Status valid = config::validate_recipe(recipe);
   if (!valid.ok())

@@ -21,6 +21,9 @@ namespace switchyard::config {
 // kMinTokenizerVocabSize in data/tokenizer.h (the config layer sits below data, and a
 // data test checks that the two agree).
 inline constexpr int64_t kMinCorpusVocabSize = 300;
+// The data.dataset of recipes that describe weights only (`convert from-hf` writes it):
+// valid for eval and sample, refused by train until data is set.
+inline constexpr char kPlaceholderDataset[] = "unset";
 
 // Parses a textproto recipe and fills defaults (no validation). Syntax errors,
 // unknown fields and values of the wrong type give InvalidArgument

@@ -20,6 +20,7 @@
 #include "data/corpus_cache.h"
 #include "data/loader.h"
 #include "data/token_dataset.h"
+#include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/grad_reducer.h"
@@ -124,7 +125,8 @@ absl::Status check_same_model_section(const google::protobuf::Message& mine,
 
 absl::StatusOr<std::optional<InitWeights>> open_init_weights(const config::Recipe& recipe) {
   if (recipe.train().init_from().empty()) return std::nullopt;
-  const std::string dir = fs::absolute(recipe.train().init_from()).lexically_normal().string();
+  std::string dir = fs::absolute(recipe.train().init_from()).lexically_normal().string();
+  if (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   SY_ASSIGN_OR_RETURN(const config::Recipe weights, load_weights_recipe(dir));
   SY_RETURN_IF_ERROR(check_same_model_section(recipe.model(), weights.model(), "model", dir));
   SY_RETURN_IF_ERROR(check_same_model_section(recipe.moe(), weights.moe(), "moe", dir));
@@ -135,7 +137,16 @@ absl::StatusOr<std::optional<InitWeights>> open_init_weights(const config::Recip
 absl::StatusOr<std::string> dataset_dir(const config::Recipe& recipe, const TrainOptions& options,
                                         const std::optional<InitWeights>& init,
                                         ProgressSink& sink) {
-  if (recipe.data().corpus().empty()) return recipe.data().dataset();
+  if (recipe.data().corpus().empty()) {
+    const std::string& dataset = recipe.data().dataset();
+    std::error_code ec;
+    if (fs::path(dataset).filename() == config::kPlaceholderDataset && !fs::exists(dataset, ec))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.dataset is the placeholder of a recipe that describes weights only: set "
+          "data.dataset=DIR or data.corpus=FILE (and the schedule: train.steps, "
+          "train.global_batch_size, train.seq_len, optimizer.lr)"));
+    return dataset;
+  }
   DataMessages messages(sink);
   CorpusDatasetOptions corpus_options;
   if (init) corpus_options.tokenizer_path = init->tokenizer_path;

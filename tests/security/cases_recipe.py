@@ -125,3 +125,16 @@ CASES += [
                                              str(tmp / "nowhere")),
          "not a weights directory"),
 ]
+
+
+def _train_imported_without_data(world, tmp):
+    import subprocess
+    from hostile import SWITCHYARD
+    subprocess.run([SWITCHYARD, "convert", "from-hf", str(world.hf(tmp)), str(tmp / "imported")],
+                   check=True, capture_output=True)
+    return ["train", str(tmp / "imported" / "recipe.textproto"), "--run-dir", str(tmp / "run")]
+
+
+CASES.append(Case("train-imported-placeholder", "recipe written by `convert from-hf`",
+                  "trained as written, its placeholder data unset", _train_imported_without_data,
+                  "data.dataset is the placeholder"))

@@ -1,5 +1,7 @@
 """Fine-tuning: a run started from weights (--init-from, train.init_from) evaluates them
-exactly as `switchyard eval` does before its first step, under every parallel layout;
+exactly as `switchyard eval` does before its first step, under every parallel layout,
+and the recipe `convert from-hf` writes trains from the imported weights once its data
+is set;
 a recipe that describes another model is refused naming the field and both values; a
 run directory with a checkpoint resumes instead.
 
@@ -84,6 +86,26 @@ def test_every_layout_loads_the_same_weights(trained, tmp_path, layout):
     weights, dataset = trained
     result = fine_tune(weights, dataset, tmp_path / "run", *layout, ranks=2)
     assert result.returncode == 0, result.stderr
+    assert first_val_loss(tmp_path / "run") == pytest.approx(eval_loss(weights, dataset),
+                                                             rel=1e-6)
+
+
+def test_an_imported_model_trains_from_its_weights(trained, tmp_path):
+    weights, dataset = trained
+    hf, imported = tmp_path / "hf", tmp_path / "imported"
+    for argv in (["to-hf", weights, hf], ["from-hf", hf, imported]):
+        result = run([SWITCHYARD, "convert", *map(str, argv)])
+        assert result.returncode == 0, result.stderr
+    recipe = imported / "recipe.textproto"
+    refused = run([SWITCHYARD, "train", str(recipe), "--run-dir", str(tmp_path / "run")])
+    assert refused.returncode == 1
+    assert "data.dataset is the placeholder" in refused.stderr
+    result = run([SWITCHYARD, "train", str(recipe), "--run-dir", str(tmp_path / "run"),
+                  "--set", f"data.dataset={dataset}", "--set", "train.steps=1",
+                  "--set", "train.seq_len=32", "--set", "train.eval_interval=1",
+                  "--set", f"train.eval_batches={EVAL_WINDOWS}"])
+    assert result.returncode == 0, result.stderr
+    assert f"starting from the weights in {imported} " in result.stdout
     assert first_val_loss(tmp_path / "run") == pytest.approx(eval_loss(weights, dataset),
                                                              rel=1e-6)
 
