@@ -28,7 +28,8 @@ std::vector<T> random_integers(int64_t n, uint64_t seed, int lo, int hi) {
   return v;
 }
 
-// max_i |a_i - b_i| / max(1, |b_i|); NaN anywhere gives +inf.
+// max_i |a_i - b_i| / max(1, |b_i|); a NaN or an infinity anywhere (in either vector,
+// even two equal infinities) gives +inf.
 template <typename A, typename B>
 double max_relative_error(const std::vector<A>& a, const std::vector<B>& b) {
   if (a.size() != b.size()) return INFINITY;
@@ -36,7 +37,7 @@ double max_relative_error(const std::vector<A>& a, const std::vector<B>& b) {
   for (size_t i = 0; i < a.size(); ++i) {
     double x = static_cast<double>(a[i]);
     double y = static_cast<double>(b[i]);
-    if (std::isnan(x) || std::isnan(y)) return INFINITY;
+    if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
     worst = std::max(worst, std::abs(x - y) / std::max(1.0, std::abs(y)));
   }
   return worst;
