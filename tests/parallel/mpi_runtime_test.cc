@@ -27,6 +27,16 @@ TEST(MpiRuntimeTest, PlainRunUsesTheLocalCommunicator) {
   EXPECT_EQ(runtime.world_rank(), testing::world().rank());
 }
 
+// ctest names the number of ranks it launched (SY_EXPECTED_WORLD_SIZE: 1, or mpirun's
+// -np): ranks started as separate worlds of one, or a runtime that missed its launcher,
+// fail here instead of passing every test as a world of one.
+TEST(MpiRuntimeTest, WorldSizeIsTheNumberOfRanksLaunched) {
+  const char* expected = std::getenv("SY_EXPECTED_WORLD_SIZE");
+  if (expected == nullptr) GTEST_SKIP() << "SY_EXPECTED_WORLD_SIZE is set by ctest";
+  EXPECT_EQ(MpiRuntime::get().world_size(), std::atoi(expected));
+  EXPECT_EQ(testing::world().size(), std::atoi(expected));
+}
+
 TEST(MpiRuntimeTest, RanksOfOneNodeShareItsCores) {
   const MpiRuntime& runtime = MpiRuntime::get();
   // The tests run on one machine, so the node is the whole job.
