@@ -35,6 +35,8 @@ def train(tmp_path, name, ranks, extra=()):
                            "--dataset-cache", str(tmp_path / "datasets"), *COMMON, *extra]
     result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr
+    # The run saw the world mpirun launched, not a world of one per process.
+    assert f"; {ranks} ranks (dp " in result.stdout, result.stdout
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]]
                        for m in lines if "loss" in m])
@@ -75,6 +77,12 @@ ROUTING = {  # name: overrides
 }
 
 
+# GShard's sampled second expert under each kind of parallelism and ZeRO stage: data,
+# expert (alone, with data, with tensor), tensor, all three, and ZeRO 1, 2 and 3.
+GSHARD_LAYOUTS = ("dp2", "ep4", "dp2xep2", "tp2", "tp2xep2", "dp2xtp2xep2", "dp2-zero1",
+                  "dp2-zero2", "dp2xep2-zero3")
+
+
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     runs = {}
@@ -90,8 +98,8 @@ def single(tmp_path_factory):
 @pytest.mark.parametrize("routing", ROUTING)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_layout_matches_single_process(tmp_path, single, layout, routing):
-    if routing == "gshard" and layout not in ("dp2", "dp2xep2", "tp2xep2"):
-        pytest.skip("a data-, an expert- and a tensor-parallel layout cover GShard routing")
+    if routing == "gshard" and layout not in GSHARD_LAYOUTS:
+        pytest.skip("GSHARD_LAYOUTS cover GShard routing")
     single_losses, single_weights = single(routing)
     ranks, overrides = LAYOUTS[layout]
     losses, weights = train(tmp_path, layout, ranks, overrides + ROUTING[routing])
