@@ -31,14 +31,7 @@ const char* safetensors_dtype(DType d) {
   return "";
 }
 
-// One tensor of a validated header: its bytes are [begin, end) of the data section.
-struct Entry {
-  std::string name;
-  DType dtype;
-  Shape shape;
-  int64_t begin = 0;
-  int64_t end = 0;
-};
+using Entry = SafetensorsEntry;
 
 // A JSON integer in [0, int64 max], as written for dims and offsets.
 std::optional<int64_t> non_negative(const Json& v) {
@@ -159,10 +152,13 @@ absl::StatusOr<int64_t> header_length(const unsigned char* bytes, int64_t size,
 // Reads `bytes` bytes at `offset` of the source into `data`.
 using ReadAt = std::function<absl::Status(int64_t offset, void* data, size_t bytes)>;
 
-// The tensors of a source of `size` bytes: the header validated whole, then each tensor
-// allocated and read.
-absl::StatusOr<std::map<std::string, Tensor>> parse_source(int64_t size, const ReadAt& read,
-                                                           const std::string& name) {
+struct Layout {
+  int64_t data_start = 0;
+  std::vector<Entry> entries;
+};
+
+// Where the tensors of a source of `size` bytes lie: its header validated whole.
+absl::StatusOr<Layout> parse_layout(int64_t size, const ReadAt& read, const std::string& name) {
   if (size < kLengthBytes)
     return absl::InvalidArgumentError(absl::StrCat(
         name, ": is ", size, " bytes, shorter than the 8-byte header length (truncated?)"));
@@ -171,13 +167,21 @@ absl::StatusOr<std::map<std::string, Tensor>> parse_source(int64_t size, const R
   SY_ASSIGN_OR_RETURN(const int64_t length, header_length(length_bytes, size, name));
   std::string text(static_cast<size_t>(length), '\0');
   SY_RETURN_IF_ERROR(read(kLengthBytes, text.data(), text.size()));
-  const int64_t data_start = kLengthBytes + length;
-  SY_ASSIGN_OR_RETURN(const std::vector<Entry> entries,
-                      parse_header(text, size - data_start, name));
+  Layout layout;
+  layout.data_start = kLengthBytes + length;
+  SY_ASSIGN_OR_RETURN(layout.entries, parse_header(text, size - layout.data_start, name));
+  return layout;
+}
+
+// The tensors of a source of `size` bytes: the header validated whole, then each tensor
+// allocated and read.
+absl::StatusOr<std::map<std::string, Tensor>> parse_source(int64_t size, const ReadAt& read,
+                                                           const std::string& name) {
+  SY_ASSIGN_OR_RETURN(const Layout layout, parse_layout(size, read, name));
   std::map<std::string, Tensor> out;
-  for (const Entry& e : entries) {
+  for (const Entry& e : layout.entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
-    SY_RETURN_IF_ERROR(read(data_start + e.begin, t.raw_data(), t.nbytes()));
+    SY_RETURN_IF_ERROR(read(layout.data_start + e.begin, t.raw_data(), t.nbytes()));
     out.emplace(e.name, std::move(t));
   }
   return out;
@@ -240,6 +244,35 @@ absl::StatusOr<std::map<std::string, Tensor>> parse_safetensors(std::string_view
         return absl::OkStatus();
       },
       name);
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  SY_ASSIGN_OR_RETURN(RegularFile file, RegularFile::open(path));
+  SY_ASSIGN_OR_RETURN(
+      Layout layout,
+      parse_layout(
+          file.size(),
+          [&](int64_t offset, void* data, size_t bytes) { return file.read_at(offset, data, bytes); },
+          path));
+  std::map<std::string, Entry> entries;
+  for (Entry& e : layout.entries) entries.emplace(e.name, std::move(e));
+  return SafetensorsFile(std::move(file), layout.data_start, std::move(entries));
+}
+
+const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
+  const auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+absl::Status SafetensorsFile::read_rows(const SafetensorsEntry& entry, int64_t first_row,
+                                        Tensor& out) const {
+  const int64_t rows = entry.shape.empty() ? 1 : entry.shape[0];
+  const int64_t row_bytes = rows == 0 ? 0 : (entry.end - entry.begin) / rows;
+  SY_CHECK_MSG(out.dtype() == entry.dtype && first_row >= 0 && first_row + out.rows() <= rows &&
+                   static_cast<int64_t>(out.nbytes()) == out.rows() * row_bytes,
+               "rows read from a safetensors tensor must lie inside it");
+  return file_.read_at(data_start_ + entry.begin + first_row * row_bytes, out.raw_data(),
+                       out.nbytes());
 }
 
 }  // namespace switchyard

@@ -10,9 +10,19 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/runtime/file_util.h"
 #include "engine/runtime/tensor.h"
 
 namespace switchyard {
+
+// One tensor of a validated header: its bytes are [begin, end) of the data section.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
 
 // Writes tensors (CPU, f32/i32/i64/u8/bf16/f16) in the given order, to `path`,
 // completely or not at all (AtomicFileWriter).
@@ -31,5 +41,27 @@ absl::StatusOr<std::map<std::string, Tensor>> read_safetensors(const std::string
 // The same, from the bytes of a whole file; `name` stands for it in errors.
 absl::StatusOr<std::map<std::string, Tensor>> parse_safetensors(std::string_view bytes,
                                                                 const std::string& name);
+
+// A safetensors file whose tensors are read in parts: the header validated whole at
+// open, as read_safetensors validates it, and rows read on demand, so a rank of a
+// parallel layout reads only the rows it holds.
+class SafetensorsFile {
+ public:
+  static absl::StatusOr<SafetensorsFile> open(const std::string& path);
+  const std::string& path() const { return file_.path(); }
+  // The tensor's entry, or nullptr when the file has none of that name.
+  const SafetensorsEntry* find(const std::string& name) const;
+  // Rows [first_row, first_row + out.rows()) of the tensor into `out`, a host tensor of
+  // its dtype and row size with those rows inside it (the caller checks; a CHECK holds).
+  absl::Status read_rows(const SafetensorsEntry& entry, int64_t first_row, Tensor& out) const;
+
+ private:
+  SafetensorsFile(RegularFile file, int64_t data_start,
+                  std::map<std::string, SafetensorsEntry> entries)
+      : file_(std::move(file)), data_start_(data_start), entries_(std::move(entries)) {}
+  RegularFile file_;
+  int64_t data_start_;
+  std::map<std::string, SafetensorsEntry> entries_;
+};
 
 }  // namespace switchyard

@@ -1,5 +1,6 @@
 #include "checkpoint/weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -64,27 +65,32 @@ absl::Status load_weights(const std::string& dir, ParamStore& params) {
 }
 
 absl::Status read_weight_rows(const std::string& dir, const std::vector<RowsToRead>& reads) {
-  const std::string path = dir + "/model.safetensors";
-  SY_ASSIGN_OR_RETURN(const auto tensors, read_safetensors(path));
+  SY_ASSIGN_OR_RETURN(const SafetensorsFile file, SafetensorsFile::open(dir + "/model.safetensors"));
   constexpr std::string_view kPrefix = "param/";
   for (const RowsToRead& read : reads) {
     SY_CHECK_MSG(read.key.rfind(kPrefix, 0) == 0, "weights hold parameter values only");
     const std::string name = read.key.substr(kPrefix.size());
-    const auto it = tensors.find(name);
-    if (it == tensors.end())
-      return absl::DataLossError(absl::StrCat(path, ": missing tensor ", name));
-    const Tensor& whole = it->second;
+    const SafetensorsEntry* entry = file.find(name);
+    if (entry == nullptr)
+      return absl::DataLossError(absl::StrCat(file.path(), ": missing tensor ", name));
+    const Shape& whole = entry->shape;
     const int64_t rows = read.out.rows();
-    if (whole.dtype() != DType::kF32 || whole.rank() != read.out.rank() ||
-        whole.row_size() != read.out.row_size() || read.first_row < 0 ||
-        read.first_row + rows > whole.rows())
+    const bool fits =
+        entry->dtype == DType::kF32 && whole.size() == read.out.shape().size() && !whole.empty() &&
+        std::equal(whole.begin() + 1, whole.end(), read.out.shape().begin() + 1) &&
+        read.first_row >= 0 && read.first_row + rows <= whole[0];
+    if (!fits)
       return absl::DataLossError(absl::StrCat(
-          path, ": tensor ", name, " is ", dtype_name(whole.dtype()), shape_string(whole.shape()),
+          file.path(), ": tensor ", name, " is ", dtype_name(entry->dtype), shape_string(whole),
           ", expected f32 with rows [", read.first_row, ", ", read.first_row + rows, ") of ",
-          read.out.row_size(), " elements"));
-    const Tensor part = whole.slice_rows(read.first_row, read.first_row + rows);
-    SY_RETURN_IF_ERROR(check_finite(part, path, name));
-    read.out.device().copy_from_host(read.out.raw_data(), part.raw_data(), part.nbytes());
+          shape_string(read.out.shape())));
+    Tensor host = read.out.device().type() == DeviceType::kCpu
+                      ? read.out
+                      : Tensor::empty(read.out.shape(), DType::kF32);
+    SY_RETURN_IF_ERROR(file.read_rows(*entry, read.first_row, host));
+    SY_RETURN_IF_ERROR(check_finite(host, file.path(), name));
+    if (host.raw_data() != read.out.raw_data())
+      read.out.device().copy_from_host(read.out.raw_data(), host.raw_data(), host.nbytes());
   }
   return absl::OkStatus();
 }

@@ -34,8 +34,8 @@ absl::Status load_weights(const std::string& dir, ParamStore& params);
 // Fills each read's `out` (keys "param/<name>": rows [first_row, first_row + out rows) of
 // the tensor, as a checkpoint read takes them) from the weights in `dir`: how a run
 // started from weights (train.init_from) loads its part of every parameter under any
-// layout. Each tensor read must be f32 and finite, its rows inside it and of the size
-// `out` expects; errors name the file and the tensor.
+// layout, reading only those rows. Each tensor read must be f32 and finite, its rows
+// inside it and of the size `out` expects; errors name the file and the tensor.
 absl::Status read_weight_rows(const std::string& dir, const std::vector<RowsToRead>& reads);
 // The directory's tokenizer.model, whose vocabulary must fit the recipe's.
 absl::StatusOr<Tokenizer> load_weights_tokenizer(const std::string& dir,
