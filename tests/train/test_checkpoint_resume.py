@@ -176,3 +176,37 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, uninterrupted):
         result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
         assert result.returncode == 1
         assert result.stderr.count("\n") == 1 and "rank_0.h5" in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory, uninterrupted):
+    _, cache = uninterrupted
+    run_dir = tmp_path_factory.mktemp("saved") / "run"
+    run(command(run_dir, cache))
+    return run_dir
+
+
+@pytest.mark.parametrize("change,named", [
+    (["--set", "model.num_layers=1"], "other model settings"),
+    (["--set", "model.hidden_size=64"], "other model settings"),
+    (["--set", "moe.top_k=1"], "other moe settings"),
+    (["--set", "moe.num_experts=4"], "other moe settings"),
+    # model.max_position_embeddings, unset, defaults to train.seq_len: either may be named.
+    (["--set", "train.seq_len=32"], "other (model|train.seq_len) settings"),
+    (["--set", "train.global_batch_size=4"], "other train.global_batch_size settings"),
+    (["--set", "train.seed=7"], "other train.seed settings"),
+    (["--set", "train.steps=6"], r"beyond train.steps \(6\)"),
+])
+def test_resuming_with_another_model_or_data_order_is_refused(tmp_path, uninterrupted, saved_run,
+                                                               change, named):
+    _, cache = uninterrupted
+    run_dir = tmp_path / "run"
+    shutil.copytree(saved_run, run_dir)
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    result = subprocess.run(command(run_dir, cache, extra=change), capture_output=True,
+                            text=True, env=ENV, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1 and re.search(named, result.stderr), result.stderr
+    assert "step_8" in result.stderr, result.stderr
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_8\n"
