@@ -210,3 +210,37 @@ def test_resuming_with_another_model_or_data_order_is_refused(tmp_path, uninterr
     assert "step_8" in result.stderr, result.stderr
     assert (run_dir / "metrics.jsonl").read_bytes() == before
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_8\n"
+
+
+def test_eval_of_the_final_weights_gives_the_runs_last_validation_loss(uninterrupted, saved_run):
+    _, cache = uninterrupted
+    dataset = next(p for p in cache.iterdir() if (p / "index.json").exists())
+    # The run evaluates eval_batches (1) x micro_batch_size (2) windows of the val split.
+    result = run([SWITCHYARD, "eval", str(saved_run / "checkpoints" / "final"),
+                  "--data", str(dataset), "--windows", "2"])
+    assert result.stderr == ""
+    report = json.loads(result.stdout)
+    assert report["split"] == "val" and report["tokens"] == 2 * 64
+    assert report["val_loss"] == pytest.approx(losses(saved_run)[("val", STEPS)], rel=1e-6)
+    train_split = json.loads(run([SWITCHYARD, "eval", str(saved_run / "checkpoints" / "final"),
+                                  "--data", str(dataset), "--split", "train",
+                                  "--windows", "2"]).stdout)
+    assert train_split["split"] == "train" and train_split["val_loss"] != report["val_loss"]
+
+
+def sample(run_dir, *extra):
+    """The bytes sample prints (an undertrained model may end on part of a character)."""
+    result = subprocess.run([SWITCHYARD, "sample", str(run_dir / "checkpoints" / "final"),
+                             "--prompt", "ROMEO:", "--tokens", "24", *extra],
+                            capture_output=True, env=ENV, timeout=300)
+    assert result.returncode == 0 and result.stderr == b"", result.stderr
+    return result.stdout
+
+
+def test_sample_continues_the_prompt_and_follows_its_seed(saved_run):
+    greedy = sample(saved_run, "--temperature", "0")
+    assert greedy.startswith(b"ROMEO:") and len(greedy) > len(b"ROMEO:\n"), greedy
+    assert sample(saved_run, "--temperature", "0") == greedy
+    seeded = sample(saved_run, "--seed", "3")
+    assert seeded.startswith(b"ROMEO:") and sample(saved_run, "--seed", "3") == seeded
+    assert {sample(saved_run, "--seed", str(seed)) for seed in (4, 5, 6)} != {seeded}
