@@ -1,7 +1,8 @@
 // Whole-model gradient check: for every parameter, the directional derivative along a
 // random direction from central finite differences of the total loss (cross-entropy +
 // aux + z-loss) must match the backward pass. Covers dense and MoE layers, shared
-// experts with their gate, q/k norms, q/k/v biases, each gating variant and capacity.
+// experts with their gate, q/k norms, q/k/v biases, each gating variant and capacity,
+// and GShard's sampled second expert in training mode.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +18,13 @@ struct Case {
   std::string gating;
   float capacity_factor;
   bool aux_loss_per_layer = false;
+  // Training-mode routing: GShard samples each token's second expert (the same draws in
+  // every forward here, from one seed).
+  bool training = false;
+  // The finite-difference step. At capacity, GShard's sampled routing is discontinuous
+  // in the router weights: a step of 1e-3 along layer 2's gate moves one token across a
+  // capacity or sampling threshold (a jump in the loss), 1e-4 does not.
+  double eps = 1e-3;
 };
 
 config::Recipe tiny_recipe(const Case& c) {
@@ -59,14 +67,18 @@ TEST_P(TransformerGradTest, BackwardMatchesFiniteDifferences) {
     ids.data<int32_t>()[i] = static_cast<int32_t>(data.below(64));
     targets.data<int32_t>()[i] = i % 7 == 6 ? -1 : static_cast<int32_t>(data.below(64));
   }
-  Rng rng(0);
-  auto loss = [&]() { return model.forward(cpu_device(), ids, targets, false, rng).total; };
-  const LossParts parts = model.forward(cpu_device(), ids, targets, false, rng);
+  const bool training = GetParam().training;
+  auto forward = [&]() {
+    Rng rng(0);
+    return model.forward(cpu_device(), ids, targets, training, rng);
+  };
+  auto loss = [&]() { return forward().total; };
+  const LossParts parts = forward();
   EXPECT_GT(parts.aux_loss, 0);
   EXPECT_GT(parts.z_loss, 0);
   model.backward(cpu_device(), 1.0f);
 
-  const double eps = 1e-3;
+  const double eps = GetParam().eps;
   for (Param& p : params.params()) {
     Rng dir(std::hash<std::string>{}(p.name));
     std::vector<float> d(p.value.numel());
@@ -90,7 +102,32 @@ TEST_P(TransformerGradTest, BackwardMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Gating, TransformerGradTest,
                          ::testing::Values(Case{"TOPK_SOFTMAX", 0.0f}, Case{"SOFTMAX_TOPK", 0.0f},
                                            Case{"GSHARD_TOP2", 0.0f}, Case{"TOPK_SOFTMAX", 1.0f},
-                                           Case{"TOPK_SOFTMAX", 0.0f, true}));
+                                           Case{"TOPK_SOFTMAX", 0.0f, true},
+                                           Case{"GSHARD_TOP2", 0.0f, false, true},
+                                           Case{"GSHARD_TOP2", 1.0f, false, true, 1e-4}));
+
+// The sampled second expert: training-mode GShard routing drops some tokens' second
+// expert, so its loss differs from the deterministic (evaluation) routing's, and it
+// depends on the seed; the gradient checks above then cover the sampled dispatch.
+TEST(GshardTrainingRouting, SamplesTheSecondExpert) {
+  const config::Recipe recipe = tiny_recipe(Case{"GSHARD_TOP2", 0.0f});
+  ParamStore params;
+  Transformer model(recipe, params);
+  params.allocate(cpu_device());
+  params.initialize(11);
+  Tensor ids = Tensor::empty({2, 7}, DType::kI32), targets = Tensor::empty({2, 7}, DType::kI32);
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    ids.data<int32_t>()[i] = static_cast<int32_t>((i * 37) % 64);
+    targets.data<int32_t>()[i] = static_cast<int32_t>((i * 11 + 5) % 64);
+  }
+  auto loss = [&](bool training, uint64_t seed) {
+    Rng rng(seed);
+    return model.forward(cpu_device(), ids, targets, training, rng).total;
+  };
+  EXPECT_EQ(loss(true, 0), loss(true, 0));
+  EXPECT_NE(loss(true, 0), loss(false, 0));
+  EXPECT_NE(loss(true, 0), loss(true, 1));
+}
 
 }  // namespace
 }  // namespace switchyard
