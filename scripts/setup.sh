@@ -14,6 +14,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libsentencepiece-dev
   nlohmann-json3-dev libcli11-dev
+  clang libclang-rt-14-dev libomp-dev  # scripts/fuzz.sh and scripts/sanitize.sh tsan
   python3-venv
   chromium  # renders the bench balance HTML report in a test
 )

@@ -5,6 +5,7 @@
 #include "checkpoint/hf_import.h"
 #include "engine/config/recipe.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/protobuf_log_trap.h"
 
 namespace sy = switchyard;
 

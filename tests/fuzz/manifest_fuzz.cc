@@ -4,6 +4,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/protobuf_log_trap.h"
 
 namespace sy = switchyard;
 

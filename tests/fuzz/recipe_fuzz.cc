@@ -7,6 +7,7 @@
 
 #include "engine/config/recipe.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/protobuf_log_trap.h"
 
 namespace sy = switchyard;
 

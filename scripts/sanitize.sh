@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The CPU tests under sanitizers, each build in a folder of its own that holds only what
+# its tests run (tests/fuzz/README.md says what each covers):
+#   scripts/sanitize.sh asan [ctest args]   build-asan/ (gcc, ASan+UBSan): the CPU suite
+#                                           but the tests in asan_skip below
+#   scripts/sanitize.sh tsan [ctest args]   build-tsan/ (gcc, TSan; OpenMP served by
+#                                           libomp and its Archer tool): the threaded parts
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind="${1:?usage: scripts/sanitize.sh asan|tsan [ctest args]}"
+shift
+
+case "$kind" in
+  asan)
+    # Whole multi-rank training runs against transformers and each other: tens of
+    # minutes under ASan, and the same code paths run single-rank in the other tests.
+    asan_skip='^(parallel\.train_equivalence|train\.checkpoint_resume)$'
+    select=(-LE gpu -E "$asan_skip")
+    # Open MPI and HDF5 keep global allocations until exit; leaks are the fuzzers' job.
+    export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0
+    export UBSAN_OPTIONS=print_stacktrace=1
+    ;;
+  tsan)
+    # The loader's read-ahead thread, the gradient reduction overlapped with backward (one
+    # process and two ranks), and a run stopped by SIGTERM and resumed: checkpoint slices
+    # hashed in parallel as they are saved and as they are loaded.
+    select=(-R '^(data\.loader_test|parallel\.grad_reducer_test(\.np2)?|train\.checkpoint_resume)$')
+    export PYTEST_ADDOPTS="-k sigterm"
+    # libgomp is not instrumented: the build links libomp ahead of it, whose Archer tool
+    # tells TSan where OpenMP's barriers, tasks and locks order memory.
+    archers=(/usr/lib/llvm-*/lib/libarcher.so)
+    export OMP_TOOL_LIBRARIES="${archers[-1]}"
+    export TSAN_OPTIONS="ignore_noninstrumented_modules=1 halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/fuzz/tsan.supp"
+    ;;
+  *)
+    echo "usage: scripts/sanitize.sh asan|tsan [ctest args]" >&2
+    exit 2
+    ;;
+esac
+
+build="build-$kind"
+if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  launcher=()
+  command -v ccache >/dev/null 2>&1 &&
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  cmake --preset "$kind" "${launcher[@]}" >/dev/null
+fi
+
+# The targets the selected tests run: every build-folder path in their commands and
+# environments that names a target.
+targets="$(cd "$build" && ctest --show-only=json-v1 "${select[@]}" | python3 -c '
+import json, os, sys
+build = os.getcwd() + "/"
+words = []
+for test in json.load(sys.stdin)["tests"]:
+    words += test.get("command", [])
+    for prop in test.get("properties", []):
+        if prop["name"] == "ENVIRONMENT":
+            words += [v.split("=", 1)[-1] for v in prop["value"]]
+print(" ".join(sorted({os.path.basename(w) for w in words if w.startswith(build)})))')"
+cmake --build "$build" -j"$(nproc)" --target $targets
+cd "$build"
+ctest --output-on-failure -j"$(nproc)" "${select[@]}" "$@"
