@@ -11,6 +11,8 @@
 #include <memory>
 #include <optional>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/file_util.h"
 #include "data/hdf5_checks.h"
@@ -145,6 +147,7 @@ absl::StatusOr<std::string> save_checkpoint(const std::string& checkpoints_dir,
           (fs::path(tmp_dir) / absl::StrCat("rank_", r, ".entries")).string();
       SY_ASSIGN_OR_RETURN(const std::string bytes, read_file(entries_path));
       checkpoint::Manifest rank_part;
+      const google::protobuf::LogSilencer quiet;
       if (!rank_part.ParseFromString(bytes))
         return absl::DataLossError(absl::StrCat(entries_path, ": unreadable"));
       for (const auto& e : rank_part.slices()) *manifest.add_slices() = e;
@@ -409,6 +412,9 @@ absl::StatusOr<checkpoint::Manifest> parse_manifest(std::string_view bytes,
     return absl::DataLossError(absl::StrCat(path, ": is ", bytes.size(), " bytes, more than the ",
                                             kMaxMetadataFileBytes, " allowed"));
   checkpoint::Manifest manifest;
+  // libprotobuf would print its own line for a string that is not UTF-8; the refusal
+  // below is the one line.
+  const google::protobuf::LogSilencer quiet;
   if (!manifest.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
     return absl::DataLossError(absl::StrCat(path, ": not a valid manifest"));
   if (manifest.format_version() != kFormatVersion)
