@@ -47,13 +47,14 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
 fi
 
 # The targets the selected tests run: every build-folder path in their commands and
-# environments that names a target.
+# environments. ctest gives no command for an executable not built yet; tests/CMakeLists.txt
+# names those tests after their target (area.name[.npN] runs area_name).
 targets="$(cd "$build" && ctest --show-only=json-v1 "${select[@]}" | python3 -c '
-import json, os, sys
+import json, os, re, sys
 build = os.getcwd() + "/"
 words = []
 for test in json.load(sys.stdin)["tests"]:
-    words += test.get("command", [])
+    words += test.get("command") or [build + re.sub(r"\.np[0-9]+$", "", test["name"]).replace(".", "_", 1)]
     for prop in test.get("properties", []):
         if prop["name"] == "ENVIRONMENT":
             words += [v.split("=", 1)[-1] for v in prop["value"]]
