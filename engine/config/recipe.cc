@@ -344,6 +344,12 @@ absl::Status validate_train(const Recipe& recipe) {
   SY_RETURN_IF_ERROR(check_positive("train.log_interval", train.log_interval()));
   SY_RETURN_IF_ERROR(check_non_negative("train.eval_interval", train.eval_interval()));
   SY_RETURN_IF_ERROR(check_positive("train.eval_batches", train.eval_batches()));
+  for (const std::string& pattern : train.freeze())
+    if (pattern.empty()) return invalid("train.freeze entries must not be empty");
+  if (train.freeze_size() > 0 && recipe.parallel().zero_stage() >= 2)
+    return invalid(absl::StrCat("train.freeze needs parallel.zero_stage 0 or 1 (it is ",
+                                recipe.parallel().zero_stage(),
+                                "): ZeRO-2/3 row shards are updated apart"));
   return absl::OkStatus();
 }
 
@@ -554,7 +560,16 @@ absl::Status apply_override(Recipe& recipe, std::string_view assignment_view) {
                                 " has no field \"", names[i],
                                 "\" (valid fields: ", field_names(descriptor), ")"));
     }
-    if (field->is_repeated()) return error(absl::StrCat(prefix, " is not a scalar field"));
+    if (field->is_repeated()) {
+      if (i + 1 != names.size() || field->cpp_type() != pb::FieldDescriptor::CPPTYPE_STRING)
+        return error(absl::StrCat(prefix, " is not a scalar field"));
+      // A list of strings, comma-separated, replaces the recipe's.
+      const pb::Reflection& reflection = *message->GetReflection();
+      reflection.ClearField(message, field);
+      for (const absl::string_view item : absl::StrSplit(value, ',', absl::SkipEmpty()))
+        reflection.AddString(message, field, std::string(absl::StripAsciiWhitespace(item)));
+      break;
+    }
     if (i + 1 == names.size()) {
       absl::Status status = set_scalar(*message, *field, prefix, value);
       if (!status.ok()) return error(status.message());

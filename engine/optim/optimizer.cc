@@ -35,8 +35,8 @@ AdamWOptimizer::AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total
   for (const Param& p : params_.params()) {
     Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
     // ZeRO-2/3 row shards keep their own state.
-    const bool mine =
-        !(groups_.zero && !p.spec.expert) && (owner_[i] < 0 || owner_[i] == replicas->rank());
+    const bool mine = p.trainable && !(groups_.zero && !p.spec.expert) &&
+                      (owner_[i] < 0 || owner_[i] == replicas->rank());
     const Shape shape = mine ? p.shape : Shape{0};
     const MemoryKind kind =
         p.spec.expert ? MemoryKind::kExpertOptimizerState : MemoryKind::kOptimizerState;
@@ -58,6 +58,7 @@ StepReport AdamWOptimizer::step(Device& dev) {
   std::vector<std::string> names;
   for (const Param& p : params_.params()) {
     if (!p.grad.defined()) continue;  // a ZeRO-2/3 row shard, counted below
+    if (!p.trainable) continue;       // frozen: neither clipped nor updated
     grads.push_back(p.grad);
     names.push_back(p.name);
     sums.push_back(p.spec.expert              ? &expert_sq
@@ -98,7 +99,7 @@ StepReport AdamWOptimizer::step(Device& dev) {
   for (Param& p : params_.params()) {
     const bool sharded = groups_.zero && !p.spec.expert;  // updated by its row shards below
     Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
-    if (!sharded && (owner_[i] < 0 || owner_[i] == replicas->rank())) {
+    if (p.trainable && !sharded && (owner_[i] < 0 || owner_[i] == replicas->rank())) {
       updates.push_back(AdamWUpdate{&p.value, &p.grad, &exp_avg_[i], &exp_avg_sq_[i],
                                     p.weight_decay, p.has_working_copy() ? &p.work : nullptr});
       refreshed[i] = true;
@@ -109,14 +110,14 @@ StepReport AdamWOptimizer::step(Device& dev) {
   i = 0;
   for (Param& p : params_.params()) {
     Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
-    if (!(groups_.zero && !p.spec.expert) && owner_[i] >= 0)
+    if (p.trainable && !(groups_.zero && !p.spec.expert) && owner_[i] >= 0)
       replicas->broadcast(p.value, owner_[i]);
     ++i;
   }
   if (groups_.zero) groups_.zero->update(dev, opt_, report.lr, step_, grad_scale);
   i = 0;
   for (Param& p : params_.params()) {
-    if (!refreshed[i] && p.has_working_copy()) convert(dev, p.value, p.work);
+    if (p.trainable && !refreshed[i] && p.has_working_copy()) convert(dev, p.value, p.work);
     ++i;
   }
   params_.zero_grads();
@@ -142,6 +143,7 @@ int64_t optimizer_bytes_lower_bound(const ParamStore& params, int zero_stage, in
   const int64_t share = zero_stage >= 1 ? replicas : 1;
   int64_t bytes = 0;
   for (const Param& p : params.params()) {
+    if (!p.trainable) continue;
     const int64_t n = shape_numel(p.shape);
     const bool row_sharded = zero_stage >= 2 && !p.spec.expert;
     const int64_t per_element = 8 + (row_sharded ? 4 : 0) + (zero_stage == 3 && row_sharded ? 4 : 0);

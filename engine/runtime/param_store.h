@@ -43,6 +43,8 @@ struct Param {
   ParamInit init = ParamInit::kNormal;
   float init_std = 0.02f;
   bool weight_decay = true;
+  // False for a parameter the recipe freezes (train.freeze): no optimizer state, no update.
+  bool trainable = true;
   // The unit the parameter belongs to (ParamStore::begin_unit): the parameters one
   // layer uses together, gathered and reduced together under ZeRO.
   int unit = 0;

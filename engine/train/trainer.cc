@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <google/protobuf/text_format.h>
 #include <optional>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
 #include "data/corpus_cache.h"
@@ -154,6 +156,51 @@ absl::StatusOr<std::string> dataset_dir(const config::Recipe& recipe, const Trai
   corpus_options.val_fraction = recipe.data().val_fraction();
   corpus_options.cache_dir = options.dataset_cache_dir;
   return ensure_prepared_corpus(recipe.data().corpus(), corpus_options, messages);
+}
+
+// The groups train.freeze may name, each the parts of parameter names it covers.
+const std::map<std::string, std::vector<std::string>>& freeze_groups() {
+  static const auto* groups = new std::map<std::string, std::vector<std::string>>{
+      {"router", {".mlp.gate.weight"}},
+      {"embeddings", {"model.embed_tokens."}},
+      {"attention", {".self_attn."}},
+      {"experts", {".mlp.experts."}},
+      {"shared_experts", {".mlp.shared_expert.", ".mlp.shared_expert_gate."}},
+      {"norms", {"layernorm.", "model.norm.", "_norm."}},
+      {"lm_head", {"lm_head."}}};
+  return *groups;
+}
+
+// Marks the parameters train.freeze names as frozen; an entry that names none is refused.
+absl::Status apply_freeze(const config::TrainConfig& tc, ParamStore& params, ProgressSink& sink) {
+  int64_t frozen = 0, total = 0;
+  for (const Param& p : params.params()) total += shape_numel(p.whole_shape);
+  for (const std::string& entry : tc.freeze()) {
+    const auto group = freeze_groups().find(entry);
+    const std::vector<std::string> parts =
+        group != freeze_groups().end() ? group->second : std::vector<std::string>{entry};
+    bool matched = false;
+    for (Param& p : params.params()) {
+      const bool named = std::any_of(parts.begin(), parts.end(), [&](const std::string& part) {
+        return p.name.find(part) != std::string::npos;
+      });
+      if (!named) continue;
+      matched = true;
+      if (p.trainable) frozen += shape_numel(p.whole_shape);
+      p.trainable = false;
+    }
+    if (!matched) {
+      std::vector<std::string> names;
+      for (const auto& [name, unused] : freeze_groups()) names.push_back(name);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.freeze \"", entry, "\" names no parameter (a group: ", absl::StrJoin(names, ", "),
+          "; or a part of parameter names, such as model.layers.0.)"));
+    }
+  }
+  if (frozen > 0)
+    sink.on_message(absl::StrFormat("frozen by train.freeze: %.3fM of %.3fM parameters",
+                                    frozen / 1e6, total / 1e6));
+  return absl::OkStatus();
 }
 
 // What a training rank needs at least before its first step: parameters, gradients,
@@ -438,6 +485,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   ParamStore params(ShardPlacement{groups.tp->rank(), groups.tp->size(), groups.ep->rank(),
                                    groups.ep->size()});
   Transformer model(recipe, params, {groups.tp.get(), groups.ep.get()});
+  SY_RETURN_IF_ERROR(apply_freeze(tc, params, sink));
   // ZeRO stages 2 and 3 split the dense gradients and state (and at 3 the values) by
   // rows over the data-parallel replicas.
   std::unique_ptr<ZeroShards> zero;

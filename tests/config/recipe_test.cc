@@ -271,6 +271,15 @@ void PrintTo(const ValidationCase& test_case, std::ostream* os) {
 
 class ValidationTest : public ::testing::TestWithParam<ValidationCase> {};
 
+TEST(RecipeTest, ListOverrideReplacesARepeatedStringField) {
+  Recipe recipe;
+  recipe.mutable_train()->add_freeze("lm_head");
+  ASSERT_TRUE(apply_override(recipe, "train.freeze=router, attention,").ok());
+  EXPECT_EQ(std::vector<std::string>(recipe.train().freeze().begin(), recipe.train().freeze().end()),
+            (std::vector<std::string>{"router", "attention"}));
+  EXPECT_FALSE(apply_override(recipe, "train.freeze.x=1").ok());
+}
+
 TEST_P(ValidationTest, ErrorNamesTheField) {
   absl::Status status = validate_with(GetParam().overrides);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
@@ -309,6 +318,8 @@ INSTANTIATE_TEST_SUITE_P(
                        "model.max_position_embeddings (100000000) must be <= 16777216"},
         ValidationCase{{"runtime.threads=1000000"}, "runtime.threads (1000000) must be <= 4096"},
         ValidationCase{{"optimizer.grad_clip=inf"}, "optimizer.grad_clip (inf) must be >= 0 and finite"},
+        ValidationCase{{"train.freeze=router,attention", "parallel.zero_stage=2"},
+                       "train.freeze needs parallel.zero_stage 0 or 1 (it is 2)"},
         ValidationCase{{"model.max_position_embeddings=16"},
                        "train.seq_len (32) must be <= model.max_position_embeddings (16)"},
         ValidationCase{{"model.moe_layer_interval=2"}, "model.ffn_hidden_size must be > 0"},

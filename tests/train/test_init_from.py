@@ -1,7 +1,7 @@
 """Fine-tuning: a run started from weights (--init-from, train.init_from) evaluates them
 exactly as `switchyard eval` does before its first step, under every parallel layout,
 and the recipe `convert from-hf` writes trains from the imported weights once its data
-is set;
+is set; frozen parameters (train.freeze) stay bit-identical and get no optimizer state;
 a recipe that describes another model is refused naming the field and both values; a
 run directory with a checkpoint resumes instead.
 
@@ -108,6 +108,31 @@ def test_an_imported_model_trains_from_its_weights(trained, tmp_path):
     assert f"starting from the weights in {imported} " in result.stdout
     assert first_val_loss(tmp_path / "run") == pytest.approx(eval_loss(weights, dataset),
                                                              rel=1e-6)
+
+
+def test_frozen_parameters_stay_bit_identical_and_get_no_optimizer_state(trained, tmp_path):
+    from safetensors.numpy import load_file
+    weights, dataset = trained
+    run_dir = tmp_path / "run"
+    result = fine_tune(weights, dataset, run_dir, "--set", "train.freeze=router,attention",
+                       "--set", "parallel.zero_stage=1", steps=2, ranks=2)
+    assert result.returncode == 0, result.stderr
+    assert "frozen by train.freeze" in result.stdout
+    before = load_file(str(weights / "model.safetensors"))
+    after = load_file(str(run_dir / "checkpoints" / "final" / "model.safetensors"))
+    frozen = [n for n in before if ".mlp.gate.weight" in n or ".self_attn." in n]
+    assert frozen and all((before[n] == after[n]).all() for n in frozen)
+    assert not (before["model.norm.weight"] == after["model.norm.weight"]).all()
+    listing = run([SWITCHYARD, "inspect", str(run_dir / "checkpoints" / "step_2")]).stdout
+    assert "exp_avg/model.norm.weight" in listing
+    assert not any(f"exp_avg/{n}" in listing for n in frozen)
+
+
+def test_a_freeze_entry_that_names_nothing_is_refused(trained, tmp_path):
+    weights, dataset = trained
+    result = fine_tune(weights, dataset, tmp_path / "run", "--set", "train.freeze=routers")
+    assert result.returncode == 1
+    assert 'train.freeze "routers" names no parameter' in result.stderr
 
 
 def test_another_model_is_refused_naming_both_values(trained, tmp_path):
