@@ -29,16 +29,19 @@ absl::Status write_int_attribute(hid_t object, const char* name, int64_t value) 
   return absl::OkStatus();
 }
 
-// Variable-length UTF-8, which h5py reads back as str.
+// Fixed-length, null-padded UTF-8 (h5py reads it back as bytes). Variable-length strings
+// live in the file's global heap, which a damaged file can make libhdf5 misread (hang, or
+// copy with a wild length), so the engine neither writes nor reads them.
 absl::Status write_string_attribute(hid_t object, const char* name, const std::string& value) {
+  const std::string bytes = value.empty() ? std::string(1, '\0') : value;
   H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type.get(), H5T_VARIABLE);
+  H5Tset_size(type.get(), bytes.size());
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
   H5Tset_cset(type.get(), H5T_CSET_UTF8);
   H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   H5Handle attr(H5Acreate2(object, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
                 H5Aclose);
-  const char* data = value.c_str();
-  if (!attr.valid() || H5Awrite(attr.get(), type.get(), &data) < 0)
+  if (!attr.valid() || H5Awrite(attr.get(), type.get(), bytes.data()) < 0)
     return absl::InternalError(absl::StrCat("cannot write attribute ", name));
   return absl::OkStatus();
 }
@@ -80,7 +83,8 @@ absl::StatusOr<int64_t> read_int_attribute(hid_t object, const std::string& path
   return value;
 }
 
-// Fixed-length or variable-length strings (h5py writes either, depending on the value).
+// Fixed-length strings only (see write_string_attribute): a variable-length one is
+// refused before libhdf5 reads it.
 absl::StatusOr<std::string> read_string_attribute(hid_t object, const std::string& path,
                                                   const char* name) {
   const char* kWhy = "is missing or not a string";
@@ -89,19 +93,10 @@ absl::StatusOr<std::string> read_string_attribute(hid_t object, const std::strin
   H5Handle type(H5Aget_type(attr.get()), H5Tclose);
   if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING)
     return attribute_error(path, name, kWhy);
-  if (H5Tis_variable_str(type.get()) > 0) {
-    H5Handle memtype(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(memtype.get(), H5T_VARIABLE);
-    H5Tset_cset(memtype.get(), H5Tget_cset(type.get()));
-    char* data = nullptr;
-    if (H5Aread(attr.get(), memtype.get(), &data) < 0 || data == nullptr)
-      return attribute_error(path, name, kWhy);
-    std::string value(data, strnlen(data, kMaxStringAttributeBytes + 1));
-    H5free_memory(data);
-    if (value.size() > kMaxStringAttributeBytes)
-      return attribute_error(path, name, "is longer than 1024 bytes");
-    return value;
-  }
+  if (H5Tis_variable_str(type.get()) != 0)
+    return attribute_error(path, name,
+                           "is a variable-length string, which the engine refuses (write it "
+                           "fixed-length: numpy.bytes_ in h5py)");
   const size_t size = H5Tget_size(type.get());
   if (size == 0 || size > kMaxStringAttributeBytes)
     return attribute_error(path, name, "is longer than 1024 bytes");
@@ -291,9 +286,9 @@ absl::Status ShardReader::read_attributes() {
   ShardAttributes& a = attributes_;
   SY_ASSIGN_OR_RETURN(a.format_version, read_int_attribute(root.get(), path, "format_version"));
   if (a.format_version != kTokenFormatVersion)
-    return absl::InvalidArgumentError(absl::StrCat(path, ": format_version ", a.format_version,
-                                                   "; this build reads version ",
-                                                   kTokenFormatVersion));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": format_version ", a.format_version, "; this build reads version ",
+        kTokenFormatVersion, " (prepare the dataset again with `switchyard data prepare`)"));
   SY_ASSIGN_OR_RETURN(a.tokenizer_sha256,
                       read_string_attribute(root.get(), path, "tokenizer_sha256"));
   SY_ASSIGN_OR_RETURN(a.vocab_size, read_int_attribute(root.get(), path, "vocab_size"));

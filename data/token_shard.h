@@ -2,8 +2,8 @@
 //   /tokens       1-D uint16 (vocabularies up to 65536) or uint32, chunked: the token stream
 //   /doc_offsets  1-D int64, num_documents + 1 entries: 0, the end of each document, ...;
 //                 the last equals the length of /tokens
-//   root attributes: format_version, tokenizer_sha256, vocab_size, unk_id, bos_id, eos_id,
-//                 pad_id (-1 where the tokenizer has none)
+//   root attributes: format_version (2), tokenizer_sha256 (a fixed-length string),
+//                 vocab_size, unk_id, bos_id, eos_id, pad_id (-1 where the tokenizer has none)
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@
 
 namespace switchyard {
 
-inline constexpr int64_t kTokenFormatVersion = 1;
+inline constexpr int64_t kTokenFormatVersion = 2;
 inline constexpr int64_t kUint16VocabLimit = 65536;
 
 class H5Handle;

@@ -53,14 +53,14 @@ def write_shard(path, ids, doc_ends, vocab_size, sha, dtype=np.uint16, compressi
         f.create_dataset("tokens", data=np.asarray(ids, dtype=dtype), chunks=True,
                          compression=compression)
         f.create_dataset("doc_offsets", data=np.asarray([0] + doc_ends, dtype=np.int64))
-        f.attrs["format_version"] = 1
-        f.attrs["tokenizer_sha256"] = sha
+        f.attrs["format_version"] = 2
+        f.attrs["tokenizer_sha256"] = np.bytes_(sha)
         f.attrs["vocab_size"] = vocab_size
         f.attrs["eos_id"] = 2
 
 
 def write_index(directory, splits, vocab_size, sha):
-    index = {"format": "switchyard-tokens", "format_version": 1, "tokenizer_sha256": sha,
+    index = {"format": "switchyard-tokens", "format_version": 2, "tokenizer_sha256": sha,
              "vocab_size": vocab_size, "splits": {}}
     for split, files in splits.items():
         entries = []
@@ -196,7 +196,7 @@ def test_h5py_reads_engine_shards(work, sp):
             tokens = f["tokens"][:]
             offsets = f["doc_offsets"][:]
             assert tokens.dtype == np.uint16
-            assert f.attrs["tokenizer_sha256"] == index["tokenizer_sha256"]
+            assert f.attrs["tokenizer_sha256"].decode() == index["tokenizer_sha256"]
             assert f.attrs["vocab_size"] == 600 and f.attrs["eos_id"] == 2
             assert offsets[0] == 0 and offsets[-1] == len(tokens) == entry["tokens"]
             # Each document ends with eos and decodes to a paragraph of the corpus.

@@ -151,6 +151,13 @@ def _array_attribute(shard, tmp):
         f.attrs["vocab_size"] = np.full(4000, 1024, dtype=np.int64)
 
 
+def _variable_length_string(shard, tmp):
+    with h5py.File(shard, "r+") as f:
+        sha = f.attrs["tokenizer_sha256"]
+        del f.attrs["tokenizer_sha256"]
+        f.attrs["tokenizer_sha256"] = sha.decode() if isinstance(sha, bytes) else str(sha)
+
+
 def _tokenizer(damage):
     def make(world, tmp):
         dataset = world.dataset(tmp)
@@ -229,6 +236,9 @@ CASES = [
          "vocab_size attribute an array of 4000 values",
          _damage_shard(_array_attribute, reindex=False, command="inspect"),
          "attribute vocab_size must hold exactly one value"),
+    Case("data-shard-variable-length-string", "dataset shard",
+         "tokenizer_sha256 a variable-length string (read through libhdf5's global heap)",
+         _damage_shard(_variable_length_string), "is a variable-length string"),
     Case("data-tokenizer-garbage", "dataset tokenizer.model", "16 kB of binary garbage",
          _tokenizer(_garbage_model), "not a SentencePiece model"),
     Case("data-tokenizer-fifo", "dataset tokenizer.model", "a FIFO (would block a reader)",
