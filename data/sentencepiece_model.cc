@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <exception>
 #include <unordered_map>
 
 namespace sentencepiece::logging {
@@ -156,7 +157,14 @@ Model::~Model() = default;
 
 std::string Model::load(std::string_view serialized) {
   quiet();
-  const sentencepiece::util::Status status = processor_->LoadFromSerializedProto(serialized);
+  sentencepiece::util::Status status;
+  // libsentencepiece's trie builder (Darts) throws on some malformed piece lists instead
+  // of returning a status: the exception stops at this boundary.
+  try {
+    status = processor_->LoadFromSerializedProto(serialized);
+  } catch (const std::exception&) {
+    return "cannot parse the model (its pieces do not form a trie)";
+  }
   if (!status.ok()) return user_message(status, "cannot parse the model");
   if (processor_->GetPieceSize() <= 0) return "the model has no pieces";
   char piece[8];
