@@ -1,5 +1,6 @@
 // No Abseil header may be included here (see the header).
 #include "data/sentencepiece_model.h"
+#include "engine/runtime/text.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -29,20 +30,8 @@ std::string user_message(const sentencepiece::util::Status& status, const std::s
     message = end == std::string::npos ? "" : message.substr(end + 2);
   }
   while (!message.empty() && (message.back() == ' ' || message.back() == '\n')) message.pop_back();
-  // The message may quote bytes of the model (a bad piece): control bytes are escaped so
-  // the refusal stays one line.
-  std::string printable;
-  for (const char c : message) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte == 0x7f) {
-      char escaped[5];
-      std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
-      printable += escaped;
-    } else {
-      printable += c;
-    }
-  }
-  return printable.empty() ? fallback : printable;
+  // The message may quote bytes of the model (a bad piece).
+  return message.empty() ? fallback : escape_control_bytes(message);
 }
 
 // Silences SentencePiece's own logging: the CLI reports errors as one line.

@@ -33,6 +33,7 @@
 #include "engine/parallel/mpi_runtime.h"
 #include "engine/parallel/topology.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/runtime/text.h"
 #include "engine/train/trainer.h"
 #include "kernels/threads.h"
 
@@ -214,11 +215,11 @@ int report(const absl::Status& status) {
   const MpiRuntime& runtime = MpiRuntime::get();
   if (runtime.world_size() > 1) {
     std::fprintf(stderr, "switchyard: error (rank %d): %s\n", runtime.world_rank(),
-                 std::string(status.message()).c_str());
+                 escape_control_bytes(std::string(status.message())).c_str());
     std::fflush(stderr);
     abort_job(1);
   }
-  std::fprintf(stderr, "switchyard: error: %s\n", std::string(status.message()).c_str());
+  std::fprintf(stderr, "switchyard: error: %s\n", escape_control_bytes(std::string(status.message())).c_str());
   return 1;
 }
 

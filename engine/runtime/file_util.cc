@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/runtime/text.h"
 
 namespace switchyard {
 
@@ -127,7 +128,8 @@ absl::Status RegularFile::read_at(int64_t offset, void* data, size_t bytes) cons
 absl::StatusOr<std::string> path_in_directory(const std::string& dir, const std::string& name,
                                               const std::string& what) {
   auto refuse = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " \"", name, "\" ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " \"", escape_control_bytes(name), "\" ", why));
   };
   if (name.empty()) return refuse("is empty");
   if (name.find('/') != std::string::npos || name == "." || name == "..")

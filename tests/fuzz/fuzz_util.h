@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "engine/runtime/text.h"
 
 namespace switchyard::fuzz {
 
@@ -21,11 +22,11 @@ inline std::string_view as_text(const uint8_t* data, size_t size) {
   return std::string_view(reinterpret_cast<const char*>(data), size);
 }
 
-// Traps (a crash libFuzzer records) unless `status` is ok or a one-line refusal that
-// contains `name`.
+// Traps (a crash libFuzzer records) unless `status` is ok or a refusal that contains
+// `name` and is one line as `switchyard` prints it (control bytes escaped).
 inline void require_clean_refusal(const absl::Status& status, std::string_view name) {
   if (status.ok()) return;
-  const std::string message(status.message());
+  const std::string message = escape_control_bytes(std::string(status.message()));
   const bool clean = !message.empty() && message.find('\n') == std::string::npos &&
                      message.find(name) != std::string::npos;
   if (clean) return;
