@@ -166,8 +166,9 @@ def test_kill_9_at_many_moments_then_resume_is_bit_identical(tmp_path, cache, un
         process.kill()
         process.wait()
     assert losses(run_dir) == losses(uninterrupted), resumes
-    # The kills fell over the whole run, not all near one step.
-    assert len(set(resumes)) >= STEPS // 2 and max(resumes) >= STEPS - 6, resumes
+    # The kills fell over the whole run, not all near one step (a kill while step N's
+    # checkpoint is written resumes from N - 1 again, so some steps repeat).
+    assert len(set(resumes)) >= STEPS // 3 and max(resumes) >= STEPS - 10, resumes
 
 
 def mount_and_run(mount_point, size, cmd, out_dir):
@@ -242,10 +243,12 @@ def rank_pids(launcher_pid):
     return pids
 
 
-# Long enough that a stop requested SIGKILL_TIMEOUT_S after the signal falls inside it.
-MPI_STEPS = 100
+# Long enough that a stop requested SIGKILL_TIMEOUT_S after the signal falls inside it
+# (about 4 s of steps on an idle 2-core machine); checkpoints only at the end, so the one
+# a stop saves is the stop's own.
+MPI_STEPS = 300
 MPI_RUN = ["--set", f"train.steps={MPI_STEPS}", "--set", "parallel.expert_parallel_size=2",
-           "--set", "train.log_interval=5", "--set", "checkpoint.interval_steps=10"]
+           "--set", "train.log_interval=5", "--set", "checkpoint.interval_steps=0"]
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +299,7 @@ def test_sigterm_to_mpirun_checkpoints_one_agreed_step_and_resumes_exactly(
     output = lines.all()
     # Both ranks took the signal; rank 0 reports the one step they stopped at.
     assert output.count("switchyard: stopping after this step's checkpoint") == 2, output
-    assert 5 <= stopped < MPI_STEPS and stopped % 10 != 0, output
+    assert 5 <= stopped < MPI_STEPS, output
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped}\n"
     resumed = run(mpi(2, train_args(run_dir, cache, *MPI_RUN)))
     assert resumed_step(resumed.stdout) == stopped
