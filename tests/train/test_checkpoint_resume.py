@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from run_metrics import losses
+
 SWITCHYARD = os.environ["SWITCHYARD"]
 MPIEXEC = os.environ["MPIEXEC"]
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "tiny.textproto")
@@ -32,18 +34,6 @@ def command(run_dir, cache, ranks=1, extra=()):
         "--set", "train.micro_batch_size=2", "--set", "model.num_layers=2",
         "--set", "train.seq_len=64", "--set", "checkpoint.interval_steps=2",
         "--set", "checkpoint.keep=5", *extra]
-
-
-def losses(run_dir):
-    """step -> (loss, grad_norm) and eval step -> val_loss, from metrics.jsonl."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
-        if "loss" in m:
-            out[("train", m["step"])] = (m["loss"], m["grad_norm"], m["aux_loss"])
-        elif "val_loss" in m:
-            out[("val", m["step"])] = m["val_loss"]
-    return out
 
 
 def run(cmd):

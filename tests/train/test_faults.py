@@ -21,6 +21,8 @@ import h5py
 import numpy as np
 import pytest
 
+from run_metrics import losses
+
 SWITCHYARD = os.environ["SWITCHYARD"]
 MPIEXEC = os.environ["MPIEXEC"]
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
@@ -39,18 +41,6 @@ def train_args(run_dir, cache, *extra):
             "--set", "train.micro_batch_size=2", "--set", "model.num_layers=1",
             "--set", "train.seq_len=32", "--set", "checkpoint.interval_steps=1",
             "--set", "checkpoint.keep=2", "--set", "runtime.threads=1", *extra]
-
-
-def losses(run_dir):
-    """step -> (loss, grad_norm, aux_loss) and eval step -> val_loss, from metrics.jsonl."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
-        if "loss" in m:
-            out[("train", m["step"])] = (m["loss"], m["grad_norm"], m["aux_loss"])
-        elif "val_loss" in m:
-            out[("val", m["step"])] = m["val_loss"]
-    return out
 
 
 def run(cmd, expect=0):
