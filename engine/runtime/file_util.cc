@@ -80,21 +80,13 @@ absl::StatusOr<int64_t> regular_file_size(const std::string& path) {
 }
 
 absl::StatusOr<std::string> read_file(const std::string& path, int64_t max_bytes) {
-  int64_t size = 0;
-  SY_ASSIGN_OR_RETURN(const int raw_fd, open_regular(path, &size));
-  Fd fd(raw_fd);
-  if (size > max_bytes)
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": is ", size, " bytes, more than the ", max_bytes, " allowed"));
-  std::string bytes(static_cast<size_t>(size), '\0');
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read error: ", errno_text()));
-    if (n == 0) return absl::DataLossError(absl::StrCat(path, ": shrank while being read"));
-    done += static_cast<size_t>(n);
-  }
+  SY_ASSIGN_OR_RETURN(const RegularFile file, RegularFile::open(path));
+  if (file.size() > max_bytes)
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is ", file.size(),
+                                                   " bytes, more than the ", max_bytes,
+                                                   " allowed"));
+  std::string bytes(static_cast<size_t>(file.size()), '\0');
+  SY_RETURN_IF_ERROR(file.read_at(0, bytes.data(), bytes.size()));
   return bytes;
 }
 

@@ -49,8 +49,8 @@ class RegularFile {
 };
 
 // `name`, read from a file (`what` says where: "index.json: splits.train[0].file"), as a
-// path inside `dir`: a relative path without "." or ".." components that, with every
-// symlink followed, stays inside `dir` and is a regular file.
+// path inside `dir`: a plain file name (no "/", not "." or "..") that, with every symlink
+// followed, stays inside `dir` and is a regular file.
 absl::StatusOr<std::string> path_in_directory(const std::string& dir, const std::string& name,
                                               const std::string& what);
 
