@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -56,8 +57,12 @@ absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
     const std::string& dir, const std::string& file, const std::vector<SliceToSave>& mine) {
   silence_hdf5_errors();
   const std::string path = (fs::path(dir) / file).string();
+  // errno is cleared before each HDF5 call that writes, so that a failure's errno is the
+  // OS's reason for it (libhdf5's file driver leaves it set).
+  errno = 0;
   H5Handle h5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  if (!h5.valid()) return absl::DataLossError(absl::StrCat(path, ": cannot create"));
+  if (!h5.valid())
+    return absl::DataLossError(absl::StrCat(path, ": cannot create: ", errno_reason()));
   H5Handle link_props(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(link_props.get(), 1);
   // Hashing is the slow part of a save (SHA-256 runs below disk speed on one core):
@@ -74,12 +79,14 @@ absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
                                                     : std::vector<hsize_t>(shape.begin(), shape.end());
     H5Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                    H5Sclose);
+    errno = 0;
     H5Handle dataset(H5Dcreate2(h5.get(), s.key.c_str(), H5T_IEEE_F32LE, space.get(),
                                 link_props.get(), H5P_DEFAULT, H5P_DEFAULT),
                      H5Dclose);
     if (!dataset.valid() || H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
                                      H5P_DEFAULT, s.value.raw_data()) < 0)
-      return absl::DataLossError(absl::StrCat(path, ": cannot write ", s.key));
+      return absl::DataLossError(
+          absl::StrCat(path, ": cannot write ", s.key, ": ", errno_reason()));
     checkpoint::TensorSlice& e = entries.emplace_back();
     e.set_tensor(s.key);
     for (int64_t d : s.global_shape) e.add_global_shape(d);
@@ -91,7 +98,9 @@ absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
     e.set_dataset(s.key);
     e.set_sha256(digests[i]);
   }
-  if (!h5.reset()) return absl::DataLossError(absl::StrCat(path, ": closing failed (disk full?)"));
+  errno = 0;
+  if (!h5.reset())
+    return absl::DataLossError(absl::StrCat(path, ": cannot finish writing: ", errno_reason()));
   SY_RETURN_IF_ERROR(fsync_path(path));
   return entries;
 }

@@ -1,6 +1,7 @@
 #include "data/token_shard.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -155,10 +156,12 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::create(
   w->attributes_ = attributes;
   w->dtype_ = token_dtype_for_vocab(attributes.vocab_size);
   w->h5_ = std::make_unique<Handles>();
+  errno = 0;  // so that a failure's errno is the OS's reason (libhdf5 leaves it set)
   w->h5_->file =
       H5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!w->h5_->file.valid())
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create the shard file"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot create the shard file: ", errno_reason()));
   const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
   H5Handle space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
   H5Handle plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
@@ -196,6 +199,7 @@ absl::Status ShardWriter::flush() {
   const hsize_t start = static_cast<hsize_t>(flushed_tokens_), count = pending_.size();
   const hsize_t size = start + count;
   hid_t tokens = h5_->tokens.get();
+  errno = 0;
   bool ok = H5Dset_extent(tokens, &size) >= 0;
   H5Handle file_space(H5Dget_space(tokens), H5Sclose);
   H5Handle mem_space(H5Screate_simple(1, &count, nullptr), H5Sclose);
@@ -204,7 +208,8 @@ absl::Status ShardWriter::flush() {
            0 &&
        H5Dwrite(tokens, H5T_NATIVE_UINT32, mem_space.get(), file_space.get(), H5P_DEFAULT,
                 pending_.data()) >= 0;
-  if (!ok) return absl::DataLossError(absl::StrCat(path_, ": cannot write tokens (disk full?)"));
+  if (!ok)
+    return absl::DataLossError(absl::StrCat(path_, ": cannot write tokens: ", errno_reason()));
   flushed_tokens_ += static_cast<int64_t>(count);
   pending_.clear();
   return absl::OkStatus();
@@ -217,12 +222,13 @@ absl::Status ShardWriter::close() {
   const hid_t file = h5_->file.get();
   const hsize_t offsets = doc_offsets_.size();
   H5Handle space(H5Screate_simple(1, &offsets, nullptr), H5Sclose);
+  errno = 0;
   H5Handle dataset(H5Dcreate2(file, "doc_offsets", H5T_STD_I64LE, space.get(), H5P_DEFAULT,
                               H5P_DEFAULT, H5P_DEFAULT),
                    H5Dclose);
   if (!dataset.valid() || H5Dwrite(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                                    doc_offsets_.data()) < 0)
-    return absl::DataLossError(absl::StrCat(path_, ": cannot write doc_offsets"));
+    return absl::DataLossError(absl::StrCat(path_, ": cannot write doc_offsets: ", errno_reason()));
   dataset.reset();
   H5Handle root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
   const SpecialTokenIds& special = attributes_.special_ids;
@@ -237,8 +243,11 @@ absl::Status ShardWriter::close() {
   status.Update(write_int_attribute(root.get(), "pad_id", special.pad));
   if (!status.ok()) return absl::DataLossError(absl::StrCat(path_, ": ", status.message()));
   root.reset();
+  errno = 0;
   const bool closed = h5_->tokens.reset() && h5_->file.reset();
-  if (!closed) return absl::DataLossError(absl::StrCat(path_, ": cannot finish the shard file"));
+  if (!closed)
+    return absl::DataLossError(
+        absl::StrCat(path_, ": cannot finish the shard file: ", errno_reason()));
   return fsync_path(path_);
 }
 

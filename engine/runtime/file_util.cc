@@ -19,8 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string errno_text() { return std::strerror(errno); }
-
 // An fd closed on scope exit.
 class Fd {
  public:
@@ -42,12 +40,12 @@ absl::StatusOr<int> open_regular(const std::string& path, int64_t* size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open: ", errno_text()));
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open: ", errno_reason()));
   }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
-    return absl::DataLossError(absl::StrCat(path, ": cannot stat: ", errno_text()));
+    return absl::DataLossError(absl::StrCat(path, ": cannot stat: ", errno_reason()));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -63,7 +61,7 @@ absl::Status write_all(int fd, const char* data, size_t bytes, const std::string
     const ssize_t n = ::write(fd, data, bytes);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      return absl::DataLossError(absl::StrCat(path, ": write failed: ", errno_text()));
+      return absl::DataLossError(absl::StrCat(path, ": write failed: ", errno_reason()));
     data += n;
     bytes -= static_cast<size_t>(n);
   }
@@ -108,7 +106,7 @@ absl::Status RegularFile::read_at(int64_t offset, void* data, size_t bytes) cons
   while (bytes > 0) {
     const ssize_t n = ::pread(fd_, out, bytes, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::DataLossError(absl::StrCat(path_, ": read error: ", errno_text()));
+    if (n < 0) return absl::DataLossError(absl::StrCat(path_, ": read error: ", errno_reason()));
     if (n == 0) return absl::DataLossError(absl::StrCat(path_, ": shrank while being read"));
     out += n;
     offset += n;
@@ -143,7 +141,7 @@ absl::StatusOr<AtomicFileWriter> AtomicFileWriter::open(const std::string& path)
   const std::string partial = path + ".partial";
   const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
-    return absl::PermissionDeniedError(absl::StrCat(partial, ": cannot write: ", errno_text()));
+    return absl::PermissionDeniedError(absl::StrCat(partial, ": cannot write: ", errno_reason()));
   return AtomicFileWriter(path, fd);
 }
 
@@ -165,15 +163,15 @@ absl::Status AtomicFileWriter::commit() {
   if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": already committed"));
   const int fd = std::exchange(fd_, -1);
   const bool synced = ::fsync(fd) == 0;
-  const std::string sync_error = synced ? "" : errno_text();
+  const std::string sync_error = synced ? "" : errno_reason();
   const bool closed = ::close(fd) == 0;
   if (!synced || !closed) {
     ::unlink(partial().c_str());
     return absl::DataLossError(absl::StrCat(partial(), ": write failed: ",
-                                            synced ? errno_text() : sync_error));
+                                            synced ? errno_reason() : sync_error));
   }
   if (::rename(partial().c_str(), path_.c_str()) != 0) {
-    const std::string why = errno_text();
+    const std::string why = errno_reason();
     ::unlink(partial().c_str());
     return absl::DataLossError(absl::StrCat(path_, ": cannot rename into place: ", why));
   }
@@ -196,19 +194,21 @@ absl::Status copy_file_atomically(const std::string& from, const std::string& to
   for (;;) {
     const ssize_t n = ::read(in.get(), buffer.data(), buffer.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::DataLossError(absl::StrCat(from, ": read error: ", errno_text()));
+    if (n < 0) return absl::DataLossError(absl::StrCat(from, ": read error: ", errno_reason()));
     if (n == 0) break;
     SY_RETURN_IF_ERROR(out.write(buffer.data(), static_cast<size_t>(n)));
   }
   return out.commit();
 }
 
+std::string errno_reason() { return errno == 0 ? "no reason given" : std::strerror(errno); }
+
 absl::Status fsync_path(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0)
-    return absl::DataLossError(absl::StrCat(path, ": cannot open to sync: ", errno_text()));
+    return absl::DataLossError(absl::StrCat(path, ": cannot open to sync: ", errno_reason()));
   if (::fsync(fd.get()) != 0)
-    return absl::DataLossError(absl::StrCat(path, ": fsync failed: ", errno_text()));
+    return absl::DataLossError(absl::StrCat(path, ": fsync failed: ", errno_reason()));
   return absl::OkStatus();
 }
 

@@ -79,6 +79,10 @@ class AtomicFileWriter {
 absl::Status write_file_atomically(const std::string& path, std::string_view bytes);
 // Copies a regular file to `to`, atomically.
 absl::Status copy_file_atomically(const std::string& from, const std::string& to);
+// The OS's reason for the last failed call, strerror(errno) ("No space left on device"),
+// or "no reason given" when errno is 0. Libraries whose file operations leave errno set
+// when they fail (libhdf5's file driver does) need errno cleared before the call.
+std::string errno_reason();
 // Flushes a written file (or directory) to disk.
 absl::Status fsync_path(const std::string& path);
 // Sum of the files' sizes; an error names the first that is missing.

@@ -194,8 +194,9 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tmp_path, cache, u
     assert rc == 1, stdout + stderr
     saved = [int(s) for s in re.findall(r"saved checkpoint \S+step_(\d+)\n", stdout)]
     assert saved and saved == list(range(1, len(saved) + 1)), stdout
-    # One line naming the file of the save that failed.
+    # One line naming the file of the save that failed and the OS's reason.
     assert stderr.count("\n") == 1 and f"step_{saved[-1] + 1}" in stderr, stderr
+    assert "No space left on device" in stderr, stderr
     assert "saved final weights" not in stdout and "wrote" not in stdout, stdout
     run_dir = out / "run"
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{saved[-1]}\n"
