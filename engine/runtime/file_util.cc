@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -54,6 +55,20 @@ absl::StatusOr<int> open_regular(const std::string& path, int64_t* size) {
   }
   *size = static_cast<int64_t>(st.st_size);
   return fd;
+}
+
+// The directories a name inside `real_dir` (a canonical path) may resolve into: `real_dir`
+// itself, and when it is a snapshot of a Hugging Face hub cache, `<repo>/snapshots/<rev>`
+// whose `<repo>/blobs` is a directory and not a symlink, `<repo>/blobs` (the hub keeps every
+// file of a snapshot there and links it as ../../blobs/<hash>).
+std::vector<fs::path> resolution_directories(const fs::path& real_dir) {
+  std::vector<fs::path> dirs{real_dir};
+  const fs::path snapshots = real_dir.parent_path();
+  if (snapshots.filename() != "snapshots") return dirs;
+  const fs::path blobs = snapshots.parent_path() / "blobs";
+  std::error_code ec;
+  if (fs::symlink_status(blobs, ec).type() == fs::file_type::directory) dirs.push_back(blobs);
+  return dirs;
 }
 
 absl::Status write_all(int fd, const char* data, size_t bytes, const std::string& path) {
@@ -131,7 +146,8 @@ absl::StatusOr<std::string> path_in_directory(const std::string& dir, const std:
   if (ec) return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
   const fs::path real = fs::canonical(path, ec);
   if (ec) return absl::NotFoundError(absl::StrCat(path.string(), " (", what, "): no such file"));
-  if (real.parent_path() != real_dir)
+  const std::vector<fs::path> allowed = resolution_directories(real_dir);
+  if (std::find(allowed.begin(), allowed.end(), real.parent_path()) == allowed.end())
     return refuse(absl::StrCat("leads outside ", dir, " (to ", real.string(), ")"));
   SY_RETURN_IF_ERROR(regular_file_size(path.string()).status());
   return path.string();

@@ -50,7 +50,10 @@ class RegularFile {
 
 // `name`, read from a file (`what` says where: "index.json: splits.train[0].file"), as a
 // path inside `dir`: a plain file name (no "/", not "." or "..") that, with every symlink
-// followed, stays inside `dir` and is a regular file.
+// followed, is a regular file directly inside `dir`. One layout may lead elsewhere: in a
+// Hugging Face hub cache snapshot (`dir` is `<repo>/snapshots/<rev>` and `<repo>/blobs` a
+// directory, not a symlink), a name may also resolve to a file directly inside
+// `<repo>/blobs`.
 absl::StatusOr<std::string> path_in_directory(const std::string& dir, const std::string& name,
                                               const std::string& what);
 
