@@ -148,6 +148,8 @@ constexpr int64_t kMaxSharedExperts = 64;
 constexpr int64_t kMaxTokensPerSequence = int64_t{1} << 24;
 constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
 constexpr int64_t kMaxThreads = 4096;
+// optimizer.router_lr_scale: a factor far beyond any useful one.
+constexpr int64_t kMaxRouterLrScale = 1000;
 
 template <typename T>
 absl::Status check_at_most(absl::string_view path, T value, int64_t bound) {
@@ -316,6 +318,9 @@ absl::Status validate_optimizer(const Recipe& recipe) {
   }
   if (optimizer.decay() == LR_DECAY_UNSPECIFIED) return invalid("optimizer.decay must be set");
   SY_RETURN_IF_ERROR(check_non_negative("optimizer.grad_clip", optimizer.grad_clip()));
+  SY_RETURN_IF_ERROR(check_non_negative("optimizer.router_lr_scale", optimizer.router_lr_scale()));
+  SY_RETURN_IF_ERROR(check_at_most("optimizer.router_lr_scale", optimizer.router_lr_scale(),
+                                   kMaxRouterLrScale));
   return absl::OkStatus();
 }
 
@@ -346,10 +351,6 @@ absl::Status validate_train(const Recipe& recipe) {
   SY_RETURN_IF_ERROR(check_positive("train.eval_batches", train.eval_batches()));
   for (const std::string& pattern : train.freeze())
     if (pattern.empty()) return invalid("train.freeze entries must not be empty");
-  if (train.freeze_size() > 0 && recipe.parallel().zero_stage() >= 2)
-    return invalid(absl::StrCat("train.freeze needs parallel.zero_stage 0 or 1 (it is ",
-                                recipe.parallel().zero_stage(),
-                                "): ZeRO-2/3 row shards are updated apart"));
   return absl::OkStatus();
 }
 

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "engine/optim/zero.h"
 #include "kernels/adamw.h"
@@ -21,6 +24,12 @@ double learning_rate(const config::OptimizerConfig& opt, int64_t step, int64_t t
       1.0, static_cast<double>(step - opt.warmup_steps()) / static_cast<double>(decay_steps));
   if (opt.decay() == config::LINEAR) return lr + (min_lr - lr) * progress;
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+double param_learning_rate(const config::OptimizerConfig& opt, const Param& p, double lr) {
+  const bool router = p.name.find(kRouterNamePart) != std::string::npos;
+  if (!router || !opt.has_router_lr_scale()) return lr;
+  return lr * opt.router_lr_scale();
 }
 
 AdamWOptimizer::AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total_steps,
@@ -88,25 +97,29 @@ StepReport AdamWOptimizer::step(Device& dev) {
     grad_scale = static_cast<float>(opt_.grad_clip() / (report.grad_norm + 1e-6));
     report.clipped = true;
   }
-  // Every tensor this rank updates goes into one multi-tensor step, which also writes
-  // their bf16 working copies; the copies of values that arrive from elsewhere (another
-  // replica's ZeRO-1 update, ZeRO-2 row shards) are refreshed after they arrive.
-  const AdamWHyper h{static_cast<float>(report.lr), opt_.beta1(), opt_.beta2(), opt_.eps(),
-                     opt_.weight_decay(),           step_};
-  std::vector<AdamWUpdate> updates;
+  // Every tensor this rank updates goes into one multi-tensor step per learning rate
+  // (one unless the router's differs), which also writes their bf16 working copies; the
+  // copies of values that arrive from elsewhere (another replica's ZeRO-1 update, ZeRO-2
+  // row shards) are refreshed after they arrive.
+  std::map<float, std::vector<AdamWUpdate>> updates_by_lr;
   std::vector<bool> refreshed(params_.params().size(), false);
   size_t i = 0;
   for (Param& p : params_.params()) {
     const bool sharded = groups_.zero && !p.spec.expert;  // updated by its row shards below
     Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
     if (p.trainable && !sharded && (owner_[i] < 0 || owner_[i] == replicas->rank())) {
-      updates.push_back(AdamWUpdate{&p.value, &p.grad, &exp_avg_[i], &exp_avg_sq_[i],
-                                    p.weight_decay, p.has_working_copy() ? &p.work : nullptr});
+      const auto lr = static_cast<float>(param_learning_rate(opt_, p, report.lr));
+      updates_by_lr[lr].push_back(AdamWUpdate{&p.value, &p.grad, &exp_avg_[i], &exp_avg_sq_[i],
+                                              p.weight_decay,
+                                              p.has_working_copy() ? &p.work : nullptr});
       refreshed[i] = true;
     }
     ++i;
   }
-  adamw_step(dev, h, grad_scale, updates);
+  for (const auto& [lr, updates] : updates_by_lr) {
+    const AdamWHyper h{lr, opt_.beta1(), opt_.beta2(), opt_.eps(), opt_.weight_decay(), step_};
+    adamw_step(dev, h, grad_scale, updates);
+  }
   i = 0;
   for (Param& p : params_.params()) {
     Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
@@ -143,11 +156,10 @@ int64_t optimizer_bytes_lower_bound(const ParamStore& params, int zero_stage, in
   const int64_t share = zero_stage >= 1 ? replicas : 1;
   int64_t bytes = 0;
   for (const Param& p : params.params()) {
-    if (!p.trainable) continue;
-    const int64_t n = shape_numel(p.shape);
     const bool row_sharded = zero_stage >= 2 && !p.spec.expert;
-    const int64_t per_element = 8 + (row_sharded ? 4 : 0) + (zero_stage == 3 && row_sharded ? 4 : 0);
-    bytes += per_element * n / share;
+    const int64_t state = p.trainable ? 8 + (row_sharded ? 4 : 0) : 0;
+    const int64_t value = zero_stage == 3 && row_sharded ? 4 : 0;
+    bytes += (state + value) * shape_numel(p.shape) / share;
   }
   return bytes;
 }

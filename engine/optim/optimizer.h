@@ -17,7 +17,16 @@ namespace switchyard {
 // min_lr at total_steps. `step` is 1-based.
 double learning_rate(const config::OptimizerConfig& opt, int64_t step, int64_t total_steps);
 
+// The router's parameters are those whose name holds this part: what
+// optimizer.router_lr_scale scales and what train.freeze's "router" group names.
+inline constexpr char kRouterNamePart[] = ".mlp.gate.weight";
+
+// The learning rate of parameter `p` when the schedule gives `lr`: lr times
+// optimizer.router_lr_scale (unset: 1) for the router, lr for the rest.
+double param_learning_rate(const config::OptimizerConfig& opt, const Param& p, double lr);
+
 struct StepReport {
+  // The scheduled learning rate (the router's is param_learning_rate's).
   double lr = 0;
   double grad_norm = 0;  // before clipping
   bool clipped = false;
@@ -35,9 +44,10 @@ void refresh_working_copies(Device& dev, ParamStore& params);
 
 // The least memory the optimizer side of this rank takes beyond
 // ParamStore::allocation_bytes (call it once ZeRO has set residency, before allocating):
-// AdamW's two fp32 moments and, at ZeRO stages 2 and 3, the gradient (and at 3 the value)
-// row shards. Under ZeRO the state is counted as an even share of the `replicas`
-// data-parallel replicas, so this is a lower bound, exact without ZeRO.
+// AdamW's two fp32 moments and, at ZeRO stages 2 and 3, the gradient row shards, for
+// trainable parameters only; at stage 3 the value row shards of all. Under ZeRO these are
+// counted as an even share of the `replicas` data-parallel replicas, so this is a lower
+// bound, exact without ZeRO.
 int64_t optimizer_bytes_lower_bound(const ParamStore& params, int zero_stage, int replicas);
 
 class AdamWOptimizer {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/optim/optimizer.h"
 #include "engine/runtime/check.h"
 #include "kernels/adamw.h"
 #include "kernels/convert.h"
@@ -78,11 +79,13 @@ void ZeroShards::initialize(uint64_t seed) {
                               device_);
       params_store_.initialize_rows(p, seed, s.first_row, s.value);
     }
-    s.grad = Tensor::zeros(with_rows(p.shape, chunk_rows_[i]), DType::kF32,
+    // A frozen parameter keeps its value rows only: no gradient rows, no state.
+    const int64_t state_rows = p.trainable ? s.rows : 0;
+    s.grad = Tensor::zeros(with_rows(p.shape, p.trainable ? chunk_rows_[i] : 0), DType::kF32,
                            MemoryKind::kGradients, device_);
-    s.exp_avg = Tensor::zeros(with_rows(p.shape, s.rows), DType::kF32,
+    s.exp_avg = Tensor::zeros(with_rows(p.shape, state_rows), DType::kF32,
                               MemoryKind::kOptimizerState, device_);
-    s.exp_avg_sq = Tensor::zeros(with_rows(p.shape, s.rows), DType::kF32,
+    s.exp_avg_sq = Tensor::zeros(with_rows(p.shape, state_rows), DType::kF32,
                                  MemoryKind::kOptimizerState, device_);
   }
 }
@@ -141,6 +144,10 @@ void ZeroShards::end_grads(int unit) {
   // one being computed).
   finish_reductions();
   for (size_t i : units_[unit]) {
+    if (!is_updated(i)) {  // frozen: its gradient goes unreduced
+      params_[i]->grad = padded_grad_[i] = Tensor();
+      continue;
+    }
     Reduction& r = in_flight_.emplace_back();
     r.whole = std::move(padded_grad_[i]);
     r.grad = shards_[i].grad;
@@ -165,7 +172,7 @@ std::array<double, 2> ZeroShards::gradient_squares(Device& dev) {
   std::vector<Tensor> grads;
   std::vector<int> kinds;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!is_sharded(i)) continue;
+    if (!is_updated(i)) continue;
     grads.push_back(shards_[i].grad);
     kinds.push_back(params_[i]->shape != params_[i]->whole_shape ? 1 : 0);
   }
@@ -178,11 +185,12 @@ std::array<double, 2> ZeroShards::gradient_squares(Device& dev) {
 void ZeroShards::update(Device& dev, const config::OptimizerConfig& opt, double lr, int64_t step,
                         float grad_scale) {
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!is_sharded(i)) continue;
+    if (!is_updated(i)) continue;
     Param& p = *params_[i];
     Shard& s = shards_[i];
     if (s.rows > 0) {
-      const AdamWHyper h{static_cast<float>(lr), opt.beta1(), opt.beta2(), opt.eps(),
+      const AdamWHyper h{static_cast<float>(param_learning_rate(opt, p, lr)), opt.beta1(),
+                         opt.beta2(), opt.eps(),
                          p.weight_decay ? opt.weight_decay() : 0.0f, step};
       const Tensor grad = s.grad.slice_rows(0, s.rows);
       adamw_step(dev, h, grad_scale, s.value, grad, s.exp_avg, s.exp_avg_sq);
@@ -194,7 +202,7 @@ void ZeroShards::update(Device& dev, const config::OptimizerConfig& opt, double 
 
 void ZeroShards::drop_gradients() {
   for (size_t i = 0; i < params_.size(); ++i)
-    if (is_sharded(i)) shards_[i].grad.zero_();
+    if (is_updated(i)) shards_[i].grad.zero_();
 }
 
 Tensor ZeroShards::whole_value(Param& p) {

@@ -71,6 +71,9 @@ class ZeroShards final : public ParamHooks {
   // The shard of registration index `i` (dense parameters only).
   Shard& shard(size_t i) { return shards_[i]; }
   bool is_sharded(size_t i) const { return !params_[i]->spec.expert; }
+  // A row-sharded parameter that is trainable: its gradients are reduced onto the rows'
+  // owners, which hold its state and update it. A frozen one keeps only its value rows.
+  bool is_updated(size_t i) const { return is_sharded(i) && params_[i]->trainable; }
   // Sums of squares of the accumulated gradients over the replicas: {replicated over
   // tensor parallelism, split by it} (collective).
   std::array<double, 2> gradient_squares(Device& dev);

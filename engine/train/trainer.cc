@@ -161,7 +161,7 @@ absl::StatusOr<std::string> dataset_dir(const config::Recipe& recipe, const Trai
 // The groups train.freeze may name, each the parts of parameter names it covers.
 const std::map<std::string, std::vector<std::string>>& freeze_groups() {
   static const auto* groups = new std::map<std::string, std::vector<std::string>>{
-      {"router", {".mlp.gate.weight"}},
+      {"router", {kRouterNamePart}},
       {"embeddings", {"model.embed_tokens."}},
       {"attention", {".self_attn."}},
       {"experts", {".mlp.experts."}},

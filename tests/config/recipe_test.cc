@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace switchyard::config {
@@ -318,8 +319,14 @@ INSTANTIATE_TEST_SUITE_P(
                        "model.max_position_embeddings (100000000) must be <= 16777216"},
         ValidationCase{{"runtime.threads=1000000"}, "runtime.threads (1000000) must be <= 4096"},
         ValidationCase{{"optimizer.grad_clip=inf"}, "optimizer.grad_clip (inf) must be >= 0 and finite"},
-        ValidationCase{{"train.freeze=router,attention", "parallel.zero_stage=2"},
-                       "train.freeze needs parallel.zero_stage 0 or 1 (it is 2)"},
+        ValidationCase{{"optimizer.router_lr_scale=-1"},
+                       "optimizer.router_lr_scale (-1) must be >= 0 and finite"},
+        ValidationCase{{"optimizer.router_lr_scale=nan"},
+                       "optimizer.router_lr_scale (nan) must be >= 0 and finite"},
+        ValidationCase{{"optimizer.router_lr_scale=inf"},
+                       "optimizer.router_lr_scale (inf) must be >= 0 and finite"},
+        ValidationCase{{"optimizer.router_lr_scale=1001"},
+                       "optimizer.router_lr_scale (1001) must be <= 1000"},
         ValidationCase{{"model.max_position_embeddings=16"},
                        "train.seq_len (32) must be <= model.max_position_embeddings (16)"},
         ValidationCase{{"model.moe_layer_interval=2"}, "model.ffn_hidden_size must be > 0"},
@@ -379,6 +386,16 @@ TEST(RecipeTest, ExplicitHeadDimNeedNotMatchHidden) {
   EXPECT_TRUE(validate_with({"model.hidden_size=100", "model.num_heads=3", "model.head_dim=32",
                              "model.num_kv_heads=1"})
                   .ok());
+}
+
+TEST(RecipeTest, RouterLrScaleTakesZeroToAThousandAndFreezeAnyZeroStage) {
+  for (const char* scale : {"0", "0.1", "1000"})
+    EXPECT_TRUE(validate_with({absl::StrCat("optimizer.router_lr_scale=", scale)}).ok()) << scale;
+  for (const char* stage : {"2", "3"})
+    EXPECT_TRUE(validate_with({"train.freeze=router,attention",
+                               absl::StrCat("parallel.zero_stage=", stage)})
+                    .ok())
+        << stage;
 }
 
 TEST(RecipeTest, DenseBaselineNeedsNoMoeFields) {
