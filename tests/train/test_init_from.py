@@ -1,7 +1,8 @@
 """Fine-tuning: a run started from weights (--init-from, train.init_from) evaluates them
 exactly as `switchyard eval` does before its first step, under every parallel layout,
 and the recipe `convert from-hf` writes trains from the imported weights once its data
-is set; frozen parameters (train.freeze) stay bit-identical and get no optimizer state;
+is set; frozen parameters (train.freeze) stay bit-identical and get no optimizer state
+(ZeRO 1, 2 and 3), and the router stays as loaded under optimizer.router_lr_scale 0;
 a recipe that describes another model is refused naming the field and both values; a
 run directory with a checkpoint resumes instead.
 
@@ -110,12 +111,14 @@ def test_an_imported_model_trains_from_its_weights(trained, tmp_path):
                                                              rel=1e-6)
 
 
-def test_frozen_parameters_stay_bit_identical_and_get_no_optimizer_state(trained, tmp_path):
+@pytest.mark.parametrize("zero_stage", [1, 2, 3])
+def test_frozen_parameters_stay_bit_identical_and_get_no_optimizer_state(trained, tmp_path,
+                                                                         zero_stage):
     from safetensors.numpy import load_file
     weights, dataset = trained
     run_dir = tmp_path / "run"
     result = fine_tune(weights, dataset, run_dir, "--set", "train.freeze=router,attention",
-                       "--set", "parallel.zero_stage=1", steps=2, ranks=2)
+                       "--set", f"parallel.zero_stage={zero_stage}", steps=2, ranks=2)
     assert result.returncode == 0, result.stderr
     assert "frozen by train.freeze" in result.stdout
     before = load_file(str(weights / "model.safetensors"))
@@ -126,6 +129,22 @@ def test_frozen_parameters_stay_bit_identical_and_get_no_optimizer_state(trained
     listing = run([SWITCHYARD, "inspect", str(run_dir / "checkpoints" / "step_2")]).stdout
     assert "exp_avg/model.norm.weight" in listing
     assert not any(f"exp_avg/{n}" in listing for n in frozen)
+
+
+def test_router_lr_scale_zero_leaves_the_router_as_loaded(trained, tmp_path):
+    """The weights' recipe has no router_lr_scale: an optimizer field may differ."""
+    from safetensors.numpy import load_file
+    weights, dataset = trained
+    run_dir = tmp_path / "run"
+    result = fine_tune(weights, dataset, run_dir, "--set", "optimizer.router_lr_scale=0",
+                       "--set", "parallel.zero_stage=2", steps=2, ranks=2)
+    assert result.returncode == 0, result.stderr
+    before = load_file(str(weights / "model.safetensors"))
+    after = load_file(str(run_dir / "checkpoints" / "final" / "model.safetensors"))
+    routers = [n for n in before if ".mlp.gate.weight" in n]
+    assert routers and all((before[n] == after[n]).all() for n in routers)
+    for moved in ("model.norm.weight", "model.layers.0.self_attn.q_proj.weight"):
+        assert not (before[moved] == after[moved]).all()
 
 
 def test_a_freeze_entry_that_names_nothing_is_refused(trained, tmp_path):
