@@ -190,6 +190,25 @@ def test_shared_experts_dense_layers_and_tied_embeddings_match(tmp_path, layout)
     assert_run_matches(losses, weights, single_losses, single_weights)
 
 
+FINE_TUNE = ["--set", "optimizer.router_lr_scale=0.25", "--set", "train.freeze=attention"]
+
+
+@pytest.fixture(scope="module")
+def single_fine_tune(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("fine_tune"), "single", 1, FINE_TUNE)
+
+
+@pytest.mark.parametrize("layout", ["tp2xep2", "dp2-zero1", "dp2-zero2", "dp2-zero3"])
+def test_router_lr_and_freeze_match_single_process(tmp_path, single_fine_tune, layout):
+    """A quarter learning rate for the router and frozen attention under tensor and
+    expert parallelism and each ZeRO stage against one process: a layout that ignored
+    either would move whole routers by 0.75 lr a step, or attention by lr."""
+    single_losses, single_weights = single_fine_tune
+    ranks, overrides = LAYOUTS[layout]
+    losses, weights = train(tmp_path, layout, ranks, overrides + FINE_TUNE)
+    assert_run_matches(losses, weights, single_losses, single_weights)
+
+
 def assert_run_matches(losses, weights, single_losses, single_weights):
     """An fp32 run of another layout against one process."""
     # Step 1 starts from the same weights: everything agrees to rounding.
