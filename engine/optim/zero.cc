@@ -28,7 +28,7 @@ std::vector<int> assign_owners(const ParamStore& params, int dense_replicas, int
     int owner = -1;
     if (!load.empty()) {
       owner = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-      load[owner] += shape_numel(p.shape);
+      load[owner] += p.trainable ? shape_numel(p.shape) : 0;  // frozen: no state
     }
     owners.push_back(owner);
   }

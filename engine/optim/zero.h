@@ -34,8 +34,9 @@ namespace switchyard {
 
 // The owner of each parameter (registration order) among `dense_replicas` or, for
 // expert parameters, `expert_replicas` ranks; -1 where the group has one rank. Each
-// parameter goes, in order, to the replica holding the fewest elements so far (ties:
-// the lowest rank), so every rank computes the same assignment and the bytes balance.
+// parameter goes, in order, to the replica holding the fewest elements of state so far
+// (ties: the lowest rank; a frozen parameter holds none), so every rank computes the same
+// assignment and the bytes balance.
 std::vector<int> assign_owners(const ParamStore& params, int dense_replicas, int expert_replicas);
 
 class ZeroShards final : public ParamHooks {

@@ -2,7 +2,7 @@
 // shards: optimizer.router_lr_scale moves the router by exactly the AdamW update of the
 // scaled learning rate and the rest by the scheduled one (0 leaves the router as it is);
 // a frozen parameter (train.freeze) stays bit for bit as it was, holds no optimizer
-// state and is not counted in the optimizer's memory bound.
+// state, is not counted in the optimizer's memory bound nor in ZeRO-1's balance of state.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -133,6 +133,15 @@ TEST_P(FineTuneOptimizer, FrozenParameterStaysAsItIsWithNoState) {
   // its value rows still are.
   const int64_t state_bytes = (GetParam() >= 2 ? 12 : 8) * kAttentionElements;
   EXPECT_EQ(all.bytes_lower_bound - frozen.bytes_lower_bound, state_bytes);
+}
+
+TEST(AssignOwners, BalancesTheStateOfTrainableParametersOnly) {
+  ParamStore params;
+  params.add("frozen", {8, 8}, ShardSpec{}, ParamInit::kZeros).trainable = false;
+  params.add("a", {4}, ShardSpec{}, ParamInit::kZeros);
+  params.add("b", {4}, ShardSpec{}, ParamInit::kZeros);
+  const std::vector<int> owners = assign_owners(params, 2, 1);
+  EXPECT_NE(owners[1], owners[2]);
 }
 
 INSTANTIATE_TEST_SUITE_P(ZeroStages, FineTuneOptimizer, ::testing::Values(0, 2, 3));
