@@ -11,13 +11,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include <google/protobuf/stubs/logging.h>
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/file_util.h"
-#include "data/hdf5_checks.h"
-#include "data/hdf5_handle.h"
+#include "data/hdf5_reader.h"
+#include "data/hdf5_writer.h"
 #include "data/sha256.h"
 #include "engine/config/recipe.h"
 #include "engine/runtime/status_macros.h"
@@ -28,7 +29,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kFormatVersion = 1;
+// 2: rank files in the layout of data/hdf5_writer.h, read without libhdf5.
+constexpr int kFormatVersion = 2;
 constexpr char kManifestFile[] = "manifest.pb";
 constexpr char kLatestFile[] = "latest";
 
@@ -52,19 +54,30 @@ std::string slice_bytes_sha256(const Tensor& t) {
   return sha256_hex(std::string_view(static_cast<const char*>(t.raw_data()), t.nbytes()));
 }
 
+// Creates the groups above the dataset `key` ("exp_avg/model.norm.weight") that `made`
+// does not hold yet, with `group_creation`'s compact link storage.
+absl::Status create_parent_groups(hid_t file, const std::string& key, const std::string& path,
+                                  hid_t group_creation, std::set<std::string>& made) {
+  for (size_t slash = key.find('/'); slash != std::string::npos;
+       slash = key.find('/', slash + 1)) {
+    const std::string group = key.substr(0, slash);
+    if (group.empty() || !made.insert(group).second) continue;
+    H5Handle created(H5Gcreate2(file, group.c_str(), H5P_DEFAULT, group_creation, H5P_DEFAULT),
+                     H5Gclose);
+    if (!created.valid())
+      return absl::DataLossError(
+          absl::StrCat(path, ": cannot create group ", group, ": ", errno_reason()));
+  }
+  return absl::OkStatus();
+}
+
 // Writes this rank's slices into one HDF5 file and returns their manifest entries.
 absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
     const std::string& dir, const std::string& file, const std::vector<SliceToSave>& mine) {
-  silence_hdf5_errors();
   const std::string path = (fs::path(dir) / file).string();
-  // errno is cleared before each HDF5 call that writes, so that a failure's errno is the
-  // OS's reason for it (libhdf5's file driver leaves it set).
-  errno = 0;
-  H5Handle h5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  if (!h5.valid())
-    return absl::DataLossError(absl::StrCat(path, ": cannot create: ", errno_reason()));
-  H5Handle link_props(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
-  H5Pset_create_intermediate_group(link_props.get(), 1);
+  SY_ASSIGN_OR_RETURN(H5Handle h5, create_hdf5_file(path));
+  const Hdf5WriteSettings settings = hdf5_write_settings();
+  std::set<std::string> groups;
   // Hashing is the slow part of a save (SHA-256 runs below disk speed on one core):
   // the slices are hashed in parallel first.
   std::vector<std::string> digests(mine.size());
@@ -79,9 +92,11 @@ absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
                                                     : std::vector<hsize_t>(shape.begin(), shape.end());
     H5Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                    H5Sclose);
-    errno = 0;
+    errno = 0;  // libhdf5's file driver leaves the OS's reason for a failure in errno
+    SY_RETURN_IF_ERROR(
+        create_parent_groups(h5.get(), s.key, path, settings.group_creation.get(), groups));
     H5Handle dataset(H5Dcreate2(h5.get(), s.key.c_str(), H5T_IEEE_F32LE, space.get(),
-                                link_props.get(), H5P_DEFAULT, H5P_DEFAULT),
+                                H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                      H5Dclose);
     if (!dataset.valid() || H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
                                      H5P_DEFAULT, s.value.raw_data()) < 0)
@@ -428,7 +443,8 @@ absl::StatusOr<checkpoint::Manifest> parse_manifest(std::string_view bytes,
     return absl::DataLossError(absl::StrCat(path, ": not a valid manifest"));
   if (manifest.format_version() != kFormatVersion)
     return field_error(path, "format_version",
-                       absl::StrCat("is ", manifest.format_version(), ", expected ", kFormatVersion));
+                       absl::StrCat("is ", manifest.format_version(), ", expected ", kFormatVersion,
+                                    " (written by another version of the engine)"));
   const absl::Status recipe = config::validate_recipe(manifest.recipe());
   if (!recipe.ok())
     return absl::DataLossError(absl::StrCat(path, ": field recipe: ", recipe.message()));
@@ -469,24 +485,16 @@ struct Piece {
 
 // The HDF5 dataset of `slice` holds fp32 values of shape [rows, global_shape[1:]...]
 // (a scalar is saved as [1]).
-absl::Status check_slice_dataset(hid_t dataset, const checkpoint::TensorSlice& slice,
+absl::Status check_slice_dataset(const Hdf5Dataset& dataset, const checkpoint::TensorSlice& slice,
                                  const std::string& where) {
   Shape expected = global_shape_of(slice);
   if (expected.empty()) expected.push_back(1);
   expected[0] = slice.rows();
-  H5Handle space(H5Dget_space(dataset), H5Sclose);
-  H5Handle type(H5Dget_type(dataset), H5Tclose);
-  const int rank = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
-  Shape dims;
-  if (rank >= 1 && rank <= kMaxSliceRank) {
-    std::vector<hsize_t> extent(static_cast<size_t>(rank));
-    H5Sget_simple_extent_dims(space.get(), extent.data(), nullptr);
-    dims.assign(extent.begin(), extent.end());
-  }
+  const Shape dims(dataset.dims.begin(), dataset.dims.end());
   if (dims != expected)
     return absl::DataLossError(absl::StrCat(where, " has shape ", shape_string(dims),
                                             ", the manifest says ", shape_string(expected)));
-  if (!type.valid() || H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4)
+  if (dataset.type.type_class != Hdf5Type::kFloat || dataset.type.size != 4)
     return absl::DataLossError(absl::StrCat(where, " does not hold 32-bit floats"));
   return absl::OkStatus();
 }
@@ -495,15 +503,12 @@ absl::Status check_slice_dataset(hid_t dataset, const checkpoint::TensorSlice& s
 absl::Status read_slice(const std::string& checkpoint_dir, const checkpoint::TensorSlice& slice,
                         std::vector<float>& values) {
   const std::string path = (fs::path(checkpoint_dir) / slice.file()).string();
-  SY_ASSIGN_OR_RETURN(const H5Handle h5, open_hdf5_file(path));
+  SY_ASSIGN_OR_RETURN(const Hdf5File h5, Hdf5File::open(path));
   const std::string where = absl::StrCat(path, ": dataset ", slice.dataset());
-  SY_ASSIGN_OR_RETURN(const H5Handle dataset,
-                      open_plain_hdf5_dataset(h5.get(), slice.dataset(), where));
-  SY_RETURN_IF_ERROR(check_slice_dataset(dataset.get(), slice, where));
-  values.resize(static_cast<size_t>(slice.rows() * row_elements_of(global_shape_of(slice))));
-  if (H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
-    return absl::DataLossError(absl::StrCat(where, " cannot be read"));
-  return absl::OkStatus();
+  SY_ASSIGN_OR_RETURN(const Hdf5Dataset dataset, h5.dataset(slice.dataset()));
+  SY_RETURN_IF_ERROR(check_slice_dataset(dataset, slice, where));
+  values.resize(static_cast<size_t>(dataset.num_bytes / 4));
+  return h5.read(dataset, 0, dataset.num_bytes, values.data());
 }
 
 // A read's destination has the rows of the saved tensor: the same shape past dimension 0.
@@ -527,7 +532,6 @@ absl::Status check_row_shape(const std::string& checkpoint_dir, const RowsToRead
 
 absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Manifest& manifest,
                        const std::vector<RowsToRead>& reads) {
-  silence_hdf5_errors();
   std::map<std::string, std::vector<const checkpoint::TensorSlice*>> slices_of;
   for (const checkpoint::TensorSlice& s : manifest.slices()) slices_of[s.tensor()].push_back(&s);
   // Every read's rows must be in the checkpoint before anything is read.
@@ -549,7 +553,7 @@ absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Mani
                                               read.first_row + rows, ") of ", read.key,
                                               " are not all in the checkpoint"));
   }
-  // HDF5 reads and device copies stay on this (the master) thread; each slice's checksum
+  // File reads and device copies stay on this (the master) thread; each slice's checksum
   // is a task, queued once its rows are in their destination, which the other CPU threads
   // take while they wait at the region's end.
   absl::Status status;

@@ -1,8 +1,8 @@
-// One HDF5 token shard (schema in docs/data.md):
-//   /tokens       1-D uint16 (vocabularies up to 65536) or uint32, chunked: the token stream
+// One HDF5 token shard (schema in docs/data.md), in the layout of data/hdf5_writer.h:
+//   /tokens       1-D uint16 (vocabularies up to 65536) or uint32, contiguous: the stream
 //   /doc_offsets  1-D int64, num_documents + 1 entries: 0, the end of each document, ...;
 //                 the last equals the length of /tokens
-//   root attributes: format_version (2), tokenizer_sha256 (a fixed-length string),
+//   root attributes: format_version (3), tokenizer_sha256 (a fixed-length string),
 //                 vocab_size, unk_id, bos_id, eos_id, pad_id (-1 where the tokenizer has none)
 #pragma once
 
@@ -14,14 +14,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "data/hdf5_reader.h"
 #include "data/tokenizer.h"
 
 namespace switchyard {
 
-inline constexpr int64_t kTokenFormatVersion = 2;
+inline constexpr int64_t kTokenFormatVersion = 3;
 inline constexpr int64_t kUint16VocabLimit = 65536;
-
-class H5Handle;
 
 enum class TokenDType { kUint16, kUint32 };
 
@@ -36,7 +35,8 @@ struct ShardAttributes {
 };
 
 // Writes a shard at `path` (the caller picks a temporary name and renames it when
-// close() succeeded). Tokens are buffered and appended in chunk-sized blocks.
+// close() succeeded). Tokens go to an unnamed temporary file beside it as they come, and
+// into the shard's contiguous /tokens when close() knows their number.
 class ShardWriter {
  public:
   static absl::StatusOr<std::unique_ptr<ShardWriter>> create(const std::string& path,
@@ -60,19 +60,16 @@ class ShardWriter {
   std::string path_;
   ShardAttributes attributes_;
   TokenDType dtype_ = TokenDType::kUint16;
-  struct Handles;
-  std::unique_ptr<Handles> h5_;
-  std::vector<uint32_t> pending_;  // tokens not yet in the file
+  int spill_fd_ = -1;              // the unnamed temporary file of the tokens so far
+  std::vector<uint32_t> pending_;  // tokens not yet in it
   std::vector<int64_t> doc_offsets_ = {0};
   int64_t num_tokens_ = 0;
-  int64_t flushed_tokens_ = 0;
   bool closed_ = false;
 };
 
-// Reads a shard. Opening checks the structure (datasets, types, attributes, document
-// offsets), refuses the HDF5 features of data/hdf5_checks.h and any extent larger than
-// the file can hold, before allocating; token values are checked as they are read.
-// Thread-safe.
+// Reads a shard through data/hdf5_reader.h (no libhdf5). Opening checks the structure
+// (datasets, types, attributes, document offsets) and that every extent lies inside the
+// file, before allocating; token values are checked as they are read. Thread-safe.
 class ShardReader {
  public:
   static absl::StatusOr<std::shared_ptr<ShardReader>> open(const std::string& path);
@@ -96,21 +93,18 @@ class ShardReader {
   absl::StatusOr<int64_t> scan_max_token() const;
 
  private:
-  ShardReader() = default;
-  struct Handles;
-  static absl::StatusOr<std::shared_ptr<ShardReader>> from_file(H5Handle file,
-                                                                const std::string& path,
-                                                                int64_t file_bytes);
+  explicit ShardReader(Hdf5File file) : file_(std::move(file)) {}
+  static absl::StatusOr<std::shared_ptr<ShardReader>> from_file(Hdf5File file);
   absl::Status read_attributes();
   absl::Status open_tokens();
 
+  Hdf5File file_;
   std::string path_;
-  int64_t file_bytes_ = 0;
   ShardAttributes attributes_;
   TokenDType dtype_ = TokenDType::kUint16;
+  Hdf5Dataset tokens_;
   int64_t num_tokens_ = 0;
   int64_t num_documents_ = 0;
-  std::unique_ptr<Handles> h5_;
 };
 
 }  // namespace switchyard

@@ -52,7 +52,7 @@ checkpoint::TensorSlice* add_slice(checkpoint::Manifest& m, int64_t first_row, i
 // Rows [0, 2) and [2, 4) of a [4, 3] tensor.
 checkpoint::Manifest valid_manifest() {
   checkpoint::Manifest m;
-  m.set_format_version(1);
+  m.set_format_version(2);
   *m.mutable_recipe() = valid_recipe();
   m.set_step(1);
   add_slice(m, 0, 2);
@@ -80,8 +80,10 @@ TEST(CheckpointManifest, GarbageAndTruncatedBytesAreRefused) {
 
 TEST(CheckpointManifest, OtherFormatVersionIsRefused) {
   checkpoint::Manifest m = valid_manifest();
-  m.set_format_version(2);
-  EXPECT_EQ(error_of(m), "m.pb: field format_version is 2, expected 1");
+  m.set_format_version(1);
+  EXPECT_EQ(error_of(m),
+            "m.pb: field format_version is 1, expected 2 (written by another version of the "
+            "engine)");
 }
 
 TEST(CheckpointManifest, InvalidRecipeIsRefused) {

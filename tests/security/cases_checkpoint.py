@@ -136,7 +136,7 @@ def _inspect_after(edit):
 
 def _set_version(fields, slices):
     fields[:] = [f for f in fields if f[0] != MANIFEST_FORMAT_VERSION]
-    fields.append([MANIFEST_FORMAT_VERSION, 0, 2])
+    fields.append([MANIFEST_FORMAT_VERSION, 0, 1])
 
 
 def _set_file(name):
@@ -292,8 +292,8 @@ CASES = [
          _write_manifest(lambda p: b"\xff" * 4096), "manifest.pb: not a valid manifest"),
     Case("ckpt-manifest-oversized", "checkpoint manifest", "a 200 MB sparse file (inspect)",
          _huge_manifest, "allowed"),
-    Case("ckpt-manifest-version", "checkpoint manifest", "format_version 2",
-         _train_after(_set_version), "field format_version is 2, expected 1"),
+    Case("ckpt-manifest-version", "checkpoint manifest", "format_version 1 (an older layout)",
+         _train_after(_set_version), "field format_version is 1, expected 2"),
     Case("ckpt-slice-parent-path", "checkpoint manifest", 'a slice file "../../x"',
          _train_after(_set_file("../../x")), "field slices[0].file"),
     Case("ckpt-slice-control-bytes", "checkpoint manifest",
