@@ -1,8 +1,9 @@
 """Fine-tuning an imported model starts from transformers' own numbers: a small random
-MixtralForCausalLM and Qwen2MoeForCausalLM (shared expert, a dense first layer), saved
-with save_pretrained and imported by `switchyard convert from-hf`, train one step of the
-recipe the import wrote, and the loss the engine logs for that step (cross-entropy, the
-load-balancing loss, and their weighted sum) equals transformers' on the same batch.
+MixtralForCausalLM, Qwen2MoeForCausalLM (shared expert, a dense first layer) and
+OlmoeForCausalLM (q/k norms), saved with save_pretrained and imported by `switchyard
+convert from-hf`, train one step of the recipe the import wrote, and the loss the engine
+logs for that step (cross-entropy, the load-balancing loss, and their weighted sum)
+equals transformers' on the same batch.
 
 The batch is known without reproducing the loader's shuffle: the dataset's train split
 holds exactly one global batch of windows and the step reads it in one micro-batch, so
@@ -76,6 +77,9 @@ def hf_model(kind):
         from transformers import MixtralConfig, MixtralForCausalLM
         model = MixtralForCausalLM(MixtralConfig(num_hidden_layers=2, num_local_experts=6,
                                                  **common))
+    elif kind == "olmoe":
+        from transformers import OlmoeConfig, OlmoeForCausalLM
+        model = OlmoeForCausalLM(OlmoeConfig(num_hidden_layers=2, num_experts=4, **common))
     else:
         from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
         model = Qwen2MoeForCausalLM(Qwen2MoeConfig(
@@ -109,7 +113,7 @@ def first_step(run_dir):
     raise AssertionError("no training record for step 1")
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "olmoe"])
 def test_first_step_loss_equals_transformers(tmp_path, data, kind):
     tokenizer, dataset = data
     tokens = train_tokens(dataset)
