@@ -14,11 +14,15 @@ namespace {
 constexpr std::string_view kSignature("\x89HDF\r\n\x1a\n", 8);
 constexpr uint64_t kUndefinedAddress = ~uint64_t{0};
 constexpr int64_t kSuperblockBytes = 48;  // version 2 and 3 with 8-byte offsets
-// Bounds on one object header: a chunk, all its chunks together, their number.
+// Bounds on one object header: a chunk, all its chunks together, their number, its
+// messages (a group of kMaxHdf5GroupLinks members takes about 5 MiB and 65536 messages).
 constexpr int64_t kMaxHeaderChunkBytes = int64_t{16} << 20;
-constexpr int64_t kMaxHeaderBytes = int64_t{64} << 20;
+constexpr int64_t kMaxHeaderBytes = int64_t{16} << 20;
 constexpr size_t kMaxHeaderChunks = 4096;
+constexpr size_t kMaxHeaderMessages = size_t{1} << 20;
 constexpr size_t kMaxRank = 32;
+// A dataset path has at most this many components ("exp_avg/model.norm.weight" has 2).
+constexpr int kMaxPathComponents = 16;
 
 // Header message types (HDF5 file format specification, section IV.A.2).
 enum MessageType : uint8_t {
@@ -531,6 +535,8 @@ class HeaderReader {
       c.uint(1, type), c.uint(2, size), c.uint(1, flags);
       if (attribute_order_) c.skip(2);
       if (!c.take(size, data)) return damaged(where_, "object header (a message past its chunk)");
+      if (header_.messages.size() >= kMaxHeaderMessages)
+        return damaged(where_, "object header (too many messages)");
       header_.messages.push_back(
           {static_cast<uint8_t>(type), static_cast<uint8_t>(flags), data});
       if (type != kContinuation) continue;
@@ -619,11 +625,14 @@ absl::StatusOr<Hdf5Dataset> Hdf5File::dataset(std::string_view path) const {
   uint64_t address = root_address_;
   std::string group_where = absl::StrCat(name_, ": /");
   size_t start = 0;
+  int components = 0;
   while (start <= path.size()) {
     const size_t end = std::min(path.find('/', start), path.size());
     const std::string component(path.substr(start, end - start));
     start = end + 1;
     if (component.empty()) continue;
+    if (++components > kMaxPathComponents)
+      return refused(where, absl::StrCat("is more than ", kMaxPathComponents, " groups deep"));
     SY_ASSIGN_OR_RETURN(const ObjectHeader group, HeaderReader(*this, group_where).read(address));
     std::string member_where =
         absl::StrCat(group_where, group_where.ends_with('/') ? "" : "/", component);

@@ -45,7 +45,8 @@ absl::StatusOr<TokenDataset> TokenDataset::open(const std::string& dir, std::str
   if (index.format_version != kTokenFormatVersion)
     return absl::InvalidArgumentError(
         absl::StrCat(index_path, ": format_version ", index.format_version,
-                     "; this build reads version ", kTokenFormatVersion));
+                     "; this build reads version ", kTokenFormatVersion,
+                     " (prepare the dataset again with `switchyard data prepare`)"));
   if (!options.expected_tokenizer_sha256.empty() &&
       options.expected_tokenizer_sha256 != index.tokenizer_sha256)
     return absl::FailedPreconditionError(absl::StrCat(
