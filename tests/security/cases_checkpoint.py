@@ -7,7 +7,7 @@ checkpoint/manifest.proto's field numbers.
 """
 import os
 
-from hostile import Case, TINY_RECIPE
+from hostile import Case, TINY_RECIPE, h5py_file
 
 # manifest.proto field numbers.
 MANIFEST_FORMAT_VERSION = 1
@@ -247,12 +247,11 @@ def _split_slice(fields, slices):
 
 
 def _external_storage(world, tmp):
-    import h5py
     import numpy as np
     run = world.run_dir(tmp)
     outside = tmp / "outside.bin"
     outside.write_bytes(bytes(128 * 4))
-    with h5py.File(_step_dir(run, 2) / "rank_0.h5", "r+") as f:
+    with h5py_file(_step_dir(run, 2) / "rank_0.h5", "r+") as f:
         del f["param/model.norm.weight"]
         f.create_dataset("param/model.norm.weight", shape=(128,), dtype=np.float32,
                          external=[(str(outside), 0, 128 * 4)])

@@ -7,7 +7,7 @@ import subprocess
 import h5py
 import numpy as np
 
-from hostile import SWITCHYARD, Case, TINY_RECIPE
+from hostile import SWITCHYARD, Case, TINY_RECIPE, h5py_file
 
 
 def _train_on(world, tmp, dataset):
@@ -109,21 +109,20 @@ def _flip_byte(shard, tmp):
 
 
 def _ids_beyond_vocab(shard, tmp):
-    with h5py.File(shard, "r+") as f:
+    with h5py_file(shard, "r+") as f:
         f["tokens"][:] = np.iinfo(f["tokens"].dtype).max
 
 
-def _replace_tokens(make_tokens):
+def _replace_tokens(make_tokens, libver=("v108", "v108")):
     def damage(shard, tmp):
-        with h5py.File(shard, "r+") as f:
+        with h5py_file(shard, "r+", libver) as f:
             del f["tokens"]
             make_tokens(f, tmp)
     return damage
 
 
 def _huge_extent(f, tmp):
-    f.create_dataset("tokens", shape=(1 << 40,), maxshape=(None,), chunks=(1 << 16,),
-                     dtype=np.uint16)
+    f.create_dataset("tokens", shape=(1 << 40,), dtype=np.uint16)
 
 
 def _external_storage(f, tmp):
@@ -133,13 +132,13 @@ def _external_storage(f, tmp):
 
 
 def _external_link(f, tmp):
-    with h5py.File(tmp / "other.h5", "w") as other:
+    with h5py_file(tmp / "other.h5", "w") as other:
         other.create_dataset("tokens", data=np.zeros(1024, dtype=np.uint16))
     f["tokens"] = h5py.ExternalLink(str(tmp / "other.h5"), "/tokens")
 
 
 def _virtual(f, tmp):
-    with h5py.File(tmp / "source.h5", "w") as source:
+    with h5py_file(tmp / "source.h5", "w") as source:
         source.create_dataset("tokens", data=np.zeros(1024, dtype=np.uint16))
     layout = h5py.VirtualLayout(shape=(1024,), dtype=np.uint16)
     layout[:] = h5py.VirtualSource(str(tmp / "source.h5"), "tokens", shape=(1024,))
@@ -147,12 +146,12 @@ def _virtual(f, tmp):
 
 
 def _array_attribute(shard, tmp):
-    with h5py.File(shard, "r+") as f:
+    with h5py_file(shard, "r+") as f:
         f.attrs["vocab_size"] = np.full(4000, 1024, dtype=np.int64)
 
 
 def _variable_length_string(shard, tmp):
-    with h5py.File(shard, "r+") as f:
+    with h5py_file(shard, "r+") as f:
         sha = f.attrs["tokenizer_sha256"]
         del f.attrs["tokenizer_sha256"]
         f.attrs["tokenizer_sha256"] = sha.decode() if isinstance(sha, bytes) else str(sha)
@@ -223,22 +222,26 @@ CASES = [
     Case("data-shard-token-beyond-vocab", "dataset shard",
          "every token id 65535 (vocab 1024), index sha256 updated to match",
          _damage_shard(_ids_beyond_vocab), "has id 65535, not below vocab_size"),
-    Case("data-shard-huge-extent", "dataset shard", "/tokens declares 2^40 tokens (unwritten chunks)",
-         _damage_shard(_replace_tokens(_huge_extent)), "declares 1099511627776 elements"),
+    Case("data-shard-huge-extent", "dataset shard",
+         "/tokens declares 2^40 tokens (contiguous, never written: no data in the file)",
+         _damage_shard(_replace_tokens(_huge_extent)),
+         "/tokens: its 2199023255552 bytes of data are not inside the file"),
     Case("data-shard-external-storage", "dataset shard",
          "/tokens stored in a file outside the directory (HDF5 external storage)",
          _damage_shard(_replace_tokens(_external_storage)), "keeps its data in external files"),
     Case("data-shard-external-link", "dataset shard", "/tokens an HDF5 external link to another file",
          _damage_shard(_replace_tokens(_external_link)), "is an external link"),
     Case("data-shard-virtual-dataset", "dataset shard", "/tokens a virtual dataset over another file",
-         _damage_shard(_replace_tokens(_virtual)), "is a virtual dataset"),
+         _damage_shard(_replace_tokens(_virtual, libver=("v110", "v110"))),
+         "/tokens: is stored as a virtual dataset"),
     Case("data-shard-array-attribute", "token shard (inspect)",
          "vocab_size attribute an array of 4000 values",
          _damage_shard(_array_attribute, reindex=False, command="inspect"),
-         "attribute vocab_size must hold exactly one value"),
+         "attribute vocab_size: must hold exactly one value"),
     Case("data-shard-variable-length-string", "dataset shard",
          "tokenizer_sha256 a variable-length string (read through libhdf5's global heap)",
-         _damage_shard(_variable_length_string), "is a variable-length string"),
+         _damage_shard(_variable_length_string),
+         "attribute tokenizer_sha256: is a variable-length type, which the engine refuses"),
     Case("data-tokenizer-garbage", "dataset tokenizer.model", "16 kB of binary garbage",
          _tokenizer(_garbage_model), "not a SentencePiece model"),
     Case("data-tokenizer-fifo", "dataset tokenizer.model", "a FIFO (would block a reader)",

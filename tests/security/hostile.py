@@ -84,6 +84,14 @@ def make_world(root: Path) -> World:
     return world
 
 
+def h5py_file(path, mode, libver=("v108", "v108")):
+    """h5py.File writing the layout the engine's HDF5 reader reads (superblock 2, version 2
+    object headers: docs/data.md), so that the damage a case makes, not an older layout,
+    is what the reader refuses. Virtual datasets need libver v110."""
+    import h5py
+    return h5py.File(path, mode, libver=libver)
+
+
 def check(argv):
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{argv}: {result.stderr}"
