@@ -26,6 +26,7 @@
 #include "engine/cli/bench_command.h"
 #include "engine/cli/convert_command.h"
 #include "engine/cli/data_commands.h"
+#include "engine/cli/load_model.h"
 #include "engine/cli/progress_line.h"
 #include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
@@ -100,25 +101,6 @@ absl::Status run_train(const std::string& recipe_path, const std::string& run_di
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
   return train(recipe, options, sink);
-}
-
-struct LoadedModel {
-  config::Recipe recipe;
-  ParamStore params;
-  std::unique_ptr<Transformer> model;
-  std::optional<Tokenizer> tokenizer;
-};
-
-absl::Status load_model(const std::string& dir, LoadedModel& out) {
-  SY_ASSIGN_OR_RETURN(out.recipe, load_weights_recipe(dir));
-  SY_ASSIGN_OR_RETURN(out.tokenizer, load_weights_tokenizer(dir, out.recipe));
-  set_cpu_threads(out.recipe.runtime().threads());
-  out.model = std::make_unique<Transformer>(out.recipe, out.params);
-  SY_RETURN_IF_ERROR(check_fits(cpu_device(),
-                                static_cast<double>(out.params.allocation_bytes(DType::kF32)),
-                                absl::StrCat("the parameters of ", dir, "/model.safetensors")));
-  out.params.allocate(cpu_device());
-  return load_weights(dir, out.params);
 }
 
 absl::Status run_eval(const std::string& dir, const std::string& data, const std::string& split,
