@@ -10,13 +10,14 @@ import pytest
 
 import cases_checkpoint
 import cases_data
+import cases_hdf5
 import cases_hf
 import cases_hub
 import cases_recipe
 from hostile import REPO, make_world, run_refused
 
-CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hf.CASES,
-         *cases_hub.CASES]
+CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hdf5.CASES,
+         *cases_hf.CASES, *cases_hub.CASES]
 
 
 @pytest.fixture(scope="session")
