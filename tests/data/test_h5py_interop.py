@@ -1,7 +1,8 @@
 """Token data against independent implementations: shards written by h5py (as a user
-following docs/data.md would) are read back exactly by the engine's loader; shards the
-engine writes read cleanly in h5py; tokenizer models the engine trains give the same ids
-in the sentencepiece Python package.
+following docs/data.md would) are read back exactly by the engine's loader, and h5py
+layouts outside the engine's HDF5 subset are refused in one line; shards the engine
+writes read cleanly in h5py; tokenizer models the engine trains give the same ids in the
+sentencepiece Python package.
 
 Run by ctest with the interop environment's Python; TOKEN_TOOL names tests/data/token_tool.
 """
@@ -20,6 +21,9 @@ CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "data", "corpus", "
 SEQ = 32
 SWITCHYARD = os.environ["SWITCHYARD"]
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "tiny.textproto")
+# The h5py file format docs/data.md asks for: superblock 2 and version 2 object headers,
+# the subset of HDF5 the engine's reader reads.
+LIBVER = ("v108", "v108")
 
 
 def tool(*args, expect_ok=True):
@@ -48,19 +52,21 @@ def sp(work):
     return spm.SentencePieceProcessor(model_file=str(work / "tok.model"))
 
 
-def write_shard(path, ids, doc_ends, vocab_size, sha, dtype=np.uint16, compression=None):
-    with h5py.File(path, "w") as f:
-        f.create_dataset("tokens", data=np.asarray(ids, dtype=dtype), chunks=True,
-                         compression=compression)
+def write_shard(path, ids, doc_ends, vocab_size, sha, dtype=np.uint16, libver=LIBVER,
+                **tokens_options):
+    """A shard as docs/data.md writes it; `libver` and `tokens_options` (h5py's
+    create_dataset keywords for /tokens) depart from it."""
+    with h5py.File(path, "w", libver=libver) as f:
+        f.create_dataset("tokens", data=np.asarray(ids, dtype=dtype), **tokens_options)
         f.create_dataset("doc_offsets", data=np.asarray([0] + doc_ends, dtype=np.int64))
-        f.attrs["format_version"] = 2
+        f.attrs["format_version"] = 3
         f.attrs["tokenizer_sha256"] = np.bytes_(sha)
         f.attrs["vocab_size"] = vocab_size
         f.attrs["eos_id"] = 2
 
 
 def write_index(directory, splits, vocab_size, sha):
-    index = {"format": "switchyard-tokens", "format_version": 2, "tokenizer_sha256": sha,
+    index = {"format": "switchyard-tokens", "format_version": 3, "tokenizer_sha256": sha,
              "vocab_size": vocab_size, "splits": {}}
     for split, files in splits.items():
         entries = []
@@ -106,15 +112,17 @@ def test_loader_reads_h5py_shards(work, sp):
     data = work / "from_h5py"
     data.mkdir()
     streams = []
-    for shard, (docs, compression) in enumerate([(paragraphs[:300], None),
-                                                 (paragraphs[300:], "gzip")]):
+    # h5py's oldest 1.8-format bound (superblock 2) and its newest ("latest": superblock 3).
+    for shard, (docs, libver, superblock) in enumerate([(paragraphs[:300], LIBVER, 2),
+                                                        (paragraphs[300:], "latest", 3)]):
         ids, ends = [], []
         for doc in docs:
             ids += sp.encode(doc) + [sp.eos_id()]
             ends.append(len(ids))
         streams.append(ids)
-        write_shard(data / f"train-{shard:05d}-of-00002.h5", ids, ends, 600, sha,
-                    compression=compression)
+        path = data / f"train-{shard:05d}-of-00002.h5"
+        write_shard(path, ids, ends, 600, sha, libver=libver)
+        assert path.read_bytes()[8] == superblock
     write_index(data, {"train": ["train-00000-of-00002.h5", "train-00001-of-00002.h5"]}, 600, sha)
 
     stream = streams[0] + streams[1]
@@ -172,7 +180,7 @@ def test_bad_h5py_shards_are_one_line_errors(work):
     err = tool("inspect", data, expect_ok=False)
     assert "train-00000-of-00001.h5: token 2 has id 600, not below vocab_size 600" in err
 
-    with h5py.File(data / "train-00000-of-00001.h5", "a") as f:
+    with h5py.File(data / "train-00000-of-00001.h5", "a", libver=LIBVER) as f:
         del f.attrs["vocab_size"]
     err = tool("inspect", data / "train-00000-of-00001.h5", expect_ok=False)
     assert "attribute vocab_size is missing" in err
@@ -180,6 +188,23 @@ def test_bad_h5py_shards_are_one_line_errors(work):
     write_shard(data / "train-00000-of-00001.h5", [5, 7], [1], 600, "x", dtype=np.int32)
     err = tool("inspect", data / "train-00000-of-00001.h5", expect_ok=False)
     assert "/tokens must be uint16 or uint32" in err
+
+
+@pytest.mark.parametrize("libver, tokens_options, expected", [
+    ("earliest", {}, "HDF5 superblock version 0, which the engine does not read (it reads "
+                     "the layout it writes, superblock 2 or 3"),
+    (LIBVER, {"chunks": True}, "/tokens: is stored in chunks; the engine reads contiguous"),
+    (LIBVER, {"maxshape": (None,)}, "/tokens: is stored in chunks"),
+    (LIBVER, {"compression": "gzip"}, "/tokens: uses HDF5 filters, which the engine does not"),
+], ids=["h5py-defaults", "chunks", "maxshape", "gzip"])
+def test_h5py_layouts_outside_the_engines_subset_are_one_line_errors(
+        tmp_path, libver, tokens_options, expected):
+    """What h5py writes by default (superblock 0), and chunked, resizable or compressed
+    /tokens, which the engine's HDF5 reader does not read."""
+    write_shard(tmp_path / "train-00000-of-00001.h5", [5, 7, 2], [3], 600, "x", libver=libver,
+                **tokens_options)
+    write_index(tmp_path, {"train": ["train-00000-of-00001.h5"]}, 600, "x")
+    assert f"train-00000-of-00001.h5: {expected}" in tool("inspect", tmp_path, expect_ok=False)
 
 
 def test_h5py_reads_engine_shards(work, sp):
