@@ -55,6 +55,16 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
 
 Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
                          RouterStats& stats) {
+  return run(dev, x, training, rng, stats, capacity_factor_);
+}
+
+Tensor MoeLayer::infer(Device& dev, const Tensor& x, RouterStats& stats) {
+  Rng unused;
+  return run(dev, x, /*training=*/false, unused, stats, /*capacity_factor=*/0);
+}
+
+Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
+                     float capacity_factor) {
   const int group = tp_ ? tp_->size() : 1;
   const int member = tp_ ? tp_->rank() : 0;
   const int64_t total = x.rows();
@@ -92,7 +102,7 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
     rng = Rng(rng.seed(), rng.counter() + static_cast<uint64_t>(total));
   }
 
-  const int64_t rows = plan_dispatch(dev, dispatch_ids, total);
+  const int64_t rows = plan_dispatch(dev, dispatch_ids, total, capacity_factor);
   convert(dev, tokens_per_expert_, kept);
   if (tp_) tp_->all_reduce_sum(row);
   Tensor permuted = activation(dev, {rows, hidden}, dtype);
@@ -126,14 +136,15 @@ Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
   return y;
 }
 
-int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens) {
+int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens,
+                                float capacity_factor) {
   const int E = num_experts_;
   const int64_t n = dispatch_ids.dim(0);
   tokens_per_expert_ = activation(dev, {E}, DType::kI32);
   dest_rows_ = activation(dev, {n, top_k_}, DType::kI32);
   const int64_t capacity =
-      capacity_factor_ > 0
-          ? static_cast<int64_t>(std::ceil(capacity_factor_ * total_tokens * top_k_ / E))
+      capacity_factor > 0
+          ? static_cast<int64_t>(std::ceil(capacity_factor * total_tokens * top_k_ / E))
           : -1;
   if (!tp_ || capacity < 0) {
     permute_plan(dev, dispatch_ids, weights_, E, capacity, tokens_per_expert_, dest_rows_);

@@ -50,6 +50,9 @@ class MoeLayer {
   // tensor parallelism reads the group's plan back, and f32 products on CUDA read the
   // counts back once (group_sizes_for).
   Tensor forward(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats);
+  // The inference forward (generation): every token goes to all of its top-k experts,
+  // with no capacity and no GShard drop, as transformers routes.
+  Tensor infer(Device& dev, const Tensor& x, RouterStats& stats);
   // dy: (n, hidden) -> dx. `aux_prob_grad` (E) is the gradient of the weighted aux loss
   // with respect to each token's router probabilities, `z_loss_scale` the weight of this
   // layer's z-loss in the total loss.
@@ -75,7 +78,12 @@ class MoeLayer {
   // capacity and GShard drop (the kept ones come first, grouped by expert, and the grouped
   // products skip the rest), so nothing waits for the host. A capacity over a
   // tensor-parallel group plans the whole group's assignments and returns the kept rows.
-  int64_t plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens);
+  // `capacity_factor` <= 0: dropless.
+  int64_t plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens,
+                        float capacity_factor);
+  // forward() and infer(): the routed and shared experts at this capacity factor.
+  Tensor run(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
+             float capacity_factor);
 
   int num_experts_;
   int num_local_experts_;

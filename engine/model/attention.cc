@@ -1,6 +1,11 @@
 #include "engine/model/attention.h"
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "kernels/attention.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
@@ -12,6 +17,35 @@ namespace switchyard {
 namespace {
 Tensor activation(Device& dev, const Shape& shape, DType dtype) {
   return Tensor::empty(shape, dtype, MemoryKind::kActivations, dev);
+}
+
+// q: (n, heads, D), the queries of positions [past, past + n); k, v: (>= past + n,
+// kv_heads, D) the keys and values of positions from 0 -> out: (n, heads, D). The CPU
+// kernel's causal attention (kernels/cpu/attention.h) with the queries offset by `past`:
+// query i reads keys [0, past + i].
+void attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, int64_t past, Tensor& out) {
+  const int64_t n = q.dim(0), heads = q.dim(1), D = q.dim(2), kv_heads = k.dim(1);
+  const int64_t ld_q = heads * D, ld_kv = kv_heads * D, group = heads / kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t block = cpu::kAttentionBlock;
+  std::vector<float> p_buffer(static_cast<size_t>(std::min(n, block) * (past + n)));
+  float* p = p_buffer.data();
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* qh = q.data<float>() + h * D;
+    const float* kg = k.data<float>() + h / group * D;
+    const float* vg = v.data<float>() + h / group * D;
+    float* oh = out.data<float>() + h * D;
+    for (int64_t r0 = 0; r0 < n; r0 += block) {
+      const int64_t r1 = std::min(n, r0 + block);
+      const int64_t width = past + r1;
+      cpu::gemm<float>(false, true, r1 - r0, width, D, scale, qh + r0 * ld_q, ld_q, kg, ld_kv,
+                       0.0f, p, width);
+      for (int64_t i = r0; i < r1; ++i)
+        cpu::attention_internal::causal_softmax_row(p + (i - r0) * width, past + i + 1, width);
+      cpu::gemm<float>(false, false, r1 - r0, D, width, 1.0f, p, width, vg, ld_kv, 0.0f,
+                       oh + r0 * ld_q, ld_q);
+    }
+  }
 }
 }  // namespace
 
@@ -83,6 +117,36 @@ Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t s
   Tensor y = activation(dev, {batch * seq, wo_->shape[0]}, x.dtype());
   matmul(dev, attn_out_, false, wo_->work, true, y);
   if (tp_) tensor_parallel_sum(dev, *tp_, y);
+  return y;
+}
+
+KvCache Attention::empty_cache(int64_t positions) const {
+  return {Tensor::zeros({positions, kv_heads_, head_dim_}),
+          Tensor::zeros({positions, kv_heads_, head_dim_})};
+}
+
+Tensor Attention::decode(Device& dev, const Tensor& x, int64_t past, const Tensor& rope,
+                         KvCache& cache) {
+  SY_CHECK_MSG(!dev.is_cuda() && x.dtype() == DType::kF32 && !tp_,
+               "attention decode runs on the CPU in f32 on one rank");
+  const int64_t n = x.rows();
+  SY_CHECK_MSG(past >= 0 && past + n <= cache.k.dim(0), "attention decode: the cache is full");
+  Tensor q_pre_norm, k_pre_norm, q_rstd, k_rstd;
+  Tensor q = project(dev, x, wq_, q_bias_, q_norm_, &q_pre_norm, &q_rstd)
+                 .reshape({1, n, heads_, head_dim_});
+  Tensor k = project(dev, x, wk_, k_bias_, k_norm_, &k_pre_norm, &k_rstd)
+                 .reshape({1, n, kv_heads_, head_dim_});
+  const Tensor v = project(dev, x, wv_, v_bias_, nullptr, nullptr, nullptr);
+  const Tensor positions = rope.slice_rows(past, past + n);
+  rope_forward(dev, positions, q);
+  rope_forward(dev, positions, k);
+  cache.k.slice_rows(past, past + n).copy_from(k.reshape({n, kv_heads_, head_dim_}));
+  cache.v.slice_rows(past, past + n).copy_from(v.reshape({n, kv_heads_, head_dim_}));
+  Tensor out = activation(dev, {n, heads_ * head_dim_}, DType::kF32);
+  Tensor out3 = out.reshape({n, heads_, head_dim_});
+  attend_cached(q.reshape({n, heads_, head_dim_}), cache.k, cache.v, past, out3);
+  Tensor y = activation(dev, {n, wo_->shape[0]}, DType::kF32);
+  matmul(dev, out, false, wo_->work, true, y);
   return y;
 }
 

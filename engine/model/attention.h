@@ -15,6 +15,12 @@
 
 namespace switchyard {
 
+// One layer's keys and values of the positions generated so far: (positions, kv_heads,
+// head_dim) f32 each, on the host, filled from row 0.
+struct KvCache {
+  Tensor k, v;
+};
+
 class Attention {
  public:
   // `tensor_parallel` may be null (one rank).
@@ -23,6 +29,12 @@ class Attention {
   // x: (batch * seq, hidden) normalised input; rope: table for `seq` positions.
   Tensor forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
   Tensor backward(Device& dev, const Tensor& dy, const Tensor& rope);
+  // Generation on the CPU in f32, one rank: x (n, hidden), the normalised inputs of
+  // positions [past, past + n); rope: a table covering them. Writes their keys and
+  // values into `cache` rows [past, past + n) and attends each position over the cached
+  // positions up to itself. Saves nothing for backward.
+  Tensor decode(Device& dev, const Tensor& x, int64_t past, const Tensor& rope, KvCache& cache);
+  KvCache empty_cache(int64_t positions) const;
 
  private:
   // Projection (+ bias) (+ q/k norm) for one of q, k, v.

@@ -104,6 +104,17 @@ const Tensor& Transformer::rope_for(Device& dev, int64_t seq) {
 
 LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& targets,
                                bool training, Rng& rng, Tensor* logits_out) {
+  return run_forward(dev, ids, targets, training ? Pass::kTrain : Pass::kEval, rng, logits_out);
+}
+
+Tensor Transformer::ffn(Device& dev, Block& block, const Tensor& in, Pass pass, Rng& rng) {
+  if (!block.moe) return block.dense->forward(dev, in);
+  if (pass == Pass::kGenerate) return block.moe->infer(dev, in, stats_);
+  return block.moe->forward(dev, in, pass == Pass::kTrain, rng, stats_);
+}
+
+LossParts Transformer::run_forward(Device& dev, const Tensor& ids, const Tensor& targets,
+                                   Pass pass, Rng& rng, Tensor* logits_out) {
   batch_ = ids.dim(0);
   seq_ = ids.dim(1);
   const int64_t n = batch_ * seq_;
@@ -149,8 +160,7 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
     b->ffn_in = activation(dev, {n, hidden}, dtype);
     b->ffn_rstd = activation(dev, {n});
     rmsnorm_forward(dev, h, b->ffn_norm->value, b->eps, b->ffn_in, b->ffn_rstd);
-    Tensor f = b->moe ? b->moe->forward(dev, b->ffn_in, training, rng, stats_)
-                      : b->dense->forward(dev, b->ffn_in);
+    Tensor f = ffn(dev, *b, b->ffn_in, pass, rng);
     add_(dev, f, h);
     x = f;
     release({unit});
@@ -367,9 +377,52 @@ Tensor Transformer::logits(Device& dev, const Tensor& ids) {
   for (int64_t i = 0; i < targets.numel(); ++i) t[i] = -1;
   Rng rng(0);
   Tensor out;
-  forward(dev, ids, targets, /*training=*/false, rng, &out);
+  run_forward(dev, ids, targets, Pass::kGenerate, rng, &out);
   logits_ = lse_ = final_in_ = final_out_ = final_rstd_ = Tensor();
   return out;
+}
+
+DecodeCache Transformer::start_decoding(int64_t positions) const {
+  DecodeCache cache;
+  for (const auto& b : blocks_) cache.layers.push_back(b->attention->empty_cache(positions));
+  return cache;
+}
+
+Tensor Transformer::decode(Device& dev, const std::vector<int32_t>& ids, DecodeCache& cache) {
+  SY_CHECK_MSG(!dev.is_cuda() && !tp_ && !hooks_ && embed_->work.dtype() == DType::kF32,
+               "decode runs on the CPU in f32 on one rank");
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t hidden = recipe_.model().hidden_size();
+  const int64_t positions = cache.layers.empty() ? 0 : cache.layers[0].k.dim(0);
+  SY_CHECK_MSG(n > 0 && cache.length + n <= positions, "decode: the cache is full");
+  const Tensor& rope = rope_for(dev, positions);
+  Tensor id_tensor = activation(dev, {n}, DType::kI32);
+  std::copy(ids.begin(), ids.end(), id_tensor.data<int32_t>());
+  stats_.begin(dev, recipe_.moe().num_experts(), recipe_.moe().top_k(),
+               static_cast<int>(moe_layers().size()));
+  Tensor x = activation(dev, {n, hidden});
+  embedding_forward(dev, id_tensor, embed_->work, x);
+  Rng unused;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    Block& b = *blocks_[i];
+    Tensor attn_in = activation(dev, {n, hidden});
+    Tensor rstd = activation(dev, {n});
+    rmsnorm_forward(dev, x, b.attn_norm->value, b.eps, attn_in, rstd);
+    Tensor h = b.attention->decode(dev, attn_in, cache.length, rope, cache.layers[i]);
+    add_(dev, h, x);
+    Tensor ffn_in = activation(dev, {n, hidden});
+    rmsnorm_forward(dev, h, b.ffn_norm->value, b.eps, ffn_in, rstd);
+    x = ffn(dev, b, ffn_in, Pass::kGenerate, unused);
+    add_(dev, x, h);
+  }
+  cache.length += n;
+  const Tensor last = x.slice_rows(n - 1, n);
+  Tensor normed = activation(dev, {1, hidden});
+  Tensor rstd = activation(dev, {1});
+  rmsnorm_forward(dev, last, final_norm_->value, recipe_.model().norm_eps(), normed, rstd);
+  Tensor out = activation(dev, {1, lm_head_->shape[0]});
+  matmul(dev, normed, false, lm_head_->work, true, out);
+  return out.reshape({lm_head_->shape[0]});
 }
 
 }  // namespace switchyard

@@ -36,6 +36,12 @@ struct ModelParallel {
   Communicator* expert_parallel = nullptr;
 };
 
+// The keys and values of every layer for one sequence being generated.
+struct DecodeCache {
+  std::vector<KvCache> layers;
+  int64_t length = 0;  // positions cached so far
+};
+
 // runtime.max_logits_mb when the recipe leaves it 0.
 inline constexpr int64_t kDefaultMaxLogitsMb = 256;
 
@@ -53,8 +59,17 @@ class Transformer {
   // Backward of forward()'s total loss multiplied by `loss_scale` (e.g. 1 / micro-batches).
   void backward(Device& dev, float loss_scale);
 
-  // Logits only, for sampling and evaluation: ids (batch, seq) -> (batch * seq, vocab).
+  // Logits only, for generation: ids (batch, seq) -> (batch * seq, vocab). MoE layers
+  // route every token to all of its top-k experts (MoeLayer::infer).
   Tensor logits(Device& dev, const Tensor& ids);
+
+  // Generation with a KV cache, one sequence on the CPU in f32 and one rank: a cache
+  // for up to `positions` positions, then decode() runs the tokens of the next positions
+  // (the prompt at once, then one token per step), appends their keys and values, and
+  // returns the last one's logits (vocab) f32 on the host: logits() of the whole
+  // sequence's last row.
+  DecodeCache start_decoding(int64_t positions) const;
+  Tensor decode(Device& dev, const std::vector<int32_t>& ids, DecodeCache& cache);
 
   // Hooks around each unit's use of its parameters (ZeRO stages 2 and 3); null: none.
   // Units: 0 the embedding, 1 + i block i, num_layers + 1 the final norm and LM head.
@@ -67,6 +82,12 @@ class Transformer {
 
  private:
   struct Block;
+  enum class Pass { kTrain, kEval, kGenerate };
+  // forward() and logits().
+  LossParts run_forward(Device& dev, const Tensor& ids, const Tensor& targets, Pass pass,
+                        Rng& rng, Tensor* logits_out);
+  // A block's FFN (dense, or MoE routed as `pass` asks) on its normalised input.
+  Tensor ffn(Device& dev, Block& block, const Tensor& in, Pass pass, Rng& rng);
   // The rotary table for `seq` positions on `dev`, kept between calls.
   const Tensor& rope_for(Device& dev, int64_t seq);
   // The units the final norm and LM head read (with tied embeddings, also unit 0).
