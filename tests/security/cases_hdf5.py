@@ -15,8 +15,9 @@ from cases_data import _damage_shard
 from hostile import Case, h5py_file
 
 MASK = 0xFFFFFFFF
-CONTINUATION = 0x10
+DATASPACE = 0x01
 LAYOUT = 0x08
+CONTINUATION = 0x10
 
 
 def _rotate(x, k):
@@ -122,6 +123,29 @@ def _tokens_data_past_end(data, path):
     _seal(data, tokens)
 
 
+def _tokens_extent_overflows(data, path):
+    tokens = _address_of(path, "tokens")
+    at = _message(data, tokens, DATASPACE)
+    assert data[at] == 2  # version 2: version, rank, flags, type, then the extents
+    data[at + 4:at + 12] = struct.pack("<Q", 1 << 62)
+    _seal(data, tokens)
+
+
+def _tokens_soft_link(shard, tmp):
+    with h5py_file(shard, "r+") as f:
+        f.move("tokens", "stream")
+        f["tokens"] = h5py.SoftLink("/stream")
+
+
+def _nine_root_attributes(shard, tmp):
+    """The shard as h5py writes it (its root keeps 8 attributes in its header, more in a
+    heap) with root attributes added up to nine."""
+    _rewrite_shard(("v108", "v108"))(shard, tmp)
+    with h5py_file(shard, "r+") as f:
+        for i in range(9 - len(f.attrs)):
+            f.attrs[f"note_{i}"] = i
+
+
 def _truncate(shard, tmp):
     shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
 
@@ -164,11 +188,14 @@ def _rewrite_rank_file(libver):
     return damage
 
 
-def _big_endian_norm(path):
-    with h5py_file(path, "r+") as f:
-        values = f["param/model.norm.weight"][:]
-        del f["param/model.norm.weight"]
-        f.create_dataset("param/model.norm.weight", data=values.astype(">f4"))
+def _norm_as(dtype):
+    """param/model.norm.weight written again with its values as `dtype`."""
+    def damage(path):
+        with h5py_file(path, "r+") as f:
+            values = f["param/model.norm.weight"][:]
+            del f["param/model.norm.weight"]
+            f.create_dataset("param/model.norm.weight", data=values.astype(dtype))
+    return damage
 
 
 CASES = [
@@ -198,6 +225,18 @@ CASES = [
          "the root header's continuation points at byte 2^40, checksum sealed",
          _shard_bytes(_root_continuation_to(lambda data: 1 << 40)),
          ": /: damaged HDF5 object header (a chunk outside the file)"),
+    Case("hdf5-shard-extent-overflow", "dataset shard",
+         "/tokens' dataspace says 2^62 elements (2^63 bytes overflow int64), checksum sealed",
+         _shard_bytes(_tokens_extent_overflows),
+         "/tokens: damaged HDF5 dataspace (its byte size overflows)"),
+    Case("hdf5-shard-soft-link", "dataset shard",
+         "/tokens a soft link to the real dataset, moved to /stream",
+         _damage_shard(_tokens_soft_link), "/tokens: is a soft link, which the engine refuses"),
+    Case("hdf5-shard-dense-attributes", "dataset shard",
+         "written again by h5py (libver v108) with nine root attributes, more than h5py "
+         "keeps in the header: they live in a heap (dense storage)",
+         _damage_shard(_nine_root_attributes),
+         ": /: keeps its attributes in dense storage, which the engine does not read"),
     Case("hdf5-shard-data-past-end", "dataset shard",
          "/tokens' contiguous data moved to 100 bytes before the end of the file, "
          "checksum sealed",
@@ -212,8 +251,12 @@ CASES = [
          ": /param: keeps its links in dense storage, which the engine does not read"),
     Case("hdf5-ckpt-big-endian", "checkpoint rank file",
          "param/model.norm.weight written again as big-endian float32",
-         _inspect_rank_file(_big_endian_norm),
+         _inspect_rank_file(_norm_as(">f4")),
          "/param/model.norm.weight: is a float of 4 bytes that is not little-endian IEEE 754"),
+    Case("hdf5-ckpt-float64", "checkpoint rank file",
+         "param/model.norm.weight written again as float64 (the engine saves float32)",
+         _inspect_rank_file(_norm_as("<f8")),
+         "dataset param/model.norm.weight does not hold 32-bit floats"),
     Case("hdf5-ckpt-old-format-rank-file", "checkpoint rank file",
          "written again in the previous format's layout (h5py defaults, superblock 0) "
          "under a format 2 manifest",
