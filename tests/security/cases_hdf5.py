@@ -156,7 +156,7 @@ def _rewrite_shard(libver, **tokens_options):
     def damage(shard, tmp):
         with h5py.File(shard, "r") as f:
             tokens, offsets, attrs = f["tokens"][:], f["doc_offsets"][:], dict(f.attrs)
-        with h5py.File(shard, "w", libver=libver) as f:
+        with h5py_file(shard, "w", libver) as f:
             f.create_dataset("tokens", data=tokens, **tokens_options)
             f.create_dataset("doc_offsets", data=offsets)
             f.attrs.update(attrs)
@@ -182,7 +182,7 @@ def _rewrite_rank_file(libver):
         with h5py.File(path, "r") as f:
             f.visititems(lambda name, obj: datasets.update(
                 {name: obj[()]} if isinstance(obj, h5py.Dataset) else {}))
-        with h5py.File(path, "w", libver=libver) as f:
+        with h5py_file(path, "w", libver) as f:
             for name, values in datasets.items():
                 f.create_dataset(name, data=values)
     return damage
