@@ -212,8 +212,10 @@ absl::StatusOr<Hdf5Type> parse_datatype(std::string_view bytes, const std::strin
         return damaged(where, "string type");
       return Hdf5Type{Hdf5Type::kString, static_cast<int64_t>(size), false};
     default:
-      return refused(where, absl::StrCat("is ", class_name(type_class),
-                                         ", which the engine refuses"));
+      return refused(where, absl::StrCat("is ", class_name(type_class), ", which the engine refuses",
+                                         type_class == 9 ? " (write strings fixed-length: "
+                                                           "numpy.bytes_ in h5py)"
+                                                         : ""));
   }
 }
 
@@ -417,9 +419,10 @@ absl::Status Hdf5File::read_superblock() {
   const uint8_t version = bytes.size() > 8 ? static_cast<uint8_t>(bytes[8]) : 0;
   if (version != 2 && version != 3)
     return refused(name_, absl::StrCat("HDF5 superblock version ", version,
-                                       ", which the engine does not read (it reads the layout "
-                                       "it writes, superblock 2 or 3: write the file again with "
-                                       "this version of the engine)"));
+                                       ", which the engine does not read (it reads superblock "
+                                       "2 or 3: write the file again with this version of the "
+                                       "engine, or with h5py's libver=(\"v108\", \"v108\"), "
+                                       "docs/data.md)"));
   if (static_cast<int64_t>(bytes.size()) < kSuperblockBytes)
     return damaged(name_, "superblock (truncated)");
   Cursor c(bytes);

@@ -267,14 +267,7 @@ absl::StatusOr<std::shared_ptr<ShardReader>> ShardReader::from_file(Hdf5File fil
   r->path_ = r->file_.name();
   SY_RETURN_IF_ERROR(r->read_attributes());
   SY_RETURN_IF_ERROR(r->open_tokens());
-  SY_ASSIGN_OR_RETURN(std::vector<int64_t> offsets, r->read_doc_offsets());
-  if (offsets.empty() || offsets.front() != 0 || offsets.back() != r->num_tokens_ ||
-      !std::is_sorted(offsets.begin(), offsets.end()))
-    return absl::InvalidArgumentError(absl::StrCat(r->path_,
-                                                   ": /doc_offsets must rise from 0 to the number "
-                                                   "of tokens (",
-                                                   r->num_tokens_, ")"));
-  r->num_documents_ = static_cast<int64_t>(offsets.size()) - 1;
+  SY_RETURN_IF_ERROR(r->check_doc_offsets());
   return r;
 }
 
@@ -311,12 +304,46 @@ absl::Status ShardReader::open_tokens() {
 
 ShardReader::~ShardReader() = default;
 
-absl::StatusOr<std::vector<int64_t>> ShardReader::read_doc_offsets() const {
+absl::StatusOr<Hdf5Dataset> ShardReader::doc_offsets_dataset() const {
   SY_ASSIGN_OR_RETURN(const Hdf5Dataset dataset, file_.dataset("doc_offsets"));
   if (dataset.type.type_class != Hdf5Type::kInteger || dataset.type.size != 8)
     return absl::InvalidArgumentError(absl::StrCat(dataset.where, " must hold 64-bit integers"));
   SY_ASSIGN_OR_RETURN(const int64_t size, one_dimensional_length(dataset));
-  std::vector<int64_t> offsets(static_cast<size_t>(size));
+  if (size < 1 || size > num_tokens_ + 1)
+    return absl::InvalidArgumentError(absl::StrCat(dataset.where, " has ", size,
+                                                   " entries; its ", num_tokens_,
+                                                   " tokens allow 1 to ", num_tokens_ + 1));
+  return dataset;
+}
+
+// Reads /doc_offsets in blocks, so that a long one (a sparse file can declare gigabytes)
+// is checked without holding it: it must rise from 0 to the number of tokens.
+absl::Status ShardReader::check_doc_offsets() {
+  SY_ASSIGN_OR_RETURN(const Hdf5Dataset dataset, doc_offsets_dataset());
+  const int64_t size = dataset.dims[0];
+  std::vector<int64_t> block;
+  int64_t previous = 0;
+  bool rising = true;
+  for (int64_t start = 0; start < size && rising; start += kBlockTokens) {
+    block.resize(static_cast<size_t>(std::min(kBlockTokens, size - start)));
+    SY_RETURN_IF_ERROR(file_.read(dataset, start * 8, static_cast<int64_t>(block.size()) * 8,
+                                  block.data()));
+    if (start == 0 && block.front() != 0) rising = false;
+    for (const int64_t offset : block) {
+      rising = rising && offset >= previous;
+      previous = offset;
+    }
+  }
+  if (!rising || previous != num_tokens_)
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": /doc_offsets must rise from 0 to the number of tokens (", num_tokens_, ")"));
+  num_documents_ = size - 1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> ShardReader::read_doc_offsets() const {
+  SY_ASSIGN_OR_RETURN(const Hdf5Dataset dataset, doc_offsets_dataset());
+  std::vector<int64_t> offsets(static_cast<size_t>(dataset.dims[0]));
   SY_RETURN_IF_ERROR(file_.read(dataset, 0, dataset.num_bytes, offsets.data()));
   return offsets;
 }

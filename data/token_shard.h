@@ -87,6 +87,7 @@ class ShardReader {
   // Tokens [start, start + count) as int32. An id at or above the vocabulary size is an
   // error naming the shard and the position.
   absl::Status read_tokens(int64_t start, int64_t count, int32_t* out) const;
+  // The whole of /doc_offsets (opening has checked it, in blocks).
   absl::StatusOr<std::vector<int64_t>> read_doc_offsets() const;
   // Largest token id, reading the whole shard (validation; it also catches ids at or
   // above the vocabulary size).
@@ -97,6 +98,8 @@ class ShardReader {
   static absl::StatusOr<std::shared_ptr<ShardReader>> from_file(Hdf5File file);
   absl::Status read_attributes();
   absl::Status open_tokens();
+  absl::StatusOr<Hdf5Dataset> doc_offsets_dataset() const;
+  absl::Status check_doc_offsets();
 
   Hdf5File file_;
   std::string path_;

@@ -154,6 +154,26 @@ TEST(TokenShardTest, ExtentsLargerThanTheFileAreRefusedBeforeAllocating) {
                             path + ": /tokens: its 2199023255552 bytes of data are not inside the file"));
 }
 
+TEST(TokenShardTest, MoreDocumentOffsetsThanTokensAreRefused) {
+  ScratchDir dir;
+  const std::string path = write_shard(dir, 1000, {{1, 2, 3}});
+  {
+    H5Handle file = open_for_edit(path);
+    H5Ldelete(file.get(), "doc_offsets", H5P_DEFAULT);
+    const std::vector<int64_t> offsets(10, 0);
+    const hsize_t n = offsets.size();
+    H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    H5Handle dataset(H5Dcreate2(file.get(), "doc_offsets", H5T_STD_I64LE, space.get(),
+                                H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                     H5Dclose);
+    ASSERT_GE(H5Dwrite(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                       offsets.data()),
+              0);
+  }
+  EXPECT_TRUE(IsOneLineWith(message_of(ShardReader::open(path).status()),
+                            path + ": /doc_offsets has 10 entries; its 3 tokens allow 1 to 4"));
+}
+
 TEST(TokenShardTest, AttributesAreSingleValuesInRange) {
   ScratchDir dir;
   const std::string path = write_shard(dir, 1000, {{1, 2, 3}});
