@@ -79,12 +79,7 @@ absl::StatusOr<std::string> ensure_prepared_corpus(const std::string& corpus_pat
     prepare.inputs = {corpus_path};
     prepare.out_dir = temp.string();
     prepare.val_fraction = options.val_fraction;
-    SY_ASSIGN_OR_RETURN(const PrepareSummary summary, prepare_dataset(prepare, sink));
-    if (options.val_fraction > 0 && summary.documents[1] == 0)
-      return absl::InvalidArgumentError(
-          absl::StrCat(corpus_path, ": too few documents (", summary.documents[0],
-                       ") to hold out a validation fraction of ", options.val_fraction));
-    return absl::OkStatus();
+    return prepare_dataset(prepare, sink).status();
   };
   absl::Status status = prepare();
   if (status.ok()) {

@@ -268,6 +268,15 @@ absl::StatusOr<PrepareSummary> run_prepare(const PrepareOptions& options,
     encoding.pop_front();
   }
 
+  // A fraction asked for and none held out: training would have nothing to evaluate on.
+  if (options.val_fraction > 0 && writers[1].documents() == 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.inputs.size() == 1 ? options.inputs.front()
+                                   : absl::StrCat(options.inputs.size(), " input files"),
+        ": ", document_index, " documents are too few to hold out a validation fraction of ",
+        options.val_fraction, " (none would be held out): raise it (data prepare "
+        "--val-fraction, a recipe's data.val_fraction), or make it 0 for no validation split "
+        "and train with train.eval_interval=0"));
   DatasetIndex index;
   index.format_version = kTokenFormatVersion;
   index.tokenizer_sha256 = tokenizer.sha256();
