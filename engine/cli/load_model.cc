@@ -1,22 +1,121 @@
 #include "engine/cli/load_model.h"
 
+#include <filesystem>
+#include <map>
+
 #include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_import.h"
 #include "checkpoint/weights.h"
+#include "data/token_dataset.h"
 #include "engine/runtime/status_macros.h"
 #include "kernels/threads.h"
 
 namespace switchyard {
 
-absl::Status load_model(const std::string& dir, LoadedModel& out) {
-  SY_ASSIGN_OR_RETURN(out.recipe, load_weights_recipe(dir));
-  SY_ASSIGN_OR_RETURN(out.tokenizer, load_weights_tokenizer(dir, out.recipe));
+namespace {
+
+namespace fs = std::filesystem;
+
+enum class ModelSource { kWeights, kCheckpoint, kHuggingFace, kNone };
+
+ModelSource model_source(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "recipe.textproto", ec)) return ModelSource::kWeights;
+  if (fs::exists(fs::path(dir) / "manifest.pb", ec)) return ModelSource::kCheckpoint;
+  if (fs::exists(fs::path(dir) / "config.json", ec)) return ModelSource::kHuggingFace;
+  return ModelSource::kNone;
+}
+
+// The model of `out.recipe` with its parameters allocated on the CPU, to be filled.
+absl::Status build_model(const std::string& dir, LoadedModel& out) {
   set_cpu_threads(out.recipe.runtime().threads());
   out.model = std::make_unique<Transformer>(out.recipe, out.params);
   SY_RETURN_IF_ERROR(check_fits(cpu_device(),
                                 static_cast<double>(out.params.allocation_bytes(DType::kF32)),
-                                absl::StrCat("the parameters of ", dir, "/model.safetensors")));
+                                absl::StrCat("the parameters of ", dir)));
   out.params.allocate(cpu_device());
+  return absl::OkStatus();
+}
+
+absl::Status load_weights_model(const std::string& dir, LoadedModel& out) {
+  SY_ASSIGN_OR_RETURN(out.recipe, load_weights_recipe(dir));
+  SY_ASSIGN_OR_RETURN(out.tokenizer, load_weights_tokenizer(dir, out.recipe));
+  SY_RETURN_IF_ERROR(build_model(dir, out));
   return load_weights(dir, out.params);
+}
+
+// A checkpoint's tokenizer: the one kept with the dataset its recipe trained on.
+absl::StatusOr<Tokenizer> checkpoint_tokenizer(const std::string& dir,
+                                               const config::Recipe& recipe) {
+  DatasetOpenOptions options;
+  options.verify_checksums = false;
+  SY_ASSIGN_OR_RETURN(const TokenDataset data,
+                      TokenDataset::open(recipe.data().dataset(), "train", options));
+  if (data.tokenizer_path().empty())
+    return absl::NotFoundError(absl::StrCat(
+        dir, ": the dataset its recipe names (", recipe.data().dataset(),
+        ") keeps no tokenizer.model; evaluate or sample the run's checkpoints/final instead"));
+  SY_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(data.tokenizer_path()));
+  SY_RETURN_IF_ERROR(check_tokenizer_fits(tokenizer, data.tokenizer_path(), recipe));
+  return tokenizer;
+}
+
+absl::Status load_checkpoint_model(const std::string& dir, LoadedModel& out) {
+  SY_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest, read_manifest(dir));
+  out.recipe = manifest.recipe();
+  SY_ASSIGN_OR_RETURN(out.tokenizer, checkpoint_tokenizer(dir, out.recipe));
+  SY_RETURN_IF_ERROR(build_model(dir, out));
+  std::vector<RowsToRead> reads;
+  for (Param& p : out.params.params()) reads.push_back({"param/" + p.name, 0, p.value});
+  SY_RETURN_IF_ERROR(read_rows(dir, manifest, reads));
+  for (const Param& p : out.params.params())
+    SY_RETURN_IF_ERROR(check_finite(p.value, absl::StrCat(dir, "/manifest.pb"), p.name));
+  return absl::OkStatus();
+}
+
+absl::Status load_hf_model(const std::string& dir, LoadedModel& out) {
+  SY_ASSIGN_OR_RETURN(HfModel hf, read_hf_model(dir));
+  out.recipe = hf.recipe;
+  if (hf.tokenizer_path.empty())
+    return absl::NotFoundError(absl::StrCat(dir, ": no tokenizer.model"));
+  SY_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(hf.tokenizer_path));
+  SY_RETURN_IF_ERROR(check_tokenizer_fits(*out.tokenizer, hf.tokenizer_path, out.recipe));
+  SY_RETURN_IF_ERROR(build_model(dir, out));
+  std::map<std::string, Tensor> tensors(std::make_move_iterator(hf.tensors.begin()),
+                                        std::make_move_iterator(hf.tensors.end()));
+  for (Param& p : out.params.params()) {
+    const auto it = tensors.find(p.name);
+    if (it == tensors.end() || it->second.shape() != p.shape ||
+        it->second.dtype() != DType::kF32)
+      return absl::DataLossError(absl::StrCat(dir, ": the import has no f32 tensor ", p.name,
+                                              shape_string(p.shape)));
+    p.value.copy_from(it->second);
+    tensors.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool is_model_directory(const std::string& dir) {
+  return model_source(dir) != ModelSource::kNone;
+}
+
+absl::Status load_model(const std::string& dir, LoadedModel& out) {
+  switch (model_source(dir)) {
+    case ModelSource::kWeights:
+      return load_weights_model(dir, out);
+    case ModelSource::kCheckpoint:
+      return load_checkpoint_model(dir, out);
+    case ModelSource::kHuggingFace:
+      return load_hf_model(dir, out);
+    case ModelSource::kNone:
+      break;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      dir, ": not a weights directory, a checkpoint or a Hugging Face directory (no "
+           "recipe.textproto, manifest.pb or config.json)"));
 }
 
 }  // namespace switchyard

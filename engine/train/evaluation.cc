@@ -1,0 +1,56 @@
+#include "engine/train/evaluation.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "engine/runtime/rng.h"
+#include "engine/runtime/status_macros.h"
+
+namespace switchyard {
+
+int64_t evaluation_windows(const TokenDataset& data, int64_t seq_len, int64_t eval_tokens) {
+  return std::min(data.num_windows(seq_len), (eval_tokens + seq_len - 1) / seq_len);
+}
+
+absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
+                                            const TokenDataset& data, int64_t seq_len,
+                                            int64_t windows, Communicator* replicas) {
+  const int64_t size = replicas ? replicas->size() : 1;
+  const int64_t index = replicas ? replicas->rank() : 0;
+  Tensor ids = Tensor::empty({1, seq_len}, DType::kI32);
+  Tensor targets = Tensor::empty({1, seq_len}, DType::kI32);
+  std::vector<double> losses(size);
+  std::vector<int64_t> tokens(size);
+  EvalResult result;
+  double sum = 0;
+  for (int64_t first = 0; first < windows; first += size) {
+    // A replica past the last window evaluates window 0 and drops it, so that every
+    // replica runs the same forwards (expert parallelism and ZeRO-3 communicate in them).
+    const int64_t window = first + index;
+    const bool mine = window < windows;
+    SY_RETURN_IF_ERROR(data.read_window(mine ? window : 0, seq_len, ids.data<int32_t>(),
+                                        targets.data<int32_t>()));
+    Rng rng(0);
+    const LossParts parts = model.forward(dev, ids, targets, /*training=*/false, rng);
+    std::fill(losses.begin(), losses.end(), 0.0);
+    std::fill(tokens.begin(), tokens.end(), 0);
+    if (mine) {
+      losses[index] = parts.cross_entropy * static_cast<double>(parts.target_tokens);
+      tokens[index] = parts.target_tokens;
+    }
+    // Each entry has one contributor, so the sums are exact and the order below is the
+    // windows' own.
+    if (replicas) {
+      replicas->all_reduce_sum(losses.data(), size);
+      replicas->all_reduce_sum(tokens.data(), size);
+    }
+    for (int64_t r = 0; r < size; ++r) {
+      sum += losses[r];
+      result.tokens += tokens[r];
+    }
+  }
+  result.loss = result.tokens > 0 ? sum / static_cast<double>(result.tokens) : 0.0;
+  return result;
+}
+
+}  // namespace switchyard
