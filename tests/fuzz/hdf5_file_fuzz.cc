@@ -1,14 +1,17 @@
 // The engine's HDF5 reader (data/hdf5_reader.h) on a memory image: the superblock, then
 // the datasets and root attributes a token shard or a checkpoint rank file holds (and a
 // few that no file holds), and the first and last bytes of each dataset found. A read
-// takes at most kMaxReadBytes, whatever size the file declares.
+// takes at most kMaxReadBytes, whatever size the file declares. Each input is read as it
+// is and resealed (hdf5_reseal.h).
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "data/hdf5_reader.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/hdf5_reseal.h"
 
 namespace sy = switchyard;
 
@@ -41,13 +44,11 @@ void read_ends(const sy::Hdf5File& file, const sy::Hdf5Dataset& dataset,
       file.read(dataset, dataset.num_bytes - count, count, buffer.data()), file.name());
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+void read_everything(std::string_view image) {
   const std::string name = "rank_0.h5";
-  const auto file = sy::Hdf5File::open_image(sy::fuzz::as_text(data, size), name);
+  const auto file = sy::Hdf5File::open_image(image, name);
   sy::fuzz::require_clean_refusal(file.status(), name);
-  if (!file.ok()) return 0;
+  if (!file.ok()) return;
   std::vector<char> buffer;
   for (const char* path : kDatasets) {
     const auto dataset = file->dataset(path);
@@ -56,5 +57,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const char* attribute : kAttributes)
     sy::fuzz::require_clean_refusal(file->root_attribute(attribute).status(), name);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string image(sy::fuzz::as_text(data, size));
+  read_everything(image);
+  const std::string resealed = sy::fuzz::reseal_hdf5(image);
+  if (resealed != image) read_everything(resealed);
   return 0;
 }

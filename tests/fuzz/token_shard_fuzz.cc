@@ -1,19 +1,25 @@
 // An HDF5 token shard, opened from a memory image: open, then every read the loader and
-// `inspect` make (document offsets, the largest id, the first and last tokens).
+// `inspect` make (document offsets, the largest id, the first and last tokens). Each
+// input is read as it is and resealed (hdf5_reseal.h).
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "data/token_shard.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/hdf5_reseal.h"
 
 namespace sy = switchyard;
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+void read_everything(std::string_view image) {
   const std::string name = "fuzz.h5";
-  const auto shard = sy::ShardReader::open_image(sy::fuzz::as_text(data, size), name);
+  const auto shard = sy::ShardReader::open_image(image, name);
   sy::fuzz::require_clean_refusal(shard.status(), name);
-  if (!shard.ok()) return 0;
+  if (!shard.ok()) return;
   const sy::ShardReader& reader = **shard;
   sy::fuzz::require_clean_refusal(reader.read_doc_offsets().status(), name);
   sy::fuzz::require_clean_refusal(reader.scan_max_token().status(), name);
@@ -22,5 +28,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   sy::fuzz::require_clean_refusal(reader.read_tokens(0, count, tokens.data()), name);
   sy::fuzz::require_clean_refusal(
       reader.read_tokens(reader.num_tokens() - count, count, tokens.data()), name);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string image(sy::fuzz::as_text(data, size));
+  read_everything(image);
+  const std::string resealed = sy::fuzz::reseal_hdf5(image);
+  if (resealed != image) read_everything(resealed);
   return 0;
 }
