@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -166,6 +167,8 @@ absl::StatusOr<std::string> save_checkpoint(const std::string& checkpoints_dir,
     *manifest.mutable_layout() = contents.layout;
     manifest.set_step(contents.step);
     *manifest.mutable_loader() = contents.loader;
+    manifest.set_elapsed_s(contents.elapsed_s);
+    if (contents.lr_restart) *manifest.mutable_lr_restart() = *contents.lr_restart;
     for (int r = 0; r < world.size(); ++r) {
       const std::string entries_path =
           (fs::path(tmp_dir) / absl::StrCat("rank_", r, ".entries")).string();
@@ -428,6 +431,27 @@ absl::Status check_slice_files(const std::string& checkpoint_dir,
   return absl::OkStatus();
 }
 
+// Training time and a restarted learning-rate decay: finite, and the restart inside the
+// run so far at a rate the recipe's schedule can reach.
+absl::Status check_schedule_fields(const checkpoint::Manifest& manifest, const std::string& path) {
+  if (!std::isfinite(manifest.elapsed_s()) || manifest.elapsed_s() < 0)
+    return field_error(path, "elapsed_s",
+                       absl::StrCat("is ", manifest.elapsed_s(), ", not a finite number >= 0"));
+  if (!manifest.has_lr_restart()) return absl::OkStatus();
+  const checkpoint::LrRestart& restart = manifest.lr_restart();
+  if (restart.from_step() < 1 || restart.from_step() > manifest.step())
+    return field_error(path, "lr_restart.from_step",
+                       absl::StrCat("is ", restart.from_step(), ", outside [1, step]"));
+  const config::OptimizerConfig& opt = manifest.recipe().optimizer();
+  // The schedule's highest rate, with room for its rounding.
+  const double highest = std::max<double>(opt.lr(), opt.min_lr()) * (1 + 1e-9);
+  if (!(restart.from_lr() >= 0 && restart.from_lr() <= highest))
+    return field_error(path, "lr_restart.from_lr",
+                       absl::StrCat("is ", restart.from_lr(), ", outside [0, ", highest,
+                                    "] (the recipe's optimizer.lr and min_lr)"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<checkpoint::Manifest> parse_manifest(std::string_view bytes,
@@ -452,6 +476,7 @@ absl::StatusOr<checkpoint::Manifest> parse_manifest(std::string_view bytes,
     return field_error(path, "step", absl::StrCat("is ", manifest.step(), ", outside [0, recipe.train.steps]"));
   if (manifest.loader().epoch() < 0 || manifest.loader().position() < 0)
     return field_error(path, "loader", "holds a negative epoch or position");
+  SY_RETURN_IF_ERROR(check_schedule_fields(manifest, path));
   for (int i = 0; i < manifest.slices_size(); ++i)
     SY_RETURN_IF_ERROR(check_slice(manifest.slices(i), i, path));
   SY_RETURN_IF_ERROR(check_tiling(manifest, path));

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +37,8 @@ struct CheckpointContents {
   checkpoint::SavedLayout layout;
   int64_t step = 0;
   checkpoint::LoaderPosition loader;
+  double elapsed_s = 0;  // training seconds up to step, over every start of the run
+  std::optional<checkpoint::LrRestart> lr_restart;  // a schedule changed on resume
 };
 
 // Collective over `world`: every rank calls it with its own slices. Returns the

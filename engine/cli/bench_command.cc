@@ -456,6 +456,9 @@ absl::StatusOr<BalanceRun> measure(const config::Recipe& recipe, const std::stri
   return run;
 }
 
+// The most tokens `bench balance` holds at once (2 GiB of ids and targets).
+constexpr int64_t kMaxBenchTokens = int64_t{1} << 28;
+
 }  // namespace
 
 BenchCommand::BenchCommand(CLI::App& app) {
@@ -500,6 +503,10 @@ absl::Status BenchCommand::run_balance() {
   // Every variant routes the same tokens.
   const int64_t batch = recipe.train().micro_batch_size();
   const int64_t seq = recipe.train().seq_len();
+  if (batches_ > kMaxBenchTokens / (batch * seq))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batches ", batches_, " of ", batch, " x ", seq, " tokens is more than the ",
+        kMaxBenchTokens, " tokens a measurement holds"));
   std::vector<TokenBatch> batches;
   for (int64_t b = 0; b < batches_; ++b) {
     TokenBatch& tb = batches.emplace_back(TokenBatch{Tensor::empty({batch, seq}, DType::kI32),

@@ -24,6 +24,7 @@
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "engine/cli/bench_command.h"
+#include "engine/cli/build_info.h"
 #include "engine/cli/convert_command.h"
 #include "engine/cli/data_commands.h"
 #include "engine/cli/load_model.h"
@@ -44,11 +45,16 @@ namespace {
 namespace fs = std::filesystem;
 
 // SIGTERM or SIGINT asks training to checkpoint and stop at the next step boundary
-// (preemption); a second one ends the process at once.
+// (preemption); a second one ends the process at once. Either way the exit status is
+// 128 + the first signal's number, as a shell reports a process a signal ended
+// (docs/training.md, "Faults").
 std::atomic<bool> g_stop_requested{false};
+std::atomic<int> g_stop_signal{0};
 
 void on_stop_signal(int signal) {
-  if (g_stop_requested.exchange(true)) _exit(128 + signal);
+  int first = 0;
+  g_stop_signal.compare_exchange_strong(first, signal);
+  if (g_stop_requested.exchange(true)) _exit(128 + g_stop_signal.load());
   static const char kMessage[] =
       "switchyard: stopping after this step's checkpoint (signal again to stop now)\n";
   [[maybe_unused]] ssize_t n = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
@@ -72,14 +78,18 @@ absl::Status dry_run(const config::Recipe& recipe) {
   return absl::OkStatus();
 }
 
-absl::Status run_train(const std::string& recipe_path, const std::string& run_dir,
-                       const std::vector<std::string>& overrides, bool dry, double peak_gflops,
-                       const std::string& cache_dir, const std::string& resume_from) {
+absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::string& run_dir,
+                                   const std::vector<std::string>& overrides, bool dry,
+                                   double peak_gflops, const std::string& cache_dir,
+                                   const std::string& resume_from, bool extend_schedule) {
   SY_ASSIGN_OR_RETURN(config::Recipe recipe, config::load_recipe(recipe_path, overrides));
   const MpiRuntime& runtime = MpiRuntime::get();
   // The layout is checked before any work, in a dry run too.
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, runtime.world_size()));
-  if (dry) return runtime.world_rank() == 0 ? dry_run(recipe) : absl::OkStatus();
+  if (dry) {
+    if (runtime.world_rank() == 0) SY_RETURN_IF_ERROR(dry_run(recipe));
+    return TrainEnd::kFinished;
+  }
   if (run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
   ProcessGroups groups = make_process_groups(layout);
   // A live progress line on a terminal, plain lines in logs and CI. Under mpirun a
@@ -95,6 +105,7 @@ absl::Status run_train(const std::string& recipe_path, const std::string& run_di
   options.local_rank = runtime.local_rank();
   options.dataset_cache_dir = cache_dir;
   options.resume_from = resume_from;
+  options.extend_schedule = extend_schedule;
   options.groups = &groups;
   options.threads_per_rank = runtime.launched() ? runtime.threads_per_rank() : 0;
   options.stop_requested = &g_stop_requested;
@@ -205,6 +216,29 @@ int report(const absl::Status& status) {
   return 1;
 }
 
+// A finished run exits 0; one stopped by a signal after its checkpoint 128 + the signal.
+int train_exit_status(const absl::StatusOr<TrainEnd>& end) {
+  if (!end.ok()) return report(end.status());
+  return *end == TrainEnd::kStopped ? 128 + g_stop_signal.load() : 0;
+}
+
+// A number the command line gives must be finite and >= 0 (CLI::NonNegativeNumber lets
+// nan through).
+const CLI::Validator kFiniteNonNegative(
+    [](std::string& text) {
+      double value = 0;
+      if (CLI::detail::lexical_cast(text, value) && std::isfinite(value) && value >= 0)
+        return std::string();
+      return absl::StrCat("must be a finite number >= 0, not ", text);
+    },
+    "");
+
+// --help and --version print and exit 0; any other parse error is one line and exit 1.
+int parse_error_status(const CLI::App& app, const CLI::ParseError& error) {
+  if (error.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(error);
+  return report(absl::InvalidArgumentError(absl::StrCat(error.what(), " (see --help)")));
+}
+
 // The last resort for anything that escapes the readers' own checks: an exception, or
 // std::terminate (an exception leaving an OpenMP region): one line, exit status 1, and
 // the whole job ended under a launcher. The readers never rely on it.
@@ -236,25 +270,34 @@ int run_main(int argc, char** argv) {
 
   CLI::App app{"switchyard: training engine for sparse Mixture-of-Experts language models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", build_info_line());
+  // Every option's --help line shows its default (options made after this inherit it).
+  app.option_defaults()->always_capture_default();
 
   std::string recipe_path, run_dir, cache_dir, resume_from;
   std::vector<std::string> overrides;
-  bool dry = false;
+  bool dry = false, extend_schedule = false;
   double peak_gflops = 0;
   auto* train_cmd = app.add_subcommand("train", "train a recipe");
   train_cmd->add_option("recipe", recipe_path, "recipe file (.textproto)")->required();
   train_cmd->add_option("--run-dir", run_dir, "directory for metrics and weights");
   train_cmd->add_option("--set", overrides, "override a recipe field: path=value (repeatable)");
   train_cmd->add_flag("--dry-run", dry, "print parameter and FLOP counts, train nothing");
-  train_cmd->add_option("--peak-gflops", peak_gflops,
-                        "peak GFLOP/s of all the ranks together, for the MFU (default: a GPU's "
-                        "bf16 peak times the ranks, or 180 on the CPU)");
+  train_cmd
+      ->add_option("--peak-gflops", peak_gflops,
+                   "peak GFLOP/s of all the ranks together, for the MFU (0: a GPU's bf16 peak "
+                   "times the ranks, or 180 on the CPU)")
+      ->check(kFiniteNonNegative);
   train_cmd->add_option("--dataset-cache", cache_dir,
                         "where a data.corpus is prepared on first use (default "
                         "~/.cache/switchyard/datasets)");
   train_cmd->add_option("--resume-from", resume_from,
                         "resume from this checkpoint directory (DIR/checkpoints/step_N) instead "
                         "of the one DIR/checkpoints/latest names");
+  train_cmd->add_flag("--extend-schedule", extend_schedule,
+                      "resuming, accept a changed train.steps, optimizer.min_lr, optimizer.decay "
+                      "or optimizer.router_lr_scale: the decay restarts from the checkpoint's "
+                      "learning rate (docs/training.md)");
   train_cmd->add_option_function<std::string>(
       "--init-from",
       [&overrides](const std::string& dir) { overrides.push_back("train.init_from=" + dir); },
@@ -269,7 +312,8 @@ int run_main(int argc, char** argv) {
   eval_cmd->add_option("checkpoint", weights_dir, "weights directory (<run-dir>/checkpoints/final)")->required();
   eval_cmd->add_option("--data", data, "dataset directory (made by `data prepare`)")->required();
   eval_cmd->add_option("--split", split, "split to evaluate: val or train");
-  eval_cmd->add_option("--windows", batches, "evaluate at most this many windows of train.seq_len");
+  eval_cmd->add_option("--windows", batches, "evaluate at most this many windows of train.seq_len")
+      ->check(kFiniteNonNegative);
 
   auto* sample_cmd = app.add_subcommand("sample", "generate text from saved weights");
   sample_cmd->add_option("checkpoint", weights_dir, "weights directory")->required();
@@ -282,13 +326,17 @@ int run_main(int argc, char** argv) {
   ConvertCommand convert_command(app);
   BenchCommand bench_command(app);
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return parse_error_status(app, error);
+  }
   if (data_commands.parsed()) return report(data_commands.run());
   if (convert_command.parsed()) return report(convert_command.run());
   if (bench_command.parsed()) return report(bench_command.run());
   if (train_cmd->parsed())
-    return report(
-        run_train(recipe_path, run_dir, overrides, dry, peak_gflops, cache_dir, resume_from));
+    return train_exit_status(run_train(recipe_path, run_dir, overrides, dry, peak_gflops,
+                                       cache_dir, resume_from, extend_schedule));
   if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, split, batches));
   if (sample_cmd->parsed()) return report(run_sample(weights_dir, prompt, tokens, temperature, seed));
   return 1;

@@ -14,16 +14,30 @@
 
 namespace switchyard {
 
-double learning_rate(const config::OptimizerConfig& opt, int64_t step, int64_t total_steps) {
-  const double lr = opt.lr(), min_lr = opt.min_lr();
+namespace {
+
+// The decay from `from` after step `start` to min_lr at total_steps.
+double decayed(const config::OptimizerConfig& opt, double from, int64_t step, int64_t start,
+               int64_t total_steps) {
+  const int64_t decay_steps = total_steps - start;
+  if (decay_steps <= 0 || opt.decay() == config::CONSTANT) return from;
+  const double min_lr = opt.min_lr();
+  const double progress =
+      std::min(1.0, static_cast<double>(step - start) / static_cast<double>(decay_steps));
+  if (opt.decay() == config::LINEAR) return from + (min_lr - from) * progress;
+  return min_lr + 0.5 * (from - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+}  // namespace
+
+double learning_rate(const config::OptimizerConfig& opt, int64_t step, int64_t total_steps,
+                     const LrRestart& restart) {
+  if (restart.from_step > 0 && step > restart.from_step)
+    return decayed(opt, restart.from_lr, step, restart.from_step, total_steps);
+  const double lr = opt.lr();
   if (opt.warmup_steps() > 0 && step <= opt.warmup_steps())
     return lr * static_cast<double>(step) / static_cast<double>(opt.warmup_steps());
-  const int64_t decay_steps = total_steps - opt.warmup_steps();
-  if (decay_steps <= 0 || opt.decay() == config::CONSTANT) return lr;
-  const double progress = std::min(
-      1.0, static_cast<double>(step - opt.warmup_steps()) / static_cast<double>(decay_steps));
-  if (opt.decay() == config::LINEAR) return lr + (min_lr - lr) * progress;
-  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+  return decayed(opt, lr, step, opt.warmup_steps(), total_steps);
 }
 
 double param_learning_rate(const config::OptimizerConfig& opt, const Param& p, double lr) {
@@ -84,7 +98,7 @@ StepReport AdamWOptimizer::step(Device& dev) {
   if (groups_.expert_parallel) groups_.expert_parallel->all_reduce_sum(&expert_sq, 1);
   if (groups_.tensor_parallel) groups_.tensor_parallel->all_reduce_sum(&tensor_parallel_sq, 1);
   report.grad_norm = std::sqrt(replicated_sq + tensor_parallel_sq + expert_sq);
-  report.lr = learning_rate(opt_, step_, total_steps_);
+  report.lr = learning_rate(opt_, step_, total_steps_, lr_restart_);
   if (!std::isfinite(report.grad_norm)) {
     for (size_t i = 0; i < squares.size() && report.non_finite_grad.empty(); ++i)
       if (!std::isfinite(squares[i])) report.non_finite_grad = names[i];

@@ -13,9 +13,19 @@
 
 namespace switchyard {
 
+// A decay restarted after step from_step (a schedule changed on resume): from from_lr,
+// the rate the run had at from_step, to min_lr at total_steps. from_step 0: none.
+struct LrRestart {
+  int64_t from_step = 0;
+  double from_lr = 0;
+};
+
 // Linear warmup from 0 over warmup_steps, then cosine, linear or no decay from lr to
-// min_lr at total_steps. `step` is 1-based.
-double learning_rate(const config::OptimizerConfig& opt, int64_t step, int64_t total_steps);
+// min_lr at total_steps; after a restart's from_step, the same decay from its from_lr
+// to min_lr at total_steps instead (a resume only asks for steps after it). `step` is
+// 1-based.
+double learning_rate(const config::OptimizerConfig& opt, int64_t step, int64_t total_steps,
+                     const LrRestart& restart = {});
 
 // The router's parameters are those whose name holds this part: what
 // optimizer.router_lr_scale scales and what train.freeze's "router" group names.
@@ -84,6 +94,8 @@ class AdamWOptimizer {
   int64_t steps_taken() const { return step_; }
   // Resuming: the bias corrections and schedule continue from `steps`.
   void set_steps_taken(int64_t steps) { step_ = steps; }
+  // Resuming a run whose schedule was changed: the decay restarts as `restart` says.
+  void set_lr_restart(const LrRestart& restart) { lr_restart_ = restart; }
 
   // State of the i-th parameter (registration order): its owner among the replicas
   // (-1: every replica holds it) and, where this rank holds it, the moments.
@@ -105,6 +117,7 @@ class AdamWOptimizer {
   std::vector<int> owner_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
+  LrRestart lr_restart_;
 };
 
 }  // namespace switchyard

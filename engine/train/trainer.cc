@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -218,10 +219,79 @@ double training_bytes_lower_bound(const config::Recipe& recipe, const ParamStore
          layer_inputs;
 }
 
-// A checkpoint resumes a run of the same model, batch and data order; the parallel
-// layout may differ.
+// A setting of the learning-rate schedule, as a recipe gives it.
+struct ScheduleSetting {
+  enum Kind {
+    kPast,         // shapes the curve the run followed: never changes on resume
+    kDecayEnd,     // where the decay goes: --extend-schedule restarts it from the checkpoint
+    kRouterScale,  // --extend-schedule applies it from the resume step
+  };
+  std::string name;
+  std::string value;
+  Kind kind;
+};
+
+// The shortest text that reads back as `value` (recipe fields are floats).
+std::string float_text(float value) {
+  std::string text;
+  for (int digits = 6; digits <= 9; ++digits) {
+    text = absl::StrFormat("%.*g", digits, value);
+    if (std::strtof(text.c_str(), nullptr) == value) break;
+  }
+  return text;
+}
+
+std::vector<ScheduleSetting> schedule_settings(const config::Recipe& recipe) {
+  const config::OptimizerConfig& opt = recipe.optimizer();
+  const config::LrDecay decay =
+      opt.decay() == config::LR_DECAY_UNSPECIFIED ? config::COSINE : opt.decay();
+  return {{"train.steps", absl::StrCat(recipe.train().steps()), ScheduleSetting::kDecayEnd},
+          {"optimizer.lr", float_text(opt.lr()), ScheduleSetting::kPast},
+          {"optimizer.warmup_steps", absl::StrCat(opt.warmup_steps()), ScheduleSetting::kPast},
+          {"optimizer.min_lr", float_text(opt.min_lr()), ScheduleSetting::kDecayEnd},
+          {"optimizer.decay", config::LrDecay_Name(decay), ScheduleSetting::kDecayEnd},
+          {"optimizer.router_lr_scale",
+           float_text(opt.has_router_lr_scale() ? opt.router_lr_scale() : 1.0f),
+           ScheduleSetting::kRouterScale}};
+}
+
+// The schedule settings where the recipe differs from the checkpoint's: (saved, recipe).
+std::vector<std::pair<ScheduleSetting, ScheduleSetting>> changed_schedule(
+    const config::Recipe& saved, const config::Recipe& recipe) {
+  const std::vector<ScheduleSetting> before = schedule_settings(saved);
+  const std::vector<ScheduleSetting> now = schedule_settings(recipe);
+  std::vector<std::pair<ScheduleSetting, ScheduleSetting>> changed;
+  for (size_t i = 0; i < before.size(); ++i)
+    if (before[i].value != now[i].value) changed.emplace_back(before[i], now[i]);
+  return changed;
+}
+
+// A resume keeps the learning-rate schedule the run followed; --extend-schedule lets the
+// decay's end and the router's factor change (docs/training.md), never the past curve.
+absl::Status check_same_schedule(const config::Recipe& saved, const config::Recipe& recipe,
+                                 const std::string& dir, bool extend_schedule) {
+  for (const auto& [before, now] : changed_schedule(saved, recipe)) {
+    const std::string differs = absl::StrCat(dir, ": ", now.name, " is ", now.value,
+                                             " in the recipe but ", before.value,
+                                             " in this checkpoint");
+    if (before.kind == ScheduleSetting::kPast)
+      return absl::FailedPreconditionError(absl::StrCat(
+          differs, ": it shapes the learning rates the run already had, so no resume changes "
+          "it (--extend-schedule changes train.steps, optimizer.min_lr, optimizer.decay and "
+          "optimizer.router_lr_scale); resume with ", now.name, "=", before.value));
+    if (!extend_schedule)
+      return absl::FailedPreconditionError(absl::StrCat(
+          differs, ": a resume keeps the run's learning-rate schedule; pass --extend-schedule "
+          "to continue it from this checkpoint's rate (docs/training.md), or resume with ",
+          now.name, "=", before.value));
+  }
+  return absl::OkStatus();
+}
+
+// A checkpoint resumes a run of the same model, batch, data order and learning-rate
+// schedule; the parallel layout may differ.
 absl::Status check_resumable(const checkpoint::Manifest& manifest, const config::Recipe& recipe,
-                             const std::string& dir) {
+                             const std::string& dir, bool extend_schedule) {
   const config::Recipe& saved = manifest.recipe();
   auto differs = [](const google::protobuf::Message& a, const google::protobuf::Message& b) {
     return a.SerializeAsString() != b.SerializeAsString();
@@ -241,7 +311,40 @@ absl::Status check_resumable(const checkpoint::Manifest& manifest, const config:
     return absl::FailedPreconditionError(absl::StrCat(
         dir, ": the checkpoint is at step ", manifest.step(), ", beyond train.steps (",
         recipe.train().steps(), ")"));
-  return absl::OkStatus();
+  return check_same_schedule(saved, recipe, dir, extend_schedule);
+}
+
+// The decay restart a resumed run follows: the checkpoint's own, or, where the decay's
+// end changed (--extend-schedule) after warmup, a new one from the rate the run had at
+// the checkpoint's step. Within warmup the past curve does not depend on the decay, so
+// the recipe's whole schedule applies.
+LrRestart resume_lr_restart(const checkpoint::Manifest& manifest, const config::Recipe& recipe) {
+  const config::Recipe& saved = manifest.recipe();
+  const LrRestart restart{manifest.lr_restart().from_step(), manifest.lr_restart().from_lr()};
+  const auto changed = changed_schedule(saved, recipe);
+  const bool decay_end_changed = std::any_of(changed.begin(), changed.end(), [](const auto& c) {
+    return c.first.kind == ScheduleSetting::kDecayEnd;
+  });
+  if (!decay_end_changed || manifest.step() <= saved.optimizer().warmup_steps()) return restart;
+  return {manifest.step(), learning_rate(saved.optimizer(), manifest.step(),
+                                         saved.train().steps(), restart)};
+}
+
+// The line a resume with a changed schedule prints: its next and last rates.
+std::string describe_extended_schedule(const config::Recipe& recipe, int64_t first_step,
+                                       const LrRestart& restart) {
+  const config::OptimizerConfig& opt = recipe.optimizer();
+  const int64_t last = recipe.train().steps();
+  const std::string from =
+      restart.from_step > 0
+          ? absl::StrFormat("decaying from %.6g, the rate at step %lld, to optimizer.min_lr",
+                            restart.from_lr, static_cast<long long>(restart.from_step))
+          : std::string("the recipe's schedule");
+  return absl::StrFormat(
+      "learning-rate schedule changed (--extend-schedule): %.6g at step %lld, %.6g at step "
+      "%lld (%s)",
+      learning_rate(opt, first_step, last, restart), static_cast<long long>(first_step),
+      learning_rate(opt, last, last, restart), static_cast<long long>(last), from);
 }
 
 // The checkpoint a run resumes from (dir empty: a fresh start) and its manifest.
@@ -379,12 +482,12 @@ std::string describe_non_finite(double loss, const StepReport& report) {
   return absl::StrCat("the gradient of ", report.non_finite_grad, " is not finite");
 }
 
-std::string megabytes(int64_t bytes) { return absl::StrFormat("%.1f MB", bytes / 1048576.0); }
+std::string mebibytes(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 }  // namespace
 
-absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
-                   ProgressSink& terminal) {
+absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions& options,
+                               ProgressSink& terminal) {
   ProcessGroups local_groups;
   if (options.groups == nullptr) local_groups = local_process_groups();
   ProcessGroups& groups = options.groups ? *options.groups : local_groups;
@@ -437,7 +540,8 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   SY_RETURN_IF_ERROR(agree_on_resume_step(*groups.world, resume_point));
   const std::string& resume_dir = resume_point->dir;
   const checkpoint::Manifest& manifest = resume_point->manifest;
-  if (!resume_dir.empty()) SY_RETURN_IF_ERROR(check_resumable(manifest, recipe, resume_dir));
+  if (!resume_dir.empty())
+    SY_RETURN_IF_ERROR(check_resumable(manifest, recipe, resume_dir, options.extend_schedule));
 
   const std::string metrics_path = options.run_dir + "/metrics.jsonl";
   std::ofstream metrics;
@@ -521,6 +625,10 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   optimizer_groups.zero = zero.get();
   AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params, optimizer_groups, dev);
   int64_t first_step = 1;
+  LrRestart lr_restart;
+  double elapsed_before_s = 0;  // training time of the run's earlier starts
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
   if (!resume_dir.empty()) {
     // One read_rows call for everything, so the slices are checksummed in parallel.
     const ParamReads plan = plan_param_reads(params, zero.get(), zero_stage, &optimizer);
@@ -529,10 +637,15 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     cut_tensor_parallel_shards(plan, *groups.tp);
     refresh_working_copies(dev, params);
     optimizer.set_steps_taken(manifest.step());
+    lr_restart = resume_lr_restart(manifest, recipe);
+    optimizer.set_lr_restart(lr_restart);
     SY_RETURN_IF_ERROR(loader->restore(
         LoaderState{manifest.loader().epoch(), manifest.loader().position(), 0}));
     first_step = manifest.step() + 1;
+    elapsed_before_s = manifest.elapsed_s();
     sink.on_message(absl::StrCat("resuming from ", resume_dir, " (step ", manifest.step(), ")"));
+    if (!changed_schedule(manifest.recipe(), recipe).empty() && first_step <= tc.steps())
+      sink.on_message(describe_extended_schedule(recipe, first_step, lr_restart));
   } else if (init) {
     const ParamReads plan = plan_param_reads(params, zero.get(), zero_stage, nullptr);
     SY_RETURN_IF_ERROR(read_weight_rows(init->dir, plan.reads));
@@ -588,6 +701,13 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     const LoaderState position = loader->state();
     contents.loader.set_epoch(position.epoch);
     contents.loader.set_position(position.position);
+    contents.elapsed_s =
+        elapsed_before_s + std::chrono::duration<double>(clock::now() - start).count();
+    if (lr_restart.from_step > 0) {
+      contents.lr_restart.emplace();
+      contents.lr_restart->set_from_step(lr_restart.from_step);
+      contents.lr_restart->set_from_lr(lr_restart.from_lr);
+    }
     SY_ASSIGN_OR_RETURN(const std::string dir,
                         save_checkpoint(checkpoints_dir, contents, mine,
                                         recipe.checkpoint().keep(), *groups.world));
@@ -612,9 +732,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
   const int64_t tokens_per_step = tc.global_batch_size() * tc.seq_len();
   Batch batch = make_batch(micro, tc.seq_len());
 
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  auto window_start = start;
+  auto window_start = clock::now();
   int64_t window_steps = 0;
   double dropped = 0, assignments = 0, worst_load = 0;
   int64_t skipped_steps = 0;  // by train.skip_non_finite_steps, since this start
@@ -702,15 +820,15 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       const MemoryStats& mem = dev.memory_stats();
       auto peak = [&](MemoryKind k) { return mem.peak_bytes[static_cast<int>(k)]; };
       auto both = [&](MemoryKind dense, MemoryKind expert) {
-        return absl::StrCat(megabytes(peak(dense) + peak(expert)), " (experts ",
-                            megabytes(peak(expert)), ")");
+        return absl::StrCat(mebibytes(peak(dense) + peak(expert)), " (experts ",
+                            mebibytes(peak(expert)), ")");
       };
       sink.on_message(absl::StrCat(
           "memory per rank: parameters ",
           both(MemoryKind::kParameters, MemoryKind::kExpertParameters), ", gradients ",
           both(MemoryKind::kGradients, MemoryKind::kExpertGradients), ", optimizer state ",
           both(MemoryKind::kOptimizerState, MemoryKind::kExpertOptimizerState),
-          ", peak activations ", megabytes(peak(MemoryKind::kActivations))));
+          ", peak activations ", mebibytes(peak(MemoryKind::kActivations))));
       if (reporter) {
         nlohmann::ordered_json j = {
             {"memory_bytes",
@@ -729,7 +847,8 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     if (non_finite.empty() && (step % tc.log_interval() == 0 || step == tc.steps())) {
       const auto now = clock::now();
       const double window_s = std::chrono::duration<double>(now - window_start).count();
-      const double elapsed_s = std::chrono::duration<double>(now - start).count();
+      // This start's time: the ETA follows its speed; elapsed_s counts every start's.
+      const double session_s = std::chrono::duration<double>(now - start).count();
       StepMetrics m;
       m.step = step;
       m.total_steps = tc.steps();
@@ -752,8 +871,8 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
       const double all_to_all_s = groups.ep->all_to_all_seconds();
       m.all_to_all_share = window_s > 0 ? (all_to_all_s - window_all_to_all_s) / window_s : 0;
       window_all_to_all_s = all_to_all_s;
-      m.elapsed_s = elapsed_s;
-      m.eta_s = elapsed_s / (step - first_step + 1) * (tc.steps() - step);
+      m.elapsed_s = elapsed_before_s + session_s;
+      m.eta_s = session_s / (step - first_step + 1) * (tc.steps() - step);
       nlohmann::ordered_json j = {
           {"step", m.step},       {"loss", m.loss},         {"cross_entropy", m.cross_entropy},
           {"aux_loss", m.aux_loss}, {"z_loss", m.z_loss},   {"lr", m.lr},
@@ -801,7 +920,7 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
     if (stop > 0 && step < tc.steps()) {
       sink.on_message(absl::StrCat("stopped after step ", step,
                                    "; run the same command again to continue"));
-      return absl::OkStatus();
+      return TrainEnd::kStopped;
     }
   }
   // The saved weights are whole: expert shards are gathered over the expert-parallel
@@ -820,14 +939,14 @@ absl::Status train(const config::Recipe& recipe, const TrainOptions& options,
                                    ? gather_shards(*groups.tp, value, p.spec.tensor_parallel_dim)
                                    : value.on_host());
   }
-  if (!reporter) return absl::OkStatus();
+  if (!reporter) return TrainEnd::kFinished;
   if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));
 
   const std::string weights_dir =
       (fs::path(options.run_dir) / recipe.checkpoint().dir() / "final").string();
   SY_RETURN_IF_ERROR(save_weights(weights_dir, saved_recipe, whole, train_data.tokenizer_path()));
   sink.on_message(absl::StrCat("saved final weights to ", weights_dir));
-  return absl::OkStatus();
+  return TrainEnd::kFinished;
 }
 
 }  // namespace switchyard

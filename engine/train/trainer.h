@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/config/recipe.pb.h"
 #include "engine/parallel/topology.h"
 
@@ -63,6 +64,16 @@ struct TrainOptions {
   int local_rank = 0;
   // A checkpoint directory to resume from instead of the one `latest` names.
   std::string resume_from;
+  // Resuming, the recipe may change train.steps, optimizer.min_lr, optimizer.decay and
+  // optimizer.router_lr_scale: the decay restarts from the checkpoint's rate
+  // (docs/training.md, "Checkpoints and resuming").
+  bool extend_schedule = false;
+};
+
+// How a run that did not fail ended.
+enum class TrainEnd {
+  kFinished,  // trained train.steps and saved the final weights
+  kStopped,   // stopped on request (options.stop_requested) after saving a checkpoint
 };
 
 // Trains `recipe` (already validated, paths resolved) and writes into options.run_dir:
@@ -72,6 +83,7 @@ struct TrainOptions {
 // from the one `latest` names (or options.resume_from) and continues exactly as if it
 // had never stopped; a checkpoint that cannot be read is refused, naming the newest
 // complete one, never taken for a fresh start.
-absl::Status train(const config::Recipe& recipe, const TrainOptions& options, ProgressSink& sink);
+absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions& options,
+                               ProgressSink& sink);
 
 }  // namespace switchyard

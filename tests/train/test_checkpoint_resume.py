@@ -92,7 +92,7 @@ def test_sigterm_checkpoints_and_stops_cleanly(tmp_path, uninterrupted):
         time.sleep(0.02)
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
-    assert process.returncode == 0, err
+    assert process.returncode == 128 + signal.SIGTERM, err
     stopped = int(re.search(r"stopped after step (\d+);", out).group(1))
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped}\n"
     assert resumed_step(run(command(run_dir, cache)).stdout) == stopped

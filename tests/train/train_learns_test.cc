@@ -58,7 +58,7 @@ TEST(Training, TinyRecipeLearns) {
                                       "train.eval_interval=60", "train.eval_batches=4"});
   CollectingSink sink;
   const fs::path dir = temp_dir("learns");
-  const absl::Status status = train(recipe, options(dir, 180e9), sink);
+  const absl::Status status = train(recipe, options(dir, 180e9), sink).status();
   ASSERT_TRUE(status.ok()) << status;
   ASSERT_EQ(sink.evals.size(), 2u);
   const double start = sink.evals.front().second, end = sink.evals.back().second;
@@ -93,7 +93,7 @@ TEST(Training, SameSeedSameLossesBitForBit) {
   for (int run = 0; run < 2; ++run) {
     CollectingSink sink;
     const fs::path dir = temp_dir("seed" + std::to_string(run));
-    const absl::Status status = train(tiny(overrides), options(dir, 0), sink);
+    const absl::Status status = train(tiny(overrides), options(dir, 0), sink).status();
     ASSERT_TRUE(status.ok()) << status;
     for (const StepMetrics& m : sink.steps) {
       losses[run].push_back(m.loss);
