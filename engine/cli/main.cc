@@ -28,6 +28,7 @@
 #include "engine/cli/convert_command.h"
 #include "engine/cli/data_commands.h"
 #include "engine/cli/load_model.h"
+#include "engine/cli/sample_command.h"
 #include "engine/cli/progress_line.h"
 #include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
@@ -144,63 +145,6 @@ absl::Status run_eval(const std::string& dir, const std::string& data, const std
   return absl::OkStatus();
 }
 
-absl::Status run_sample(const std::string& dir, const std::string& prompt, int64_t count,
-                        double temperature, uint64_t seed) {
-  LoadedModel lm;
-  SY_RETURN_IF_ERROR(load_model(dir, lm));
-  const Tokenizer& tokenizer = *lm.tokenizer;
-  const int64_t window = lm.recipe.train().seq_len();
-  const int64_t vocab = lm.recipe.model().vocab_size();
-  // Only the tokenizer's ids are valid outputs (the embedding may be padded beyond them).
-  const int64_t valid = std::min<int64_t>(vocab, tokenizer.vocab_size());
-  const int32_t eos = tokenizer.special_ids().eos;
-  std::vector<int32_t> ids = tokenizer.encode(prompt);
-  if (ids.empty()) ids.push_back(eos);
-  const size_t prompt_tokens = ids.size();
-  Rng rng(seed);
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t len = std::min<int64_t>(window, static_cast<int64_t>(ids.size()));
-    Tensor in = Tensor::empty({1, len}, DType::kI32);
-    std::copy(ids.end() - len, ids.end(), in.data<int32_t>());
-    Tensor logits = lm.model->logits(cpu_device(), in);
-    const float* last = logits.data<float>() + (len - 1) * vocab;
-    int32_t next = 0;
-    if (temperature <= 0) {
-      for (int64_t v = 1; v < valid; ++v)
-        if (last[v] > last[next]) next = static_cast<int32_t>(v);
-    } else {
-      double max_logit = last[0];
-      for (int64_t v = 1; v < valid; ++v) max_logit = std::max<double>(max_logit, last[v]);
-      std::vector<double> p(valid);
-      double z = 0;
-      for (int64_t v = 0; v < valid; ++v) z += p[v] = std::exp((last[v] - max_logit) / temperature);
-      double u = rng.uniform() * z;
-      for (next = 0; next < valid - 1 && (u -= p[next]) > 0; ++next) {}
-    }
-    ids.push_back(next);
-  }
-  // Documents end with eos in the training data: show each boundary as a blank line.
-  std::string text = prompt;
-  std::vector<int32_t> piece;
-  auto flush = [&]() -> absl::Status {
-    SY_ASSIGN_OR_RETURN(std::string decoded, tokenizer.decode(piece));
-    text += decoded;
-    piece.clear();
-    return absl::OkStatus();
-  };
-  for (size_t i = prompt_tokens; i < ids.size(); ++i) {
-    if (ids[i] == eos) {
-      SY_RETURN_IF_ERROR(flush());
-      text += "\n\n";
-    } else {
-      piece.push_back(ids[i]);
-    }
-  }
-  SY_RETURN_IF_ERROR(flush());
-  std::printf("%s\n", text.c_str());
-  return absl::OkStatus();
-}
-
 // One line on stderr. Under a launcher the failing rank names itself and ends the whole
 // job, so no rank is left waiting in a collective for it.
 int report(const absl::Status& status) {
@@ -304,10 +248,8 @@ int run_main(int argc, char** argv) {
       "start from these weights (a run's checkpoints/final or a `convert from-hf` output) "
       "instead of a random initialisation; the same as --set train.init_from=DIR");
 
-  std::string weights_dir, data, prompt, split = "val";
-  int64_t batches = 0, tokens = 200;
-  double temperature = 0.8;
-  uint64_t seed = 1;
+  std::string weights_dir, data, split = "val";
+  int64_t batches = 0;
   auto* eval_cmd = app.add_subcommand("eval", "print the loss of saved weights on a dataset as JSON");
   eval_cmd->add_option("checkpoint", weights_dir, "weights directory (<run-dir>/checkpoints/final)")->required();
   eval_cmd->add_option("--data", data, "dataset directory (made by `data prepare`)")->required();
@@ -315,16 +257,10 @@ int run_main(int argc, char** argv) {
   eval_cmd->add_option("--windows", batches, "evaluate at most this many windows of train.seq_len")
       ->check(kFiniteNonNegative);
 
-  auto* sample_cmd = app.add_subcommand("sample", "generate text from saved weights");
-  sample_cmd->add_option("checkpoint", weights_dir, "weights directory")->required();
-  sample_cmd->add_option("--prompt", prompt, "text to continue")->required();
-  sample_cmd->add_option("--tokens", tokens, "tokens to generate");
-  sample_cmd->add_option("--temperature", temperature, "0 picks the most likely token");
-  sample_cmd->add_option("--seed", seed, "sampling seed");
-
   DataCommands data_commands(app);
   ConvertCommand convert_command(app);
   BenchCommand bench_command(app);
+  SampleCommand sample_command(app);
 
   try {
     app.parse(argc, argv);
@@ -338,7 +274,7 @@ int run_main(int argc, char** argv) {
     return train_exit_status(run_train(recipe_path, run_dir, overrides, dry, peak_gflops,
                                        cache_dir, resume_from, extend_schedule));
   if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, split, batches));
-  if (sample_cmd->parsed()) return report(run_sample(weights_dir, prompt, tokens, temperature, seed));
+  if (sample_command.parsed()) return report(sample_command.run());
   return 1;
 }
 

@@ -1,0 +1,85 @@
+"""`switchyard sample` against transformers' `generate`: a small random Mixtral and
+Qwen2-MoE saved by transformers and imported with `convert from-hf` continue a prompt
+greedily with the same 200 token ids as `model.generate(do_sample=False)`, with the
+key/value cache and without it (`--no-kv-cache`).
+
+Run by ctest with the interop environment's Python; SWITCHYARD names the binary.
+"""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+SWITCHYARD = os.environ["SWITCHYARD"]
+CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus" / "tinyshakespeare.txt"
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+VOCAB = 320
+NEW_TOKENS = 200
+PROMPT = "ROMEO:\nI will not stay"
+
+
+def run(*args):
+    result = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=ENV,
+                            timeout=300)
+    assert result.returncode == 0, f"{args}: {result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokenizer")
+    (root / "corpus.txt").write_text(CORPUS.read_text()[:40000])
+    run(SWITCHYARD, "data", "tokenizer", "--input", root / "corpus.txt",
+        "--vocab-size", VOCAB, "--out", root / "tok.model")
+    return root / "tok.model"
+
+
+def hf_model(kind):
+    torch.manual_seed(5)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                  num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=256,
+                  rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.2,
+                  num_hidden_layers=2)
+    if kind == "mixtral":
+        from transformers import MixtralConfig, MixtralForCausalLM
+        model = MixtralForCausalLM(MixtralConfig(num_local_experts=6, **common))
+    else:
+        from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(
+            num_experts=4, moe_intermediate_size=48, shared_expert_intermediate_size=80,
+            decoder_sparse_step=1, norm_topk_prob=False, **common))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+    return model.float().eval()
+
+
+def hf_greedy(model, prompt_ids):
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), do_sample=False,
+                             max_new_tokens=NEW_TOKENS)
+    return out[0, len(prompt_ids):].tolist()
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_greedy_sample_equals_generate(tmp_path, tokenizer, kind):
+    model = hf_model(kind)
+    model.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.model").write_bytes(tokenizer.read_bytes())
+    run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights")
+    sample = [SWITCHYARD, "sample", tmp_path / "weights", "--prompt", PROMPT, "--temperature", "0",
+              "--ignore-eos", "--tokens", NEW_TOKENS, "--ids"]
+    cached = json.loads(run(*sample).stdout)
+    assert len(cached["generated_ids"]) == NEW_TOKENS
+    expected = hf_greedy(model, cached["prompt_ids"])
+    assert cached["generated_ids"] == expected
+    assert len(set(expected)) > 20, "a greedy loop on one token would hide a wrong cache"
+    assert json.loads(run(*sample, "--no-kv-cache").stdout) == cached
