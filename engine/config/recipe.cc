@@ -147,6 +147,10 @@ constexpr int64_t kMaxExperts = 4096;
 constexpr int64_t kMaxSharedExperts = 64;
 constexpr int64_t kMaxTokensPerSequence = int64_t{1} << 24;
 constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
+// train.eval_tokens when a recipe leaves it unset: the whole validation split of a small
+// dataset, a bounded cost on a large one.
+constexpr int64_t kDefaultEvalTokens = int64_t{1} << 20;
+constexpr int64_t kMaxEvalTokens = int64_t{1} << 40;
 constexpr int64_t kMaxThreads = 4096;
 // optimizer.router_lr_scale: a factor far beyond any useful one.
 constexpr int64_t kMaxRouterLrScale = 1000;
@@ -348,7 +352,13 @@ absl::Status validate_train(const Recipe& recipe) {
   SY_RETURN_IF_ERROR(check_non_negative("train.steps", train.steps()));
   SY_RETURN_IF_ERROR(check_positive("train.log_interval", train.log_interval()));
   SY_RETURN_IF_ERROR(check_non_negative("train.eval_interval", train.eval_interval()));
-  SY_RETURN_IF_ERROR(check_positive("train.eval_batches", train.eval_batches()));
+  if (train.eval_batches() != 0)
+    return invalid(absl::StrCat(
+        "train.eval_batches (", train.eval_batches(),
+        ") is replaced by train.eval_tokens (validation tokens per evaluation): set only "
+        "train.eval_tokens"));
+  SY_RETURN_IF_ERROR(check_positive("train.eval_tokens", train.eval_tokens()));
+  SY_RETURN_IF_ERROR(check_at_most("train.eval_tokens", train.eval_tokens(), kMaxEvalTokens));
   for (const std::string& pattern : train.freeze())
     if (pattern.empty()) return invalid("train.freeze entries must not be empty");
   return absl::OkStatus();
@@ -466,6 +476,26 @@ absl::Status set_scalar(pb::Message& message, const pb::FieldDescriptor& field,
   return absl::OkStatus();
 }
 
+// A recipe that sets only the deprecated train.eval_batches evaluates the windows it
+// evaluated: eval_batches x micro_batch_size of them. One that sets neither gets
+// kDefaultEvalTokens. Values the conversion cannot take (not positive, or a product past
+// kMaxEvalTokens) stay for validation to refuse.
+void fill_eval_tokens(TrainConfig& train) {
+  if (train.eval_tokens() != 0) return;
+  const int64_t batches = train.eval_batches();
+  if (batches == 0) {
+    train.set_eval_tokens(kDefaultEvalTokens);
+    return;
+  }
+  if (batches < 0 || train.micro_batch_size() <= 0 || train.seq_len() <= 0 ||
+      train.micro_batch_size() > kMaxBatchSize || train.seq_len() > kMaxTokensPerSequence)
+    return;
+  const int64_t batch_tokens = train.micro_batch_size() * train.seq_len();
+  if (batches > kMaxEvalTokens / batch_tokens) return;
+  train.set_eval_tokens(batches * batch_tokens);
+  train.clear_eval_batches();
+}
+
 }  // namespace
 
 int32_t effective_kv_heads(const ModelConfig& model) {
@@ -519,7 +549,7 @@ void fill_defaults(Recipe& recipe) {
   TrainConfig& train = *recipe.mutable_train();
   if (train.micro_batch_size() == 0) train.set_micro_batch_size(train.global_batch_size());
   if (train.log_interval() == 0) train.set_log_interval(10);
-  if (train.eval_batches() == 0) train.set_eval_batches(8);
+  fill_eval_tokens(train);
 
   DataConfig& data = *recipe.mutable_data();
   if (!data.has_val_fraction() && !data.corpus().empty()) data.set_val_fraction(0.1f);

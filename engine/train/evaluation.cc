@@ -8,6 +8,14 @@
 
 namespace switchyard {
 
+namespace {
+
+// Windows per forward: a fixed batch, so that each batch's losses are the same whatever
+// the training batch size, and large enough that the matrix products run at speed.
+constexpr int64_t kEvalWindowsPerForward = 8;
+
+}  // namespace
+
 int64_t evaluation_windows(const TokenDataset& data, int64_t seq_len, int64_t eval_tokens) {
   return std::min(data.num_windows(seq_len), (eval_tokens + seq_len - 1) / seq_len);
 }
@@ -17,19 +25,23 @@ absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
                                             int64_t windows, Communicator* replicas) {
   const int64_t size = replicas ? replicas->size() : 1;
   const int64_t index = replicas ? replicas->rank() : 0;
-  Tensor ids = Tensor::empty({1, seq_len}, DType::kI32);
-  Tensor targets = Tensor::empty({1, seq_len}, DType::kI32);
+  const int64_t batches = (windows + kEvalWindowsPerForward - 1) / kEvalWindowsPerForward;
   std::vector<double> losses(size);
   std::vector<int64_t> tokens(size);
   EvalResult result;
   double sum = 0;
-  for (int64_t first = 0; first < windows; first += size) {
-    // A replica past the last window evaluates window 0 and drops it, so that every
+  for (int64_t first = 0; first < batches; first += size) {
+    // A replica past the last batch evaluates batch 0 and drops it, so that every
     // replica runs the same forwards (expert parallelism and ZeRO-3 communicate in them).
-    const int64_t window = first + index;
-    const bool mine = window < windows;
-    SY_RETURN_IF_ERROR(data.read_window(mine ? window : 0, seq_len, ids.data<int32_t>(),
-                                        targets.data<int32_t>()));
+    const int64_t batch = first + index;
+    const bool mine = batch < batches;
+    const int64_t begin = mine ? batch * kEvalWindowsPerForward : 0;
+    const int64_t count = std::min(kEvalWindowsPerForward, windows - begin);
+    Tensor ids = Tensor::empty({count, seq_len}, DType::kI32);
+    Tensor targets = Tensor::empty({count, seq_len}, DType::kI32);
+    for (int64_t w = 0; w < count; ++w)
+      SY_RETURN_IF_ERROR(data.read_window(begin + w, seq_len, ids.data<int32_t>() + w * seq_len,
+                                          targets.data<int32_t>() + w * seq_len));
     Rng rng(0);
     const LossParts parts = model.forward(dev, ids, targets, /*training=*/false, rng);
     std::fill(losses.begin(), losses.end(), 0.0);
@@ -39,7 +51,7 @@ absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
       tokens[index] = parts.target_tokens;
     }
     // Each entry has one contributor, so the sums are exact and the order below is the
-    // windows' own.
+    // batches' own.
     if (replicas) {
       replicas->all_reduce_sum(losses.data(), size);
       replicas->all_reduce_sum(tokens.data(), size);

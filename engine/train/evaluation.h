@@ -21,10 +21,10 @@ struct EvalResult {
   int64_t tokens = 0;  // target tokens evaluated
 };
 
-// Evaluates windows [0, windows) of `data`, one window per forward. The data-parallel
-// replicas (`replicas`, null for one) take the windows round-robin; each round's losses
-// are summed over them and added in window order, so the figure is the same for any
-// number of replicas. Every rank of the model's groups must call it.
+// Evaluates windows [0, windows) of `data` in fixed batches of consecutive windows. The
+// data-parallel replicas (`replicas`, null for one) take the batches round-robin; each
+// round's losses are summed over them and added in batch order, so the figure is the
+// same for any number of replicas. Every rank of the model's groups must call it.
 absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
                                             const TokenDataset& data, int64_t seq_len,
                                             int64_t windows, Communicator* replicas);

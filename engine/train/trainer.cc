@@ -32,6 +32,7 @@
 #include "engine/parallel/tensor_shards.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/train/evaluation.h"
 #include "engine/train/metrics_log.h"
 #include "engine/train/tensorboard_writer.h"
 #include "kernels/devices.h"
@@ -55,27 +56,22 @@ Batch make_batch(int64_t batch, int64_t seq) {
   return {Tensor::empty({batch, seq}, DType::kI32), Tensor::empty({batch, seq}, DType::kI32)};
 }
 
-// Cross-entropy over the first eval_batches x micro_batch windows of the validation
-// split, in order (wrapping around a short split).
-absl::StatusOr<double> evaluate(Device& dev, Transformer& model, const TokenDataset& val,
-                                const config::Recipe& recipe) {
-  const int64_t mb = recipe.train().micro_batch_size();
-  const int64_t seq = recipe.train().seq_len();
-  const int64_t windows = val.num_windows(seq);
-  Batch b = make_batch(mb, seq);
-  Rng rng(0);
-  double sum = 0;
-  int64_t tokens = 0;
-  for (int64_t i = 0; i < recipe.train().eval_batches(); ++i) {
-    for (int64_t j = 0; j < mb; ++j)
-      SY_RETURN_IF_ERROR(val.read_window((i * mb + j) % windows, seq,
-                                         b.ids.data<int32_t>() + j * seq,
-                                         b.targets.data<int32_t>() + j * seq));
-    LossParts parts = model.forward(dev, b.ids, b.targets, /*training=*/false, rng);
-    sum += parts.cross_entropy * parts.target_tokens;
-    tokens += parts.target_tokens;
-  }
-  return tokens ? sum / tokens : 0.0;
+// `path` absolute and normal, without a trailing separator.
+fs::path normal_absolute(const std::string& path) {
+  fs::path p = fs::absolute(path).lexically_normal();
+  return p.has_filename() ? p : p.parent_path();
+}
+
+// A path as a saved recipe records it: relative to the saved directory (checkpoints/final
+// or a step_N beside it) when it lies inside the run directory, so that the run
+// directory can move; else absolute, so that it reads the same from any working
+// directory.
+std::string saved_path(const std::string& path, const std::string& run_dir,
+                       const std::string& checkpoints_dir) {
+  const fs::path target = normal_absolute(path);
+  const fs::path inside = target.lexically_relative(normal_absolute(run_dir));
+  if (inside.empty() || *inside.begin() == "..") return target.string();
+  return target.lexically_relative(normal_absolute(checkpoints_dir) / "final").string();
 }
 
 // Shows data preparation (first use of a corpus) through the trainer's sink.
@@ -527,14 +523,16 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   loader_options.dp_size = layout.data_parallel_size;
   SY_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::create(train_data, loader_options));
 
+  const std::string checkpoints_dir =
+      (fs::path(options.run_dir) / recipe.checkpoint().dir()).string();
   // The recipe as checkpoints and final weights record it: the dataset it resolved to.
   config::Recipe saved_recipe = recipe;
   saved_recipe.mutable_data()->clear_corpus();
-  saved_recipe.mutable_data()->set_dataset(data_dir);
-  if (init) saved_recipe.mutable_train()->set_init_from(init->dir);
+  saved_recipe.mutable_data()->set_dataset(saved_path(data_dir, options.run_dir, checkpoints_dir));
+  if (init)
+    saved_recipe.mutable_train()->set_init_from(
+        saved_path(init->dir, options.run_dir, checkpoints_dir));
 
-  const std::string checkpoints_dir =
-      (fs::path(options.run_dir) / recipe.checkpoint().dir()).string();
   const absl::StatusOr<ResumePoint> resume_point =
       find_resume_point(checkpoints_dir, options.resume_from);
   SY_RETURN_IF_ERROR(agree_on_resume_step(*groups.world, resume_point));
@@ -738,13 +736,18 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   int64_t skipped_steps = 0;  // by train.skip_non_finite_steps, since this start
   double window_all_to_all_s = 0;  // groups.ep's all-to-all seconds at the window start
 
+  const int64_t eval_windows =
+      val_data ? evaluation_windows(*val_data, tc.seq_len(), tc.eval_tokens()) : 0;
   auto run_eval = [&](int64_t step) -> absl::Status {
-    SY_ASSIGN_OR_RETURN(const double val, evaluate(dev, model, *val_data, recipe));
+    SY_ASSIGN_OR_RETURN(const EvalResult result, evaluate_windows(dev, model, *val_data,
+                                                                  tc.seq_len(), eval_windows,
+                                                                  groups.dp.get()));
+    const double val = result.loss;
     nlohmann::ordered_json j = {{"step", step}, {"val_loss", val}};
     if (reporter) {
       metrics << j.dump() << "\n" << std::flush;
       SY_RETURN_IF_ERROR(tensorboard->add_scalar("eval/val_loss", val, step));
-      // The layers x experts load of the last evaluation batch, as an image.
+      // The layers x experts load of the last evaluation window, as an image.
       const RouterStats& rs = model.router_stats();
       std::vector<std::vector<double>> shares;
       for (const RouterStats::Layer& layer : rs.layers)

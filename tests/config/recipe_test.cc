@@ -127,11 +127,18 @@ TEST(RecipeTest, DefaultsAreFilled) {
   EXPECT_EQ(recipe.optimizer().decay(), COSINE);
   EXPECT_EQ(recipe.train().micro_batch_size(), 4);
   EXPECT_EQ(recipe.train().log_interval(), 10);
-  EXPECT_EQ(recipe.train().eval_batches(), 8);
+  EXPECT_EQ(recipe.train().eval_tokens(), int64_t{1} << 20);
   EXPECT_FLOAT_EQ(recipe.data().val_fraction(), 0.1f);
   EXPECT_EQ(recipe.checkpoint().dir(), "checkpoints");
   EXPECT_EQ(recipe.checkpoint().keep(), 3);
   EXPECT_TRUE(validate_recipe(recipe).ok()) << validate_recipe(recipe);
+}
+
+TEST(RecipeTest, DeprecatedEvalBatchesBecomeEvalTokens) {
+  absl::StatusOr<Recipe> recipe = load_recipe(valid_recipe_path(), {"train.eval_batches=3"});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->train().eval_tokens(), 3 * 4 * 32);  // micro-batches of 4 windows of 32
+  EXPECT_EQ(recipe->train().eval_batches(), 0);
 }
 
 TEST(RecipeTest, MicroBatchDefaultsToGlobalBatch) {
@@ -370,6 +377,15 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"train.steps=-1", "optimizer.warmup_steps=0"},
                        "train.steps (-1) must be >= 0"},
         ValidationCase{{"train.eval_interval=-5"}, "train.eval_interval (-5) must be >= 0"},
+        ValidationCase{{"train.eval_tokens=-5"}, "train.eval_tokens (-5) must be > 0"},
+        ValidationCase{{"train.eval_tokens=2000000000000"},
+                       "train.eval_tokens (2000000000000) must be <= 1099511627776"},
+        ValidationCase{{"train.eval_batches=2", "train.eval_tokens=64"},
+                       "train.eval_batches (2) is replaced by train.eval_tokens"},
+        ValidationCase{{"train.eval_batches=-1"},
+                       "train.eval_batches (-1) is replaced by train.eval_tokens"},
+        ValidationCase{{"train.eval_batches=9223372036854775807"},
+                       "train.eval_batches (9223372036854775807) is replaced by train.eval_tokens"},
         ValidationCase{{"data.corpus="}, "exactly one of data.dataset and data.corpus"},
         ValidationCase{{"data.dataset=prepared"}, "exactly one of data.dataset and data.corpus"},
         ValidationCase{{"data.val_fraction=1"}, "data.val_fraction (1) must be in [0, 1)"},
