@@ -8,5 +8,5 @@ scripts/setup.sh
 scripts/build.sh
 run_dir="${1:-runs/tiny}"
 build/engine/cli/switchyard train recipes/tiny.textproto --run-dir "$run_dir"
-build/engine/cli/switchyard sample "$run_dir/checkpoints/final" --prompt "ROMEO:" --tokens 300
+build/engine/cli/switchyard sample "$run_dir/checkpoints/final" --prompt "ROMEO:" --ignore-eos
 build/engine/cli/switchyard convert to-hf "$run_dir/checkpoints/final" "$run_dir/hf" --overwrite
