@@ -1,17 +1,22 @@
 """Hostile and damaged inputs of the checkpoint readers (see hostile.py for the harness).
 
 Each case damages a copy of the tiny run (checkpoints step_1 and step_2, `latest`
-naming step_2) and asks `train` to resume it with train.steps raised to 3, or
-`inspect` to read it. Manifests are edited with a small protobuf wire codec over
+naming step_2) and asks `train` to resume it with train.steps raised to 3 (and
+--extend-schedule, which allows that), or `inspect` to read it. Manifests are edited with a small protobuf wire codec over
 checkpoint/manifest.proto's field numbers.
 """
 import os
+import struct
 
 from hostile import Case, TINY_RECIPE, h5py_file
 
 # manifest.proto field numbers.
 MANIFEST_FORMAT_VERSION = 1
 MANIFEST_SLICES = 6
+MANIFEST_ELAPSED_S = 7
+MANIFEST_LR_RESTART = 8
+LR_RESTART_FROM_STEP = 1
+LR_RESTART_FROM_LR = 2
 SLICE_GLOBAL_SHAPE = 2
 SLICE_FIRST_ROW = 5
 SLICE_ROWS = 6
@@ -119,7 +124,8 @@ def _first_matrix(slices):
 
 
 def _resume(world, run, *extra):
-    return world.train_args(TINY_RECIPE, run, "--set", "train.steps=3", *extra)
+    return world.train_args(TINY_RECIPE, run, "--set", "train.steps=3", "--extend-schedule",
+                            *extra)
 
 
 def _train_after(edit):
@@ -167,6 +173,20 @@ def _overflowing_shape(fields, slices):
 def _rows_beyond(fields, slices):
     s = slices[0]
     _slice_set(s, SLICE_ROWS, 0, _unpacked(_slice_get(s, SLICE_GLOBAL_SHAPE))[0] + 5)
+
+
+def _set_elapsed(seconds):
+    def edit(fields, slices):
+        fields.append([MANIFEST_ELAPSED_S, 1, struct.pack("<d", seconds)])
+    return edit
+
+
+def _set_lr_restart(from_step, from_lr):
+    def edit(fields, slices):
+        restart = [[LR_RESTART_FROM_STEP, 0, from_step],
+                   [LR_RESTART_FROM_LR, 1, struct.pack("<d", from_lr)]]
+        fields.append([MANIFEST_LR_RESTART, 2, _encode(restart)])
+    return edit
 
 
 def _write_manifest(data):
@@ -293,6 +313,14 @@ CASES = [
          _huge_manifest, "allowed"),
     Case("ckpt-manifest-version", "checkpoint manifest", "format_version 1 (an older layout)",
          _train_after(_set_version), "field format_version is 1, expected 2"),
+    Case("ckpt-manifest-elapsed-nan", "checkpoint manifest", "elapsed_s NaN",
+         _train_after(_set_elapsed(float("nan"))), "field elapsed_s is nan"),
+    Case("ckpt-manifest-lr-restart-beyond-step", "checkpoint manifest",
+         "lr_restart.from_step 99, past the checkpoint's step 2",
+         _train_after(_set_lr_restart(99, 1e-3)), "field lr_restart.from_step is 99"),
+    Case("ckpt-manifest-lr-restart-huge-rate", "checkpoint manifest",
+         "lr_restart.from_lr 1e30 (the rate every later step would decay from)",
+         _train_after(_set_lr_restart(1, 1e30)), "field lr_restart.from_lr is 1e+30"),
     Case("ckpt-slice-parent-path", "checkpoint manifest", 'a slice file "../../x"',
          _train_after(_set_file("../../x")), "field slices[0].file"),
     Case("ckpt-slice-control-bytes", "checkpoint manifest",
