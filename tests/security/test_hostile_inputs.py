@@ -14,10 +14,11 @@ import cases_hdf5
 import cases_hf
 import cases_hub
 import cases_recipe
+import cases_sample
 from hostile import REPO, make_world, run_refused
 
 CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hdf5.CASES,
-         *cases_hf.CASES, *cases_hub.CASES]
+         *cases_hf.CASES, *cases_hub.CASES, *cases_sample.CASES]
 
 
 @pytest.fixture(scope="session")
