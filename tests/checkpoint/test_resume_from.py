@@ -21,7 +21,8 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
 
 
 def train_argv(run_dir, cache, steps, *extra):
-    return [SWITCHYARD, "train", str(RECIPE), "--run-dir", str(run_dir),
+    # Resumes raise train.steps past the checkpoint's, which --extend-schedule allows.
+    return [SWITCHYARD, "train", str(RECIPE), "--run-dir", str(run_dir), "--extend-schedule",
             "--dataset-cache", str(cache), "--set", f"train.steps={steps}",
             "--set", "optimizer.warmup_steps=0", "--set", "train.eval_interval=0",
             "--set", "train.log_interval=1", "--set", "checkpoint.interval_steps=1",

@@ -167,7 +167,7 @@ def test_another_model_is_refused_naming_both_values(trained, tmp_path):
 def test_a_checkpoint_in_the_run_directory_resumes_instead(trained, tmp_path):
     weights, dataset = trained
     assert fine_tune(weights, dataset, tmp_path / "run").returncode == 0
-    result = fine_tune(weights, dataset, tmp_path / "run", steps=2)
+    result = fine_tune(weights, dataset, tmp_path / "run", "--extend-schedule", steps=2)
     assert result.returncode == 0, result.stderr
     assert "resuming from" in result.stdout and "(step 1)" in result.stdout
     assert "starting from the weights" not in result.stdout
