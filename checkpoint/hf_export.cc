@@ -226,15 +226,14 @@ absl::Status write_weights(const std::string& out_dir, const NamedTensors& tenso
   return write_json(out_dir + "/model.safetensors.index.json", index);
 }
 
-// The weights directory's tokenizer.model, or empty when there is none. The exported
+// The model's tokenizer.model at `path`, or empty when it has none. The exported
 // tokenizer files name the engine's special pieces by their ids, and its vocabulary must
 // fit the model's.
-absl::StatusOr<std::string> export_tokenizer_source(const std::string& weights_dir,
+absl::StatusOr<std::string> export_tokenizer_source(const std::string& path,
                                                     const config::Recipe& recipe) {
-  const std::string path = weights_dir + "/tokenizer.model";
-  std::error_code ec;
-  if (!fs::exists(fs::symlink_status(path, ec))) return std::string();
-  SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, load_weights_tokenizer(weights_dir, recipe));
+  if (path.empty()) return std::string();
+  SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::load(path));
+  SY_RETURN_IF_ERROR(check_tokenizer_fits(tokenizer, path, recipe));
   if (tokenizer.special_ids() != kTrainedSpecialIds)
     return absl::FailedPreconditionError(absl::StrCat(
         path, ": special ids differ from unk 0, bos 1, eos 2, pad 3, which the exported "
@@ -331,19 +330,18 @@ absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe) {
   return std::string(kMixtral);
 }
 
-absl::Status export_hf(const std::string& weights_dir, const config::Recipe& recipe,
-                       std::map<std::string, Tensor> weights, const std::string& out_dir,
-                       const HfExportOptions& options) {
+absl::Status export_hf(const std::string& source, const std::string& tokenizer_path,
+                       const config::Recipe& recipe, std::map<std::string, Tensor> weights,
+                       const std::string& out_dir, const HfExportOptions& options) {
   if (options.dtype != DType::kF32 && options.dtype != DType::kBF16)
     return absl::InvalidArgumentError("--dtype must be fp32 or bf16");
   if (options.max_shard_bytes <= 0)
     return absl::InvalidArgumentError("--max-shard-size must be > 0");
   SY_ASSIGN_OR_RETURN(const std::string architecture, hf_architecture_for(recipe));
-  SY_ASSIGN_OR_RETURN(const std::string tokenizer, export_tokenizer_source(weights_dir, recipe));
+  SY_ASSIGN_OR_RETURN(const std::string tokenizer, export_tokenizer_source(tokenizer_path, recipe));
   const Json config = config_json(recipe, architecture, weights, options.dtype);
   SY_ASSIGN_OR_RETURN(const NamedTensors tensors,
-                      rename_tensors(recipe, architecture, weights,
-                                     weights_dir + "/model.safetensors"));
+                      rename_tensors(recipe, architecture, weights, source));
 
   std::error_code ec;
   fs::create_directories(out_dir, ec);

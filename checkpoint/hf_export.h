@@ -31,14 +31,15 @@ struct HfExportOptions {
 absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe);
 
 // Writes the transformers directory `out_dir` (created if missing) for the model
-// `recipe` of the weights directory `weights_dir`, each file completely or not at all.
-// `weights` are its parameters under registry names as load_weights gives them (f32,
-// the model's shapes, finite). The tokenizer files name the engine's special pieces
+// `recipe` read from `source` (which errors name), each file completely or not at all.
+// `weights` are its parameters under registry names as load_model gives them (f32, the
+// model's shapes, finite); `tokenizer_path` its tokenizer.model, or empty for none. The
+// tokenizer files name the engine's special pieces
 // (unk 0 "<unk>", bos 1 "<s>", eos 2 "</s>", pad 3 "<pad>"): a tokenizer.model with other
 // ids, or with more pieces than model.vocab_size, is refused before anything is written.
-absl::Status export_hf(const std::string& weights_dir, const config::Recipe& recipe,
-                       std::map<std::string, Tensor> weights, const std::string& out_dir,
-                       const HfExportOptions& options);
+absl::Status export_hf(const std::string& source, const std::string& tokenizer_path,
+                       const config::Recipe& recipe, std::map<std::string, Tensor> weights,
+                       const std::string& out_dir, const HfExportOptions& options);
 
 // Whether `name` is a file an export writes, or the partial file of one: config.json,
 // generation_config.json, model.safetensors, model-NNNNN-of-NNNNN.safetensors,

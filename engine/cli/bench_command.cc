@@ -19,10 +19,10 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "checkpoint/weights.h"
 #include "data/corpus_cache.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "engine/cli/load_model.h"
 #include "engine/config/recipe.h"
 #include "engine/model/transformer.h"
 #include "engine/runtime/file_util.h"
@@ -36,42 +36,53 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The recipe of a recipe file or of a weights directory.
-absl::StatusOr<config::Recipe> load_source_recipe(const std::string& source) {
-  std::error_code ec;
+// What `bench balance` measures: a recipe file's model at its seeded initialisation, or
+// the weights of a directory load_model reads (its recipe and tokenizer with them).
+struct BenchSource {
   config::Recipe recipe;
-  if (fs::is_directory(source, ec)) {
-    SY_ASSIGN_OR_RETURN(recipe, load_weights_recipe(source));
+  std::unique_ptr<LoadedModel> weights;  // null for a recipe file
+};
+
+absl::StatusOr<BenchSource> load_source(const std::string& source) {
+  std::error_code ec;
+  BenchSource out;
+  if (is_model_directory(source)) {
+    out.weights = std::make_unique<LoadedModel>();
+    SY_RETURN_IF_ERROR(load_model(source, *out.weights));
+    out.recipe = out.weights->recipe;
   } else if (fs::is_regular_file(source, ec)) {
-    SY_ASSIGN_OR_RETURN(recipe, config::load_recipe(source, {}));
+    SY_ASSIGN_OR_RETURN(out.recipe, config::load_recipe(source, {}));
   } else {
-    return absl::NotFoundError(
-        absl::StrCat(source, ": no such recipe file or weights directory"));
+    return absl::NotFoundError(absl::StrCat(
+        source, ": no such recipe file, weights directory, checkpoint or Hugging Face directory"));
   }
-  if (recipe.moe().num_experts() <= 0)
+  if (out.recipe.moe().num_experts() <= 0)
     return absl::InvalidArgumentError(absl::StrCat(source, ": the model has no MoE layers"));
-  return recipe;
+  return out;
 }
 
 // A model of `recipe` (whose routing settings may differ from the source's) with the
-// source's weights: a weights directory's trained ones, or a recipe's seeded
-// initialisation, as training starts from it. Routing settings do not change any
-// parameter's shape, so every variant gets the same weights.
+// source's weights: the loaded ones, or a recipe's seeded initialisation, as training
+// starts from it. Routing settings do not change any parameter's shape, so every variant
+// gets the same weights.
 struct BenchModel {
   ParamStore params;
   std::unique_ptr<Transformer> model;
 };
 
 absl::Status build_bench_model(const config::Recipe& recipe, const std::string& source,
-                               BenchModel& out) {
+                               const LoadedModel* weights, BenchModel& out) {
   out.model = std::make_unique<Transformer>(recipe, out.params);
   SY_RETURN_IF_ERROR(check_fits(cpu_device(),
                                 static_cast<double>(out.params.allocation_bytes(DType::kF32)),
                                 absl::StrCat("the parameters of ", source)));
   out.params.allocate(cpu_device());
-  std::error_code ec;
-  if (fs::is_directory(source, ec)) return load_weights(source, out.params);
-  out.params.initialize(recipe.train().seed());
+  if (weights == nullptr) {
+    out.params.initialize(recipe.train().seed());
+    return absl::OkStatus();
+  }
+  auto from = weights->params.params().begin();
+  for (Param& p : out.params.params()) p.value.copy_from((from++)->value);
   return absl::OkStatus();
 }
 
@@ -190,6 +201,7 @@ class PrintMessages : public DataProgressSink {
 // tokenised with a weights directory's own tokenizer and fit the model's vocabulary.
 absl::StatusOr<std::unique_ptr<TokenSource>> make_source(const config::Recipe& recipe,
                                                          const std::string& source,
+                                                         const LoadedModel* weights,
                                                          const std::string& data,
                                                          const std::string& synthetic) {
   if (!synthetic.empty()) {
@@ -211,11 +223,9 @@ absl::StatusOr<std::unique_ptr<TokenSource>> make_source(const config::Recipe& r
   if (dir.empty())
     return absl::InvalidArgumentError("no data: pass --data DATASET_DIR or --synthetic zipf:S");
   DatasetOpenOptions open_options;
-  std::error_code ec;
-  if (fs::is_directory(source, ec)) {
-    SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::load(source + "/tokenizer.model"));
-    open_options.expected_tokenizer_sha256 = tokenizer.sha256();
-    open_options.expected_vocab_size = tokenizer.vocab_size();
+  if (weights) {
+    open_options.expected_tokenizer_sha256 = weights->tokenizer->sha256();
+    open_options.expected_vocab_size = weights->tokenizer->vocab_size();
   }
   SY_ASSIGN_OR_RETURN(TokenDataset dataset, TokenDataset::open(dir, "train", open_options));
   if (dataset.vocab_size() > recipe.model().vocab_size())
@@ -436,9 +446,10 @@ struct TokenBatch {
 
 // Routes every batch through the variant's model and gathers each MoE layer's counts.
 absl::StatusOr<BalanceRun> measure(const config::Recipe& recipe, const std::string& source,
+                                   const LoadedModel* weights,
                                    const std::vector<TokenBatch>& batches, int ep) {
   BenchModel bm;
-  SY_RETURN_IF_ERROR(build_bench_model(recipe, source, bm));
+  SY_RETURN_IF_ERROR(build_bench_model(recipe, source, weights, bm));
   const std::vector<const MoeLayer*> moe_layers = bm.model->moe_layers();
   std::vector<BalanceCounts> counts(
       moe_layers.size(),
@@ -465,7 +476,10 @@ BenchCommand::BenchCommand(CLI::App& app) {
   bench_ = app.add_subcommand("bench", "measure a model");
   bench_->require_subcommand(1);
   balance_ = bench_->add_subcommand("balance", "expert load balance of a model's routing");
-  balance_->add_option("source", source_, "recipe file or weights directory")->required();
+  balance_->add_option("source", source_,
+                       "recipe file, weights directory, checkpoint (checkpoints/step_N) or "
+                       "Hugging Face directory")
+      ->required();
   balance_->add_option("--data", data_, "dataset directory (default: the recipe's data)");
   balance_->add_option("--synthetic", synthetic_, "synthetic tokens instead: zipf:S");
   balance_->add_option("--batches", batches_, "batches of micro_batch_size x seq_len tokens");
@@ -487,7 +501,8 @@ absl::Status BenchCommand::run() {
 absl::Status BenchCommand::run_balance() {
   if (batches_ < 1) return absl::InvalidArgumentError("--batches must be at least 1");
   if (!synthetic_.empty()) SY_RETURN_IF_ERROR(parse_zipf(synthetic_).status());
-  SY_ASSIGN_OR_RETURN(const config::Recipe recipe, load_source_recipe(source_));
+  SY_ASSIGN_OR_RETURN(const BenchSource loaded, load_source(source_));
+  const config::Recipe& recipe = loaded.recipe;
   const int experts = recipe.moe().num_experts();
   if (ep_ < 1 || experts % ep_ != 0)
     return absl::InvalidArgumentError(
@@ -498,7 +513,7 @@ absl::Status BenchCommand::run_balance() {
   }
   set_cpu_threads(recipe.runtime().threads());
   SY_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source,
-                      make_source(recipe, source_, data_, synthetic_));
+                      make_source(recipe, source_, loaded.weights.get(), data_, synthetic_));
 
   // Every variant routes the same tokens.
   const int64_t batch = recipe.train().micro_batch_size();
@@ -515,7 +530,7 @@ absl::Status BenchCommand::run_balance() {
   }
   std::vector<BalanceRun> runs;
   for (const Variant& v : variants) {
-    SY_ASSIGN_OR_RETURN(BalanceRun run, measure(v.recipe, source_, batches, ep_));
+    SY_ASSIGN_OR_RETURN(BalanceRun run, measure(v.recipe, source_, loaded.weights.get(), batches, ep_));
     runs.push_back(std::move(run));
   }
 

@@ -14,6 +14,7 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_import.h"
 #include "checkpoint/weights.h"
+#include "engine/cli/load_model.h"
 #include "engine/model/transformer.h"
 #include "engine/runtime/device.h"
 #include "engine/runtime/param_store.h"
@@ -99,22 +100,6 @@ absl::Status remove_owned_files(const std::string& out, bool (*owned)(std::strin
   return absl::OkStatus();
 }
 
-// The parameters of the weights directory `dir` for `recipe`, checked by load_weights
-// against the model's own shapes, f32 and finite.
-absl::StatusOr<std::map<std::string, Tensor>> load_parameters(const std::string& dir,
-                                                             const config::Recipe& recipe) {
-  ParamStore params;
-  const Transformer model(recipe, params);
-  SY_RETURN_IF_ERROR(check_fits(cpu_device(),
-                                static_cast<double>(params.allocation_bytes(DType::kF32)),
-                                absl::StrCat("the parameters of ", dir, "/model.safetensors")));
-  params.allocate(cpu_device());
-  SY_RETURN_IF_ERROR(load_weights(dir, params));
-  std::map<std::string, Tensor> out;
-  for (const Param& p : params.params()) out.emplace(p.name, p.value);
-  return out;
-}
-
 }  // namespace
 
 ConvertCommand::ConvertCommand(CLI::App& app) {
@@ -123,7 +108,10 @@ ConvertCommand::ConvertCommand(CLI::App& app) {
 
   to_hf_ = convert_->add_subcommand(
       "to-hf", "write a weights directory as a transformers model directory (Mixtral or Qwen2-MoE)");
-  to_hf_->add_option("weights", in_, "weights directory (<run-dir>/checkpoints/final)")->required();
+  to_hf_->add_option("weights", in_,
+                     "weights directory (<run-dir>/checkpoints/final) or checkpoint "
+                     "(<run-dir>/checkpoints/step_N)")
+      ->required();
   to_hf_->add_option("out", out_, "output directory")->required();
   to_hf_->add_option("--dtype", dtype_, "tensor dtype: fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -152,11 +140,14 @@ absl::Status ConvertCommand::run_to_hf() {
   options.dtype = dtype_ == "bf16" ? DType::kBF16 : DType::kF32;
   SY_ASSIGN_OR_RETURN(options.max_shard_bytes, parse_size(max_shard_size_));
   SY_RETURN_IF_ERROR(check_output(in_, out_, overwrite_));
-  SY_ASSIGN_OR_RETURN(const config::Recipe recipe, load_weights_recipe(in_));
-  SY_RETURN_IF_ERROR(hf_architecture_for(recipe).status());
-  SY_ASSIGN_OR_RETURN(auto weights, load_parameters(in_, recipe));
+  LoadedModel model;
+  SY_RETURN_IF_ERROR(load_model(in_, model, TokenizerUse::kOptional));
+  SY_RETURN_IF_ERROR(hf_architecture_for(model.recipe).status());
+  std::map<std::string, Tensor> weights;
+  for (const Param& p : model.params.params()) weights.emplace(p.name, p.value);
   SY_RETURN_IF_ERROR(remove_owned_files(out_, is_hf_export_file));
-  SY_RETURN_IF_ERROR(export_hf(in_, recipe, std::move(weights), out_, options));
+  SY_RETURN_IF_ERROR(
+      export_hf(in_, model.tokenizer_path, model.recipe, std::move(weights), out_, options));
   std::printf("wrote %s\n", out_.c_str());
   return absl::OkStatus();
 }

@@ -38,33 +38,58 @@ absl::Status build_model(const std::string& dir, LoadedModel& out) {
   return absl::OkStatus();
 }
 
-absl::Status load_weights_model(const std::string& dir, LoadedModel& out) {
+// Reads the tokenizer at `path` ("" when the model has none) into `out`; it must fit the
+// model's vocabulary.
+absl::Status load_tokenizer(const std::string& dir, const std::string& path,
+                            TokenizerUse use, LoadedModel& out) {
+  if (path.empty()) {
+    if (use == TokenizerUse::kOptional) return absl::OkStatus();
+    return absl::NotFoundError(absl::StrCat(dir, ": the model has no tokenizer.model"));
+  }
+  out.tokenizer_path = path;
+  SY_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(path));
+  return check_tokenizer_fits(*out.tokenizer, path, out.recipe);
+}
+
+absl::Status load_weights_model(const std::string& dir, TokenizerUse use, LoadedModel& out) {
   SY_ASSIGN_OR_RETURN(out.recipe, load_weights_recipe(dir));
-  SY_ASSIGN_OR_RETURN(out.tokenizer, load_weights_tokenizer(dir, out.recipe));
+  const std::string tokenizer = dir + "/tokenizer.model";
+  std::error_code ec;
+  const bool absent = !fs::exists(fs::symlink_status(tokenizer, ec));
+  SY_RETURN_IF_ERROR(load_tokenizer(
+      dir, absent && use == TokenizerUse::kOptional ? "" : tokenizer, use, out));
   SY_RETURN_IF_ERROR(build_model(dir, out));
   return load_weights(dir, out.params);
 }
 
-// A checkpoint's tokenizer: the one kept with the dataset its recipe trained on.
-absl::StatusOr<Tokenizer> checkpoint_tokenizer(const std::string& dir,
-                                               const config::Recipe& recipe) {
+// The recipe a checkpoint records, its paths relative to the checkpoint (as the trainer
+// saves those inside the run directory) made usable from here, as load_recipe does for
+// a weights directory's recipe file.
+config::Recipe checkpoint_recipe(const std::string& dir, const checkpoint::Manifest& manifest) {
+  config::Recipe recipe = manifest.recipe();
+  auto resolve = [&](const std::string& path) {
+    return path.empty() ? path : (fs::path(dir) / path).lexically_normal().string();
+  };
+  recipe.mutable_data()->set_dataset(resolve(recipe.data().dataset()));
+  recipe.mutable_train()->set_init_from(resolve(recipe.train().init_from()));
+  return recipe;
+}
+
+// A checkpoint's tokenizer.model: the one kept with the dataset its recipe trained on
+// ("" when the dataset keeps none).
+absl::StatusOr<std::string> checkpoint_tokenizer_path(const config::Recipe& recipe) {
   DatasetOpenOptions options;
   options.verify_checksums = false;
   SY_ASSIGN_OR_RETURN(const TokenDataset data,
                       TokenDataset::open(recipe.data().dataset(), "train", options));
-  if (data.tokenizer_path().empty())
-    return absl::NotFoundError(absl::StrCat(
-        dir, ": the dataset its recipe names (", recipe.data().dataset(),
-        ") keeps no tokenizer.model; evaluate or sample the run's checkpoints/final instead"));
-  SY_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(data.tokenizer_path()));
-  SY_RETURN_IF_ERROR(check_tokenizer_fits(tokenizer, data.tokenizer_path(), recipe));
-  return tokenizer;
+  return data.tokenizer_path();
 }
 
-absl::Status load_checkpoint_model(const std::string& dir, LoadedModel& out) {
+absl::Status load_checkpoint_model(const std::string& dir, TokenizerUse use, LoadedModel& out) {
   SY_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest, read_manifest(dir));
-  out.recipe = manifest.recipe();
-  SY_ASSIGN_OR_RETURN(out.tokenizer, checkpoint_tokenizer(dir, out.recipe));
+  out.recipe = checkpoint_recipe(dir, manifest);
+  SY_ASSIGN_OR_RETURN(const std::string tokenizer, checkpoint_tokenizer_path(out.recipe));
+  SY_RETURN_IF_ERROR(load_tokenizer(dir, tokenizer, use, out));
   SY_RETURN_IF_ERROR(build_model(dir, out));
   std::vector<RowsToRead> reads;
   for (Param& p : out.params.params()) reads.push_back({"param/" + p.name, 0, p.value});
@@ -74,13 +99,10 @@ absl::Status load_checkpoint_model(const std::string& dir, LoadedModel& out) {
   return absl::OkStatus();
 }
 
-absl::Status load_hf_model(const std::string& dir, LoadedModel& out) {
+absl::Status load_hf_model(const std::string& dir, TokenizerUse use, LoadedModel& out) {
   SY_ASSIGN_OR_RETURN(HfModel hf, read_hf_model(dir));
   out.recipe = hf.recipe;
-  if (hf.tokenizer_path.empty())
-    return absl::NotFoundError(absl::StrCat(dir, ": no tokenizer.model"));
-  SY_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(hf.tokenizer_path));
-  SY_RETURN_IF_ERROR(check_tokenizer_fits(*out.tokenizer, hf.tokenizer_path, out.recipe));
+  SY_RETURN_IF_ERROR(load_tokenizer(dir, hf.tokenizer_path, use, out));
   SY_RETURN_IF_ERROR(build_model(dir, out));
   std::map<std::string, Tensor> tensors(std::make_move_iterator(hf.tensors.begin()),
                                         std::make_move_iterator(hf.tensors.end()));
@@ -102,14 +124,14 @@ bool is_model_directory(const std::string& dir) {
   return model_source(dir) != ModelSource::kNone;
 }
 
-absl::Status load_model(const std::string& dir, LoadedModel& out) {
+absl::Status load_model(const std::string& dir, LoadedModel& out, TokenizerUse tokenizer_use) {
   switch (model_source(dir)) {
     case ModelSource::kWeights:
-      return load_weights_model(dir, out);
+      return load_weights_model(dir, tokenizer_use, out);
     case ModelSource::kCheckpoint:
-      return load_checkpoint_model(dir, out);
+      return load_checkpoint_model(dir, tokenizer_use, out);
     case ModelSource::kHuggingFace:
-      return load_hf_model(dir, out);
+      return load_hf_model(dir, tokenizer_use, out);
     case ModelSource::kNone:
       break;
   }

@@ -20,7 +20,12 @@ struct LoadedModel {
   ParamStore params;
   std::unique_ptr<Transformer> model;
   std::optional<Tokenizer> tokenizer;
+  std::string tokenizer_path;  // the file `tokenizer` was read from
 };
+
+// Whether a model without a tokenizer.model is refused (eval, sample, bench need one) or
+// loaded without one (convert to-hf exports what there is).
+enum class TokenizerUse { kRequired, kOptional };
 
 // Whether `dir` is one of the directories load_model reads: a weights directory
 // (recipe.textproto), a checkpoint (manifest.pb) or a Hugging Face one (config.json).
@@ -34,6 +39,7 @@ bool is_model_directory(const std::string& dir);
 //   names;
 // - a Hugging Face directory, imported in memory (nothing is written).
 // Every parameter must be present with its shape and finite; errors name the file.
-absl::Status load_model(const std::string& dir, LoadedModel& out);
+absl::Status load_model(const std::string& dir, LoadedModel& out,
+                        TokenizerUse tokenizer_use = TokenizerUse::kRequired);
 
 }  // namespace switchyard
