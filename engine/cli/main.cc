@@ -37,6 +37,7 @@
 #include "engine/parallel/topology.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/runtime/text.h"
+#include "engine/train/evaluation.h"
 #include "engine/train/trainer.h"
 #include "kernels/threads.h"
 
@@ -115,6 +116,9 @@ absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::st
   return train(recipe, options, sink);
 }
 
+// The loss of `dir`'s model on the evaluation windows (engine/train/evaluation.h): those
+// of the model's train.eval_tokens, as its training evaluated, or the first
+// `max_windows` when given.
 absl::Status run_eval(const std::string& dir, const std::string& data, const std::string& split,
                       int64_t max_windows) {
   LoadedModel lm;
@@ -124,23 +128,17 @@ absl::Status run_eval(const std::string& dir, const std::string& data, const std
   open_options.expected_vocab_size = lm.tokenizer->vocab_size();
   SY_ASSIGN_OR_RETURN(const TokenDataset dataset, TokenDataset::open(data, split, open_options));
   const int64_t seq = lm.recipe.train().seq_len();
-  const int64_t windows = max_windows > 0 ? std::min(max_windows, dataset.num_windows(seq))
-                                          : dataset.num_windows(seq);
+  const int64_t windows = max_windows > 0
+                              ? std::min(max_windows, dataset.num_windows(seq))
+                              : evaluation_windows(dataset, seq, lm.recipe.train().eval_tokens());
   if (windows == 0)
     return absl::InvalidArgumentError(absl::StrCat(data, ": the ", split,
                                                     " split is shorter than one window of ",
                                                     seq + 1, " tokens"));
-  Tensor ids = Tensor::empty({1, seq}, DType::kI32), targets = Tensor::empty({1, seq}, DType::kI32);
-  Rng rng(0);
-  double sum = 0;
-  int64_t tokens = 0;
-  for (int64_t w = 0; w < windows; ++w) {
-    SY_RETURN_IF_ERROR(dataset.read_window(w, seq, ids.data<int32_t>(), targets.data<int32_t>()));
-    LossParts p = lm.model->forward(cpu_device(), ids, targets, false, rng);
-    sum += p.cross_entropy * p.target_tokens;
-    tokens += p.target_tokens;
-  }
-  nlohmann::ordered_json j = {{"val_loss", sum / tokens}, {"tokens", tokens}, {"split", split}};
+  SY_ASSIGN_OR_RETURN(const EvalResult result,
+                      evaluate_windows(cpu_device(), *lm.model, dataset, seq, windows, nullptr));
+  nlohmann::ordered_json j = {
+      {"val_loss", result.loss}, {"tokens", result.tokens}, {"split", split}};
   std::printf("%s\n", j.dump().c_str());
   return absl::OkStatus();
 }
@@ -251,10 +249,15 @@ int run_main(int argc, char** argv) {
   std::string weights_dir, data, split = "val";
   int64_t batches = 0;
   auto* eval_cmd = app.add_subcommand("eval", "print the loss of saved weights on a dataset as JSON");
-  eval_cmd->add_option("checkpoint", weights_dir, "weights directory (<run-dir>/checkpoints/final)")->required();
+  eval_cmd->add_option("checkpoint", weights_dir,
+                       "weights directory (<run-dir>/checkpoints/final), checkpoint "
+                       "(<run-dir>/checkpoints/step_N) or Hugging Face directory")
+      ->required();
   eval_cmd->add_option("--data", data, "dataset directory (made by `data prepare`)")->required();
   eval_cmd->add_option("--split", split, "split to evaluate: val or train");
-  eval_cmd->add_option("--windows", batches, "evaluate at most this many windows of train.seq_len")
+  eval_cmd->add_option("--windows", batches,
+                       "evaluate the first N windows of train.seq_len (default: those of the "
+                       "model's train.eval_tokens, the set its training evaluated)")
       ->check(kFiniteNonNegative);
 
   DataCommands data_commands(app);
