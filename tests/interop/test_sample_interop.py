@@ -1,7 +1,8 @@
 """`switchyard sample` against transformers' `generate`: a small random Mixtral and
 Qwen2-MoE saved by transformers and imported with `convert from-hf` continue a prompt
 greedily with the same 200 token ids as `model.generate(do_sample=False)`, with the
-key/value cache and without it (`--no-kv-cache`).
+key/value cache and without it (`--no-kv-cache`); top-k, top-p, the seed and stop strings
+do what the docs say.
 
 Run by ctest with the interop environment's Python; SWITCHYARD names the binary.
 """
@@ -69,13 +70,18 @@ def hf_greedy(model, prompt_ids):
     return out[0, len(prompt_ids):].tolist()
 
 
+def imported(model, tokenizer, root):
+    model.save_pretrained(root / "hf")
+    (root / "hf" / "tokenizer.model").write_bytes(tokenizer.read_bytes())
+    run(SWITCHYARD, "convert", "from-hf", root / "hf", root / "weights")
+    return root / "weights"
+
+
 @pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
 def test_greedy_sample_equals_generate(tmp_path, tokenizer, kind):
     model = hf_model(kind)
-    model.save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "tokenizer.model").write_bytes(tokenizer.read_bytes())
-    run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights")
-    sample = [SWITCHYARD, "sample", tmp_path / "weights", "--prompt", PROMPT, "--temperature", "0",
+    weights = imported(model, tokenizer, tmp_path)
+    sample = [SWITCHYARD, "sample", weights, "--prompt", PROMPT, "--temperature", "0",
               "--ignore-eos", "--tokens", NEW_TOKENS, "--ids"]
     cached = json.loads(run(*sample).stdout)
     assert len(cached["generated_ids"]) == NEW_TOKENS
@@ -83,3 +89,38 @@ def test_greedy_sample_equals_generate(tmp_path, tokenizer, kind):
     assert cached["generated_ids"] == expected
     assert len(set(expected)) > 20, "a greedy loop on one token would hide a wrong cache"
     assert json.loads(run(*sample, "--no-kv-cache").stdout) == cached
+
+
+def test_sampling_options(tmp_path, tokenizer):
+    weights = imported(hf_model("mixtral"), tokenizer, tmp_path)
+
+    def sample(*flags):
+        return run(SWITCHYARD, "sample", weights, "--prompt", PROMPT, "--tokens", 40,
+                   "--ignore-eos", *flags)
+
+    def ids(*flags):
+        result = sample("--ids", *flags)
+        return json.loads(result.stdout)["generated_ids"], result.stderr
+
+    greedy, quiet = ids("--temperature", "0")
+    assert quiet == ""
+    # One candidate left by top-k or top-p: the most likely token at any temperature.
+    assert ids("--temperature", "2", "--top-k", "1", "--seed", "1")[0] == greedy
+    assert ids("--temperature", "2", "--top-p", "1e-6", "--seed", "1")[0] == greedy
+    # A seed repeats a sample; without one, the random seed printed repeats it.
+    drawn, _ = ids("--temperature", "2", "--seed", "7")
+    assert drawn != greedy and ids("--temperature", "2", "--seed", "7")[0] == drawn
+    unseeded, line = ids("--temperature", "2")
+    seed = line.split()[3]
+    assert line == f"switchyard sample: seed {seed} (--seed {seed} repeats this sample)\n"
+    assert ids("--temperature", "2", "--seed", seed)[0] == unseeded
+    # A stop string ends the text before it. A random model prints stray bytes, so the
+    # text is compared as bytes and the stop is two ASCII letters from its middle.
+    command = [SWITCHYARD, "sample", weights, "--prompt", PROMPT, "--tokens", "40",
+               "--ignore-eos", "--temperature", "0"]
+    text = subprocess.run(command, capture_output=True, env=ENV, check=True).stdout
+    at = next(i for i in range(len(PROMPT) + 10, len(text) - 1) if text[i:i + 2].isalpha())
+    stop = text[at:at + 2]
+    stopped = subprocess.run([*command, "--stop", stop], capture_output=True, env=ENV,
+                             check=True).stdout
+    assert stopped == text[:text.index(stop, len(PROMPT))] + b"\n"
