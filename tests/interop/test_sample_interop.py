@@ -2,7 +2,7 @@
 Qwen2-MoE saved by transformers and imported with `convert from-hf` continue a prompt
 greedily with the same 200 token ids as `model.generate(do_sample=False)`, with the
 key/value cache and without it (`--no-kv-cache`); top-k, top-p, the seed and stop strings
-do what the docs say.
+and the stop at end-of-sequence do what the docs say.
 
 Run by ctest with the interop environment's Python; SWITCHYARD names the binary.
 """
@@ -124,3 +124,25 @@ def test_sampling_options(tmp_path, tokenizer):
     stopped = subprocess.run([*command, "--stop", stop], capture_output=True, env=ENV,
                              check=True).stdout
     assert stopped == text[:text.index(stop, len(PROMPT))] + b"\n"
+
+
+def test_stops_at_eos(tmp_path, tokenizer):
+    """The weights are edited so that the first greedy token is eos: `sample` stops before
+    it, and goes on past it with --ignore-eos."""
+    model = hf_model("mixtral")
+    eos = 2  # data/tokenizer.h kTrainedSpecialIds
+
+    def sample(weights, *flags):
+        result = run(SWITCHYARD, "sample", weights, "--prompt", PROMPT, "--temperature", "0",
+                     "--tokens", "5", "--ids", *flags)
+        return json.loads(result.stdout)
+
+    prompt = sample(imported(model, tokenizer, tmp_path / "plain"))["prompt_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1]
+        first = int(logits.argmax())
+        assert first != eos and logits[first] > 0
+        model.lm_head.weight[eos] = 2 * model.lm_head.weight[first]
+    weights = imported(model, tokenizer, tmp_path / "eos")
+    assert sample(weights)["generated_ids"] == []
+    assert sample(weights, "--ignore-eos")["generated_ids"][0] == eos
