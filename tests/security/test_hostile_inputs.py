@@ -10,6 +10,7 @@ import pytest
 
 import cases_checkpoint
 import cases_data
+import cases_eval
 import cases_hdf5
 import cases_hf
 import cases_hub
@@ -18,7 +19,8 @@ import cases_sample
 from hostile import REPO, make_world, run_refused
 
 CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hdf5.CASES,
-         *cases_hf.CASES, *cases_hub.CASES, *cases_sample.CASES]
+         *cases_hf.CASES, *cases_hub.CASES, *cases_sample.CASES,
+         *cases_eval.CASES]
 
 
 @pytest.fixture(scope="session")
