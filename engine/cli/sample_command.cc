@@ -15,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "engine/cli/load_model.h"
 #include "engine/model/transformer.h"
+#include "engine/runtime/device.h"
 #include "engine/runtime/rng.h"
 #include "engine/runtime/status_macros.h"
 
@@ -96,7 +97,8 @@ absl::StatusOr<std::string> continuation(const Tokenizer& tokenizer,
     if (first && absl::StartsWith(decoded, before)) {
       decoded.erase(0, before.size());
     } else if (first) {
-      SY_ASSIGN_OR_RETURN(decoded, tokenizer.decode(absl::MakeConstSpan(piece).subspan(prompt.size())));
+      const auto generated_part = absl::MakeConstSpan(piece).subspan(prompt.size());
+      SY_ASSIGN_OR_RETURN(decoded, tokenizer.decode(generated_part));
     }
     text += decoded;
     first = false;
@@ -228,6 +230,10 @@ absl::Status SampleCommand::run() {
         prompt_tokens + options.tokens, " positions, more than model.max_position_embeddings (",
         positions, ") of ", weights_dir_));
 
+  if (!no_kv_cache_)
+    SY_RETURN_IF_ERROR(check_fits(
+        cpu_device(), lm.model->decode_cache_bytes(prompt_tokens + options.tokens),
+        absl::StrCat("the key/value cache of ", prompt_tokens + options.tokens, " positions")));
   uint64_t seed = seed_;
   if (seed_option_->count() == 0 && temperature_ > 0) {
     seed = random_seed();

@@ -388,6 +388,12 @@ DecodeCache Transformer::start_decoding(int64_t positions) const {
   return cache;
 }
 
+double Transformer::decode_cache_bytes(int64_t positions) const {
+  const auto& m = recipe_.model();
+  return 2.0 * sizeof(float) * static_cast<double>(blocks_.size()) *
+         static_cast<double>(positions) * m.num_kv_heads() * m.head_dim();
+}
+
 Tensor Transformer::decode(Device& dev, const std::vector<int32_t>& ids, DecodeCache& cache) {
   SY_CHECK_MSG(!dev.is_cuda() && !tp_ && !hooks_ && embed_->work.dtype() == DType::kF32,
                "decode runs on the CPU in f32 on one rank");

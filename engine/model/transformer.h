@@ -69,6 +69,8 @@ class Transformer {
   // returns the last one's logits (vocab) f32 on the host: logits() of the whole
   // sequence's last row.
   DecodeCache start_decoding(int64_t positions) const;
+  // The bytes start_decoding(positions) allocates.
+  double decode_cache_bytes(int64_t positions) const;
   Tensor decode(Device& dev, const std::vector<int32_t>& ids, DecodeCache& cache);
 
   // Hooks around each unit's use of its parameters (ZeRO stages 2 and 3); null: none.
