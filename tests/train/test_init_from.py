@@ -44,12 +44,12 @@ def trained(tmp_path_factory):
 
 
 def fine_tune(weights, dataset, run_dir, *extra, ranks=1, steps=1, batch=2):
-    """One-window micro-batches, so the first evaluation reads the windows `eval` reads."""
+    """The first evaluation reads the windows `eval --windows EVAL_WINDOWS` reads."""
     return run([SWITCHYARD, "train", str(RECIPE), "--run-dir", str(run_dir), *SMALL,
                 "--init-from", str(weights), "--set", "data.corpus=",
                 "--set", f"data.dataset={dataset}", "--set", f"train.steps={steps}",
                 "--set", f"train.global_batch_size={batch}", "--set", "train.micro_batch_size=1",
-                "--set", "train.eval_interval=1", "--set", f"train.eval_batches={EVAL_WINDOWS}",
+                "--set", "train.eval_interval=1", "--set", f"train.eval_tokens={EVAL_WINDOWS * 32}",
                 "--set", "checkpoint.interval_steps=1", *extra], ranks)
 
 
@@ -104,7 +104,7 @@ def test_an_imported_model_trains_from_its_weights(trained, tmp_path):
     result = run([SWITCHYARD, "train", str(recipe), "--run-dir", str(tmp_path / "run"),
                   "--set", f"data.dataset={dataset}", "--set", "train.steps=1",
                   "--set", "train.seq_len=32", "--set", "train.eval_interval=1",
-                  "--set", f"train.eval_batches={EVAL_WINDOWS}"])
+                  "--set", f"train.eval_tokens={EVAL_WINDOWS * 32}"])
     assert result.returncode == 0, result.stderr
     assert f"starting from the weights in {imported} " in result.stdout
     assert first_val_loss(tmp_path / "run") == pytest.approx(eval_loss(weights, dataset),
