@@ -82,7 +82,12 @@ absl::Status build_bench_model(const config::Recipe& recipe, const std::string& 
     return absl::OkStatus();
   }
   auto from = weights->params.params().begin();
-  for (Param& p : out.params.params()) p.value.copy_from((from++)->value);
+  for (Param& p : out.params.params()) {
+    if (from == weights->params.params().end() || from->name != p.name || from->shape != p.shape)
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": the compared variant's parameter ", p.name, " is not the weights'"));
+    p.value.copy_from((from++)->value);
+  }
   return absl::OkStatus();
 }
 
