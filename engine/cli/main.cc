@@ -84,8 +84,12 @@ absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::st
                                    const std::vector<std::string>& overrides, bool dry,
                                    double peak_gflops, const std::string& cache_dir,
                                    const std::string& resume_from, bool extend_schedule) {
-  SY_ASSIGN_OR_RETURN(config::Recipe recipe, config::load_recipe(recipe_path, overrides));
+  std::string quick_run_warning;
+  SY_ASSIGN_OR_RETURN(config::Recipe recipe,
+                      config::load_recipe(recipe_path, overrides, &quick_run_warning));
   const MpiRuntime& runtime = MpiRuntime::get();
+  if (runtime.world_rank() == 0 && !quick_run_warning.empty())
+    std::printf("%s\n", quick_run_warning.c_str());
   // The layout is checked before any work, in a dry run too.
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, runtime.world_size()));
   if (dry) {

@@ -626,8 +626,32 @@ absl::Status validate_recipe(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
+std::string fit_schedule_to_steps(Recipe& recipe) {
+  const int64_t steps = recipe.train().steps();
+  const int64_t warmup = recipe.optimizer().warmup_steps();
+  const int64_t eval_interval = recipe.train().eval_interval();
+  const int64_t checkpoint_interval = recipe.checkpoint().interval_steps();
+  if (steps < 0 || warmup < 0 || eval_interval < 0 || checkpoint_interval < 0) return "";
+  std::vector<std::string> changes;
+  if (warmup > steps) {
+    recipe.mutable_optimizer()->set_warmup_steps(steps);
+    changes.push_back(
+        absl::StrCat("optimizer.warmup_steps (", warmup, ") is clamped to ", steps));
+  }
+  if (eval_interval > steps)
+    changes.push_back(absl::StrCat("train.eval_interval (", eval_interval,
+                                   ") means one evaluation, at step ", steps));
+  if (checkpoint_interval > steps)
+    changes.push_back(absl::StrCat("checkpoint.interval_steps (", checkpoint_interval,
+                                   ") means one checkpoint, at step ", steps));
+  if (changes.empty()) return "";
+  return absl::StrCat("warning: train.steps (", steps,
+                      ") is shorter than the recipe's schedule: ", absl::StrJoin(changes, "; "));
+}
+
 absl::StatusOr<Recipe> load_recipe(const std::string& path,
-                                   const std::vector<std::string>& overrides) {
+                                   const std::vector<std::string>& overrides,
+                                   std::string* quick_run_warning) {
   SY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
   SY_ASSIGN_OR_RETURN(Recipe recipe, parse_without_defaults(text, path));
   // Data paths written in the file are relative to the file; overrides given on the
@@ -644,6 +668,7 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path,
   }
   if (recipe.name().empty()) recipe.set_name(std::filesystem::path(path).stem().string());
   fill_defaults(recipe);
+  if (quick_run_warning) *quick_run_warning = fit_schedule_to_steps(recipe);
   absl::Status status = validate_recipe(recipe);
   if (!status.ok()) return invalid(absl::StrCat(path, ": ", status.message()));
   return recipe;

@@ -33,9 +33,21 @@ absl::StatusOr<Recipe> parse_recipe(std::string_view text, std::string_view sour
 // Reads the recipe at `path`, applies each override ("field.path=value") in order,
 // fills defaults and validates. An empty recipe name becomes the file's stem. Relative
 // data paths in the file (data.corpus, data.dataset) are made relative to the file's
-// directory; paths given as overrides are kept as given.
+// directory; paths given as overrides are kept as given. With `quick_run_warning`, the
+// recipe is fitted to its train.steps before validation (fit_schedule_to_steps) and the
+// warning, if any, lands there; without it a warmup beyond train.steps is refused.
 absl::StatusOr<Recipe> load_recipe(const std::string& path,
-                                   const std::vector<std::string>& overrides);
+                                   const std::vector<std::string>& overrides,
+                                   std::string* quick_run_warning = nullptr);
+
+// A quick run: train.steps shorter than the recipe's schedule. An
+// optimizer.warmup_steps beyond train.steps becomes train.steps (so the recipe a run
+// saves records the warmup that ran); a train.eval_interval or
+// checkpoint.interval_steps beyond it is kept and means "at the last step", where
+// evaluation and a checkpoint happen anyway. Returns one warning line naming each of
+// them, or "" when train.steps covers them all (or any of them is negative, which
+// validation refuses).
+std::string fit_schedule_to_steps(Recipe& recipe);
 
 // Sets one scalar field from "field.path=value", e.g. "train.steps=200",
 // "moe.gating=SOFTMAX_TOPK", "model.tie_embeddings=true", "data.corpus=foo.txt".

@@ -454,5 +454,38 @@ TEST(RecipeTest, SummaryMentionsShape) {
   EXPECT_TRUE(contains(summary, "100 steps x 8 seqs x 32 tokens"));
 }
 
+TEST(RecipeTest, QuickRunClampsWarmupAndWarnsOnce) {
+  std::string warning = "unset";
+  absl::StatusOr<Recipe> recipe = load_recipe(
+      valid_recipe_path(),
+      {"train.steps=5", "train.eval_interval=200", "checkpoint.interval_steps=100"}, &warning);
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->optimizer().warmup_steps(), 5);
+  EXPECT_EQ(recipe->train().eval_interval(), 200);
+  EXPECT_EQ(recipe->checkpoint().interval_steps(), 100);
+  EXPECT_EQ(warning,
+            "warning: train.steps (5) is shorter than the recipe's schedule: "
+            "optimizer.warmup_steps (10) is clamped to 5; train.eval_interval (200) means one "
+            "evaluation, at step 5; checkpoint.interval_steps (100) means one checkpoint, at "
+            "step 5");
+  EXPECT_EQ(warning.find('\n'), std::string::npos);
+}
+
+TEST(RecipeTest, QuickRunLeavesAFittingScheduleAndRefusesNegatives) {
+  std::string warning = "unset";
+  absl::StatusOr<Recipe> recipe = load_recipe(valid_recipe_path(), {}, &warning);
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->optimizer().warmup_steps(), 10);
+  EXPECT_EQ(warning, "");
+  recipe = load_recipe(valid_recipe_path(), {"train.steps=-1"}, &warning);
+  EXPECT_TRUE(contains(recipe.status().message(), "train.steps (-1) must be >= 0"));
+  recipe = load_recipe(valid_recipe_path(), {"train.steps=5", "optimizer.warmup_steps=-3"},
+                       &warning);
+  EXPECT_TRUE(contains(recipe.status().message(), "optimizer.warmup_steps (-3) must be >= 0"));
+  // Without a place for the warning (saved recipes) a warmup beyond the steps is refused.
+  EXPECT_TRUE(contains(validate_with({"train.steps=5"}).message(),
+                       "optimizer.warmup_steps (10) must be <= train.steps (5)"));
+}
+
 }  // namespace
 }  // namespace switchyard::config
