@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libhdf5-dev hdf5-tools
   libopenmpi-dev openmpi-bin
+  slurmctld slurmd slurm-client munge  # tests/launch/test_slurm.py: a Slurm on localhost
   libsentencepiece-dev
   nlohmann-json3-dev libcli11-dev
   clang libclang-rt-14-dev libomp-dev  # scripts/fuzz.sh and scripts/sanitize.sh tsan

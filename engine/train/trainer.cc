@@ -29,6 +29,7 @@
 #include "engine/optim/grad_reducer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/zero.h"
+#include "engine/parallel/host_map.h"
 #include "engine/parallel/tensor_shards.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
@@ -491,6 +492,8 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   const bool reporter = rank == 0;
   RankZeroSink sink(terminal, reporter);
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
+  // Gathered while the world communicator is still the host one.
+  const std::string rank_hosts = describe_hosts(gather_host_names(*groups.world));
 
   const auto& tc = recipe.train();
   SY_ASSIGN_OR_RETURN(const std::optional<InitWeights> init, open_init_weights(recipe));
@@ -715,12 +718,13 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
 
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
-      "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d, tp %d, ep %d) on %s "
-      "in %s, %d threads; data: %s (%lld training tokens)",
+      "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d, tp %d, ep %d, "
+      "zero %d) on %s in %s, %d threads; data: %s (%lld training tokens)",
       stats.total_params / 1e6, stats.active_params / 1e6, layout.world_size,
       layout.data_parallel_size, layout.tensor_parallel_size, layout.expert_parallel_size,
-      dev.name(), working == DType::kBF16 ? "bf16" : "fp32", cpu_threads(), data_dir,
-      static_cast<long long>(train_data.num_tokens())));
+      zero_stage, dev.name(), working == DType::kBF16 ? "bf16" : "fp32", cpu_threads(),
+      data_dir, static_cast<long long>(train_data.num_tokens())));
+  sink.on_message(absl::StrCat("hosts: ", rank_hosts));
 
   const int64_t micro = tc.micro_batch_size();
   const int64_t accumulation = layout.micro_batches_per_step;

@@ -1,0 +1,288 @@
+"""Launch on a real Slurm: the test brings up munged, slurmctld and slurmd on localhost,
+submits a 2-task sbatch job of the tiny recipe with expert parallelism (srun --mpi=pmix),
+cancels it with scancel once it has made progress, requeues it, and checks that the
+requeued job resumed from the checkpoint the cancel saved and ended where an
+uninterrupted run (mpirun, outside Slurm, same layout) ends, bit for bit.
+
+Needs root (the daemons run as root) and Debian's slurm-wlm and munge (scripts/setup.sh
+installs them); skipped otherwise. Run by ctest with the interop Python; SWITCHYARD and
+MPIEXEC name the binaries.
+"""
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from run_metrics import losses  # noqa: E402
+
+SWITCHYARD = os.environ.get("SWITCHYARD", "")
+MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
+DAEMONS = ["munged", "slurmctld", "slurmd"]
+CLIENTS = ["sbatch", "scancel", "scontrol", "sinfo", "squeue"]
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the Slurm daemons of this test run as root"),
+    pytest.mark.skipif(any(shutil.which(b) is None for b in DAEMONS + CLIENTS),
+                       reason="Slurm (slurm-wlm) or munge is not installed; scripts/setup.sh "
+                              "installs them"),
+]
+
+# Long enough that the cancel, sent once metrics.jsonl shows step 5, lands mid-run (a
+# few seconds of steps on an idle 2-core machine); a periodic checkpoint every 100 steps,
+# so the one the requeued job resumes from is the cancel's own unless the cancel came late.
+STEPS = 400
+TRAIN = ["--set", f"train.steps={STEPS}", "--set", "optimizer.warmup_steps=2",
+         "--set", "train.log_interval=5", "--set", "train.eval_interval=100",
+         "--set", "train.eval_batches=1", "--set", "train.global_batch_size=4",
+         "--set", "train.micro_batch_size=2", "--set", "model.num_layers=1",
+         "--set", "train.seq_len=32", "--set", "checkpoint.interval_steps=100",
+         "--set", "checkpoint.keep=2", "--set", "runtime.threads=1",
+         "--set", "parallel.expert_parallel_size=2"]
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+RESUMED = re.compile(r"resuming from (\S+) \(step (\d+)\)")
+STOPPED = re.compile(r"stopped after step (\d+);")
+
+
+def train_args(run_dir, cache):
+    return [SWITCHYARD, "train", str(RECIPE), "--run-dir", str(run_dir),
+            "--dataset-cache", str(cache), *TRAIN]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def slurm_conf(root, munge):
+    """A one-node cluster on localhost: no cgroups (proctrack/linuxproc, task/none), state
+    in `root`, ports picked free, and requeued jobs eligible after 5 s instead of 120
+    (cred_expire) with the scheduler looking every second."""
+    return f"""\
+ClusterName=switchyard-test
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={munge}/munge.socket,cred_expire=5
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+KillWait=20
+SchedulerParameters=sched_interval=1,bf_interval=1
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class Slurm:
+    """munged, slurmctld and slurmd as children of the test, and the environment in which
+    the Slurm commands talk to them."""
+
+    def __init__(self, root):
+        self.root = root
+        # munged wants every directory above its socket open to all, which pytest's
+        # temporary directories are not.
+        self.munge = Path(tempfile.mkdtemp(prefix="switchyard-munge-"))
+        self.conf = root / "slurm.conf"
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        self.daemons = []
+
+    def start(self):
+        for d in ("state", "spool"):
+            (self.root / d).mkdir()
+        munge = self.munge
+        munge.chmod(0o755)
+        key = munge / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        self.conf.write_text(slurm_conf(self.root, munge))
+        self.spawn("munged", "-F", f"--key-file={key}", f"--socket={munge}/munge.socket",
+                   f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
+                   f"--seed-file={munge}/munged.seed")
+        self.wait_for((munge / "munge.socket").exists, 20, "munged's socket")
+        self.spawn("slurmctld", "-D", "-i")
+        self.spawn("slurmd", "-D", "-N", "localhost")
+        self.wait_for(lambda: self.command("sinfo", "-h", "-o", "%T", check=False).stdout.strip()
+                      == "idle", 60, "sinfo to show the node idle")
+
+    def wait_for(self, condition, timeout, what):
+        """wait_until, failing at once with a daemon's log when one has died."""
+        def ready():
+            for daemon in self.daemons:
+                if daemon.poll() is not None:
+                    name = daemon.args[0]
+                    log = (self.root / f"{name}.out").read_text()
+                    raise AssertionError(f"{name} exited {daemon.returncode}:\n{log}")
+            return condition()
+        wait_until(ready, timeout, what)
+
+    def spawn(self, *argv):
+        log = open(self.root / f"{argv[0]}.out", "w")
+        self.daemons.append(subprocess.Popen(argv, env=self.env, stdout=log,
+                                             stderr=subprocess.STDOUT))
+
+    def command(self, *argv, check=True):
+        result = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
+        if check:
+            assert result.returncode == 0, f"{argv}: {result.stdout}{result.stderr}"
+        return result
+
+    def job_state(self, job):
+        out = self.command("scontrol", "show", "job", job).stdout
+        return re.search(r"JobState=(\S+)", out).group(1)
+
+    def wait_for_end(self, job, timeout):
+        """The state a job ended in, once none of its processes is left."""
+        wait_until(lambda: self.job_state(job) in ENDED and not self.command(
+            "squeue", "-h", "-j", job, check=False).stdout.strip(), timeout,
+            f"job {job} to end")
+        return self.job_state(job)
+
+    def stop(self):
+        """Ends the jobs, then the daemons, then whatever a job left behind."""
+        if self.daemons and self.daemons[-1].poll() is None:
+            self.command("scancel", "--full", "--user", "root", check=False)
+            try:
+                wait_until(lambda: not self.command("squeue", "-h", check=False).stdout.strip(),
+                           40, "the jobs to end")
+            except AssertionError:
+                pass
+        for daemon in reversed(self.daemons):
+            daemon.terminate()
+            try:
+                daemon.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+        for pid in processes_with(f"SLURM_CONF={self.conf}".encode()):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.munge, ignore_errors=True)
+
+
+def processes_with(variable):
+    """Processes whose environment holds `variable` (our daemons' step daemons and tasks)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if variable in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = Slurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def job_script(run_dir, cache, output):
+    """The one-node script of docs/launch.md, shortened to the test's run."""
+    train = " ".join(train_args(run_dir, cache))
+    return f"""#!/bin/bash
+#SBATCH --job-name=switchyard-test
+#SBATCH --nodes=1
+#SBATCH --ntasks=2
+#SBATCH --cpus-per-task=1
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output={output}
+export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK
+echo "job $SLURM_JOB_ID start, restart ${{SLURM_RESTART_COUNT:-0}}"
+srun --mpi=pmix --kill-on-bad-exit=1 {train}
+"""
+
+
+def last_logged_step(run_dir):
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    steps = [int(m.group(1)) for line in lines if (m := re.match(r'\{"step": ?(\d+)', line))]
+    return max(steps, default=0)
+
+
+def test_scancel_then_requeue_resumes_and_matches_an_uninterrupted_run(slurm, cache,
+                                                                          tmp_path):
+    start = time.monotonic()
+    reference = tmp_path / "reference"
+    result = subprocess.run(
+        [MPIEXEC, "--oversubscribe", "-np", "2", *train_args(reference, cache)],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    run_dir = tmp_path / "run"
+    output = tmp_path / "job.out"
+    script = tmp_path / "job.sh"
+    script.write_text(job_script(run_dir, cache, output))
+    job = slurm.command("sbatch", "--parsable", str(script)).stdout.strip().split(";")[0]
+    wait_until(lambda: last_logged_step(run_dir) >= 5, 120, "the job's first steps")
+    slurm.command("scancel", job)
+    assert slurm.wait_for_end(job, 60) == "CANCELLED"
+    first = output.read_text()
+    stopped = int(STOPPED.search(first).group(1)) if STOPPED.search(first) else None
+    assert stopped is not None and 5 <= stopped < STEPS, first
+    # Both tasks took the SIGTERM and saved the step that rank 0 reports.
+    assert first.count("switchyard: stopping after this step's checkpoint") == 2, first
+    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped}\n"
+    # The start block: layout and where each rank runs.
+    assert "2 ranks (dp 2, tp 1, ep 2, zero 0)" in first, first
+    assert re.search(rf"hosts: ranks 0-1 on {re.escape(socket.gethostname())}\n", first), first
+
+    # A cancelled job of a --requeue script goes back to the queue under the same id.
+    slurm.command("scontrol", "requeue", job)
+    state = slurm.wait_for_end(job, 180)
+    second = output.read_text()[len(first):]
+    assert state == "COMPLETED", second
+    assert "restart 1" in second, second
+    resumed = RESUMED.search(second)
+    assert resumed and int(resumed.group(2)) == stopped, second
+    assert losses(run_dir) == losses(reference)
+    print(f"slurm test: {time.monotonic() - start:.1f} s (reference run, job, cancel, requeue)")
