@@ -497,10 +497,9 @@ class HeaderReader {
 
   absl::Status read_first_chunk(uint64_t address) {
     constexpr size_t kMaxPrefix = 4 + 2 + 16 + 4 + 8;
-    std::string prefix(kMaxPrefix, '\0');
-    const uint64_t available =
-        address < static_cast<uint64_t>(file_.size()) ? file_.size() - address : 0;
-    prefix.resize(std::min<uint64_t>(kMaxPrefix, available));
+    if (address >= static_cast<uint64_t>(file_.size()))
+      return damaged(where_, "object header (an address outside the file)");
+    std::string prefix(std::min<uint64_t>(kMaxPrefix, file_.size() - address), '\0');
     SY_RETURN_IF_ERROR(file_.read_bytes(static_cast<int64_t>(address),
                                         static_cast<int64_t>(prefix.size()), prefix.data()));
     if (!prefix.starts_with("OHDR"))

@@ -18,6 +18,7 @@
 #include "engine/runtime/device.h"
 #include "engine/runtime/rng.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/runtime/text.h"
 
 namespace switchyard {
 
@@ -246,7 +247,8 @@ absl::Status SampleCommand::run() {
     const nlohmann::ordered_json j = {{"prompt_ids", prompt}, {"generated_ids", g.ids}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("%s%s\n", prompt_.c_str(), g.text.c_str());
+    // A sampled byte-fallback piece can end mid-character: the text printed is UTF-8.
+    std::printf("%s%s\n", prompt_.c_str(), to_valid_utf8(g.text).c_str());
   }
   return absl::OkStatus();
 }
