@@ -77,4 +77,15 @@ double bf16_peak_flops(Device& device) {
 #endif
 }
 
+std::string gpu_model_name(Device& device) {
+#ifdef SWITCHYARD_WITH_CUDA
+  cudaDeviceProp properties{};
+  if (device.is_cuda() && cudaGetDeviceProperties(&properties, device.index()) == cudaSuccess)
+    return properties.name;
+#else
+  (void)device;
+#endif
+  return "";
+}
+
 }  // namespace switchyard

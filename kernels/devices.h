@@ -32,4 +32,8 @@ DType working_dtype(const std::string& wanted, const Device& device);
 // the CPU and for architectures outside that list.
 double bf16_peak_flops(Device& device);
 
+// The GPU's model as cudaGetDeviceProperties names it ("NVIDIA H100 80GB HBM3"); "" for
+// the CPU.
+std::string gpu_model_name(Device& device);
+
 }  // namespace switchyard

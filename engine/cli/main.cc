@@ -107,7 +107,7 @@ absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::st
     sink.on_message(absl::StrCat("switchyard train: ", config::summarize_recipe(recipe)));
   TrainOptions options;
   options.run_dir = run_dir;
-  options.peak_flops = peak_gflops * 1e9;
+  options.peak = {peak_gflops * 1e9, default_peak_cache_path(), build_info_line()};
   options.local_rank = runtime.local_rank();
   options.dataset_cache_dir = cache_dir;
   options.resume_from = resume_from;
@@ -231,8 +231,9 @@ int run_main(int argc, char** argv) {
   train_cmd->add_flag("--dry-run", dry, "print parameter and FLOP counts, train nothing");
   train_cmd
       ->add_option("--peak-gflops", peak_gflops,
-                   "peak GFLOP/s of all the ranks together, for the MFU (0: a GPU's bf16 peak "
-                   "times the ranks, or 180 on the CPU)")
+                   "peak GFLOP/s of all the ranks together, for the MFU (0: a known GPU's "
+                   "dense bf16 peak times the ranks, or the CPU's measured sgemm peak, cached "
+                   "in ~/.cache/switchyard/peak.json)")
       ->check(kFiniteNonNegative);
   train_cmd->add_option("--dataset-cache", cache_dir,
                         "where a data.corpus is prepared on first use (default "

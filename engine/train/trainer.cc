@@ -35,6 +35,7 @@
 #include "engine/runtime/status_macros.h"
 #include "engine/train/evaluation.h"
 #include "engine/train/metrics_log.h"
+#include "engine/train/peak.h"
 #include "engine/train/tensorboard_writer.h"
 #include "kernels/devices.h"
 #include "kernels/threads.h"
@@ -583,10 +584,14 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   // On GPUs the groups' collectives go over NCCL, on the tensors where they are.
   if (dev.is_cuda() && layout.world_size > 1) use_nccl(groups, as_cuda(dev));
 #endif
-  const double peak_flops =
-      options.peak_flops > 0 ? options.peak_flops
-      : dev.is_cuda()        ? bf16_peak_flops(dev) * layout.world_size
-                             : kDefaultCpuPeakFlops;
+  // The MFU's reference; only rank 0 reports it, so only rank 0 finds it.
+  Peak peak;
+  if (reporter) {
+    std::string warning;
+    peak = find_peak(options.peak, dev, layout.world_size, &warning);
+    if (!warning.empty()) sink.on_message(warning);
+    sink.on_message(peak_line(peak));
+  }
   ParamStore params(ShardPlacement{groups.tp->rank(), groups.tp->size(), groups.ep->rank(),
                                    groups.ep->size()});
   Transformer model(recipe, params, {groups.tp.get(), groups.ep.get()});
@@ -866,9 +871,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       m.lr = report.lr;
       m.grad_norm = report.grad_norm;
       m.tokens_per_s = window_s > 0 ? window_steps * tokens_per_step / window_s : 0;
-      m.mfu = peak_flops > 0
-                  ? m.tokens_per_s * stats.train_flops_per_token / peak_flops
-                  : 0;
+      m.mfu = peak.flops > 0 ? m.tokens_per_s * stats.train_flops_per_token / peak.flops : 0;
       // Drops over every data-parallel replica's micro-batches (a collective: every
       // rank logs at the same steps).
       std::vector<double> routed = {dropped, assignments};
@@ -885,11 +888,12 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
           {"aux_loss", m.aux_loss}, {"z_loss", m.z_loss},   {"lr", m.lr},
           {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu},
           {"dropped_fraction", m.dropped_fraction}, {"worst_load_ratio", m.worst_load_ratio},
-          {"all_to_all_share", m.all_to_all_share}, {"elapsed_s", m.elapsed_s}};
+          {"all_to_all_share", m.all_to_all_share}, {"elapsed_s", m.elapsed_s},
+          {"peak_gflops", peak.flops / 1e9}, {"peak_source", peak.source}};
       if (reporter) {
         metrics << j.dump() << "\n" << std::flush;
         for (const auto& [key, value] : j.items())
-          if (key != "step" && key != "elapsed_s")
+          if (value.is_number() && key != "step" && key != "elapsed_s" && key != "peak_gflops")
             SY_RETURN_IF_ERROR(tensorboard->add_scalar("train/" + key, value.get<double>(), step));
         const RouterStats& rs = model.router_stats();
         if (!rs.selections_per_expert.empty())

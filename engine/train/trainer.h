@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "engine/config/recipe.pb.h"
 #include "engine/parallel/topology.h"
+#include "engine/train/peak.h"
 
 namespace switchyard {
 
@@ -42,14 +43,11 @@ class ProgressSink {
   virtual void on_message(const std::string& text) = 0;
 };
 
-// OpenBLAS sgemm peak measured on the 2-core reference machine (docs/training.md).
-inline constexpr double kDefaultCpuPeakFlops = 180e9;
-
 struct TrainOptions {
   std::string run_dir;
-  // Peak FLOP/s of all the ranks together, the MFU's reference; 0: the device's own
-  // (on a GPU its dense bf16 peak times the ranks, on the CPU kDefaultCpuPeakFlops).
-  double peak_flops = 0;
+  // The MFU's reference: --peak-gflops, or where to cache the CPU's calibration
+  // (engine/train/peak.h).
+  PeakOptions peak;
   // Where a data.corpus is prepared into a dataset on first use; empty means the
   // default cache (data/corpus_cache.h).
   std::string dataset_cache_dir;

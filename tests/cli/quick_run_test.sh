@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A quick run of the tiny recipe: --set train.steps=5 (below its 50 warmup steps, its
-# eval and checkpoint intervals) trains with exactly one warning line and exits 0.
+# eval and checkpoint intervals) trains with exactly one warning line and exits 0; the
+# MFU it prints and logs is tokens/s x training FLOPs per token (--dry-run) over the
+# peak it names, here the CPU's sgemm calibration (cached under HOME, a fresh one here).
 #   quick_run_test.sh SWITCHYARD_BINARY REPO_ROOT
 set -u
 bin="$1"
@@ -8,8 +10,10 @@ root="$2"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-"$bin" train "$root/recipes/tiny.textproto" --run-dir "$work/run" --set train.steps=5 \
-  --set train.eval_tokens=4096 >"$work/out" 2>"$work/err"
+datasets="$HOME/.cache/switchyard/datasets"
+HOME="$work/home" "$bin" train "$root/recipes/tiny.textproto" --run-dir "$work/run" \
+  --set train.steps=5 --set train.log_interval=1 --set train.eval_tokens=4096 \
+  --dataset-cache "$datasets" >"$work/out" 2>"$work/err"
 status=$?
 if [[ $status -ne 0 ]]; then
   echo "FAIL quick run: exit status $status"; cat "$work/err"; exit 1
@@ -24,3 +28,24 @@ fi
 grep -q "^eval step 5 " "$work/out" || { echo "FAIL quick run: no evaluation at step 5"; exit 1; }
 [[ -d "$work/run/checkpoints/step_5" ]] || { echo "FAIL quick run: no checkpoint at step 5"; exit 1; }
 echo "ok   quick run: $want"
+
+peak_line=$(grep -E '^peak [0-9]+ GFLOP/s measured \(sgemm, [0-9]+ threads\)$' "$work/out")
+if [[ -z "$peak_line" || ! -s "$work/home/.cache/switchyard/peak.json" ]]; then
+  echo "FAIL mfu: no measured, cached peak; stdout was:"; cat "$work/out"; exit 1
+fi
+"$bin" train "$root/recipes/tiny.textproto" --dry-run | tail -n 1 >"$work/dry.json"
+python3 - "$work/run/metrics.jsonl" "$work/dry.json" "$work/out" <<'PY' || exit 1
+import json, re, sys
+flops = json.load(open(sys.argv[2]))["train_flops_per_token"]
+steps = [m for m in map(json.loads, open(sys.argv[1])) if "mfu" in m]
+printed = re.findall(r"^step +\d+/5 .* mfu ([0-9.]+)%", open(sys.argv[3]).read(), re.M)
+assert len(steps) == 5 and len(printed) == 5, (len(steps), printed)
+for m, shown in zip(steps, printed):
+    assert re.fullmatch(r"measured \(sgemm, \d+ threads\)", m["peak_source"]), m
+    expected = m["tokens_per_s"] * flops / (m["peak_gflops"] * 1e9)
+    assert abs(m["mfu"] - expected) <= 1e-9 * expected, (m, expected)
+    assert abs(float(shown) - 100 * m["mfu"]) <= 0.05 + 1e-9, (shown, m["mfu"])
+print("ok   mfu: %s; step 5: %.0f tok/s x %.4g FLOPs/token / %.1f GFLOP/s = %.2f%%"
+      % (steps[-1]["peak_source"], steps[-1]["tokens_per_s"], flops, steps[-1]["peak_gflops"],
+         100 * steps[-1]["mfu"]))
+PY

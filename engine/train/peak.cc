@@ -1,0 +1,191 @@
+#include "engine/train/peak.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "engine/runtime/file_util.h"
+#include "engine/runtime/json_fields.h"
+#include "engine/runtime/tensor.h"
+#include "engine/runtime/text.h"
+#include "kernels/devices.h"
+#include "kernels/gemm.h"
+#include "kernels/threads.h"
+
+namespace switchyard {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Dense bf16 tensor-core peaks (without sparsity) from the vendors' data sheets, in
+// TFLOP/s. The first entry whose text the device name contains wins, so the more
+// specific names come first.
+struct KnownGpu {
+  const char* name_part;
+  double tflops;
+};
+constexpr KnownGpu kKnownGpus[] = {
+    {"GH200", 989},     {"H200 NVL", 835}, {"H200", 989},       {"H100 PCIe", 756},
+    {"H100 NVL", 835},  {"H100", 989},     {"H800 PCIe", 756},  {"H800", 989},
+    {"B200", 2250},     {"B100", 1750},    {"A100", 312},       {"A800", 312},
+    {"L40S", 362},      {"L40", 181},      {"L4", 121},         {"A10G", 70},
+    {"A10", 125},       {"A30", 165},      {"RTX 6000 Ada", 364}, {"RTX A6000", 155},
+};
+
+// The GFLOP/s of `entry` of the cache, or an error naming the field.
+absl::StatusOr<double> cache_entry_gflops(const JsonFields& cache, const std::string& key) {
+  absl::StatusOr<JsonFields> entry = cache.object(key.c_str());
+  if (!entry.ok()) return entry.status();
+  absl::StatusOr<double> gflops = entry->number_or("gflops", 0, 0, 1e9);
+  if (!gflops.ok()) return gflops.status();
+  if (*gflops <= 0) return entry->error("gflops", "must be a number > 0");
+  return *gflops;
+}
+
+}  // namespace
+
+std::string peak_line(const Peak& peak) {
+  if (peak.flops <= 0) return absl::StrCat("peak unknown (", peak.source, "): mfu reads 0");
+  return absl::StrFormat("peak %.0f GFLOP/s %s", peak.flops / 1e9, peak.source);
+}
+
+double known_gpu_bf16_peak_flops(absl::string_view device_name) {
+  for (const KnownGpu& gpu : kKnownGpus)
+    if (absl::StrContains(device_name, gpu.name_part)) return gpu.tflops * 1e12;
+  return 0;
+}
+
+std::string default_peak_cache_path() {
+  const char* home = std::getenv("HOME");
+  if (home == nullptr || *home == '\0') return "";
+  return (fs::path(home) / ".cache" / "switchyard" / "peak.json").string();
+}
+
+std::string cpu_model_name() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, "model name")) continue;
+    rest = absl::StripLeadingAsciiWhitespace(rest);
+    if (absl::ConsumePrefix(&rest, ":")) return std::string(absl::StripAsciiWhitespace(rest));
+  }
+  return "unknown CPU";
+}
+
+std::string cpu_peak_key(absl::string_view cpu_model, int cpus, int threads,
+                         absl::string_view build) {
+  return absl::StrCat(cpu_model, " | ", cpus, " CPUs | ", threads, " threads | ", build);
+}
+
+PeakCache read_peak_cache(const std::string& path, std::string* warning) {
+  warning->clear();
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return {};
+  const auto refuse = [&](const absl::Status& status) {
+    *warning = escape_control_bytes(
+        absl::StrCat("warning: ", status.message(), "; measuring the peak again"));
+    return PeakCache{};
+  };
+  absl::StatusOr<std::string> text = read_file(path, kMaxPeakCacheBytes);
+  if (!text.ok()) return refuse(text.status());
+  absl::StatusOr<nlohmann::json> json = parse_json_object(*text, path);
+  if (!json.ok()) return refuse(json.status());
+  if (json->size() > kMaxPeakCacheEntries)
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        path, ": holds ", json->size(), " entries, more than ", kMaxPeakCacheEntries)));
+  const JsonFields fields(*json, path);
+  PeakCache cache;
+  for (const auto& [key, value] : json->items()) {
+    absl::StatusOr<double> gflops = cache_entry_gflops(fields, key);
+    if (!gflops.ok()) return refuse(gflops.status());
+    cache[key] = *gflops;
+  }
+  return cache;
+}
+
+absl::Status write_peak_cache(const std::string& path, const PeakCache& cache) {
+  nlohmann::ordered_json json = nlohmann::ordered_json::object();
+  for (const auto& [key, gflops] : cache) json[key] = {{"gflops", gflops}};
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  if (ec)
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot create its directory: ", ec.message()));
+  return write_file_atomically(path, json.dump(2) + "\n");
+}
+
+double measure_sgemm_flops() {
+  constexpr int64_t n = 1024;
+  constexpr int kMaxProducts = 24;
+  constexpr double kBudgetSeconds = 0.3;
+  std::vector<Tensor> operands;
+  for (int i = 0; i < 3; ++i) {
+    operands.push_back(Tensor::empty({n, n}));
+    float* values = operands.back().data<float>();
+    for (int64_t e = 0; e < n * n; ++e) values[e] = static_cast<float>((e * 7 + i) % 13) / 13.0f;
+  }
+  using clock = std::chrono::steady_clock;
+  matmul(cpu_device(), operands[0], false, operands[1], false, operands[2]);  // warm up
+  const auto start = clock::now();
+  double best_seconds = 0;
+  for (int i = 0; i < kMaxProducts; ++i) {
+    const auto before = clock::now();
+    matmul(cpu_device(), operands[0], false, operands[1], false, operands[2]);
+    const double seconds = std::chrono::duration<double>(clock::now() - before).count();
+    if (best_seconds == 0 || seconds < best_seconds) best_seconds = seconds;
+    if (std::chrono::duration<double>(clock::now() - start).count() > kBudgetSeconds) break;
+  }
+  return best_seconds > 0 ? 2.0 * n * n * n / best_seconds : 0;
+}
+
+Peak cpu_peak_flops(const std::string& cache_path, const std::string& build, int threads,
+                    std::string* warning) {
+  const std::string key = cpu_peak_key(
+      cpu_model_name(), static_cast<int>(std::thread::hardware_concurrency()), threads, build);
+  const std::string how = absl::StrCat("measured (sgemm, ", threads, " threads");
+  PeakCache cache;
+  warning->clear();
+  if (!cache_path.empty()) cache = read_peak_cache(cache_path, warning);
+  if (const auto it = cache.find(key); it != cache.end())
+    return {it->second * 1e9, absl::StrCat(how, ", cached)")};
+  const double flops = measure_sgemm_flops();
+  if (cache_path.empty() || flops <= 0) return {flops, absl::StrCat(how, ")")};
+  if (cache.size() >= kMaxPeakCacheEntries) cache.clear();
+  cache[key] = flops / 1e9;
+  const absl::Status written = write_peak_cache(cache_path, cache);
+  if (!written.ok() && warning->empty())
+    *warning = absl::StrCat("warning: ", written.message(), "; the peak is not cached");
+  return {flops, absl::StrCat(how, ")")};
+}
+
+Peak find_peak(const PeakOptions& options, Device& dev, int ranks, std::string* warning) {
+  warning->clear();
+  if (options.flops > 0) return {options.flops, "from --peak-gflops"};
+  if (dev.is_cuda()) {
+    const std::string name = gpu_model_name(dev);
+    const std::string times = absl::StrCat(" x ", ranks, ranks == 1 ? " rank" : " ranks");
+    if (const double known = known_gpu_bf16_peak_flops(name); known > 0)
+      return {known * ranks, absl::StrCat(name, " dense bf16", times)};
+    return {bf16_peak_flops(dev) * ranks,
+            absl::StrCat(name, " dense bf16 estimated from multiprocessors x clock", times)};
+  }
+  Peak peak = cpu_peak_flops(options.cache_path, options.build, cpu_threads(), warning);
+  if (ranks > 1) absl::StrAppend(&peak.source, " x ", ranks, " ranks");
+  peak.flops *= ranks;
+  return peak;
+}
+
+}  // namespace switchyard
