@@ -222,6 +222,18 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cache):
+    """The same run under mpirun, outside Slurm, never stopped."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    result = subprocess.run(
+        [MPIEXEC, "--oversubscribe", "-np", "2", *train_args(run_dir, cache)],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return run_dir
+
+
 def job_script(run_dir, cache, output):
     """The one-node script of docs/launch.md, shortened to the test's run."""
     train = " ".join(train_args(run_dir, cache))
@@ -236,6 +248,9 @@ def job_script(run_dir, cache, output):
 export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK
 echo "job $SLURM_JOB_ID start, restart ${{SLURM_RESTART_COUNT:-0}}"
 srun --mpi=pmix --kill-on-bad-exit=1 {train}
+status=$?
+if [ "$status" -eq 143 ]; then scontrol requeue "$SLURM_JOB_ID"; fi
+exit "$status"
 """
 
 
@@ -248,41 +263,64 @@ def last_logged_step(run_dir):
     return max(steps, default=0)
 
 
-def test_scancel_then_requeue_resumes_and_matches_an_uninterrupted_run(slurm, cache,
-                                                                          tmp_path):
-    start = time.monotonic()
-    reference = tmp_path / "reference"
-    result = subprocess.run(
-        [MPIEXEC, "--oversubscribe", "-np", "2", *train_args(reference, cache)],
-        capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
-    assert result.returncode == 0, result.stdout + result.stderr
+def lives(output):
+    """The job log cut at each start of the script: one piece per run of the job."""
+    return re.split(r"(?m)^(?=job \d+ start, restart \d+$)", output.read_text())[1:]
 
+
+def submit_and_stop(slurm, tmp_path, cache, *stop):
+    """Submits the job, sends `stop` (an scancel command) once it has logged step 5, and
+    checks what the stopped life printed; returns the job id, its log and the step
+    every rank stopped after."""
     run_dir = tmp_path / "run"
     output = tmp_path / "job.out"
     script = tmp_path / "job.sh"
     script.write_text(job_script(run_dir, cache, output))
     job = slurm.command("sbatch", "--parsable", str(script)).stdout.strip().split(";")[0]
     wait_until(lambda: last_logged_step(run_dir) >= 5, 120, "the job's first steps")
-    slurm.command("scancel", job)
-    assert slurm.wait_for_end(job, 60) == "CANCELLED"
-    first = output.read_text()
-    stopped = int(STOPPED.search(first).group(1)) if STOPPED.search(first) else None
-    assert stopped is not None and 5 <= stopped < STEPS, first
+    slurm.command(*stop, job)
+    wait_until(lambda: STOPPED.search(output.read_text()), 60, "the job to stop")
+    first = lives(output)[0]
+    stopped = int(STOPPED.search(first).group(1))
+    assert 5 <= stopped < STEPS, first
     # Both tasks took the SIGTERM and saved the step that rank 0 reports.
     assert first.count("switchyard: stopping after this step's checkpoint") == 2, first
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped}\n"
     # The start block: layout and where each rank runs.
     assert "2 ranks (dp 2, tp 1, ep 2, zero 0)" in first, first
     assert re.search(rf"hosts: ranks 0-1 on {re.escape(socket.gethostname())}\n", first), first
+    return job, output, stopped
 
+
+def check_resumed(slurm, job, output, stopped, reference):
+    """The job's second life resumed from `stopped`, finished, and logged the
+    uninterrupted run's losses."""
+    state = slurm.wait_for_end(job, 180)
+    runs = lives(output)
+    assert state == "COMPLETED" and len(runs) == 2, output.read_text()
+    assert runs[1].startswith(f"job {job} start, restart 1"), runs[1]
+    resumed = RESUMED.search(runs[1])
+    assert resumed and int(resumed.group(2)) == stopped, runs[1]
+    assert losses(output.parent / "run") == losses(reference)
+
+
+def test_scancel_then_requeue_resumes_and_matches_an_uninterrupted_run(slurm, cache, reference,
+                                                                          tmp_path):
+    start = time.monotonic()
+    job, output, stopped = submit_and_stop(slurm, tmp_path, cache, "scancel")
+    # scancel also ends the batch shell: the job stays cancelled, no self-requeue.
+    assert slurm.wait_for_end(job, 60) == "CANCELLED", output.read_text()
     # A cancelled job of a --requeue script goes back to the queue under the same id.
     slurm.command("scontrol", "requeue", job)
-    state = slurm.wait_for_end(job, 180)
-    second = output.read_text()[len(first):]
-    assert state == "COMPLETED", second
-    assert "restart 1" in second, second
-    resumed = RESUMED.search(second)
-    assert resumed and int(resumed.group(2)) == stopped, second
-    assert losses(run_dir) == losses(reference)
-    print(f"slurm test: {time.monotonic() - start:.1f} s (reference run, job, cancel, requeue)")
+    check_resumed(slurm, job, output, stopped, reference)
+    print(f"scancel + requeue: {time.monotonic() - start:.1f} s")
+
+
+def test_time_limit_signal_requeues_the_job_which_resumes(slurm, cache, reference, tmp_path):
+    """scancel --signal=TERM sends what --signal=TERM@120 sends before the time limit: a
+    SIGTERM to the tasks only. The ranks exit 143 after their checkpoint and the script
+    requeues its own job."""
+    start = time.monotonic()
+    job, output, stopped = submit_and_stop(slurm, tmp_path, cache, "scancel", "--signal=TERM")
+    check_resumed(slurm, job, output, stopped, reference)
+    print(f"signal + self-requeue: {time.monotonic() - start:.1f} s")
