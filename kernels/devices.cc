@@ -56,7 +56,11 @@ Device* select_device(const std::string& wanted, int local_rank, std::string* er
 }
 
 DType working_dtype(const std::string& wanted, const Device& device) {
-  return wanted == "bf16" || (wanted.empty() && device.is_cuda()) ? DType::kBF16 : DType::kF32;
+  return working_dtype(wanted, device.is_cuda());
+}
+
+DType working_dtype(const std::string& wanted, bool on_gpu) {
+  return wanted == "bf16" || (wanted.empty() && on_gpu) ? DType::kBF16 : DType::kF32;
 }
 
 double bf16_peak_flops(Device& device) {

@@ -25,6 +25,8 @@ Device* select_device(const std::string& wanted, int local_rank, std::string* er
 // "fp32", "bf16", or "" (bf16 on a GPU; fp32 on the CPU, where bf16 runs every op in f32
 // on widened copies and only costs time). The recipe's validation rejects other values.
 DType working_dtype(const std::string& wanted, const Device& device);
+// The same for a run on a GPU (`on_gpu`) or the CPU, before any device is opened.
+DType working_dtype(const std::string& wanted, bool on_gpu);
 
 // Peak dense bf16 FLOP/s of `device` from its multiprocessor count and clock, for the
 // MFU the progress line shows: tensor-core FLOPs per clock per multiprocessor by

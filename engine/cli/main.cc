@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <numeric>
 #include <new>
 #include <filesystem>
 #include <optional>
@@ -38,13 +39,18 @@
 #include "engine/runtime/status_macros.h"
 #include "engine/runtime/text.h"
 #include "engine/train/evaluation.h"
+#include "engine/train/memory_plan.h"
 #include "engine/train/trainer.h"
+#include "kernels/devices.h"
 #include "kernels/threads.h"
 
 namespace switchyard {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The most ranks a dry run plans for, one line each.
+constexpr int kMaxDryRunWorld = 4096;
 
 // SIGTERM or SIGINT asks training to checkpoint and stop at the next step boundary
 // (preemption); a second one ends the process at once. Either way the exit status is
@@ -62,8 +68,25 @@ void on_stop_signal(int signal) {
   [[maybe_unused]] ssize_t n = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
 }
 
-absl::Status dry_run(const config::Recipe& recipe) {
+// The ranks a dry run plans for: --world, else the launcher's, else the fewest that the
+// recipe's tensor and expert parallel sizes divide.
+int dry_run_world(const config::Recipe& recipe, int world_option) {
+  if (world_option > 0) return world_option;
+  if (MpiRuntime::get().launched()) return MpiRuntime::get().world_size();
+  return std::lcm(std::max(recipe.parallel().tensor_parallel_size(), 1),
+                  std::max(recipe.parallel().expert_parallel_size(), 1));
+}
+
+// Counts, FLOPs and the memory every rank of `layout` needs at least, without opening a
+// device or allocating the model.
+absl::Status dry_run(const config::Recipe& recipe, const Layout& layout) {
   const ModelStats s = compute_model_stats(recipe);
+  const bool on_gpu = recipe.runtime().device() == "cuda" ||
+                      (recipe.runtime().device().empty() && visible_gpus() > 0);
+  const DType working = working_dtype(recipe.runtime().precision(), on_gpu);
+  const std::vector<RankMemory> memory = plan_rank_memory(recipe, layout, working);
+  nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
+  for (const RankMemory& m : memory) per_rank.push_back(m.total());
   nlohmann::ordered_json j = {
       {"recipe", recipe.name()},
       {"total_params", s.total_params},
@@ -71,18 +94,27 @@ absl::Status dry_run(const config::Recipe& recipe) {
       {"expert_params", s.expert_params},
       {"embedding_params", s.embedding_params},
       {"forward_flops_per_token", s.forward_flops_per_token},
-      {"train_flops_per_token", s.train_flops_per_token}};
+      {"train_flops_per_token", s.train_flops_per_token},
+      {"world_size", layout.world_size},
+      {"min_bytes_per_rank", per_rank}};
   std::printf("%s: %.3fB parameters, %.3fB active per token, %.3f GFLOPs/token forward, "
-              "%.3f GFLOPs/token training (seq_len %lld)\n%s\n",
+              "%.3f GFLOPs/token training (seq_len %lld)\n",
               recipe.name().c_str(), s.total_params / 1e9, s.active_params / 1e9,
               s.forward_flops_per_token / 1e9, s.train_flops_per_token / 1e9,
-              static_cast<long long>(recipe.train().seq_len()), j.dump().c_str());
+              static_cast<long long>(recipe.train().seq_len()));
+  std::printf("memory per rank before the first step, %d ranks (dp %d, tp %d, ep %d, zero %d) "
+              "on %s in %s:\n",
+              layout.world_size, layout.data_parallel_size, layout.tensor_parallel_size,
+              layout.expert_parallel_size, recipe.parallel().zero_stage(),
+              on_gpu ? "GPUs" : "the CPU", working == DType::kBF16 ? "bf16" : "fp32");
+  for (const RankMemory& m : memory) std::printf("  %s\n", describe_rank_memory(m).c_str());
+  std::printf("%s\n", j.dump().c_str());
   return absl::OkStatus();
 }
 
 absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::string& run_dir,
                                    const std::vector<std::string>& overrides, bool dry,
-                                   double peak_gflops, const std::string& cache_dir,
+                                   int dry_world, double peak_gflops, const std::string& cache_dir,
                                    const std::string& resume_from, bool extend_schedule) {
   std::string quick_run_warning;
   SY_ASSIGN_OR_RETURN(config::Recipe recipe,
@@ -91,11 +123,13 @@ absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::st
   if (runtime.world_rank() == 0 && !quick_run_warning.empty())
     std::printf("%s\n", quick_run_warning.c_str());
   // The layout is checked before any work, in a dry run too.
-  SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, runtime.world_size()));
   if (dry) {
-    if (runtime.world_rank() == 0) SY_RETURN_IF_ERROR(dry_run(recipe));
+    SY_ASSIGN_OR_RETURN(const Layout layout,
+                        make_layout(recipe, dry_run_world(recipe, dry_world)));
+    if (runtime.world_rank() == 0) SY_RETURN_IF_ERROR(dry_run(recipe, layout));
     return TrainEnd::kFinished;
   }
+  SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, runtime.world_size()));
   if (run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
   ProcessGroups groups = make_process_groups(layout);
   // A live progress line on a terminal, plain lines in logs and CI. Under mpirun a
@@ -224,11 +258,19 @@ int run_main(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool dry = false, extend_schedule = false;
   double peak_gflops = 0;
+  int dry_world = 0;
   auto* train_cmd = app.add_subcommand("train", "train a recipe");
   train_cmd->add_option("recipe", recipe_path, "recipe file (.textproto)")->required();
   train_cmd->add_option("--run-dir", run_dir, "directory for metrics and weights");
   train_cmd->add_option("--set", overrides, "override a recipe field: path=value (repeatable)");
-  train_cmd->add_flag("--dry-run", dry, "print parameter and FLOP counts, train nothing");
+  train_cmd->add_flag("--dry-run", dry,
+                      "print parameter and FLOP counts and the memory of every rank, train "
+                      "nothing");
+  train_cmd
+      ->add_option("--world", dry_world,
+                   "ranks of the layout a --dry-run plans (0: the launcher's, else the fewest "
+                   "that the recipe's tensor and expert parallel sizes divide)")
+      ->check(CLI::Range(0, kMaxDryRunWorld));
   train_cmd
       ->add_option("--peak-gflops", peak_gflops,
                    "peak GFLOP/s of all the ranks together, for the MFU (0: a known GPU's "
@@ -279,8 +321,8 @@ int run_main(int argc, char** argv) {
   if (convert_command.parsed()) return report(convert_command.run());
   if (bench_command.parsed()) return report(bench_command.run());
   if (train_cmd->parsed())
-    return train_exit_status(run_train(recipe_path, run_dir, overrides, dry, peak_gflops,
-                                       cache_dir, resume_from, extend_schedule));
+    return train_exit_status(run_train(recipe_path, run_dir, overrides, dry, dry_world,
+                                       peak_gflops, cache_dir, resume_from, extend_schedule));
   if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, split, batches));
   if (sample_command.parsed()) return report(sample_command.run());
   return 1;

@@ -59,12 +59,17 @@ ZeroShards::ZeroShards(ParamStore& params, Communicator& replicas, int stage, De
     units_[p.unit].push_back(i);
     s.first_row = std::min(rows, replicas_.rank() * chunk);
     s.rows = std::min(rows, s.first_row + chunk) - s.first_row;
-    p.grad_resident = false;
-    p.value_resident = stage_ == 2;
+    mark_zero_residency(p, stage_);
   }
   uses_.assign(units_.size(), 0);
   grads_open_.assign(units_.size(), false);
   padded_grad_.resize(params_.size());
+}
+
+void mark_zero_residency(Param& param, int stage) {
+  if (param.spec.expert) return;
+  param.grad_resident = false;
+  param.value_resident = stage == 2;
 }
 
 void ZeroShards::initialize(uint64_t seed) {

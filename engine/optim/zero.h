@@ -39,6 +39,11 @@ namespace switchyard {
 // assignment and the bytes balance.
 std::vector<int> assign_owners(const ParamStore& params, int dense_replicas, int expert_replicas);
 
+// What ZeRO stage `stage` (2 or 3) keeps whole on every replica: a dense parameter's
+// gradient never (its owned rows live in the shards), its value at stage 2 only;
+// expert parameters keep both.
+void mark_zero_residency(Param& param, int stage);
+
 class ZeroShards final : public ParamHooks {
  public:
   // This replica's rows of one dense parameter and their state. Rows index dimension 0

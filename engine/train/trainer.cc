@@ -34,6 +34,7 @@
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/evaluation.h"
+#include "engine/train/memory_plan.h"
 #include "engine/train/metrics_log.h"
 #include "engine/train/peak.h"
 #include "engine/train/tensorboard_writer.h"
@@ -200,21 +201,6 @@ absl::Status apply_freeze(const config::TrainConfig& tc, ParamStore& params, Pro
     sink.on_message(absl::StrFormat("frozen by train.freeze: %.3fM of %.3fM parameters",
                                     frozen / 1e6, total / 1e6));
   return absl::OkStatus();
-}
-
-// What a training rank needs at least before its first step: parameters, gradients,
-// optimizer state, and every layer's input kept for backward.
-double training_bytes_lower_bound(const config::Recipe& recipe, const ParamStore& params,
-                                  DType working, int dp_size) {
-  const config::TrainConfig& tc = recipe.train();
-  const double layer_inputs = 4.0 * static_cast<double>(tc.micro_batch_size()) *
-                              static_cast<double>(tc.seq_len()) *
-                              static_cast<double>(recipe.model().hidden_size()) *
-                              recipe.model().num_layers();
-  return static_cast<double>(params.allocation_bytes(working)) +
-         static_cast<double>(
-             optimizer_bytes_lower_bound(params, recipe.parallel().zero_stage(), dp_size)) +
-         layer_inputs;
 }
 
 // A setting of the learning-rate schedule, as a recipe gives it.
@@ -606,9 +592,14 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     model.set_param_hooks(zero.get());
   }
   const DType working = working_dtype(recipe.runtime().precision(), dev);
-  SY_RETURN_IF_ERROR(check_fits(dev, training_bytes_lower_bound(recipe, params, working,
-                                                                 groups.dp->size()),
-                                 "this run's parameters, gradients, optimizer state and layer inputs"));
+  const double least_bytes =
+      rank_memory_lower_bound(recipe, params, working, groups.dp->size()).total();
+  SY_RETURN_IF_ERROR(check_fits(
+      dev, least_bytes, "this run's parameters, gradients, optimizer state and layer inputs"));
+  if (const std::string warning =
+          tight_fit_warning(dev.name(), least_bytes, static_cast<double>(dev.available_bytes()));
+      !warning.empty())
+    sink.on_message(warning);
   params.allocate(dev, working);
   params.initialize(tc.seed());
   if (zero) zero->initialize(tc.seed());

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `train --dry-run` on every shipped recipe plans the layout the recipe gives (the fewest
+# ranks its tensor and expert parallel sizes need) without launching it: exit 0, one
+# memory line per rank, as many as the JSON's world_size, and --world plans another.
+#   dry_run_test.sh SWITCHYARD_BINARY REPO_ROOT
+set -u
+bin="$1"
+root="$2"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+# check_plan NAME RANKS -- COMMAND...
+check_plan() {
+  local name="$1" ranks="$2"
+  shift 3
+  if ! "$@" >"$work/out" 2>"$work/err"; then
+    echo "FAIL $name: exit status $?"; cat "$work/err"; failures=$((failures + 1)); return
+  fi
+  local lines world
+  lines=$(grep -cE '^  rank [0-9]+ \(tp [0-9]+, ep [0-9]+\): at least [0-9.]+ [MG]iB: ' "$work/out")
+  world=$(tail -n 1 "$work/out" | python3 -c 'import json, sys; print(json.load(sys.stdin)["world_size"])')
+  if ! grep -q '^memory per rank before the first step, ' "$work/out" || [[ $lines -ne $ranks ]] ||
+     [[ $world -ne $ranks ]]; then
+    echo "FAIL $name: want $ranks rank lines; stdout was:"; cat "$work/out"
+    failures=$((failures + 1)); return
+  fi
+  echo "ok   $name: $(grep '^memory per rank' "$work/out")"
+}
+
+for recipe in "$root"/recipes/*.textproto; do
+  name=$(basename "$recipe" .textproto)
+  tp=$(sed -n 's/^ *tensor_parallel_size: *\([0-9]*\).*/\1/p' "$recipe")
+  ep=$(sed -n 's/^ *expert_parallel_size: *\([0-9]*\).*/\1/p' "$recipe")
+  check_plan "$name" $(( ${tp:-1} * ${ep:-1} )) -- "$bin" train "$recipe" --dry-run
+done
+check_plan "mixtral on 16 ranks" 16 -- "$bin" train "$root/recipes/mixtral-8x7b.textproto" \
+  --dry-run --world 16
+exit $((failures > 0))
