@@ -84,6 +84,8 @@ expect_error "no subcommand" "subcommand is required" "" -- "$bin"
 expect_error "unknown flag" "--bogus" "" -- "$bin" train "$tiny" --bogus
 expect_error "nan peak GFLOP/s" "--peak-gflops: must be a finite number >= 0, not nan" "$work/r12" -- "$bin" train "$tiny" --run-dir "$work/r12" --peak-gflops nan
 expect_error "negative peak GFLOP/s" "--peak-gflops: must be a finite number >= 0, not -1" "$work/r13" -- "$bin" train "$tiny" --run-dir "$work/r13" --peak-gflops -1
+expect_error "dry run of too many ranks" "--world: Value 5000 not in range 0 to 4096" "" -- "$bin" train "$tiny" --dry-run --world 5000
+expect_error "dry run of a layout the recipe refuses" "must be divisible by data-parallel size (3)" "" -- "$bin" train "$tiny" --dry-run --world 3
 expect_error "negative eval windows" "--windows" "" -- "$bin" eval "$work/none" --data "$work/none" --windows -3
 expect_error "bench batches beyond the cap" "--batches 100000000000" "" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 100000000000
 
