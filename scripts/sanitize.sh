@@ -13,10 +13,11 @@ shift
 case "$kind" in
   asan)
     # Whole multi-rank training runs against transformers and each other: tens of
-    # minutes under ASan, and the same code paths run single-rank in the other tests.
+    # minutes under ASan, and the same code paths run single-rank in the other tests
+    # (launch.slurm: the same runs again, under a Slurm the test starts).
     # The hostile-input harness caps address space at 8 GiB, below the shadow memory
     # ASan reserves; the fuzzers run those readers under ASan instead.
-    asan_skip='^(parallel\.train_equivalence|train\.checkpoint_resume|security\.hostile_inputs)$'
+    asan_skip='^(parallel\.train_equivalence|train\.checkpoint_resume|security\.hostile_inputs|launch\.slurm)$'
     select=(-LE gpu -E "$asan_skip")
     # Open MPI and HDF5 keep global allocations until exit; leaks are the fuzzers' job.
     export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0

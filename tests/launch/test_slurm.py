@@ -1,13 +1,15 @@
-"""Launch on a real Slurm: the test brings up munged, slurmctld and slurmd on localhost,
-submits a 2-task sbatch job of the tiny recipe with expert parallelism (srun --mpi=pmix),
-cancels it with scancel once it has made progress, requeues it, and checks that the
-requeued job resumed from the checkpoint the cancel saved and ended where an
+"""Launch on a real Slurm: the test brings up munged, slurmctld and slurmd on localhost and
+submits docs/launch.md's one-node script, shortened: a 2-task job of the tiny recipe with
+expert parallelism under srun --mpi=pmix. Stopped mid-run by scancel and requeued with
+scontrol, or by the SIGTERM a time limit sends and requeued by the script itself, the
+job's second life must resume from the checkpoint its ranks saved and end where an
 uninterrupted run (mpirun, outside Slurm, same layout) ends, bit for bit.
 
 Needs root (the daemons run as root) and Debian's slurm-wlm and munge (scripts/setup.sh
 installs them); skipped otherwise. Run by ctest with the interop Python; SWITCHYARD and
 MPIEXEC name the binaries.
 """
+import ctypes
 import os
 import re
 import shutil
@@ -27,7 +29,7 @@ from run_metrics import losses  # noqa: E402
 SWITCHYARD = os.environ.get("SWITCHYARD", "")
 MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
-DAEMONS = ["munged", "slurmctld", "slurmd"]
+DAEMONS = ["munged", "slurmctld", "slurmd", "unshare"]
 CLIENTS = ["sbatch", "scancel", "scontrol", "sinfo", "squeue"]
 
 pytestmark = [
@@ -75,8 +77,9 @@ def wait_until(condition, timeout, what):
 
 def slurm_conf(root, munge):
     """A one-node cluster on localhost: no cgroups (proctrack/linuxproc, task/none), state
-    in `root`, ports picked free, and requeued jobs eligible after 5 s instead of 120
-    (cred_expire) with the scheduler looking every second."""
+    and temporary files (the PMIx plugin's, named by job id) in `root`, ports picked free,
+    and requeued jobs eligible after 5 s instead of 120 (cred_expire) with the scheduler
+    looking every second."""
     return f"""\
 ClusterName=switchyard-test
 SlurmctldHost=localhost(127.0.0.1)
@@ -89,6 +92,7 @@ SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
+TmpFS={root}/tmp
 SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd.pid
 SlurmctldLogFile={root}/slurmctld.log
@@ -108,9 +112,23 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
 
 
+# Run inside a PID namespace of their own (with its own /proc, which proctrack/linuxproc
+# reads), so that ending its first process ends every daemon, step daemon and task of the
+# cluster at once. A daemon that exits ends the namespace, and the test with its logs.
+DAEMONS_SCRIPT = """\
+munged -F --key-file="$MUNGE/munge.key" --socket="$MUNGE/munge.socket" \\
+    --pid-file="$MUNGE/munged.pid" --log-file="$MUNGE/munged.log" \\
+    --seed-file="$MUNGE/munged.seed" > "$ROOT/munged.out" 2>&1 &
+for _ in $(seq 100); do [ -S "$MUNGE/munge.socket" ] && break; sleep 0.1; done
+slurmctld -D -i > "$ROOT/slurmctld.out" 2>&1 &
+slurmd -D -N localhost > "$ROOT/slurmd.out" 2>&1 &
+wait -n
+"""
+
+
 class Slurm:
-    """munged, slurmctld and slurmd as children of the test, and the environment in which
-    the Slurm commands talk to them."""
+    """A one-node cluster whose daemons are the test's, and the environment in which the
+    Slurm commands talk to them."""
 
     def __init__(self, root):
         self.root = root
@@ -119,41 +137,32 @@ class Slurm:
         self.munge = Path(tempfile.mkdtemp(prefix="switchyard-munge-"))
         self.conf = root / "slurm.conf"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
-        self.daemons = []
+        self.daemons = None
 
     def start(self):
-        for d in ("state", "spool"):
+        for d in ("state", "spool", "tmp"):
             (self.root / d).mkdir()
-        munge = self.munge
-        munge.chmod(0o755)
-        key = munge / "munge.key"
+        self.munge.chmod(0o755)
+        key = self.munge / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self.conf.write_text(slurm_conf(self.root, munge))
-        self.spawn("munged", "-F", f"--key-file={key}", f"--socket={munge}/munge.socket",
-                   f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
-                   f"--seed-file={munge}/munged.seed")
-        self.wait_for((munge / "munge.socket").exists, 20, "munged's socket")
-        self.spawn("slurmctld", "-D", "-i")
-        self.spawn("slurmd", "-D", "-N", "localhost")
+        self.conf.write_text(slurm_conf(self.root, self.munge))
+        self.daemons = subprocess.Popen(
+            ["unshare", "--pid", "--mount-proc", "--kill-child=SIGKILL", "bash", "-c",
+             DAEMONS_SCRIPT], env=dict(self.env, ROOT=str(self.root), MUNGE=str(self.munge)),
+            preexec_fn=die_with_parent)
         self.wait_for(lambda: self.command("sinfo", "-h", "-o", "%T", check=False).stdout.strip()
                       == "idle", 60, "sinfo to show the node idle")
 
     def wait_for(self, condition, timeout, what):
-        """wait_until, failing at once with a daemon's log when one has died."""
+        """wait_until, failing at once with the daemons' logs when one has died."""
         def ready():
-            for daemon in self.daemons:
-                if daemon.poll() is not None:
-                    name = daemon.args[0]
-                    log = (self.root / f"{name}.out").read_text()
-                    raise AssertionError(f"{name} exited {daemon.returncode}:\n{log}")
+            if self.daemons.poll() is not None:
+                logs = "".join(f"{log.name}:\n{log.read_text()}"
+                               for log in sorted(self.root.glob("*.out")))
+                raise AssertionError(f"a Slurm daemon exited:\n{logs}")
             return condition()
         wait_until(ready, timeout, what)
-
-    def spawn(self, *argv):
-        log = open(self.root / f"{argv[0]}.out", "w")
-        self.daemons.append(subprocess.Popen(argv, env=self.env, stdout=log,
-                                             stderr=subprocess.STDOUT))
 
     def command(self, *argv, check=True):
         result = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
@@ -167,44 +176,24 @@ class Slurm:
 
     def wait_for_end(self, job, timeout):
         """The state a job ended in, once none of its processes is left."""
-        wait_until(lambda: self.job_state(job) in ENDED and not self.command(
+        self.wait_for(lambda: self.job_state(job) in ENDED and not self.command(
             "squeue", "-h", "-j", job, check=False).stdout.strip(), timeout,
             f"job {job} to end")
         return self.job_state(job)
 
     def stop(self):
-        """Ends the jobs, then the daemons, then whatever a job left behind."""
-        if self.daemons and self.daemons[-1].poll() is None:
-            self.command("scancel", "--full", "--user", "root", check=False)
-            try:
-                wait_until(lambda: not self.command("squeue", "-h", check=False).stdout.strip(),
-                           40, "the jobs to end")
-            except AssertionError:
-                pass
-        for daemon in reversed(self.daemons):
-            daemon.terminate()
-            try:
-                daemon.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
-        for pid in processes_with(f"SLURM_CONF={self.conf}".encode()):
-            os.kill(pid, signal.SIGKILL)
+        """Ends the namespace: the daemons, and whatever job is still running."""
+        if self.daemons is not None:
+            self.daemons.kill()
+            self.daemons.wait()
         shutil.rmtree(self.munge, ignore_errors=True)
 
 
-def processes_with(variable):
-    """Processes whose environment holds `variable` (our daemons' step daemons and tasks)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if variable in (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
+def die_with_parent():
+    """The cluster gets SIGKILL when the test process ends, even when it is killed (a
+    ctest timeout) before its finalizers run."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -277,9 +266,9 @@ def submit_and_stop(slurm, tmp_path, cache, *stop):
     script = tmp_path / "job.sh"
     script.write_text(job_script(run_dir, cache, output))
     job = slurm.command("sbatch", "--parsable", str(script)).stdout.strip().split(";")[0]
-    wait_until(lambda: last_logged_step(run_dir) >= 5, 120, "the job's first steps")
+    slurm.wait_for(lambda: last_logged_step(run_dir) >= 5, 120, "the job's first steps")
     slurm.command(*stop, job)
-    wait_until(lambda: STOPPED.search(output.read_text()), 60, "the job to stop")
+    slurm.wait_for(lambda: STOPPED.search(output.read_text()), 60, "the job to stop")
     first = lives(output)[0]
     stopped = int(STOPPED.search(first).group(1))
     assert 5 <= stopped < STEPS, first
