@@ -1,5 +1,8 @@
 #include "engine/train/peak.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -52,6 +55,27 @@ absl::StatusOr<double> cache_entry_gflops(const JsonFields& cache, const std::st
   if (!gflops.ok()) return gflops.status();
   if (*gflops <= 0) return entry->error("gflops", "must be a number > 0");
   return *gflops;
+}
+
+// CPU seconds every process of the machine has run (user, nice, system, interrupts,
+// steal), from /proc/stat; -1 when it cannot be read.
+double busy_cpu_seconds() {
+  std::ifstream stat("/proc/stat");
+  std::string label;
+  int64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  if (!(stat >> label >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) ||
+      label != "cpu")
+    return -1;
+  return static_cast<double>(user + nice + system + irq + softirq + steal) /
+         static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// CPU seconds of this process, all its threads.
+double own_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
 }
 
 }  // namespace
@@ -127,7 +151,7 @@ absl::Status write_peak_cache(const std::string& path, const PeakCache& cache) {
   return write_file_atomically(path, json.dump(2) + "\n");
 }
 
-double measure_sgemm_flops() {
+SgemmMeasurement measure_sgemm() {
   constexpr int64_t n = 1024;
   constexpr int kMaxProducts = 24;
   constexpr double kBudgetSeconds = 0.3;
@@ -139,6 +163,8 @@ double measure_sgemm_flops() {
   }
   using clock = std::chrono::steady_clock;
   matmul(cpu_device(), operands[0], false, operands[1], false, operands[2]);  // warm up
+  const double busy_before = busy_cpu_seconds();
+  const double own_before = own_cpu_seconds();
   const auto start = clock::now();
   double best_seconds = 0;
   for (int i = 0; i < kMaxProducts; ++i) {
@@ -148,11 +174,19 @@ double measure_sgemm_flops() {
     if (best_seconds == 0 || seconds < best_seconds) best_seconds = seconds;
     if (std::chrono::duration<double>(clock::now() - start).count() > kBudgetSeconds) break;
   }
-  return best_seconds > 0 ? 2.0 * n * n * n / best_seconds : 0;
+  SgemmMeasurement m;
+  m.flops = best_seconds > 0 ? 2.0 * n * n * n / best_seconds : 0;
+  const double wall = std::chrono::duration<double>(clock::now() - start).count();
+  const double busy_after = busy_cpu_seconds();
+  const unsigned cpus = std::thread::hardware_concurrency();
+  if (busy_before >= 0 && busy_after >= 0 && wall > 0 && cpus > 0)
+    m.others_share = std::max(
+        0.0, (busy_after - busy_before - (own_cpu_seconds() - own_before)) / (wall * cpus));
+  return m;
 }
 
 Peak cpu_peak_flops(const std::string& cache_path, const std::string& build, int threads,
-                    std::string* warning) {
+                    std::string* warning, const std::function<SgemmMeasurement()>& measure) {
   const std::string key = cpu_peak_key(
       cpu_model_name(), static_cast<int>(std::thread::hardware_concurrency()), threads, build);
   const std::string how = absl::StrCat("measured (sgemm, ", threads, " threads");
@@ -161,14 +195,18 @@ Peak cpu_peak_flops(const std::string& cache_path, const std::string& build, int
   if (!cache_path.empty()) cache = read_peak_cache(cache_path, warning);
   if (const auto it = cache.find(key); it != cache.end())
     return {it->second * 1e9, absl::StrCat(how, ", cached)")};
-  const double flops = measure_sgemm_flops();
-  if (cache_path.empty() || flops <= 0) return {flops, absl::StrCat(how, ")")};
+  const SgemmMeasurement m = measure();
+  if (m.others_share > kMaxOthersShareToCache)
+    return {m.flops, absl::StrFormat("%s; other work took %.0f%% of the CPUs meanwhile: not "
+                                     "cached)",
+                                     how, 100.0 * m.others_share)};
+  if (cache_path.empty() || m.flops <= 0) return {m.flops, absl::StrCat(how, ")")};
   if (cache.size() >= kMaxPeakCacheEntries) cache.clear();
-  cache[key] = flops / 1e9;
+  cache[key] = m.flops / 1e9;
   const absl::Status written = write_peak_cache(cache_path, cache);
   if (!written.ok() && warning->empty())
     *warning = absl::StrCat("warning: ", written.message(), "; the peak is not cached");
-  return {flops, absl::StrCat(how, ")")};
+  return {m.flops, absl::StrCat(how, ")")};
 }
 
 Peak find_peak(const PeakOptions& options, Device& dev, int ranks, std::string* warning) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -61,14 +62,25 @@ PeakCache read_peak_cache(const std::string& path, std::string* warning);
 // Writes `cache` to `path` (atomically, making its directory).
 absl::Status write_peak_cache(const std::string& path, const PeakCache& cache);
 
-// The best FLOP/s of square sgemm products through the engine's matmul on the CPU with
-// the current CPU threads, in at most about 0.3 s.
-double measure_sgemm_flops();
+// A calibration: the best FLOP/s of square sgemm products through the engine's matmul
+// on the CPU with the current CPU threads, in at most about 0.3 s, and the share of all
+// the CPUs' time that other work (other processes, a hypervisor's steal) took meanwhile
+// (-1: unknown, without /proc/stat).
+struct SgemmMeasurement {
+  double flops = 0;
+  double others_share = -1;
+};
+SgemmMeasurement measure_sgemm();
+
+// A calibration during which other work took more of the CPUs than this reads low:
+// it serves its run but is not cached.
+inline constexpr double kMaxOthersShareToCache = 0.1;
 
 // The CPU's peak for one rank with `threads` threads: the cached value under its key,
-// else a fresh measure_sgemm_flops, stored in the cache (a cache that cannot be written
-// costs only the next run's calibration).
+// else a fresh `measure()`, stored in the cache unless the machine was busy (a cache
+// that cannot be written costs only the next run's calibration).
 Peak cpu_peak_flops(const std::string& cache_path, const std::string& build, int threads,
-                    std::string* warning);
+                    std::string* warning,
+                    const std::function<SgemmMeasurement()>& measure = measure_sgemm);
 
 }  // namespace switchyard
