@@ -29,12 +29,12 @@ from run_metrics import losses  # noqa: E402
 SWITCHYARD = os.environ.get("SWITCHYARD", "")
 MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
-DAEMONS = ["munged", "slurmctld", "slurmd", "unshare"]
-CLIENTS = ["sbatch", "scancel", "scontrol", "sinfo", "squeue"]
+PROGRAMS = ["munged", "slurmctld", "slurmd", "sbatch", "scancel", "scontrol", "sinfo",
+            "squeue", "unshare"]
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the Slurm daemons of this test run as root"),
-    pytest.mark.skipif(any(shutil.which(b) is None for b in DAEMONS + CLIENTS),
+    pytest.mark.skipif(any(shutil.which(p) is None for p in PROGRAMS),
                        reason="Slurm (slurm-wlm) or munge is not installed; scripts/setup.sh "
                               "installs them"),
 ]
@@ -158,8 +158,9 @@ class Slurm:
         """wait_until, failing at once with the daemons' logs when one has died."""
         def ready():
             if self.daemons.poll() is not None:
-                logs = "".join(f"{log.name}:\n{log.read_text()}"
-                               for log in sorted(self.root.glob("*.out")))
+                logs = "".join(f"{log.name}:\n{log.read_text()[-3000:]}"
+                               for log in sorted(self.root.glob("*.out")) +
+                               sorted(self.root.glob("*.log")))
                 raise AssertionError(f"a Slurm daemon exited:\n{logs}")
             return condition()
         wait_until(ready, timeout, what)
