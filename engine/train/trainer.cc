@@ -747,7 +747,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     if (reporter) {
       metrics << j.dump() << "\n" << std::flush;
       SY_RETURN_IF_ERROR(tensorboard->add_scalar("eval/val_loss", val, step));
-      // The layers x experts load of the last evaluation window, as an image.
+      // The layers x experts load of the last evaluation batch, as an image.
       const RouterStats& rs = model.router_stats();
       std::vector<std::vector<double>> shares;
       for (const RouterStats::Layer& layer : rs.layers)
