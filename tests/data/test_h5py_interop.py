@@ -192,7 +192,8 @@ def test_bad_h5py_shards_are_one_line_errors(work):
 
 @pytest.mark.parametrize("libver, tokens_options, expected", [
     ("earliest", {}, "HDF5 superblock version 0, which the engine does not read (it reads "
-                     "the layout it writes, superblock 2 or 3"),
+                     "superblock 2 or 3: write the file again with this version of the engine, "
+                     "or with h5py's libver=(\"v108\", \"v108\")"),
     (LIBVER, {"chunks": True}, "/tokens: is stored in chunks; the engine reads contiguous"),
     (LIBVER, {"maxshape": (None,)}, "/tokens: is stored in chunks"),
     (LIBVER, {"compression": "gzip"}, "/tokens: uses HDF5 filters, which the engine does not"),
