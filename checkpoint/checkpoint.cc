@@ -524,16 +524,34 @@ absl::Status check_slice_dataset(const Hdf5Dataset& dataset, const checkpoint::T
   return absl::OkStatus();
 }
 
+// The rank files of one checkpoint, each opened (its superblock read and checked) once
+// however many slices are read from it.
+class RankFiles {
+ public:
+  explicit RankFiles(std::string checkpoint_dir) : dir_(std::move(checkpoint_dir)) {}
+  absl::StatusOr<const Hdf5File*> get(const std::string& file) {
+    auto it = open_.find(file);
+    if (it == open_.end()) {
+      SY_ASSIGN_OR_RETURN(Hdf5File h5, Hdf5File::open((fs::path(dir_) / file).string()));
+      it = open_.emplace(file, std::move(h5)).first;
+    }
+    return &it->second;
+  }
+
+ private:
+  std::string dir_;
+  std::map<std::string, Hdf5File> open_;
+};
+
 // Reads `slice` whole from its file into `values`, its shape and type checked first.
-absl::Status read_slice(const std::string& checkpoint_dir, const checkpoint::TensorSlice& slice,
+absl::Status read_slice(RankFiles& files, const checkpoint::TensorSlice& slice,
                         std::vector<float>& values) {
-  const std::string path = (fs::path(checkpoint_dir) / slice.file()).string();
-  SY_ASSIGN_OR_RETURN(const Hdf5File h5, Hdf5File::open(path));
-  const std::string where = absl::StrCat(path, ": dataset ", slice.dataset());
-  SY_ASSIGN_OR_RETURN(const Hdf5Dataset dataset, h5.dataset(slice.dataset()));
+  SY_ASSIGN_OR_RETURN(const Hdf5File* h5, files.get(slice.file()));
+  const std::string where = absl::StrCat(h5->name(), ": dataset ", slice.dataset());
+  SY_ASSIGN_OR_RETURN(const Hdf5Dataset dataset, h5->dataset(slice.dataset()));
   SY_RETURN_IF_ERROR(check_slice_dataset(dataset, slice, where));
   values.resize(static_cast<size_t>(dataset.num_bytes / 4));
-  return h5.read(dataset, 0, dataset.num_bytes, values.data());
+  return h5->read(dataset, 0, dataset.num_bytes, values.data());
 }
 
 // A read's destination has the rows of the saved tensor: the same shape past dimension 0.
@@ -584,6 +602,7 @@ absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Mani
   absl::Status status;
   std::vector<std::string> mismatches(pieces.size());
   int64_t waiting_bytes = 0;
+  RankFiles files(checkpoint_dir);
 #pragma omp parallel
 #pragma omp master
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -591,7 +610,7 @@ absl::Status read_rows(const std::string& checkpoint_dir, const checkpoint::Mani
     const RowsToRead& read = reads[piece.read];
     const int64_t row_elements = read.out.shape().empty() ? 1 : read.out.row_size();
     auto values = std::make_shared<std::vector<float>>();
-    status = read_slice(checkpoint_dir, *piece.slice, *values);
+    status = read_slice(files, *piece.slice, *values);
     if (!status.ok()) break;
     const size_t row_bytes = static_cast<size_t>(row_elements) * sizeof(float);
     read.out.device().copy_from_host(

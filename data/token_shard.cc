@@ -351,14 +351,19 @@ absl::StatusOr<std::vector<int64_t>> ShardReader::read_doc_offsets() const {
 absl::Status ShardReader::read_tokens(int64_t start, int64_t count, int32_t* out) const {
   SY_CHECK(start >= 0 && count >= 0 && start + count <= num_tokens_);
   if (count == 0) return absl::OkStatus();
-  // uint32 into the int32 buffer: the same width, and ids are checked below.
+  // The stored ids go into the front of the int32 buffer (uint32: the same width; ids
+  // are checked below). uint16 ids are then widened in place from the last one down, so
+  // each is read before its slot is written over.
   auto* ids = reinterpret_cast<uint32_t*>(out);
-  if (dtype_ == TokenDType::kUint32) {
-    SY_RETURN_IF_ERROR(file_.read(tokens_, start * 4, count * 4, ids));
-  } else {
-    std::vector<uint16_t> narrow(static_cast<size_t>(count));
-    SY_RETURN_IF_ERROR(file_.read(tokens_, start * 2, count * 2, narrow.data()));
-    std::copy(narrow.begin(), narrow.end(), ids);
+  const int64_t width = token_bytes(dtype_);
+  SY_RETURN_IF_ERROR(file_.read(tokens_, start * width, count * width, ids));
+  if (dtype_ == TokenDType::kUint16) {
+    const char* narrow = reinterpret_cast<const char*>(ids);
+    for (int64_t i = count - 1; i >= 0; --i) {
+      uint16_t id;
+      std::memcpy(&id, narrow + 2 * i, 2);
+      ids[i] = id;
+    }
   }
   const uint32_t vocab = static_cast<uint32_t>(attributes_.vocab_size);
   uint32_t bad = 0;

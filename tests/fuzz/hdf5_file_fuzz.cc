@@ -62,9 +62,6 @@ void read_everything(std::string_view image) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string image(sy::fuzz::as_text(data, size));
-  read_everything(image);
-  const std::string resealed = sy::fuzz::reseal_hdf5(image);
-  if (resealed != image) read_everything(resealed);
+  sy::fuzz::read_as_given_and_resealed(sy::fuzz::as_text(data, size), read_everything);
   return 0;
 }

@@ -89,4 +89,14 @@ inline std::string reseal_hdf5(std::string image) {
   return image;
 }
 
+// The HDF5 targets' whole body: `read_everything` on the input as given, then on it
+// resealed when that changes it.
+template <typename Read>
+void read_as_given_and_resealed(std::string_view input, Read read_everything) {
+  const std::string image(input);
+  read_everything(image);
+  const std::string resealed = reseal_hdf5(image);
+  if (resealed != image) read_everything(resealed);
+}
+
 }  // namespace switchyard::fuzz
