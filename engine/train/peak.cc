@@ -12,16 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/json_fields.h"
 #include "engine/runtime/tensor.h"
-#include "engine/runtime/text.h"
 #include "kernels/devices.h"
 #include "kernels/gemm.h"
 #include "kernels/threads.h"
@@ -46,16 +41,6 @@ constexpr KnownGpu kKnownGpus[] = {
     {"L40S", 362},      {"L40", 181},      {"L4", 121},         {"A10G", 70},
     {"A10", 125},       {"A30", 165},      {"RTX 6000 Ada", 364}, {"RTX A6000", 155},
 };
-
-// The GFLOP/s of `entry` of the cache, or an error naming the field.
-absl::StatusOr<double> cache_entry_gflops(const JsonFields& cache, const std::string& key) {
-  absl::StatusOr<JsonFields> entry = cache.object(key.c_str());
-  if (!entry.ok()) return entry.status();
-  absl::StatusOr<double> gflops = entry->number_or("gflops", 0, 0, 1e9);
-  if (!gflops.ok()) return gflops.status();
-  if (*gflops <= 0) return entry->error("gflops", "must be a number > 0");
-  return *gflops;
-}
 
 // CPU seconds every process of the machine has run (user, nice, system, interrupts,
 // steal), from /proc/stat; -1 when it cannot be read.
@@ -112,43 +97,6 @@ std::string cpu_model_name() {
 std::string cpu_peak_key(absl::string_view cpu_model, int cpus, int threads,
                          absl::string_view build) {
   return absl::StrCat(cpu_model, " | ", cpus, " CPUs | ", threads, " threads | ", build);
-}
-
-PeakCache read_peak_cache(const std::string& path, std::string* warning) {
-  warning->clear();
-  std::error_code ec;
-  if (!fs::exists(fs::symlink_status(path, ec))) return {};
-  const auto refuse = [&](const absl::Status& status) {
-    *warning = escape_control_bytes(
-        absl::StrCat("warning: ", status.message(), "; measuring the peak again"));
-    return PeakCache{};
-  };
-  absl::StatusOr<std::string> text = read_file(path, kMaxPeakCacheBytes);
-  if (!text.ok()) return refuse(text.status());
-  absl::StatusOr<nlohmann::json> json = parse_json_object(*text, path);
-  if (!json.ok()) return refuse(json.status());
-  if (json->size() > kMaxPeakCacheEntries)
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        path, ": holds ", json->size(), " entries, more than ", kMaxPeakCacheEntries)));
-  const JsonFields fields(*json, path);
-  PeakCache cache;
-  for (const auto& [key, value] : json->items()) {
-    absl::StatusOr<double> gflops = cache_entry_gflops(fields, key);
-    if (!gflops.ok()) return refuse(gflops.status());
-    cache[key] = *gflops;
-  }
-  return cache;
-}
-
-absl::Status write_peak_cache(const std::string& path, const PeakCache& cache) {
-  nlohmann::ordered_json json = nlohmann::ordered_json::object();
-  for (const auto& [key, gflops] : cache) json[key] = {{"gflops", gflops}};
-  std::error_code ec;
-  fs::create_directories(fs::path(path).parent_path(), ec);
-  if (ec)
-    return absl::PermissionDeniedError(
-        absl::StrCat(path, ": cannot create its directory: ", ec.message()));
-  return write_file_atomically(path, json.dump(2) + "\n");
 }
 
 SgemmMeasurement measure_sgemm() {

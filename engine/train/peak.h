@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "engine/runtime/device.h"
+#include "engine/train/peak_cache.h"
 
 namespace switchyard {
 
@@ -47,20 +48,6 @@ std::string cpu_model_name();
 // calibration used and the build.
 std::string cpu_peak_key(absl::string_view cpu_model, int cpus, int threads,
                          absl::string_view build);
-
-// The cache: key -> GFLOP/s. At most kMaxPeakCacheEntries entries in a file of at most
-// kMaxPeakCacheBytes.
-inline constexpr int64_t kMaxPeakCacheBytes = int64_t{1} << 20;
-inline constexpr size_t kMaxPeakCacheEntries = 64;
-using PeakCache = std::map<std::string, double>;
-
-// The cache at `path`: empty when there is none. A file that is not a JSON object of
-// {"gflops": positive finite number} entries under at most kMaxPeakCacheEntries keys
-// reads as empty, with one warning line naming the file and the field in *warning
-// (else "").
-PeakCache read_peak_cache(const std::string& path, std::string* warning);
-// Writes `cache` to `path` (atomically, making its directory).
-absl::Status write_peak_cache(const std::string& path, const PeakCache& cache);
 
 // A calibration: the best FLOP/s of square sgemm products through the engine's matmul
 // on the CPU with the current CPU threads, in at most about 0.3 s, and the share of all
