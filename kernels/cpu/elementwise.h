@@ -55,7 +55,9 @@ template <typename T> void add_bias(T* y, const T* bias, int64_t rows, int64_t n
 }
 
 // dbias: (n) += column sums of dy: (rows, n). Threads own disjoint column blocks and
-// each sums its rows in order, which keeps the result deterministic.
+// each sums its rows in order, which keeps the result deterministic. The sums run in
+// double: an f32 running sum of many rows drifts (by 1.8e-4 of the result over 70,000
+// bf16 rows), where the GPU's blocked sum does not.
 template <typename T> void bias_backward(const T* dy, T* dbias, int64_t rows, int64_t n) {
   constexpr int64_t kBlock = 64;
   const int64_t num_blocks = (n + kBlock - 1) / kBlock;
@@ -63,12 +65,12 @@ template <typename T> void bias_backward(const T* dy, T* dbias, int64_t rows, in
   for (int64_t b = 0; b < num_blocks; ++b) {
     const int64_t begin = b * kBlock;
     const int64_t width = std::min(kBlock, n - begin);
-    T acc[kBlock] = {};
+    double acc[kBlock] = {};
     for (int64_t r = 0; r < rows; ++r) {
       const T* dyr = dy + r * n + begin;
       for (int64_t i = 0; i < width; ++i) acc[i] += dyr[i];
     }
-    for (int64_t i = 0; i < width; ++i) dbias[begin + i] += acc[i];
+    for (int64_t i = 0; i < width; ++i) dbias[begin + i] += static_cast<T>(acc[i]);
   }
 }
 

@@ -8,13 +8,20 @@
 
 namespace switchyard {
 
+// No GPU is two cases: none visible (cudaErrorNoDevice) and no driver installed at all
+// (cudaErrorInsufficientDriver with driver version 0). Any other error, a driver older
+// than the runtime among them, is a GPU that is there but unusable: it stops the process
+// naming the error rather than reading as "no GPU", which would skip every GPU test.
 int cuda_device_count() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return 0;
-  }
-  return count;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaSuccess) return count;
+  cudaGetLastError();  // clear the error before deciding
+  int driver = 0;
+  const bool no_driver = err == cudaErrorInsufficientDriver &&
+                         cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0;
+  if (err == cudaErrorNoDevice || no_driver) return 0;
+  internal::check_failed(__FILE__, __LINE__, "cudaGetDeviceCount", cudaGetErrorString(err));
 }
 
 CudaDevice::CudaDevice(int index) : index_(index) { SY_CUDA_CHECK(cudaSetDevice(index)); }

@@ -74,10 +74,10 @@ inline std::vector<double> as_doubles(const Tensor& t) {
   return std::vector<double>(v.begin(), v.end());
 }
 
-// Every element of `actual` within tol * max(1, |expected|) of `expected` (tol = 0: equal);
+// Every element of `actual` within tol * max(1, scale[i]) of `expected` (tol = 0: equal);
 // shapes must match and a NaN on either side fails.
-inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected,
-                                            double tol) {
+inline ::testing::AssertionResult all_within(const Tensor& actual, const Tensor& expected,
+                                             const std::vector<double>& scale, double tol) {
   if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype()) {
     return ::testing::AssertionFailure()
            << "shape or dtype differs: " << shape_string(actual.shape()) << " vs "
@@ -88,7 +88,7 @@ inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& 
   std::ostringstream first;
   for (size_t i = 0; i < a.size(); ++i) {
     const bool ok = !std::isnan(a[i]) && !std::isnan(e[i]) &&
-                    std::abs(a[i] - e[i]) <= tol * std::max(1.0, std::abs(e[i]));
+                    std::abs(a[i] - e[i]) <= tol * std::max(1.0, scale[i]);
     if (ok) continue;
     if (bad < 5) first << "\n  [" << i << "] gpu " << a[i] << " cpu " << e[i];
     ++bad;
@@ -96,6 +96,30 @@ inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& 
   if (bad == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << bad << " of " << a.size() << " elements differ (tol " << tol << "):" << first.str();
+}
+
+// Relative closeness: the bound scales with |expected|.
+inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected,
+                                            double tol) {
+  std::vector<double> scale = as_doubles(expected);
+  for (double& v : scale) v = std::abs(v);
+  return all_within(actual, expected, scale, tol);
+}
+
+// |t| elementwise, as an f32 host tensor.
+inline Tensor abs_of(const Tensor& t) {
+  std::vector<float> v;
+  for (double x : as_doubles(t)) v.push_back(static_cast<float>(std::abs(x)));
+  return host_tensor(t.shape(), v);
+}
+
+// A reduction over many terms against its CPU twin. The two sum in different orders, and
+// a long f32 sum's rounding grows with the magnitudes of its terms, not with its result
+// (which cancels): the bound is tol times `magnitudes`, the same reduction over the
+// terms' absolute values.
+inline ::testing::AssertionResult sum_close(const Tensor& actual, const Tensor& expected,
+                                            const Tensor& magnitudes, double tol) {
+  return all_within(actual, expected, as_doubles(magnitudes), tol);
 }
 
 inline ::testing::AssertionResult all_equal(const Tensor& actual, const Tensor& expected) {

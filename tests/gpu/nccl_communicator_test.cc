@@ -187,7 +187,8 @@ void check_all_to_all_v(uint64_t salt) {
 TEST(NcclCommunicatorTest, AllToAllVMovesUnevenBlocksWithEmptyOnes) {
   check_all_to_all_v<float>(9);
   check_all_to_all_v<int32_t>(10);
-  EXPECT_GT(nccl().all_to_all_seconds(), 0.0);
+  // Only an exchange between ranks is timed: a group of one copies on the device.
+  if (cpu().size() > 1) EXPECT_GT(nccl().all_to_all_seconds(), 0.0);
 }
 
 // Ops queued on the compute stream around collectives, with no synchronisation between
