@@ -52,11 +52,14 @@ int64_t check_groups(const Device& dev, const Tensor& group_sizes, int64_t rows)
   return group_sizes.numel();
 }
 
-// The operands share one element type, f32 or bf16; the result may be either.
+// The operands share one element type, f32 or bf16; the result is f32, or bf16 for bf16
+// operands (cuBLASLt has no f32-operand product with a bf16 result, and the CPU follows).
 void check_types(const char* op, const Tensor& a, const Tensor& b, const Tensor& c) {
-  if (is_float(a) && a.dtype() == b.dtype() && is_float(c)) return;
-  const std::string message =
-      std::string(op) + ": operands must be both f32 or both bf16, the result f32 or bf16";
+  const bool result_ok = c.dtype() == DType::kF32 || c.dtype() == a.dtype();
+  if (is_float(a) && a.dtype() == b.dtype() && is_float(c) && result_ok) return;
+  const std::string message = std::string(op) +
+                              ": operands must be both f32 or both bf16, the result f32 or (for "
+                              "bf16 operands) bf16";
   internal::check_failed(__FILE__, __LINE__, "operand types", message.c_str());
 }
 

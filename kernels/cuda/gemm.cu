@@ -79,6 +79,8 @@ Blas::~Blas() {
   SY_CUBLASLT_CHECK(cublasLtDestroy(state_->lt));
 }
 
+size_t Blas::cached_plans() const { return state_->plans.size(); }
+
 namespace {
 
 using PlanKey = Blas::State::PlanKey;
@@ -90,6 +92,15 @@ __global__ void scale_matrix_kernel(T* c, int64_t m, int64_t n, int64_t ldc, flo
   for (int64_t p = grid_start(); p < m * n; p += grid_stride()) {
     T* x = c + (p / n) * ldc + p % n;
     *x = beta == 0.0f ? static_cast<T>(0.0f) : static_cast<T>(beta * static_cast<float>(*x));
+  }
+}
+
+// c = bf16(beta * c + product) over an (m, n) block with row stride ldc: one rounding.
+__global__ void accumulate_bf16_kernel(__nv_bfloat16* c, int64_t ldc, const float* product,
+                                       int64_t m, int64_t n, float beta) {
+  for (int64_t p = grid_start(); p < m * n; p += grid_stride()) {
+    __nv_bfloat16* x = c + (p / n) * ldc + p % n;
+    *x = __float2bfloat16(beta * __bfloat162float(*x) + product[p]);
   }
 }
 
@@ -124,6 +135,9 @@ void set_preference(cublasLtMatmulPreference_t preference,
 // The plan of `key`, made on its first use: descriptors of cuBLAS's column-major view of
 // the row-major product (see gemm()) and the heuristic's best algorithm for them.
 const Plan& plan_for(Blas::State& state, const PlanKey& key) {
+  // f32 expert products key on each expert's row count, which changes every step: past
+  // kMaxPlans shapes the cache starts over rather than grow without bound.
+  if (state.plans.size() >= Blas::kMaxPlans && !state.plans.contains(key)) state.plans.clear();
   auto [entry, added] = state.plans.try_emplace(key);
   Plan& plan = entry->second;
   if (!added) return plan;
@@ -299,6 +313,18 @@ void gemm(Blas& blas, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
     else
       scale_matrix_kernel<<<grid_blocks(m * n), kThreads, 0, blas.stream()>>>(
           static_cast<__nv_bfloat16*>(c), m, n, ldc, beta);
+    SY_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  if (types.c == CUDA_R_16BF && beta != 0.0f) {
+    // cuBLASLt accumulating into a bf16 C rounds the product to bf16 before it adds
+    // beta * C (seen on an H100: 0.25 for 0.2637 where a gradient cancels), two roundings
+    // where the CPU makes one. The product goes to f32 scratch and one kernel adds it.
+    const Scratch<float> product(m * n, blas.stream());
+    gemm(blas, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.0f, product.get(), n,
+         {types.ab, CUDA_R_32F});
+    accumulate_bf16_kernel<<<grid_blocks(m * n), kThreads, 0, blas.stream()>>>(
+        static_cast<__nv_bfloat16*>(c), ldc, product.get(), m, n, beta);
     SY_CUDA_CHECK_LAUNCH();
     return;
   }

@@ -38,6 +38,9 @@ class Blas {
 
   struct State;  // kernels/cuda/gemm.cu
   State& state() { return *state_; }
+  // The cuBLASLt plans held (one per product shape and alignment), at most kMaxPlans.
+  size_t cached_plans() const;
+  static constexpr size_t kMaxPlans = 1024;
 
  private:
   cublasHandle_t handle_;

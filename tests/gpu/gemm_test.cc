@@ -7,6 +7,8 @@
 #include <numeric>
 
 #include "kernels/convert.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/elementwise.h"
 #include "tests/bf16_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -169,6 +171,42 @@ TEST(GemmGpu, Bf16OperandsMatchCpu) {
   grouped_matmul_tn_accumulate(cpu_device(), dy, x, group_sizes, dw);
   grouped_matmul_tn_accumulate(gpu, to_device(gpu, dy), to_device(gpu, x), group_sizes, gdw);
   EXPECT_TRUE(all_equal(gdw, dw));
+}
+
+// Accumulating into a bf16 result rounds once, from f32, as on the CPU: c starts at minus
+// the rounded product, so the sum cancels to the product's own rounding residue, which a
+// product rounded to bf16 before the sum (cuBLASLt's bf16 beta path) loses entirely.
+TEST(GemmGpu, Bf16AccumulationRoundsOnce) {
+  CudaDevice gpu(0);
+  const int64_t m = 37, n = 65, k = 129;
+  const Tensor a = as_bf16(operand({m, k}, 7, false));
+  const Tensor b = as_bf16(operand({k, n}, 8, false));
+  Tensor c = Tensor::empty({m, n}, DType::kBF16);
+  matmul(cpu_device(), a, false, b, false, c);
+  scale_(cpu_device(), c, -1.0f);
+  Tensor gc = to_device(gpu, c);
+  matmul(cpu_device(), a, false, b, false, c, 1.0f, 1.0f);
+  matmul(gpu, to_device(gpu, a), false, to_device(gpu, b), false, gc, 1.0f, 1.0f);
+  EXPECT_TRUE(any_nonzero(c));
+  EXPECT_TRUE(all_close(gc, c, 1e-3));
+}
+
+// Every new product shape makes a cuBLASLt plan; the cache of them stays bounded (f32
+// expert products bring a new row count every step) and products stay right past it.
+TEST(GemmGpu, PlanCacheStaysBounded) {
+  CudaDevice gpu(0);
+  const int64_t rows = static_cast<int64_t>(cuda::Blas::kMaxPlans) + 10, n = 8, k = 16;
+  const Tensor a = operand({rows, k}, 1, true), b = operand({k, n}, 2, true);
+  const Tensor ga = to_device(gpu, a), gb = to_device(gpu, b);
+  for (int64_t m = 1; m <= rows; ++m) {
+    Tensor gc = poisoned(gpu, {m, n});
+    matmul(gpu, ga.slice_rows(0, m), false, gb, false, gc);
+    EXPECT_LE(gpu.blas().cached_plans(), cuda::Blas::kMaxPlans);
+    if (m < rows) continue;
+    Tensor c = Tensor::empty({m, n});
+    matmul(cpu_device(), a, false, b, false, c);
+    EXPECT_TRUE(all_equal(gc, c));
+  }
 }
 
 }  // namespace
