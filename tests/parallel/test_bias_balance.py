@@ -1,0 +1,84 @@
+"""Loss-free balancing (moe.gating SIGMOID_TOPK with moe.bias_update_rate): the experts'
+bias moves once per optimizer step from the load of the whole global batch, so it is the
+same whatever the layout (data, expert, tensor parallel, ZeRO-3) and however the batch is
+cut into micro-batches; it is state, saved in checkpoints and restored on resume.
+
+Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
+"""
+import re
+import subprocess
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from test_train_equivalence import (COMMON, ENV, LAYOUTS, RECIPE, SWITCHYARD,
+                                    assert_run_matches, mpirun, train)
+
+RATE = 0.01
+SIGMOID = ["--set", "moe.gating=SIGMOID_TOPK", "--set", "moe.aux_loss_coef=0",
+           "--set", f"moe.bias_update_rate={RATE}", "--set", "moe.norm_topk_prob=true",
+           "--set", "moe.routed_scaling_factor=1.5", "--set", "moe.num_groups=4",
+           "--set", "moe.top_groups=2"]
+BIAS = re.compile(r"model\.layers\.\d+\.mlp\.gate\.e_score_correction_bias")
+
+
+def biases(weights):
+    found = {name: value for name, value in weights.items() if BIAS.fullmatch(name)}
+    assert len(found) == 2, sorted(weights)  # the runs have two MoE layers
+    return found
+
+
+def assert_moved_in_steps(bias, steps):
+    """Each step moves each bias by -RATE, 0 or +RATE."""
+    assert np.any(bias != 0), bias
+    assert np.all(np.abs(bias) <= steps * RATE * (1 + 1e-6)), bias
+
+
+@pytest.fixture(scope="module")
+def single_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("sigmoid")
+
+
+@pytest.fixture(scope="module")
+def single(single_dir):
+    return train(single_dir, "single", 1, SIGMOID)
+
+
+@pytest.mark.parametrize("layout", ["dp2xep2", "tp2xep2", "dp2xep2-zero3"])
+def test_bias_matches_single_process(tmp_path, single, layout):
+    single_losses, single_weights = single
+    ranks, overrides = LAYOUTS[layout]
+    losses, weights = train(tmp_path, layout, ranks, overrides + SIGMOID)
+    assert_run_matches(losses, weights, single_losses, single_weights)
+    for name, bias in biases(weights).items():
+        assert_moved_in_steps(bias, len(losses))
+        np.testing.assert_array_equal(bias, single_weights[name], err_msg=name)
+
+
+def test_bias_is_the_same_for_one_micro_batch_or_eight(tmp_path, single):
+    _, cut_in_four = single  # micro-batches of 2 of the 8 sequences
+    _, whole = train(tmp_path, "one", 1, SIGMOID + ["--set", "train.micro_batch_size=8"])
+    _, cut_in_eight = train(tmp_path, "eight", 1, SIGMOID + ["--set", "train.micro_batch_size=1"])
+    for name, bias in biases(whole).items():
+        np.testing.assert_array_equal(cut_in_eight[name], bias, err_msg=name)
+        np.testing.assert_array_equal(cut_in_four[name], bias, err_msg=name)
+
+
+def test_resume_restores_the_bias(tmp_path, single, single_dir):
+    """A run resumed from the last checkpoint, with no step left to train, saves as its
+    final weights exactly the bias the checkpoint holds; under another layout too."""
+    _, saved = single
+    checkpoint = single_dir / "single" / "checkpoints" / "step_4"
+    for ranks, overrides in [(1, []), LAYOUTS["dp2xep2-zero3"]]:
+        run_dir = tmp_path / f"resumed_on_{ranks}"
+        cmd = mpirun(ranks) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir),
+                               "--dataset-cache", str(single_dir / "datasets"), *COMMON,
+                               *SIGMOID, *overrides, "--resume-from", str(checkpoint)]
+        result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert f"resuming from {checkpoint} (step 4)" in result.stdout, result.stdout
+        resumed = load_file(str(run_dir / "checkpoints" / "final" / "model.safetensors"))
+        for name, bias in biases(saved).items():
+            assert_moved_in_steps(bias, 4)
+            np.testing.assert_array_equal(resumed[name], bias, err_msg=name)
