@@ -119,6 +119,108 @@ void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,
                        dlogits.data<float>(), n, num_experts, static_cast<int>(k), renormalize);
 }
 
+namespace {
+void check_sigmoid_gating(const Tensor& logits, const Tensor& bias, const SigmoidGating& g) {
+  SY_CHECK_MSG(logits.rank() == 2 && logits.dtype() == DType::kF32,
+               "sigmoid gating: logits must be f32 (n, E)");
+  const int64_t num_experts = logits.dim(1);
+  SY_CHECK_MSG(bias.shape() == Shape({num_experts}) && bias.dtype() == DType::kF32,
+               "sigmoid gating: bias must be f32 (E)");
+  SY_CHECK_MSG(g.num_groups >= 1 && g.num_groups <= kMaxExpertGroups &&
+                   num_experts % g.num_groups == 0,
+               "sigmoid gating: num_groups must divide E and be at most kMaxExpertGroups");
+  SY_CHECK_MSG(g.top_groups >= 1 && g.top_groups <= g.num_groups,
+               "sigmoid gating: top_groups must be in [1, num_groups]");
+  SY_CHECK_MSG(g.k >= 1 && g.k <= num_experts / g.num_groups * g.top_groups,
+               "sigmoid gating: k must be in [1, the experts of the top groups]");
+}
+}  // namespace
+
+void sigmoid_gating_forward(Device& dev, const Tensor& logits, const Tensor& bias,
+                            const SigmoidGating& g, Tensor& scores, Tensor& expert_ids,
+                            Tensor& weights) {
+  check_sigmoid_gating(logits, bias, g);
+  const int64_t n = logits.dim(0);
+  const int64_t num_experts = logits.dim(1);
+  SY_CHECK_MSG(scores.shape() == logits.shape(), "sigmoid_gating_forward: scores must be (n, E)");
+  SY_CHECK_MSG(expert_ids.shape() == Shape({n, g.k}) && weights.shape() == Shape({n, g.k}),
+               "sigmoid_gating_forward: expert_ids and weights must be (n, k)");
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::sigmoid_gating_forward(
+        logits.data<float>(), bias.data<float>(), scores.data<float>(),
+        expert_ids.data<int32_t>(), weights.data<float>(), n, num_experts, g,
+        op_stream(dev, "sigmoid_gating_forward", {&logits, &bias, &scores, &expert_ids, &weights}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "sigmoid_gating_forward: this build has no CUDA backend");
+  cpu::sigmoid_gating_forward(logits.data<float>(), bias.data<float>(), scores.data<float>(),
+                              expert_ids.data<int32_t>(), weights.data<float>(), n, num_experts, g);
+}
+
+void sigmoid_router_forward(Device& dev, const Tensor& logits, const Tensor& bias,
+                            const SigmoidGating& g, Tensor& scores, Tensor& expert_ids,
+                            Tensor& weights, Tensor& sums) {
+  SY_CHECK_MSG(logits.rank() == 2, "sigmoid_router_forward: logits must be (n, E)");
+  const int64_t num_experts = logits.dim(1);
+  SY_CHECK_MSG(sums.numel() == 2 * num_experts + 1 && sums.dtype() == DType::kF32,
+               "sigmoid_router_forward: sums must be (2 E + 1) f32");
+  sigmoid_gating_forward(dev, logits, bias, g, scores, expert_ids, weights);
+  const Tensor flat = sums.reshape({2 * num_experts + 1, 1});
+  Tensor selections = flat.slice_rows(0, num_experts).reshape({num_experts});
+  Tensor score_sums = flat.slice_rows(num_experts, 2 * num_experts).reshape({num_experts});
+  Tensor z_sum = flat.slice_rows(2 * num_experts, 2 * num_experts + 1).reshape({1});
+  routing_counts(dev, scores, expert_ids, selections, score_sums);
+  router_z_loss_sum(dev, logits, z_sum);
+}
+
+void sigmoid_gating_backward(Device& dev, const Tensor& scores, const Tensor& expert_ids,
+                             const Tensor& dweights, const SigmoidGating& g, Tensor& dlogits) {
+  SY_CHECK_MSG(scores.rank() == 2, "sigmoid_gating_backward: scores must be (n, E)");
+  const int64_t n = scores.dim(0);
+  const int64_t num_experts = scores.dim(1);
+  SY_CHECK_MSG(g.k >= 1 && g.k <= num_experts, "sigmoid_gating_backward: k must be in [1, E]");
+  SY_CHECK_MSG(expert_ids.shape() == Shape({n, g.k}) && dweights.shape() == Shape({n, g.k}),
+               "sigmoid_gating_backward: expert_ids and dweights must be (n, k)");
+  SY_CHECK_MSG(dlogits.shape() == scores.shape(), "sigmoid_gating_backward: dlogits must be (n, E)");
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::sigmoid_gating_backward(
+        scores.data<float>(), expert_ids.data<int32_t>(), dweights.data<float>(),
+        dlogits.data<float>(), n, num_experts, g,
+        op_stream(dev, "sigmoid_gating_backward", {&scores, &expert_ids, &dweights, &dlogits}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "sigmoid_gating_backward: this build has no CUDA backend");
+  cpu::sigmoid_gating_backward(scores.data<float>(), expert_ids.data<int32_t>(),
+                               dweights.data<float>(), dlogits.data<float>(), n, num_experts, g);
+}
+
+void round_robin_routing(Device& dev, int64_t first_token, int num_experts, Tensor& expert_ids,
+                         Tensor& weights) {
+  SY_CHECK_MSG(expert_ids.rank() == 2 && expert_ids.dtype() == DType::kI32,
+               "round_robin_routing: expert_ids must be i32 (n, k)");
+  SY_CHECK_MSG(weights.shape() == expert_ids.shape() && weights.dtype() == DType::kF32,
+               "round_robin_routing: weights must be f32 (n, k)");
+  const int64_t n = expert_ids.dim(0);
+  const int k = static_cast<int>(expert_ids.dim(1));
+  SY_CHECK_MSG(num_experts >= k && first_token >= 0,
+               "round_robin_routing: k must be at most the experts");
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::round_robin_routing(first_token, expert_ids.data<int32_t>(), weights.data<float>(), n,
+                              num_experts, k,
+                              op_stream(dev, "round_robin_routing", {&expert_ids, &weights}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "round_robin_routing: this build has no CUDA backend");
+  cpu::round_robin_routing(first_token, expert_ids.data<int32_t>(), weights.data<float>(), n,
+                           num_experts, k);
+}
+
 void router_z_loss_sum(Device& dev, const Tensor& logits, Tensor& z_sum) {
   SY_CHECK_MSG(logits.rank() == 2 && logits.dim(1) > 0, "router_z_loss_sum: logits must be (n, E)");
   SY_CHECK_MSG(z_sum.numel() == 1 && z_sum.dtype() == DType::kF32,

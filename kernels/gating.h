@@ -2,6 +2,7 @@
 #pragma once
 
 #include "engine/runtime/tensor.h"
+#include "kernels/top_k_selection.h"
 
 namespace switchyard {
 
@@ -27,6 +28,29 @@ void gshard_dispatch_ids(Device& dev, const Tensor& expert_ids, const Tensor& we
 // fixed), the optional renormalisation and the softmax.
 void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,
                      const Tensor& dweights, bool renormalize, Tensor& dlogits);
+
+// The sigmoid router (moe.gating SIGMOID_TOPK; SigmoidGating in kernels/top_k_selection.h):
+// logits (n, E) f32 and the experts' selection bias (E) f32 -> scores (n, E) =
+// sigmoid(logits) (saved for backward), expert_ids (n, k) i32 in descending score + bias
+// among the chosen groups (ties: lower expert id first), weights (n, k) f32 = the chosen
+// scores, divided by their sum when g.renormalize, times g.scaling.
+void sigmoid_gating_forward(Device& dev, const Tensor& logits, const Tensor& bias,
+                            const SigmoidGating& g, Tensor& scores, Tensor& expert_ids,
+                            Tensor& weights);
+// router_forward's twin for the sigmoid router: sums (2E + 1) f32 = the top-k selections
+// per expert, the column sums of the scores and router_z_loss_sum, on `dev`.
+void sigmoid_router_forward(Device& dev, const Tensor& logits, const Tensor& bias,
+                            const SigmoidGating& g, Tensor& scores, Tensor& expert_ids,
+                            Tensor& weights, Tensor& sums);
+// dweights: (n, k) -> dlogits: (n, E) written, through the weights and the sigmoid, the
+// selection held fixed (the bias only selects, so it has no gradient).
+void sigmoid_gating_backward(Device& dev, const Tensor& scores, const Tensor& expert_ids,
+                             const Tensor& dweights, const SigmoidGating& g, Tensor& dlogits);
+// moe.router_force_balance: expert_ids (n, k) i32 and weights (n, k) f32 written as
+// token first_token + t's round-robin experts ((first_token + t) k + j) mod num_experts,
+// each of weight 1 / k, whatever the router says.
+void round_robin_routing(Device& dev, int64_t first_token, int num_experts, Tensor& expert_ids,
+                         Tensor& weights);
 
 // Router z-loss (ST-MoE): the mean over rows of logsumexp(logits)^2. z_sum: (1) f32
 // written on `dev`, the sum over rows (in double, rounded once): sums over ranks add up,

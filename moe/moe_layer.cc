@@ -29,12 +29,25 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
       tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr),
       top_k_(moe.top_k()),
       gating_(moe.gating()),
+      sigmoid_{.k = moe.top_k(),
+               .renormalize = moe.norm_topk_prob(),
+               .scaling = moe.routed_scaling_factor(),
+               .num_groups = moe.num_groups(),
+               .top_groups = moe.top_groups()},
+      force_balance_(moe.router_force_balance()),
       capacity_factor_(moe.capacity_factor()) {
   const int64_t hidden = model.hidden_size();
   const int64_t ffn = moe.expert_ffn_hidden_size();
   const float std = model.init_std();
   router_ = &params.add(prefix + "gate.weight", {num_experts_, hidden}, ShardSpec{},
                         ParamInit::kNormal, std);
+  if (gating_ == config::SIGMOID_TOPK) {
+    // Named as DeepSeek-V3's Hugging Face layout names it.
+    expert_bias_ = &params.add(prefix + "gate.e_score_correction_bias", {num_experts_},
+                               ShardSpec{}, ParamInit::kZeros);
+    expert_bias_->trainable = false;
+    expert_bias_->weight_decay = false;
+  }
   // This rank's shard of the experts, [rank * local, (rank + 1) * local) of the E.
   gate_up_ = &params.add(prefix + "experts.gate_up_proj", {num_experts_, 2 * ffn, hidden},
                          ShardSpec{.expert = true}, ParamInit::kNormal, std);
@@ -83,13 +96,12 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
   probs_ = activation(dev, {n, E});
   expert_ids_ = activation(dev, {n, top_k_}, DType::kI32);
   weights_ = activation(dev, {n, top_k_});
-  const bool renormalize = gating_ != config::SOFTMAX_TOPK;
   // This layer's routing sums (selections, probability sums, z-loss, kept assignments)
   // stay on the device until the forward's end (RouterStats::collect).
   Tensor row = stats.add_layer(total).reshape({3 * E + 1, 1});
   Tensor sums = row.slice_rows(0, 2 * E + 1).reshape({2 * E + 1});
   Tensor kept = row.slice_rows(2 * E + 1, 3 * E + 1).reshape({E});
-  router_forward(dev, router_logits_, top_k_, renormalize, probs_, expert_ids_, weights_, sums);
+  route(dev, member * n, sums);
 
   // GShard: the second expert takes the token with probability min(1, 2 * weight); an
   // unsent assignment has expert id -1 in the dispatch plan (the gating backward keeps
@@ -134,6 +146,18 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
     }
   }
   return y;
+}
+
+void MoeLayer::route(Device& dev, int64_t first_token, Tensor& sums) {
+  if (gating_ == config::SIGMOID_TOPK) {
+    sigmoid_router_forward(dev, router_logits_, expert_bias_->value, sigmoid_, probs_,
+                           expert_ids_, weights_, sums);
+  } else {
+    router_forward(dev, router_logits_, top_k_, gating_ != config::SOFTMAX_TOPK, probs_,
+                   expert_ids_, weights_, sums);
+  }
+  // The sums keep the router's own choice: the balance it would have had.
+  if (force_balance_) round_robin_routing(dev, first_token, num_experts_, expert_ids_, weights_);
 }
 
 int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens,
@@ -303,8 +327,14 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   permute_gather_backward(dev, dpermuted, dest_rows_, dx_mine);
 
   Tensor dlogits = activation(dev, {n, E});
-  const bool renormalize = gating_ != config::SOFTMAX_TOPK;
-  gating_backward(dev, probs_, expert_ids_, dweights, renormalize, dlogits);
+  if (force_balance_) {
+    // The combine weights do not depend on the router.
+    dlogits.zero_();
+  } else if (gating_ == config::SIGMOID_TOPK) {
+    sigmoid_gating_backward(dev, probs_, expert_ids_, dweights, sigmoid_, dlogits);
+  } else {
+    gating_backward(dev, probs_, expert_ids_, dweights, gating_ != config::SOFTMAX_TOPK, dlogits);
+  }
   // The z-loss is a mean over the group's tokens; the kernel divides by this rank's.
   if (z_loss_scale != 0.0f)
     router_z_loss_backward(dev, router_logits_, z_loss_scale / static_cast<float>(group), dlogits);

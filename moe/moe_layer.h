@@ -22,13 +22,15 @@
 #include "engine/runtime/param_store.h"
 #include "engine/runtime/rng.h"
 #include "engine/runtime/tensor.h"
+#include "kernels/top_k_selection.h"
 #include "moe/router_stats.h"
 #include "moe/swiglu_ffn.h"
 
 namespace switchyard {
 
 // One forward's routing, sharing the layer's saved tensors: router logits and softmax
-// probabilities (n, E) f32, top-k expert ids (n, k) i32 and their weights (n, k) f32.
+// probabilities (sigmoid scores for SIGMOID_TOPK) (n, E) f32, top-k expert ids (n, k) i32
+// and their weights (n, k) f32.
 struct MoeRouting {
   Tensor logits;
   Tensor probs;
@@ -60,6 +62,9 @@ class MoeLayer {
 
   int num_experts() const { return num_experts_; }
   int top_k() const { return top_k_; }
+  // The sigmoid router's per-expert selection bias (E) f32, a parameter that no gradient
+  // trains (loss-free balancing moves it, ExpertBiasBalancer); null for other gatings.
+  Param* expert_bias() const { return expert_bias_; }
   // The routing of the last forward (this rank's tokens), for load-balance analysis
   // (`bench balance`).
   MoeRouting last_routing() const { return {router_logits_, probs_, expert_ids_, weights_}; }
@@ -81,6 +86,10 @@ class MoeLayer {
   // `capacity_factor` <= 0: dropless.
   int64_t plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens,
                         float capacity_factor);
+  // The router: fills probs_, expert_ids_ and weights_ from router_logits_ and writes
+  // the routing sums (2E + 1) of this rank's tokens. `first_token`: the group index of
+  // this rank's first token (round-robin routing).
+  void route(Device& dev, int64_t first_token, Tensor& sums);
   // forward() and infer(): the routed and shared experts at this capacity factor.
   Tensor run(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
              float capacity_factor);
@@ -91,8 +100,11 @@ class MoeLayer {
   Communicator* tp_;  // null or of size 1: every token routed here
   int top_k_;
   config::Gating gating_;
+  SigmoidGating sigmoid_;  // SIGMOID_TOPK's settings
+  bool force_balance_;
   float capacity_factor_;
   Param* router_;      // (E, hidden)
+  Param* expert_bias_ = nullptr;  // (E), SIGMOID_TOPK only
   Param* gate_up_;     // (E, 2 * ffn, hidden), gate rows first
   Param* down_;        // (E, hidden, ffn)
   std::unique_ptr<SwigluFfn> shared_;

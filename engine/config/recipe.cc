@@ -145,6 +145,9 @@ constexpr int64_t kMaxHeadDim = 1024;
 constexpr int64_t kMaxFfnSize = 262144;
 constexpr int64_t kMaxExperts = 4096;
 constexpr int64_t kMaxSharedExperts = 64;
+// moe.num_groups: as many as the sigmoid router's group mask holds (kMaxExpertGroups in
+// kernels/top_k_selection.h).
+constexpr int64_t kMaxExpertGroups = 64;
 constexpr int64_t kMaxTokensPerSequence = int64_t{1} << 24;
 constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
 // train.eval_tokens when a recipe leaves it unset: the whole validation split of a small
@@ -221,6 +224,49 @@ absl::Status validate_model(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
+// The fields only the sigmoid router reads, refused with another gating.
+absl::Status refuse_sigmoid_fields(const MoeConfig& moe) {
+  const std::pair<const char*, bool> set[] = {
+      {"moe.norm_topk_prob", moe.norm_topk_prob()},
+      {"moe.routed_scaling_factor", moe.routed_scaling_factor() != 0},
+      {"moe.bias_update_rate", moe.bias_update_rate() != 0},
+      {"moe.num_groups", moe.num_groups() != 0},
+      {"moe.top_groups", moe.top_groups() != 0}};
+  for (const auto& [field, is_set] : set)
+    if (is_set)
+      return invalid(absl::StrCat(field, " needs moe.gating SIGMOID_TOPK (moe.gating is ",
+                                  Gating_Name(moe.gating()), ")"));
+  return absl::OkStatus();
+}
+
+// Group-limited routing (DeepSeek-V3): groups rank by their two best experts, so the
+// experts split evenly into groups, and the chosen groups must hold top_k experts.
+absl::Status validate_sigmoid_routing(const MoeConfig& moe) {
+  SY_RETURN_IF_ERROR(check_positive("moe.routed_scaling_factor", moe.routed_scaling_factor()));
+  SY_RETURN_IF_ERROR(check_non_negative("moe.bias_update_rate", moe.bias_update_rate()));
+  SY_RETURN_IF_ERROR(check_positive("moe.num_groups", moe.num_groups()));
+  SY_RETURN_IF_ERROR(check_at_most("moe.num_groups", moe.num_groups(), kMaxExpertGroups));
+  if (moe.num_experts() % moe.num_groups() != 0) {
+    return invalid(absl::StrCat("moe.num_groups (", moe.num_groups(),
+                                ") must divide moe.num_experts (", moe.num_experts(), ")"));
+  }
+  if (moe.top_groups() < 1 || moe.top_groups() > moe.num_groups()) {
+    return invalid(absl::StrCat("moe.top_groups (", moe.top_groups(),
+                                ") must be in [1, moe.num_groups (", moe.num_groups(), ")]"));
+  }
+  const int64_t reachable = int64_t{moe.num_experts()} / moe.num_groups() * moe.top_groups();
+  if (moe.top_k() > reachable) {
+    return invalid(absl::StrCat("moe.top_k (", moe.top_k(), ") must be <= the ", reachable,
+                                " experts of moe.top_groups (", moe.top_groups(), ") groups"));
+  }
+  if (moe.aux_loss_coef() != 0) {
+    return invalid(absl::StrCat("moe.aux_loss_coef (", moe.aux_loss_coef(),
+                                ") must be 0 with moe.gating SIGMOID_TOPK: it balances by "
+                                "moe.bias_update_rate"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status validate_moe(const Recipe& recipe) {
   const MoeConfig& moe = recipe.moe();
   SY_RETURN_IF_ERROR(check_non_negative("moe.num_experts", moe.num_experts()));
@@ -266,7 +312,7 @@ absl::Status validate_moe(const Recipe& recipe) {
   if (moe.shared_expert_gate() && moe.num_shared_experts() == 0) {
     return invalid("moe.shared_expert_gate needs moe.num_shared_experts > 0");
   }
-  return absl::OkStatus();
+  return moe.gating() == SIGMOID_TOPK ? validate_sigmoid_routing(moe) : refuse_sigmoid_fields(moe);
 }
 
 absl::Status validate_parallel(const Recipe& recipe) {
@@ -534,6 +580,11 @@ void fill_defaults(Recipe& recipe) {
 
   MoeConfig& moe = *recipe.mutable_moe();
   if (moe.gating() == GATING_UNSPECIFIED && moe.num_experts() > 0) moe.set_gating(TOPK_SOFTMAX);
+  if (moe.gating() == SIGMOID_TOPK) {
+    if (moe.routed_scaling_factor() == 0) moe.set_routed_scaling_factor(1.0f);
+    if (moe.num_groups() == 0) moe.set_num_groups(1);
+    if (moe.top_groups() == 0) moe.set_top_groups(moe.num_groups());
+  }
 
   ParallelConfig& parallel = *recipe.mutable_parallel();
   if (parallel.tensor_parallel_size() == 0) parallel.set_tensor_parallel_size(1);

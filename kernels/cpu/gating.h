@@ -1,5 +1,5 @@
 // CPU router gating kernels: softmax over experts, top-k, optional renormalisation,
-// their backward, and the router z-loss.
+// the sigmoid router, their backward, round-robin routing, and the router z-loss.
 #pragma once
 
 #include <algorithm>
@@ -76,6 +76,60 @@ void gating_backward(const T* probs, const int32_t* expert_ids, const T* dweight
     for (int64_t e = 0; e < num_experts; ++e) dl[e] = -p[e] * p_dot_dp;
     for (int j = 0; j < k; ++j) dl[ids[j]] = p[ids[j]] * (a * dw[j] + b - p_dot_dp);
   }
+}
+
+// The sigmoid router: logits (n, E) -> scores (n, E) = sigmoid(logits), expert_ids and
+// weights (n, k) by select_sigmoid_top_k with the experts' bias (E).
+template <typename T>
+void sigmoid_gating_forward(const T* logits, const float* bias, T* scores, int32_t* expert_ids,
+                            T* weights, int64_t n, int64_t num_experts, const SigmoidGating& g) {
+#pragma omp parallel for schedule(static) if (n * num_experts * g.k >= kParallelMinWork)
+  for (int64_t r = 0; r < n; ++r) {
+    const T* l = logits + r * num_experts;
+    T* s = scores + r * num_experts;
+    for (int64_t e = 0; e < num_experts; ++e) s[e] = T(1) / (T(1) + std::exp(-l[e]));
+    select_sigmoid_top_k(s, bias, num_experts, g, expert_ids + r * g.k, weights + r * g.k);
+  }
+}
+
+// dweights: (n, k) -> dlogits: (n, E) written, the selection held fixed. With
+// w_j = c s_j / (S + eps), S the sum of the chosen scores, ds_i = c (dw_i - sum_j dw_j
+// s_j / (S + eps)) / (S + eps) (renormalised) or c dw_i; then dlogit = ds s (1 - s).
+template <typename T>
+void sigmoid_gating_backward(const T* scores, const int32_t* expert_ids, const T* dweights,
+                             T* dlogits, int64_t n, int64_t num_experts, const SigmoidGating& g) {
+#pragma omp parallel for schedule(static) if (n * num_experts >= kParallelMinWork)
+  for (int64_t r = 0; r < n; ++r) {
+    const T* s = scores + r * num_experts;
+    const int32_t* ids = expert_ids + r * g.k;
+    const T* dw = dweights + r * g.k;
+    T* dl = dlogits + r * num_experts;
+    T total = T(0), dw_dot_s = T(0);
+    for (int j = 0; j < g.k; ++j) {
+      total += s[ids[j]];
+      dw_dot_s += dw[j] * s[ids[j]];
+    }
+    const T denominator = total + static_cast<T>(1e-20);
+    const T c = static_cast<T>(g.scaling);
+    for (int64_t e = 0; e < num_experts; ++e) dl[e] = T(0);
+    for (int j = 0; j < g.k; ++j) {
+      const T ds = g.renormalize ? c * (dw[j] - dw_dot_s / denominator) / denominator : c * dw[j];
+      const T si = s[ids[j]];
+      dl[ids[j]] = ds * si * (T(1) - si);
+    }
+  }
+}
+
+// moe.router_force_balance: token t (of the group, first_token + t) goes to experts
+// (t k + j) mod E, j < k, each with weight 1 / k.
+template <typename T>
+void round_robin_routing(int64_t first_token, int32_t* expert_ids, T* weights, int64_t n,
+                         int64_t num_experts, int k) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int j = 0; j < k; ++j) {
+      expert_ids[t * k + j] = static_cast<int32_t>(((first_token + t) * k + j) % num_experts);
+      weights[t * k + j] = T(1) / static_cast<T>(k);
+    }
 }
 
 // Sum over the n rows of logsumexp(logits row)^2, in a fixed order.

@@ -161,6 +161,51 @@ __global__ void gating_backward_kernel(const float* probs, const int32_t* expert
   }
 }
 
+__global__ void sigmoid_gating_forward_kernel(const float* logits, const float* bias,
+                                              float* scores, int32_t* expert_ids, float* weights,
+                                              int64_t n, int64_t num_experts, SigmoidGating g) {
+  for (int64_t r = grid_start(); r < n; r += grid_stride()) {
+    const float* l = logits + r * num_experts;
+    float* s = scores + r * num_experts;
+    for (int64_t e = 0; e < num_experts; ++e) s[e] = 1.0f / (1.0f + expf(-l[e]));
+    select_sigmoid_top_k(s, bias, num_experts, g, expert_ids + r * g.k, weights + r * g.k);
+  }
+}
+
+// As the CPU: ds_i = c (dw_i - sum_j dw_j s_j / (S + eps)) / (S + eps) renormalised, else
+// c dw_i, on the chosen experts; dlogit = ds s (1 - s).
+__global__ void sigmoid_gating_backward_kernel(const float* scores, const int32_t* expert_ids,
+                                               const float* dweights, float* dlogits, int64_t n,
+                                               int64_t num_experts, SigmoidGating g) {
+  for (int64_t r = grid_start(); r < n; r += grid_stride()) {
+    const float* s = scores + r * num_experts;
+    const int32_t* ids = expert_ids + r * g.k;
+    const float* dw = dweights + r * g.k;
+    float* dl = dlogits + r * num_experts;
+    float total = 0.0f, dw_dot_s = 0.0f;
+    for (int j = 0; j < g.k; ++j) {
+      total += s[ids[j]];
+      dw_dot_s += dw[j] * s[ids[j]];
+    }
+    const float denominator = total + 1e-20f;
+    for (int64_t e = 0; e < num_experts; ++e) dl[e] = 0.0f;
+    for (int j = 0; j < g.k; ++j) {
+      const float ds = g.renormalize ? g.scaling * (dw[j] - dw_dot_s / denominator) / denominator
+                                     : g.scaling * dw[j];
+      const float si = s[ids[j]];
+      dl[ids[j]] = ds * si * (1.0f - si);
+    }
+  }
+}
+
+__global__ void round_robin_kernel(int64_t first_token, int32_t* expert_ids, float* weights,
+                                   int64_t n, int64_t num_experts, int k) {
+  for (int64_t a = grid_start(); a < n * k; a += grid_stride()) {
+    expert_ids[a] = static_cast<int32_t>((first_token * k + a) % num_experts);
+    weights[a] = 1.0f / static_cast<float>(k);
+  }
+}
+
 __global__ void squared_lse_kernel(const float* logits, int64_t n, int64_t num_experts,
                                    double* squared) {
   for (int64_t r = grid_start(); r < n; r += grid_stride()) {
@@ -236,6 +281,32 @@ void gating_backward(const float* probs, const int32_t* expert_ids, const float*
   if (n == 0) return;
   gating_backward_kernel<<<grid_blocks(n, kRowThreads), kRowThreads, 0, stream>>>(
       probs, expert_ids, dweights, dlogits, n, num_experts, k, renormalize);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void sigmoid_gating_forward(const float* logits, const float* bias, float* scores,
+                            int32_t* expert_ids, float* weights, int64_t n, int64_t num_experts,
+                            const SigmoidGating& g, cudaStream_t stream) {
+  if (n == 0) return;
+  sigmoid_gating_forward_kernel<<<grid_blocks(n, kRowThreads), kRowThreads, 0, stream>>>(
+      logits, bias, scores, expert_ids, weights, n, num_experts, g);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void sigmoid_gating_backward(const float* scores, const int32_t* expert_ids,
+                             const float* dweights, float* dlogits, int64_t n,
+                             int64_t num_experts, const SigmoidGating& g, cudaStream_t stream) {
+  if (n == 0) return;
+  sigmoid_gating_backward_kernel<<<grid_blocks(n, kRowThreads), kRowThreads, 0, stream>>>(
+      scores, expert_ids, dweights, dlogits, n, num_experts, g);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void round_robin_routing(int64_t first_token, int32_t* expert_ids, float* weights, int64_t n,
+                         int64_t num_experts, int k, cudaStream_t stream) {
+  if (n == 0) return;
+  round_robin_kernel<<<grid_blocks(n * k), kThreads, 0, stream>>>(first_token, expert_ids,
+                                                                  weights, n, num_experts, k);
   SY_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,6 @@
 // CUDA router gating kernels (twins of kernels/cpu/gating.h): softmax over experts,
-// top-k, optional renormalisation, their backward, and the router z-loss. The router
+// top-k, optional renormalisation, the sigmoid router, their backward, round-robin
+// routing, and the router z-loss. The router
 // runs in fp32, so these are not templates. One thread per token row: router rows are
 // short (E experts), and the selection follows the CPU kernel step by step, ties and
 // NaNs included.
@@ -8,6 +9,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "kernels/top_k_selection.h"
 
 namespace switchyard::cuda {
 
@@ -30,6 +33,19 @@ void gshard_dispatch_ids(const int32_t* expert_ids, const float* weights, int64_
 void gating_backward(const float* probs, const int32_t* expert_ids, const float* dweights,
                      float* dlogits, int64_t n, int64_t num_experts, int k, bool renormalize,
                      cudaStream_t stream);
+// The sigmoid router (kernels/gating.h): scores = sigmoid(logits), the group-limited
+// top-k by score + bias, the weights from the scores.
+void sigmoid_gating_forward(const float* logits, const float* bias, float* scores,
+                            int32_t* expert_ids, float* weights, int64_t n, int64_t num_experts,
+                            const SigmoidGating& g, cudaStream_t stream);
+// dweights: (n, k) -> dlogits: (n, E) written, the selection held fixed.
+void sigmoid_gating_backward(const float* scores, const int32_t* expert_ids,
+                             const float* dweights, float* dlogits, int64_t n,
+                             int64_t num_experts, const SigmoidGating& g, cudaStream_t stream);
+// Round-robin routing (moe.router_force_balance): token first_token + t to experts
+// ((first_token + t) k + j) mod num_experts, each of weight 1 / k.
+void round_robin_routing(int64_t first_token, int32_t* expert_ids, float* weights, int64_t n,
+                         int64_t num_experts, int k, cudaStream_t stream);
 // z_sum (one float on the device) = the sum over the n rows of logsumexp(row)^2,
 // summed in double in a fixed order.
 void router_z_loss_sum(const float* logits, int64_t n, int64_t num_experts, float* z_sum,

@@ -165,6 +165,53 @@ TEST(GatingGpu, GshardDispatchMatchesCpu) {
   }
 }
 
+// The sigmoid router (group-limited, biased choice) and its backward against the CPU:
+// ids exactly, scores, weights and gradients to rounding; then round-robin routing.
+TEST(GatingGpu, SigmoidRouterMatchesCpu) {
+  CudaDevice gpu(0);
+  const SigmoidGating settings[] = {
+      {.k = 4, .renormalize = true, .scaling = 2.5f, .num_groups = 4, .top_groups = 2},
+      {.k = 2, .renormalize = false, .scaling = 1.0f, .num_groups = 1, .top_groups = 1}};
+  for (const Case c : {Case{257, 16, 0}, Case{1000, 64, 0}, Case{0, 8, 0}}) {
+    for (const SigmoidGating& g : settings) {
+      SCOPED_TRACE(::testing::Message() << c.n << " rows, " << c.experts << " experts, top-"
+                                        << g.k << ", " << g.top_groups << " of " << g.num_groups
+                                        << " groups");
+      const Tensor logits = router_logits(c.n, c.experts, 8);
+      const Tensor bias = random_tensor({c.experts}, 9, -0.005, 0.005);
+      Tensor scores = Tensor::empty({c.n, c.experts});
+      Tensor ids = Tensor::empty({c.n, g.k}, DType::kI32);
+      Tensor weights = Tensor::empty({c.n, g.k});
+      Tensor sums = Tensor::empty({2 * c.experts + 1});
+      sigmoid_router_forward(cpu_device(), logits, bias, g, scores, ids, weights, sums);
+      Tensor gscores = poisoned(gpu, {c.n, c.experts});
+      Tensor gids = poisoned(gpu, {c.n, g.k}, DType::kI32);
+      Tensor gweights = poisoned(gpu, {c.n, g.k});
+      Tensor gsums = poisoned(gpu, {2 * c.experts + 1});
+      sigmoid_router_forward(gpu, to_device(gpu, logits), to_device(gpu, bias), g, gscores, gids,
+                             gweights, gsums);
+      EXPECT_TRUE(all_close(gscores, scores, kTol));
+      EXPECT_TRUE(all_equal(gids, ids));
+      EXPECT_TRUE(all_close(gweights, weights, kTol));
+      EXPECT_TRUE(all_close(gsums, sums, kTol));
+
+      const Tensor dweights = random_tensor({c.n, g.k}, 10);
+      Tensor dlogits = Tensor::empty({c.n, c.experts});
+      sigmoid_gating_backward(cpu_device(), scores, ids, dweights, g, dlogits);
+      Tensor gdlogits = poisoned(gpu, {c.n, c.experts});
+      sigmoid_gating_backward(gpu, to_device(gpu, scores), to_device(gpu, ids),
+                              to_device(gpu, dweights), g, gdlogits);
+      EXPECT_TRUE(all_close(gdlogits, dlogits, kTol));
+    }
+  }
+  Tensor ids = Tensor::empty({1001, 3}, DType::kI32), weights = Tensor::empty({1001, 3});
+  round_robin_routing(cpu_device(), 17, 8, ids, weights);
+  Tensor gids = poisoned(gpu, {1001, 3}, DType::kI32), gweights = poisoned(gpu, {1001, 3});
+  round_robin_routing(gpu, 17, 8, gids, gweights);
+  EXPECT_TRUE(all_equal(gids, ids));
+  EXPECT_TRUE(all_equal(gweights, weights));
+}
+
 }  // namespace
 }  // namespace switchyard
 

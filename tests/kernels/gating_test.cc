@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -209,6 +210,224 @@ TEST(GatingTest, FloatBackwardMatchesDoubleTemplate) {
                          num_experts, k, renormalize);
     EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
   }
+}
+
+// The sigmoid router as transformers' DeepSeek-V3 router computes it, written out
+// naively in double: scores = sigmoid(logits); choice = scores + bias; each group ranks by
+// the sum of its two best choices; outside the best top_groups groups the choice is out;
+// the k best choices (full stable sorts, ties to the lower index); weights = the chosen
+// scores, over their sum + 1e-20 when renormalised, times the scaling.
+Gated reference_sigmoid_gating(const std::vector<double>& logits, const std::vector<float>& bias,
+                               int64_t n, int64_t num_experts, const SigmoidGating& g) {
+  Gated out{std::vector<double>(n * num_experts), std::vector<int32_t>(n * g.k),
+            std::vector<double>(n * g.k)};
+  const int64_t size = num_experts / g.num_groups;
+  auto descending = [](const std::vector<double>& v) {
+    std::vector<int32_t> order(v.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&v](int32_t a, int32_t b) { return v[a] > v[b]; });
+    return order;
+  };
+  for (int64_t r = 0; r < n; ++r) {
+    double* s = &out.probs[r * num_experts];
+    std::vector<double> choice(num_experts);
+    for (int64_t e = 0; e < num_experts; ++e) {
+      s[e] = 1.0 / (1.0 + std::exp(-logits[r * num_experts + e]));
+      choice[e] = s[e] + bias[e];
+    }
+    std::vector<double> group_scores(g.num_groups);
+    for (int grp = 0; grp < g.num_groups; ++grp) {
+      std::vector<double> members(choice.begin() + grp * size, choice.begin() + (grp + 1) * size);
+      std::sort(members.rbegin(), members.rend());
+      group_scores[grp] = members[0] + (size > 1 ? members[1] : 0.0);
+    }
+    const std::vector<int32_t> groups = descending(group_scores);
+    std::vector<bool> allowed(g.num_groups, false);
+    for (int j = 0; j < g.top_groups; ++j) allowed[groups[j]] = true;
+    for (int64_t e = 0; e < num_experts; ++e)
+      if (!allowed[e / size]) choice[e] = -std::numeric_limits<double>::infinity();
+    const std::vector<int32_t> order = descending(choice);
+    double total = 0;
+    for (int j = 0; j < g.k; ++j) total += s[order[j]];
+    for (int j = 0; j < g.k; ++j) {
+      out.ids[r * g.k + j] = order[j];
+      out.weights[r * g.k + j] =
+          (g.renormalize ? s[order[j]] / (total + 1e-20) : s[order[j]]) * g.scaling;
+    }
+  }
+  return out;
+}
+
+Gated sigmoid_gate_double(const std::vector<double>& logits, const std::vector<float>& bias,
+                          int64_t n, int64_t num_experts, const SigmoidGating& g) {
+  Gated out{std::vector<double>(n * num_experts), std::vector<int32_t>(n * g.k),
+            std::vector<double>(n * g.k)};
+  cpu::sigmoid_gating_forward(logits.data(), bias.data(), out.probs.data(), out.ids.data(),
+                              out.weights.data(), n, num_experts, g);
+  return out;
+}
+
+std::vector<SigmoidGating> sigmoid_cases() {
+  return {{.k = 4, .renormalize = true, .scaling = 2.5f, .num_groups = 4, .top_groups = 2},
+          {.k = 2, .renormalize = false, .scaling = 1.0f, .num_groups = 1, .top_groups = 1},
+          {.k = 3, .renormalize = true, .scaling = 1.0f, .num_groups = 8, .top_groups = 3},
+          {.k = 6, .renormalize = false, .scaling = 0.5f, .num_groups = 2, .top_groups = 1}};
+}
+
+TEST(SigmoidGatingTest, ForwardMatchesDoubleReference) {
+  const int64_t n = 41, num_experts = 16;
+  const auto logits = random_vector<float>(n * num_experts, 31, -3.0, 3.0);
+  const auto bias = random_vector<float>(num_experts, 32, -0.3, 0.3);
+  for (const SigmoidGating& g : sigmoid_cases()) {
+    SCOPED_TRACE(::testing::Message() << "k " << g.k << ", groups " << g.top_groups << " of "
+                                      << g.num_groups);
+    Tensor scores = Tensor::empty({n, num_experts});
+    Tensor ids = Tensor::empty({n, g.k}, DType::kI32);
+    Tensor weights = Tensor::empty({n, g.k});
+    sigmoid_gating_forward(cpu_device(), make_tensor({n, num_experts}, logits),
+                           make_tensor({num_experts}, bias), g, scores, ids, weights);
+    const Gated ref = reference_sigmoid_gating(to_double(logits), bias, n, num_experts, g);
+    EXPECT_LT(max_relative_error(values_of<float>(scores), ref.probs), 1e-6);
+    EXPECT_EQ(values_of<int32_t>(ids), ref.ids);
+    EXPECT_LT(max_relative_error(values_of<float>(weights), ref.weights), 1e-6);
+    EXPECT_TRUE(any_nonzero(values_of<float>(weights)));
+  }
+}
+
+// The bias decides the choice and nothing else: a large bias on one expert puts it in
+// every token's top k with the weight of its own score.
+TEST(SigmoidGatingTest, BiasSelectsButDoesNotWeigh) {
+  const int64_t n = 7, num_experts = 8;
+  const SigmoidGating g{.k = 2, .renormalize = false, .scaling = 1.0f, .num_groups = 1,
+                        .top_groups = 1};
+  const auto logits = to_double(random_vector<float>(n * num_experts, 33, -2.0, 2.0));
+  std::vector<float> bias(num_experts, 0.0f);
+  bias[5] = 10.0f;
+  const Gated out = sigmoid_gate_double(logits, bias, n, num_experts, g);
+  for (int64_t r = 0; r < n; ++r) {
+    EXPECT_EQ(out.ids[r * 2], 5);
+    EXPECT_DOUBLE_EQ(out.weights[r * 2], out.probs[r * num_experts + 5]);
+    EXPECT_DOUBLE_EQ(out.weights[r * 2 + 1], out.probs[r * num_experts + out.ids[r * 2 + 1]]);
+  }
+}
+
+// Group-limited routing keeps every choice inside the best groups, even where a better
+// score lies outside them: group 0 has one excellent expert, group 1 two good ones.
+TEST(SigmoidGatingTest, GroupsRankByTheirTwoBestExperts) {
+  const std::vector<double> logits = {6.0, -6.0, -6.0, -6.0, 2.0, 2.5, -6.0, -6.0};
+  const std::vector<float> bias(8, 0.0f);
+  const SigmoidGating limited{.k = 2, .renormalize = true, .scaling = 1.0f, .num_groups = 2,
+                              .top_groups = 1};
+  const Gated in_group = sigmoid_gate_double(logits, bias, 1, 8, limited);
+  EXPECT_EQ(in_group.ids, (std::vector<int32_t>{5, 4}));
+  EXPECT_NEAR(in_group.weights[0] + in_group.weights[1], 1.0, 1e-15);
+  SigmoidGating open = limited;
+  open.num_groups = open.top_groups = 1;
+  EXPECT_EQ(sigmoid_gate_double(logits, bias, 1, 8, open).ids, (std::vector<int32_t>{0, 5}));
+}
+
+TEST(SigmoidGatingTest, BackwardMatchesFiniteDifferences) {
+  const int64_t n = 5, num_experts = 8;
+  std::vector<double> logits = random_vector<double>(n * num_experts, 34, -0.1, 0.1);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t e = 0; e < num_experts; ++e)
+      logits[r * num_experts + (3 * e + r) % num_experts] += 0.6 * e - 2.0;
+  const std::vector<float> bias(num_experts, 0.0f);
+  for (const SigmoidGating& g : sigmoid_cases()) {
+    if (g.k > num_experts / g.num_groups * g.top_groups) continue;
+    const auto dweights = random_vector<double>(n * g.k, 35);
+    const Gated out = sigmoid_gate_double(logits, bias, n, num_experts, g);
+    std::vector<double> dlogits(n * num_experts, 7.0);
+    cpu::sigmoid_gating_backward(out.probs.data(), out.ids.data(), dweights.data(), dlogits.data(),
+                                 n, num_experts, g);
+    const auto numeric = numeric_gradient(logits, [&](const std::vector<double>& x) {
+      const Gated gx = sigmoid_gate_double(x, bias, n, num_experts, g);
+      EXPECT_EQ(gx.ids, out.ids);
+      double l = 0;
+      for (int64_t a = 0; a < n * g.k; ++a) l += dweights[a] * gx.weights[a];
+      return l;
+    });
+    EXPECT_TRUE(any_nonzero(dlogits));
+    EXPECT_LT(max_relative_error(dlogits, numeric), 1e-8) << "k " << g.k;
+  }
+}
+
+TEST(SigmoidGatingTest, FloatBackwardMatchesDoubleTemplate) {
+  const int64_t n = 17, num_experts = 16;
+  const auto logits = random_vector<float>(n * num_experts, 36, -3.0, 3.0);
+  const auto bias = random_vector<float>(num_experts, 37, -0.2, 0.2);
+  for (const SigmoidGating& g : sigmoid_cases()) {
+    const auto dweights = random_vector<float>(n * g.k, 38);
+    Tensor scores = Tensor::empty({n, num_experts});
+    Tensor ids = Tensor::empty({n, g.k}, DType::kI32);
+    Tensor weights = Tensor::empty({n, g.k});
+    sigmoid_gating_forward(cpu_device(), make_tensor({n, num_experts}, logits),
+                           make_tensor({num_experts}, bias), g, scores, ids, weights);
+    Tensor dlogits = Tensor::empty({n, num_experts});
+    sigmoid_gating_backward(cpu_device(), scores, ids, make_tensor({n, g.k}, dweights), g,
+                            dlogits);
+    const Gated d = sigmoid_gate_double(to_double(logits), bias, n, num_experts, g);
+    EXPECT_EQ(values_of<int32_t>(ids), d.ids);
+    std::vector<double> expected(n * num_experts);
+    const auto dweights_d = to_double(dweights);
+    cpu::sigmoid_gating_backward(d.probs.data(), d.ids.data(), dweights_d.data(), expected.data(),
+                                 n, num_experts, g);
+    EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
+  }
+}
+
+TEST(SigmoidGatingTest, RouterSumsAreTheRoutingCountsAndZLossSum) {
+  const int64_t n = 200, num_experts = 8;
+  const SigmoidGating g{.k = 2, .renormalize = true, .scaling = 1.0f, .num_groups = 4,
+                        .top_groups = 2};
+  const Tensor logits =
+      make_tensor({n, num_experts}, random_vector<float>(n * num_experts, 39, -3.0, 3.0));
+  const Tensor bias = make_tensor({num_experts}, random_vector<float>(num_experts, 40, -0.1, 0.1));
+  Tensor scores = Tensor::empty({n, num_experts}), ids = Tensor::empty({n, g.k}, DType::kI32);
+  Tensor weights = Tensor::empty({n, g.k});
+  Tensor sums =
+      make_tensor({2 * num_experts + 1}, std::vector<float>(2 * num_experts + 1, std::nanf("")));
+  sigmoid_router_forward(cpu_device(), logits, bias, g, scores, ids, weights, sums);
+  Tensor selections = Tensor::empty({num_experts}), score_sums = Tensor::empty({num_experts});
+  routing_counts(cpu_device(), scores, ids, selections, score_sums);
+  Tensor z_sum = Tensor::empty({1});
+  router_z_loss_sum(cpu_device(), logits, z_sum);
+  std::vector<float> want = values_of<float>(selections);
+  for (float p : values_of<float>(score_sums)) want.push_back(p);
+  want.push_back(*z_sum.data<float>());
+  EXPECT_EQ(values_of<float>(sums), want);
+  EXPECT_FLOAT_EQ(std::accumulate(want.begin(), want.begin() + num_experts, 0.0f), n * g.k);
+}
+
+TEST(SigmoidGatingTest, RefusesGroupsThatCannotHoldTopK) {
+  const Tensor logits = make_tensor({2, 8}, std::vector<float>(16, 0.0f));
+  const Tensor bias = make_tensor({8}, std::vector<float>(8, 0.0f));
+  Tensor scores = Tensor::empty({2, 8}), ids = Tensor::empty({2, 3}, DType::kI32);
+  Tensor weights = Tensor::empty({2, 3});
+  const SigmoidGating too_few{.k = 3, .num_groups = 4, .top_groups = 1};
+  EXPECT_DEATH(sigmoid_gating_forward(cpu_device(), logits, bias, too_few, scores, ids, weights),
+               "k must be in");
+  const SigmoidGating uneven{.k = 3, .num_groups = 3, .top_groups = 3};
+  EXPECT_DEATH(sigmoid_gating_forward(cpu_device(), logits, bias, uneven, scores, ids, weights),
+               "num_groups must divide E");
+}
+
+// moe.router_force_balance: k consecutive experts per token, round the experts, so n k
+// assignments load each expert n k / E times when E divides them.
+TEST(RoundRobinRoutingTest, LoadsEveryExpertEqually) {
+  const int64_t n = 12, num_experts = 6;
+  const int k = 2;
+  Tensor ids = make_tensor({n, k}, std::vector<int32_t>(n * k, -7));
+  Tensor weights = Tensor::empty({n, k});
+  round_robin_routing(cpu_device(), /*first_token=*/9, num_experts, ids, weights);
+  std::vector<int> load(num_experts, 0);
+  const std::vector<int32_t> got = values_of<int32_t>(ids);
+  for (int64_t a = 0; a < n * k; ++a) {
+    ASSERT_EQ(got[a], (9 * k + a) % num_experts);
+    ++load[got[a]];
+  }
+  for (int l : load) EXPECT_EQ(l, n * k / num_experts);
+  for (float w : values_of<float>(weights)) EXPECT_EQ(w, 0.5f);
 }
 
 TEST(RouterZLossTest, ForwardMatchesDoubleReference) {
