@@ -530,6 +530,10 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   const checkpoint::Manifest& manifest = resume_point->manifest;
   if (!resume_dir.empty())
     SY_RETURN_IF_ERROR(check_resumable(manifest, recipe, resume_dir, options.extend_schedule));
+  else if (options.extend_schedule)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--extend-schedule continues the learning-rate schedule of a resumed run, but ",
+        checkpoints_dir, " holds no checkpoint to resume: drop the flag to start afresh"));
 
   const std::string metrics_path = options.run_dir + "/metrics.jsonl";
   std::ofstream metrics;

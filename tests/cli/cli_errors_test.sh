@@ -54,8 +54,16 @@ short=(--set train.steps=1 --set optimizer.warmup_steps=0 --set train.eval_inter
        --dataset-cache "$work/cache")
 expect_error "unwritable run dir" "run directory" "" -- "$bin" train "$tiny" --run-dir "$work/file/sub" "${short[@]}"
 expect_error "missing weights" "recipe.textproto" "" -- "$bin" sample "$work/none" --prompt hi
+expect_error "--extend-schedule on a fresh start" "holds no checkpoint to resume: drop the flag" "$work/r14" -- "$bin" train "$tiny" --run-dir "$work/r14" "${short[@]}" --extend-schedule
 
 if "$bin" train "$tiny" --run-dir "$work/run" "${short[@]}" >/dev/null; then
+  # The same flag on a resume is taken: the run goes on from its checkpoint.
+  if "$bin" train "$tiny" --run-dir "$work/run" "${short[@]}" --set train.steps=2 --extend-schedule \
+      >"$work/out" 2>&1 && grep -q "^resuming from .*/step_1 (step 1)" "$work/out"; then
+    echo "ok   --extend-schedule on a resume: $(grep '^resuming from' "$work/out")"; passed=$((passed + 1))
+  else
+    echo "FAIL --extend-schedule on a resume; output was:"; cat "$work/out"; failures=$((failures + 1))
+  fi
   weights="$work/run/checkpoints/final"
   expect_error "eval of missing data" "missing.txt" "" -- "$bin" eval "$weights" --data "$work/missing.txt"
   head -c 1000 "$weights/model.safetensors" >"$work/short" && mv "$work/short" "$weights/model.safetensors"
