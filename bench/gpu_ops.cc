@@ -23,6 +23,7 @@
 
 #include "engine/runtime/rng.h"
 #include "engine/runtime/tensor.h"
+#include "engine/train/peak.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
@@ -515,9 +516,10 @@ int main(int argc, char** argv) {
   CudaDevice dev(0);
   cudaDeviceProp prop;
   SY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const double spec_bf16_tflops = bf16_peak_flops(dev) / 1e12;
-  std::printf("device: %s, %d SMs; bf16 peak from clock and SMs: %.0f TFLOP/s\n", prop.name,
-              prop.multiProcessorCount, spec_bf16_tflops);
+  const Peak peak = gpu_peak(dev, 1);
+  const double spec_bf16_tflops = peak.flops / 1e12;
+  std::printf("device: %s, %d SMs; bf16 peak the trainer uses: %.0f TFLOP/s (%s)\n", prop.name,
+              prop.multiProcessorCount, spec_bf16_tflops, peak.source.c_str());
   std::printf(
       "shape: tokens %lld, hidden %lld, %lld experts top-%lld, expert ffn %lld, heads %lld "
       "(kv %lld), seq %lld, vocab %lld; median of %d repetitions\n",

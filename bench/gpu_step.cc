@@ -17,6 +17,7 @@
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
+#include "engine/train/peak.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/devices.h"
 
@@ -191,7 +192,8 @@ int main(int argc, char** argv) {
   const ModelStats stats = compute_model_stats(recipe);
   const double tokens_per_s = static_cast<double>(o.steps * o.batch * o.seq) / seconds;
   const double achieved = tokens_per_s * stats.train_flops_per_token;
-  const double spec_peak = bf16_peak_flops(dev);
+  const Peak peak = gpu_peak(dev, 1);
+  const double spec_peak = peak.flops;
   const double mfu = spec_peak > 0 ? achieved / spec_peak : 0;
   const double measured_peak = o.bf16_peak_tflops * 1e12;
   const double mfu_measured = measured_peak > 0 ? achieved / measured_peak : 0;
@@ -209,8 +211,8 @@ int main(int argc, char** argv) {
               stats.total_params / 1e6, stats.active_params / 1e6, o.warmup, o.steps, loss.total);
   std::printf("tokens/s %.0f; train FLOPs/token %.1fM; achieved %.2f TFLOP/s\n", tokens_per_s,
               stats.train_flops_per_token / 1e6, achieved / 1e12);
-  std::printf("MFU %.2f%% of the bf16 peak from clock and SMs (%.0f TFLOP/s)", 100 * mfu,
-              spec_peak / 1e12);
+  std::printf("MFU %.2f%% of the bf16 peak the trainer uses (%.0f TFLOP/s, %s)", 100 * mfu,
+              spec_peak / 1e12, peak.source.c_str());
   if (measured_peak > 0)
     std::printf(", %.2f%% of the measured bf16 GEMM peak (%.0f TFLOP/s)", 100 * mfu_measured,
                 o.bf16_peak_tflops);

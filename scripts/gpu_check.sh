@@ -186,7 +186,7 @@ peaks = [r for r in rows if r["bench"] == "gpu_step"][:1]
 measured = next((r["bf16_gemm_tflops"] for r in rows if r["bench"] == "gpu_ops"), None)
 print("gpu_check summary: engine vs PyTorch training steps "
       "(MFU: train FLOPs/token x tokens/s / bf16 peak"
-      + (f" {peaks[0]['bf16_spec_tflops']:.0f} TFLOP/s from clock and SMs" if peaks else "")
+      + (f" {peaks[0]['bf16_spec_tflops']:.0f} TFLOP/s, the trainer's" if peaks else "")
       + (f"; measured: cuBLAS bf16 GEMM {measured:.0f} TFLOP/s" if measured else "") + ")")
 print(f"{'preset':<8}{'run':<14}{'tokens/s':>10}{'MFU':>8}{'measured':>10}{'engine/run':>12}")
 def pct(r, key):

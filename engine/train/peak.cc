@@ -157,17 +157,19 @@ Peak cpu_peak_flops(const std::string& cache_path, const std::string& build, int
   return {m.flops, absl::StrCat(how, ")")};
 }
 
+Peak gpu_peak(Device& dev, int ranks) {
+  const std::string name = gpu_model_name(dev);
+  const std::string times = absl::StrCat(" x ", ranks, ranks == 1 ? " rank" : " ranks");
+  if (const double known = known_gpu_bf16_peak_flops(name); known > 0)
+    return {known * ranks, absl::StrCat(name, " dense bf16", times)};
+  return {bf16_peak_flops(dev) * ranks,
+          absl::StrCat(name, " dense bf16 estimated from multiprocessors x clock", times)};
+}
+
 Peak find_peak(const PeakOptions& options, Device& dev, int ranks, std::string* warning) {
   warning->clear();
   if (options.flops > 0) return {options.flops, "from --peak-gflops"};
-  if (dev.is_cuda()) {
-    const std::string name = gpu_model_name(dev);
-    const std::string times = absl::StrCat(" x ", ranks, ranks == 1 ? " rank" : " ranks");
-    if (const double known = known_gpu_bf16_peak_flops(name); known > 0)
-      return {known * ranks, absl::StrCat(name, " dense bf16", times)};
-    return {bf16_peak_flops(dev) * ranks,
-            absl::StrCat(name, " dense bf16 estimated from multiprocessors x clock", times)};
-  }
+  if (dev.is_cuda()) return gpu_peak(dev, ranks);
   Peak peak = cpu_peak_flops(options.cache_path, options.build, cpu_threads(), warning);
   if (ranks > 1) absl::StrAppend(&peak.source, " x ", ranks, " ranks");
   peak.flops *= ranks;

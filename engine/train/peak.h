@@ -30,6 +30,11 @@ struct PeakOptions {
   std::string build;       // this binary's build (version, commit), part of the cache key
 };
 
+// A GPU's dense bf16 peak for `ranks` ranks like `dev`: known_gpu_bf16_peak_flops by its
+// name, else bf16_peak_flops' estimate from its multiprocessors and clock. The one GPU
+// peak behind every MFU the trainer and the GPU benchmarks print.
+Peak gpu_peak(Device& dev, int ranks);
+
 // The peak for `ranks` ranks on devices like `dev`: options.flops when given, a GPU's
 // (known_gpu_bf16_peak_flops, else bf16_peak_flops' estimate from its multiprocessors
 // and clock), or the CPU's cpu_peak_flops with the current CPU threads. A damaged cache
