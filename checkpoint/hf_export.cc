@@ -29,6 +29,8 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 constexpr char kMixtral[] = "MixtralForCausalLM";
 constexpr char kQwen2Moe[] = "Qwen2MoeForCausalLM";
+constexpr char kQwen3Moe[] = "Qwen3MoeForCausalLM";
+constexpr char kOlmoe[] = "OlmoeForCausalLM";
 
 // The shortest decimal that reads back as the same float, as a double: the recipe holds
 // floats, and 1e-5f printed as a double would be 9.999999747378752e-06.
@@ -62,17 +64,70 @@ absl::Status write_json(const std::string& path, const Json& json) {
 
 std::string torch_dtype_name(DType dtype) { return dtype == DType::kBF16 ? "bfloat16" : "float32"; }
 
+// The Qwen families' layer pattern: decoder_sparse_step and the dense first layers.
+void write_layer_pattern(const config::ModelConfig& model, Json& j) {
+  j["decoder_sparse_step"] = model.moe_layer_interval();
+  Json dense = Json::array();
+  for (int i = 0; i < model.first_dense_layers() && i < model.num_layers(); ++i) dense.push_back(i);
+  j["mlp_only_layers"] = dense;
+}
+
+// The fields only `architecture`'s config has.
+void write_family_fields(const config::Recipe& recipe, const std::string& architecture,
+                         const std::map<std::string, Tensor>& weights, Json& j) {
+  const config::ModelConfig& model = recipe.model();
+  const config::MoeConfig& moe = recipe.moe();
+  if (architecture == kMixtral) {
+    j["num_local_experts"] = moe.num_experts();
+    j["router_jitter_noise"] = 0.0;
+    j["sliding_window"] = nullptr;
+    return;
+  }
+  j["num_experts"] = moe.num_experts();
+  j["norm_topk_prob"] = moe.gating() == config::TOPK_SOFTMAX;
+  if (architecture == kOlmoe) {
+    j["attention_bias"] = false;
+    j["clip_qkv"] = nullptr;
+    return;
+  }
+  j["moe_intermediate_size"] = moe.expert_ffn_hidden_size();
+  write_layer_pattern(model, j);
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = model.num_layers();
+  if (architecture == kQwen3Moe) {
+    j["head_dim"] = config::effective_head_dim(model);
+    j["attention_bias"] = false;
+    return;
+  }
+  // Several engine shared experts run as one FFN of their summed width.
+  int64_t shared_size = 0;
+  for (const auto& [name, tensor] : weights) {
+    if (name.ends_with(".mlp.shared_expert.gate_up_proj.weight")) shared_size = tensor.shape()[1];
+  }
+  j["shared_expert_intermediate_size"] = shared_size;
+  j["qkv_bias"] = true;
+}
+
+std::string model_type_of(const std::string& architecture) {
+  if (architecture == kMixtral) return "mixtral";
+  if (architecture == kQwen2Moe) return "qwen2_moe";
+  if (architecture == kQwen3Moe) return "qwen3_moe";
+  return "olmoe";
+}
+
 Json config_json(const config::Recipe& recipe, const std::string& architecture,
                  const std::map<std::string, Tensor>& weights, DType dtype) {
   const config::ModelConfig& model = recipe.model();
   const config::MoeConfig& moe = recipe.moe();
-  const bool mixtral = architecture == kMixtral;
+  // Mixtral and OLMoE have only MoE layers: their intermediate_size is the experts'.
+  const bool all_moe = architecture == kMixtral || architecture == kOlmoe;
   Json j;
   j["architectures"] = {architecture};
-  j["model_type"] = mixtral ? "mixtral" : "qwen2_moe";
+  j["model_type"] = model_type_of(architecture);
   j["vocab_size"] = model.vocab_size();
   j["hidden_size"] = model.hidden_size();
-  j["intermediate_size"] = mixtral || model.ffn_hidden_size() == 0 ? moe.expert_ffn_hidden_size()
+  j["intermediate_size"] = all_moe || model.ffn_hidden_size() == 0 ? moe.expert_ffn_hidden_size()
                                                                    : model.ffn_hidden_size();
   j["num_hidden_layers"] = model.num_layers();
   j["num_attention_heads"] = model.num_heads();
@@ -83,32 +138,11 @@ Json config_json(const config::Recipe& recipe, const std::string& architecture,
   j["rms_norm_eps"] = json_float(model.norm_eps());
   j["rope_theta"] = json_float(model.rope_theta());
   j["rope_scaling"] = nullptr;
-  j["sliding_window"] = nullptr;
   j["attention_dropout"] = 0.0;
   j["num_experts_per_tok"] = moe.top_k();
   j["router_aux_loss_coef"] = json_float(moe.aux_loss_coef());
   j["output_router_logits"] = false;
-  if (mixtral) {
-    j["num_local_experts"] = moe.num_experts();
-    j["router_jitter_noise"] = 0.0;
-  } else {
-    j["num_experts"] = moe.num_experts();
-    j["moe_intermediate_size"] = moe.expert_ffn_hidden_size();
-    // Several engine shared experts run as one FFN of their summed width.
-    int64_t shared_size = 0;
-    for (const auto& [name, tensor] : weights) {
-      if (name.ends_with(".mlp.shared_expert.gate_up_proj.weight")) shared_size = tensor.shape()[1];
-    }
-    j["shared_expert_intermediate_size"] = shared_size;
-    j["decoder_sparse_step"] = model.moe_layer_interval();
-    Json dense = Json::array();
-    for (int i = 0; i < model.first_dense_layers() && i < model.num_layers(); ++i) dense.push_back(i);
-    j["mlp_only_layers"] = dense;
-    j["norm_topk_prob"] = moe.gating() == config::TOPK_SOFTMAX;
-    j["qkv_bias"] = true;
-    j["use_sliding_window"] = false;
-    j["max_window_layers"] = model.num_layers();
-  }
+  write_family_fields(recipe, architecture, weights, j);
   j["tie_word_embeddings"] = model.tie_embeddings();
   j["bos_token_id"] = 1;
   j["eos_token_id"] = 2;
@@ -156,6 +190,10 @@ absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
       SY_RETURN_IF_ERROR(move(name + ".weight", name + ".weight"));
       if (recipe.model().attention_bias() && std::string(proj) != "o_proj")
         SY_RETURN_IF_ERROR(move(name + ".bias", name + ".bias"));
+    }
+    if (recipe.model().qk_norm() || recipe.model().qk_head_norm()) {
+      for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
+        SY_RETURN_IF_ERROR(move(p + norm, p + norm));
     }
     SY_RETURN_IF_ERROR(
         move(p + "post_attention_layernorm.weight", p + "post_attention_layernorm.weight"));
@@ -292,42 +330,91 @@ bool is_hf_export_file(std::string_view name) {
          is_shard_name(name);
 }
 
+namespace {
+
+absl::Status refuse_export(const std::string& why) {
+  return absl::FailedPreconditionError(absl::StrCat("cannot export to transformers: ", why));
+}
+
+// transformers 4.x's Mixtral, Qwen2-MoE and OLMoE derive head_dim from hidden / heads.
+absl::Status check_derived_head_dim(const config::ModelConfig& model) {
+  if (config::effective_head_dim(model) * model.num_heads() == model.hidden_size())
+    return absl::OkStatus();
+  return refuse_export(absl::StrCat("model.head_dim (", config::effective_head_dim(model),
+                                    ") x model.num_heads must equal model.hidden_size (transformers "
+                                    "4.x ignores head_dim)"));
+}
+
+absl::Status check_only_moe_layers(const config::Recipe& recipe, const std::string& architecture) {
+  for (int layer = 0; layer < recipe.model().num_layers(); ++layer) {
+    if (!config::is_moe_layer(recipe, layer))
+      return refuse_export(absl::StrCat("layer ", layer, " is dense and ", architecture,
+                                        " has only MoE layers"));
+  }
+  return absl::OkStatus();
+}
+
+// Qwen3-MoE: per-head q/k norm, routed experts only, optional dense layers.
+absl::StatusOr<std::string> qwen3_moe_architecture(const config::Recipe& recipe) {
+  if (recipe.moe().num_shared_experts() > 0)
+    return refuse_export("moe.num_shared_experts: Qwen3MoeForCausalLM (model.qk_head_norm) has "
+                         "no shared experts");
+  if (recipe.model().attention_bias())
+    return refuse_export("model.attention_bias: Qwen3MoeForCausalLM (model.qk_head_norm) has no "
+                         "q/k/v biases without an output bias");
+  return std::string(kQwen3Moe);
+}
+
+// OLMoE: q/k norm over the whole projection, every layer MoE, no biases.
+absl::StatusOr<std::string> olmoe_architecture(const config::Recipe& recipe) {
+  if (recipe.moe().num_shared_experts() > 0)
+    return refuse_export("moe.num_shared_experts: OlmoeForCausalLM (model.qk_norm) has no "
+                         "shared experts");
+  if (recipe.model().attention_bias())
+    return refuse_export("model.attention_bias: OlmoeForCausalLM (model.qk_norm) has no q/k/v "
+                         "biases without an output bias");
+  SY_RETURN_IF_ERROR(check_derived_head_dim(recipe.model()));
+  SY_RETURN_IF_ERROR(check_only_moe_layers(recipe, kOlmoe));
+  return std::string(kOlmoe);
+}
+
+absl::StatusOr<std::string> qwen2_moe_architecture(const config::Recipe& recipe) {
+  if (!recipe.moe().shared_expert_gate())
+    return refuse_export("Qwen2MoeForCausalLM always gates its shared expert: "
+                         "moe.shared_expert_gate must be true");
+  if (!recipe.model().attention_bias())
+    return refuse_export("Qwen2MoeForCausalLM has q/k/v biases: model.attention_bias must be true");
+  SY_RETURN_IF_ERROR(check_derived_head_dim(recipe.model()));
+  return std::string(kQwen2Moe);
+}
+
+absl::StatusOr<std::string> mixtral_architecture(const config::Recipe& recipe) {
+  SY_RETURN_IF_ERROR(check_derived_head_dim(recipe.model()));
+  SY_RETURN_IF_ERROR(check_only_moe_layers(recipe, "MixtralForCausalLM (no shared experts)"));
+  if (recipe.model().attention_bias())
+    return refuse_export("model.attention_bias: MixtralForCausalLM (no shared experts) has no biases");
+  if (recipe.moe().gating() != config::TOPK_SOFTMAX)
+    return refuse_export(absl::StrCat("moe.gating ", config::Gating_Name(recipe.moe().gating()),
+                                      ": MixtralForCausalLM (no shared experts) renormalises the "
+                                      "top-k weights (TOPK_SOFTMAX)"));
+  return std::string(kMixtral);
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe) {
   const config::ModelConfig& model = recipe.model();
   const config::MoeConfig& moe = recipe.moe();
-  auto refuse = [](const std::string& why) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot export to transformers: ", why));
-  };
   if (model.moe_layer_interval() == 0 || moe.num_experts() == 0)
-    return refuse("the model has no MoE layers (model.moe_layer_interval 0)");
-  if (moe.gating() == config::GSHARD_TOP2)
-    return refuse("moe.gating GSHARD_TOP2 (sampled second expert) exists in no transformers class");
-  if (model.qk_norm())
-    return refuse("model.qk_norm is not supported by MixtralForCausalLM or Qwen2MoeForCausalLM");
-  if (config::effective_head_dim(model) * model.num_heads() != model.hidden_size())
-    return refuse(absl::StrCat("model.head_dim (", config::effective_head_dim(model),
-                               ") x model.num_heads must equal model.hidden_size (transformers "
-                               "4.x ignores head_dim)"));
-  if (moe.num_shared_experts() > 0) {
-    if (!moe.shared_expert_gate())
-      return refuse("Qwen2MoeForCausalLM always gates its shared expert: moe.shared_expert_gate "
-                    "must be true");
-    if (!model.attention_bias())
-      return refuse("Qwen2MoeForCausalLM has q/k/v biases: model.attention_bias must be true");
-    return std::string(kQwen2Moe);
-  }
-  for (int layer = 0; layer < model.num_layers(); ++layer) {
-    if (!config::is_moe_layer(recipe, layer))
-      return refuse(absl::StrCat("layer ", layer, " is dense and MixtralForCausalLM (no shared "
-                                 "experts) has only MoE layers"));
-  }
-  if (model.attention_bias())
-    return refuse("model.attention_bias: MixtralForCausalLM (no shared experts) has no biases");
-  if (moe.gating() != config::TOPK_SOFTMAX)
-    return refuse(absl::StrCat("moe.gating ", config::Gating_Name(moe.gating()),
-                               ": MixtralForCausalLM (no shared experts) renormalises the top-k "
-                               "weights (TOPK_SOFTMAX)"));
-  return std::string(kMixtral);
+    return refuse_export("the model has no MoE layers (model.moe_layer_interval 0)");
+  if (moe.gating() != config::TOPK_SOFTMAX && moe.gating() != config::SOFTMAX_TOPK)
+    return refuse_export(absl::StrCat("moe.gating ", config::Gating_Name(moe.gating()),
+                                      " exists in no transformers class this exports to (they "
+                                      "route by softmax then top-k)"));
+  if (model.qk_head_norm()) return qwen3_moe_architecture(recipe);
+  if (model.qk_norm()) return olmoe_architecture(recipe);
+  if (moe.num_shared_experts() > 0) return qwen2_moe_architecture(recipe);
+  return mixtral_architecture(recipe);
 }
 
 absl::Status export_hf(const std::string& source, const std::string& tokenizer_path,

@@ -1,9 +1,10 @@
 // Export of a weights directory (checkpoint/weights.h) as a Hugging Face transformers
 // model directory: config.json, generation_config.json, safetensors under transformers'
 // tensor names and the SentencePiece tokenizer with its transformers config.
-// The target class follows from the recipe: MixtralForCausalLM when every layer is an
-// MoE layer without shared experts, Qwen2MoeForCausalLM when there are shared experts.
-// Anything the class cannot express is refused before a file is written.
+// The target class follows from the recipe: Qwen3MoeForCausalLM with a per-head q/k
+// norm, OlmoeForCausalLM with a whole-projection one, else Qwen2MoeForCausalLM when
+// there are shared experts and MixtralForCausalLM when there are none. Anything the
+// class cannot express is refused before a file is written.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +27,9 @@ struct HfExportOptions {
   int64_t max_shard_bytes = 5'000'000'000;
 };
 
-// Which transformers class `recipe` exports to ("MixtralForCausalLM" or
-// "Qwen2MoeForCausalLM"), or why it cannot be exported.
+// Which transformers class `recipe` exports to ("MixtralForCausalLM",
+// "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM" or "OlmoeForCausalLM"), or why it cannot
+// be exported, naming the recipe field.
 absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe);
 
 // Writes the transformers directory `out_dir` (created if missing) for the model

@@ -28,7 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-enum class Family { kMixtral, kQwen2Moe, kOlmoe };
+enum class Family { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe };
 
 // The widest value a config.json integer may have: the recipe stores most of them as
 // int32, and validate_recipe applies the engine's own limits after.
@@ -43,9 +43,10 @@ absl::StatusOr<Family> family_of(const JsonFields& c) {
   SY_ASSIGN_OR_RETURN(const std::string type, c.string("model_type"));
   if (type == "mixtral") return Family::kMixtral;
   if (type == "qwen2_moe") return Family::kQwen2Moe;
+  if (type == "qwen3_moe") return Family::kQwen3Moe;
   if (type == "olmoe") return Family::kOlmoe;
-  return absl::UnimplementedError(absl::StrCat(
-      c.path(), ": model_type \"", type.substr(0, 64), "\" is not one of mixtral, qwen2_moe, olmoe"));
+  return absl::UnimplementedError(absl::StrCat(c.path(), ": model_type \"", type.substr(0, 64),
+                                               "\" is not one of mixtral, qwen2_moe, qwen3_moe, olmoe"));
 }
 
 // A float field of the recipe: finite and within float's range.
@@ -93,30 +94,48 @@ absl::Status read_mixtral(const JsonFields& c, config::Recipe& recipe) {
   return absl::OkStatus();
 }
 
-absl::Status read_qwen2_moe(const JsonFields& c, config::Recipe& recipe) {
+// The Qwen families' layers and routed experts: dense layers by mlp_only_layers and
+// decoder_sparse_step, their width, the experts' width and norm_topk_prob.
+absl::Status read_qwen_layers(const JsonFields& c, config::Recipe& recipe) {
   config::ModelConfig& model = *recipe.mutable_model();
   config::MoeConfig& moe = *recipe.mutable_moe();
   SY_ASSIGN_OR_RETURN(const bool sliding, c.boolean_or("use_sliding_window", false));
   if (sliding) return refuse(c, "use_sliding_window", "is true: the engine attends to the whole window");
-  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("qkv_bias", true));
   SY_ASSIGN_OR_RETURN(const int64_t step, c.integer_or("decoder_sparse_step", 1, 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t dense_ffn, c.integer("intermediate_size", 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t expert_ffn, c.integer("moe_intermediate_size", 1, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const int64_t shared_ffn,
-                      c.integer("shared_expert_intermediate_size", 0, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean_or("norm_topk_prob", false));
   SY_ASSIGN_OR_RETURN(const int64_t first_dense, first_dense_layers(c, model.num_layers()));
-  model.set_attention_bias(bias);
   model.set_ffn_hidden_size(dense_ffn);
   model.set_moe_layer_interval(static_cast<int32_t>(step));
   model.set_first_dense_layers(static_cast<int32_t>(first_dense));
   moe.set_expert_ffn_hidden_size(expert_ffn);
+  moe.set_gating(norm_topk ? config::TOPK_SOFTMAX : config::SOFTMAX_TOPK);
+  return absl::OkStatus();
+}
+
+absl::Status read_qwen2_moe(const JsonFields& c, config::Recipe& recipe) {
+  config::MoeConfig& moe = *recipe.mutable_moe();
+  SY_RETURN_IF_ERROR(read_qwen_layers(c, recipe));
+  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("qkv_bias", true));
+  SY_ASSIGN_OR_RETURN(const int64_t shared_ffn,
+                      c.integer("shared_expert_intermediate_size", 0, kMaxInt32));
+  recipe.mutable_model()->set_attention_bias(bias);
   if (shared_ffn > 0) {
     moe.set_num_shared_experts(1);
     moe.set_shared_expert_ffn_hidden_size(shared_ffn);
     moe.set_shared_expert_gate(true);
   }
-  moe.set_gating(norm_topk ? config::TOPK_SOFTMAX : config::SOFTMAX_TOPK);
+  return absl::OkStatus();
+}
+
+// Qwen3-MoE: Qwen2-MoE's layer pattern without shared experts and biases, q/k RMSNorm
+// per head.
+absl::Status read_qwen3_moe(const JsonFields& c, config::Recipe& recipe) {
+  SY_RETURN_IF_ERROR(read_qwen_layers(c, recipe));
+  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("attention_bias", false));
+  if (bias) return refuse(c, "attention_bias", "is true: Qwen3-MoE's output projection bias has no engine counterpart");
+  recipe.mutable_model()->set_qk_head_norm(true);
   return absl::OkStatus();
 }
 
@@ -131,6 +150,14 @@ absl::Status read_olmoe(const JsonFields& c, config::Recipe& recipe) {
   recipe.mutable_moe()->set_expert_ffn_hidden_size(ffn);
   recipe.mutable_moe()->set_gating(norm_topk ? config::TOPK_SOFTMAX : config::SOFTMAX_TOPK);
   return absl::OkStatus();
+}
+
+// The key of the routed experts' count: Mixtral's num_local_experts, the others'
+// num_experts, which transformers 5.x writes as num_local_experts for Qwen3-MoE.
+const char* experts_key(const JsonFields& c, Family family) {
+  if (family == Family::kMixtral) return "num_local_experts";
+  if (family == Family::kQwen3Moe && !c.has("num_experts")) return "num_local_experts";
+  return "num_experts";
 }
 
 // The fields every family shares.
@@ -155,9 +182,7 @@ absl::Status read_common(const JsonFields& c, Family family, config::Recipe& rec
   SY_ASSIGN_OR_RETURN(const float eps, float_or(c, "rms_norm_eps", 1e-6));
   SY_ASSIGN_OR_RETURN(const float init_std, float_or(c, "initializer_range", 0.02));
   SY_ASSIGN_OR_RETURN(const bool tie, c.boolean_or("tie_word_embeddings", false));
-  SY_ASSIGN_OR_RETURN(const int64_t experts,
-                      c.integer(family == Family::kMixtral ? "num_local_experts" : "num_experts",
-                                1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t experts, c.integer(experts_key(c, family), 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t top_k, c.integer("num_experts_per_tok", 1, experts));
   SY_ASSIGN_OR_RETURN(const float aux_coef, float_or(c, "router_aux_loss_coef", 0.0));
   model.set_vocab_size(vocab);
@@ -185,6 +210,7 @@ absl::StatusOr<config::Recipe> recipe_from_config(const JsonFields& c, Family fa
   switch (family) {
     case Family::kMixtral: SY_RETURN_IF_ERROR(read_mixtral(c, recipe)); break;
     case Family::kQwen2Moe: SY_RETURN_IF_ERROR(read_qwen2_moe(c, recipe)); break;
+    case Family::kQwen3Moe: SY_RETURN_IF_ERROR(read_qwen3_moe(c, recipe)); break;
     case Family::kOlmoe: SY_RETURN_IF_ERROR(read_olmoe(c, recipe)); break;
   }
   // Training settings are placeholders that make the recipe valid for `sample` and
@@ -398,9 +424,11 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
         SY_RETURN_IF_ERROR(m.move(attn + proj + ".bias", attn + proj + ".bias", {rows}));
     }
     SY_RETURN_IF_ERROR(m.move(attn + "o_proj.weight", attn + "o_proj.weight", {H, q}));
-    if (model.qk_norm()) {
-      SY_RETURN_IF_ERROR(m.move(attn + "q_norm.weight", attn + "q_norm.weight", {q}));
-      SY_RETURN_IF_ERROR(m.move(attn + "k_norm.weight", attn + "k_norm.weight", {kv}));
+    if (model.qk_norm() || model.qk_head_norm()) {
+      SY_RETURN_IF_ERROR(m.move(attn + "q_norm.weight", attn + "q_norm.weight",
+                                {model.qk_head_norm() ? hd : q}));
+      SY_RETURN_IF_ERROR(m.move(attn + "k_norm.weight", attn + "k_norm.weight",
+                                {model.qk_head_norm() ? hd : kv}));
     }
     SY_RETURN_IF_ERROR(
         m.move(p + "post_attention_layernorm.weight", p + "post_attention_layernorm.weight", {H}));

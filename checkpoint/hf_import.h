@@ -1,5 +1,5 @@
 // Import of a Hugging Face transformers MoE model directory (MixtralForCausalLM,
-// Qwen2MoeForCausalLM, OlmoeForCausalLM) as a weights directory (checkpoint/weights.h)
+// Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM) as a weights directory (checkpoint/weights.h)
 // that `switchyard sample` and `switchyard eval` load. Config fields the engine cannot
 // honour are refused by name before anything is written.
 #pragma once

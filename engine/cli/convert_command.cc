@@ -107,7 +107,8 @@ ConvertCommand::ConvertCommand(CLI::App& app) {
   convert_->require_subcommand(1);
 
   to_hf_ = convert_->add_subcommand(
-      "to-hf", "write a weights directory as a transformers model directory (Mixtral or Qwen2-MoE)");
+      "to-hf", "write weights or a checkpoint as a transformers model directory (Mixtral, Qwen2-MoE, "
+      "Qwen3-MoE or OLMoE)");
   to_hf_->add_option("weights", in_,
                      "weights directory (<run-dir>/checkpoints/final) or checkpoint "
                      "(<run-dir>/checkpoints/step_N)")
@@ -121,7 +122,7 @@ ConvertCommand::ConvertCommand(CLI::App& app) {
                    "replace an earlier export's files in a non-empty output directory");
 
   from_hf_ = convert_->add_subcommand(
-      "from-hf", "import a transformers Mixtral, Qwen2-MoE or OLMoE directory as weights");
+      "from-hf", "import a transformers Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE directory as weights");
   from_hf_->add_option("hf_dir", in_, "transformers model directory")->required();
   from_hf_->add_option("out", out_, "output weights directory")->required();
   from_hf_->add_flag("--overwrite", overwrite_,

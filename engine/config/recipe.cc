@@ -207,6 +207,9 @@ absl::Status validate_model(const Recipe& recipe) {
     return invalid(absl::StrCat("model.head_dim (", head_dim,
                                 ") must be even: RoPE rotates pairs of dimensions"));
   }
+  if (model.qk_norm() && model.qk_head_norm())
+    return invalid("model.qk_norm and model.qk_head_norm are exclusive: q and k are normalised "
+                   "over the whole projection or per head, not both");
   SY_RETURN_IF_ERROR(check_positive("model.rope_theta", model.rope_theta()));
   SY_RETURN_IF_ERROR(check_positive("model.norm_eps", model.norm_eps()));
   SY_RETURN_IF_ERROR(check_positive("model.init_std", model.init_std()));

@@ -10,6 +10,7 @@
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "engine/parallel/tensor_shards.h"
 #include "moe/tensor_parallel_sum.h"
 
 namespace switchyard {
@@ -55,7 +56,8 @@ Attention::Attention(ParamStore& params, const std::string& prefix,
       heads_(model.num_heads()),
       kv_heads_(model.num_kv_heads()),
       head_dim_(model.head_dim()),
-      norm_eps_(model.norm_eps()) {
+      norm_eps_(model.norm_eps()),
+      per_head_norm_(model.qk_head_norm()) {
   const int64_t hidden = model.hidden_size();
   const float std = model.init_std();
   const ShardSpec column{.tensor_parallel_dim = 0};
@@ -74,13 +76,60 @@ Attention::Attention(ParamStore& params, const std::string& prefix,
   }
   heads_ = wq_->shape[0] / head_dim_;
   kv_heads_ = wk_->shape[0] / head_dim_;
-  if (model.qk_norm()) {
-    // Normalises the whole projection, so it cannot be split over tensor-parallel ranks
-    // without a reduction (make_layout refuses that combination).
-    SY_CHECK_MSG(tp_ == nullptr, "q/k norm with tensor parallelism");
-    q_norm_ = &params.add(prefix + "q_norm.weight", {heads_ * head_dim_}, ShardSpec{}, ParamInit::kOnes);
-    k_norm_ = &params.add(prefix + "k_norm.weight", {kv_heads_ * head_dim_}, ShardSpec{}, ParamInit::kOnes);
+  if (model.qk_norm() || model.qk_head_norm()) {
+    // Replicated over tensor-parallel ranks (see the header).
+    const int64_t q_width = per_head_norm_ ? head_dim_ : model.num_heads() * head_dim_;
+    const int64_t k_width = per_head_norm_ ? head_dim_ : model.num_kv_heads() * head_dim_;
+    q_norm_ = &params.add(prefix + "q_norm.weight", {q_width}, ShardSpec{}, ParamInit::kOnes);
+    k_norm_ = &params.add(prefix + "k_norm.weight", {k_width}, ShardSpec{}, ParamInit::kOnes);
   }
+}
+
+Tensor Attention::normalize(Device& dev, const Tensor& proj, const Param& norm, Tensor& pre_norm,
+                            Tensor& rstd) {
+  if (per_head_norm_) {
+    const int64_t rows = proj.numel() / head_dim_;
+    pre_norm = proj.reshape({rows, head_dim_});
+    rstd = activation(dev, {rows}, DType::kF32);
+    Tensor normed = activation(dev, {rows, head_dim_}, proj.dtype());
+    rmsnorm_forward(dev, pre_norm, norm.value, norm_eps_, normed, rstd);
+    return normed.reshape(proj.shape());
+  }
+  pre_norm = tp_ ? gather_shards(*tp_, proj, 1).to(dev, MemoryKind::kActivations) : proj;
+  rstd = activation(dev, {proj.rows()}, DType::kF32);
+  Tensor normed = activation(dev, pre_norm.shape(), proj.dtype());
+  rmsnorm_forward(dev, pre_norm, norm.value, norm_eps_, normed, rstd);
+  if (!tp_) return normed;
+  Tensor mine = activation(dev, proj.shape(), proj.dtype());
+  copy_shard(normed, 1, tp_->rank(), tp_->size(), mine);
+  return mine;
+}
+
+Tensor Attention::normalize_backward(Device& dev, const Tensor& dnormed, Param& norm,
+                                     const Tensor& pre_norm, const Tensor& rstd) {
+  if (per_head_norm_) {
+    Tensor d = activation(dev, pre_norm.shape(), dnormed.dtype());
+    const Tensor dy = dnormed.reshape(pre_norm.shape());
+    if (!tp_) {
+      rmsnorm_backward(dev, dy, pre_norm, norm.value, rstd, d, norm.grad);
+      return d.reshape(dnormed.shape());
+    }
+    // The weight is replicated but saw only this rank's heads.
+    Tensor dweight = Tensor::zeros(norm.grad.shape(), DType::kF32, MemoryKind::kActivations, dev);
+    rmsnorm_backward(dev, dy, pre_norm, norm.value, rstd, d, dweight);
+    tp_->all_reduce_sum(dweight);
+    add_(dev, norm.grad, dweight);
+    return d.reshape(dnormed.shape());
+  }
+  // Every rank runs the whole norm's backward on the gathered gradient, so the weight
+  // gradient is the same on each.
+  const Tensor dy = tp_ ? gather_shards(*tp_, dnormed, 1).to(dev, MemoryKind::kActivations) : dnormed;
+  Tensor d = activation(dev, dy.shape(), dy.dtype());
+  rmsnorm_backward(dev, dy, pre_norm, norm.value, rstd, d, norm.grad);
+  if (!tp_) return d;
+  Tensor mine = activation(dev, dnormed.shape(), dnormed.dtype());
+  copy_shard(d, 1, tp_->rank(), tp_->size(), mine);
+  return mine;
 }
 
 Tensor Attention::project(Device& dev, const Tensor& x, Param* weight, Param* bias, Param* norm,
@@ -89,12 +138,7 @@ Tensor Attention::project(Device& dev, const Tensor& x, Param* weight, Param* bi
   Tensor out = activation(dev, {n, weight->shape[0]}, x.dtype());
   matmul(dev, x, false, weight->work, true, out);
   if (bias) add_bias_(dev, out, bias->value);
-  if (!norm) return out;
-  *pre_norm = out;
-  *rstd = activation(dev, {n}, DType::kF32);
-  Tensor normed = activation(dev, {n, weight->shape[0]}, x.dtype());
-  rmsnorm_forward(dev, out, norm->value, norm_eps_, normed, *rstd);
-  return normed;
+  return norm ? normalize(dev, out, *norm, *pre_norm, *rstd) : out;
 }
 
 Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq,
@@ -153,11 +197,7 @@ Tensor Attention::decode(Device& dev, const Tensor& x, int64_t past, const Tenso
 void Attention::project_backward(Device& dev, Tensor& dproj, Param* weight, Param* bias,
                                  Param* norm, const Tensor& pre_norm, const Tensor& rstd,
                                  Tensor& dx) {
-  Tensor d = dproj;
-  if (norm) {
-    d = activation(dev, dproj.shape(), dproj.dtype());
-    rmsnorm_backward(dev, dproj, pre_norm, norm->value, rstd, d, norm->grad);
-  }
+  const Tensor d = norm ? normalize_backward(dev, dproj, *norm, pre_norm, rstd) : dproj;
   if (bias) bias_backward(dev, d, bias->grad);
   matmul(dev, d, true, x_, false, weight->grad, 1.0f, 1.0f);
   matmul(dev, d, false, weight->work, false, dx, 1.0f, 1.0f);

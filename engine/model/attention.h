@@ -1,9 +1,13 @@
 // Causal self-attention with grouped KV heads, rotary embeddings, optional q/k/v
-// biases (Qwen2-MoE) and optional q/k RMSNorm over the whole projection (OLMoE).
+// biases (Qwen2-MoE) and optional q/k RMSNorm, over the whole projection (OLMoE) or
+// per head (Qwen3-MoE).
 // Tensor parallelism (Megatron): each rank of the group holds heads / tp query heads
 // and kv_heads / tp key/value heads (q/k/v column-parallel), and its slice of the
 // output projection's columns (row-parallel); the partial outputs, and in backward the
-// partial input gradients, are summed over the group.
+// partial input gradients, are summed over the group. The q/k norm weights are
+// replicated: a whole-projection norm gathers the projection's columns over the group
+// (forward, and its gradient in backward) and each rank keeps its heads' part; a
+// per-head norm runs on the rank's heads and sums its weight gradient over the group.
 #pragma once
 
 #include <string>
@@ -40,6 +44,14 @@ class Attention {
   // Projection (+ bias) (+ q/k norm) for one of q, k, v.
   Tensor project(Device& dev, const Tensor& x, Param* weight, Param* bias, Param* norm,
                  Tensor* pre_norm, Tensor* rstd);
+  // The q/k norm of this rank's projection `proj` (n, width); saves its input as the
+  // norm saw it (the rows of one head, or the whole projection) and its rstd.
+  Tensor normalize(Device& dev, const Tensor& proj, const Param& norm, Tensor& pre_norm,
+                   Tensor& rstd);
+  // Backward of normalize(): the gradient of this rank's projection; accumulates the
+  // norm weight's gradient.
+  Tensor normalize_backward(Device& dev, const Tensor& dnormed, Param& norm,
+                            const Tensor& pre_norm, const Tensor& rstd);
   // Backward of project(); accumulates the input gradient into dx.
   void project_backward(Device& dev, Tensor& dproj, Param* weight, Param* bias, Param* norm,
                         const Tensor& pre_norm, const Tensor& rstd, Tensor& dx);
@@ -47,6 +59,7 @@ class Attention {
   Communicator* tp_;  // null or of size 1: no reduction
   int64_t heads_, kv_heads_, head_dim_;  // heads of this rank
   float norm_eps_;
+  bool per_head_norm_;  // q/k norm per head (else over the whole projection, if any)
   Param *wq_, *wk_, *wv_, *wo_;
   Param *q_bias_ = nullptr, *k_bias_ = nullptr, *v_bias_ = nullptr;
   Param *q_norm_ = nullptr, *k_norm_ = nullptr;

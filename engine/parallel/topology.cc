@@ -66,10 +66,6 @@ absl::StatusOr<Layout> make_layout(const config::Recipe& recipe, int world_size)
                                 ") must be divisible by parallel.tensor_parallel_size (", tp, ")"));
   };
   if (tp > 1) {
-    if (model.qk_norm())
-      return invalid(absl::StrCat(
-          "model.qk_norm normalises the whole query/key projection and cannot be split over "
-          "parallel.tensor_parallel_size (", tp, ") ranks; use tensor_parallel_size 1"));
     SY_RETURN_IF_ERROR(divisible_by_tp("model.vocab_size", model.vocab_size()));
     bool dense_layers = false;
     for (int i = 0; i < model.num_layers(); ++i) dense_layers |= !config::is_moe_layer(recipe, i);

@@ -82,6 +82,85 @@ TEST(HfConfig, SizesBounded) {
             std::string::npos);
 }
 
+nlohmann::json qwen3_moe_config() {
+  nlohmann::json config = mixtral_config();
+  config.erase("num_local_experts");
+  config.update({{"model_type", "qwen3_moe"}, {"num_experts", 8}, {"head_dim", 48},
+                 {"moe_intermediate_size", 64}, {"mlp_only_layers", {0}},
+                 {"norm_topk_prob", true}, {"sliding_window", 4096}});
+  return config;
+}
+
+TEST(HfConfig, Qwen3MoeGivesPerHeadNormsAndItsLayerPattern) {
+  const auto recipe = recipe_from_hf_config_text(qwen3_moe_config().dump(), "config.json", "m");
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_TRUE(recipe->model().qk_head_norm());
+  EXPECT_FALSE(recipe->model().qk_norm());
+  EXPECT_FALSE(recipe->model().attention_bias());
+  EXPECT_EQ(recipe->model().head_dim(), 48);
+  EXPECT_EQ(recipe->model().first_dense_layers(), 1);
+  EXPECT_EQ(recipe->model().ffn_hidden_size(), 256);
+  EXPECT_EQ(recipe->moe().expert_ffn_hidden_size(), 64);
+  EXPECT_EQ(recipe->moe().num_shared_experts(), 0);
+  EXPECT_EQ(recipe->moe().gating(), config::TOPK_SOFTMAX);
+  // transformers 5.x saves the expert count as num_local_experts.
+  nlohmann::json saved = qwen3_moe_config();
+  saved.erase("num_experts");
+  saved["num_local_experts"] = 4;
+  const auto resaved = recipe_from_hf_config_text(saved.dump(), "config.json", "m");
+  ASSERT_TRUE(resaved.ok()) << resaved.status();
+  EXPECT_EQ(resaved->moe().num_experts(), 4);
+  EXPECT_EQ(*hf_architecture_for(*recipe), "Qwen3MoeForCausalLM");
+}
+
+TEST(HfConfig, Qwen3MoeRefusalsNameTheField) {
+  auto qwen3_with = [](const char* key, const nlohmann::json& value) {
+    nlohmann::json config = qwen3_moe_config();
+    config[key] = value;
+    return config;
+  };
+  EXPECT_EQ(error_of(qwen3_with("attention_bias", true)),
+            "config.json: attention_bias is true: Qwen3-MoE's output projection bias has no "
+            "engine counterpart");
+  EXPECT_EQ(error_of(qwen3_with("use_sliding_window", true)),
+            "config.json: use_sliding_window is true: the engine attends to the whole window");
+  EXPECT_EQ(error_of(qwen3_with("mlp_only_layers", {1})),
+            "config.json: mlp_only_layers must be 0, 1, ... n-1: the engine's dense layers are "
+            "the first n");
+  EXPECT_EQ(error_of(qwen3_with("num_experts", "8")),
+            "config.json: field num_experts must be an integer in [1, 2147483647]");
+  EXPECT_EQ(error_of(qwen3_with("head_dim", -2)),
+            "config.json: field head_dim must be an integer in [0, 2147483647]");
+}
+
+TEST(HfExport, QkNormsPickTheirClassesAndRefusalsNameTheField) {
+  auto recipe = recipe_from_hf_config_text(qwen3_moe_config().dump(), "config.json", "m");
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  recipe->mutable_moe()->set_num_shared_experts(1);
+  recipe->mutable_moe()->set_shared_expert_ffn_hidden_size(32);
+  EXPECT_NE(hf_architecture_for(*recipe).status().message().find("moe.num_shared_experts"),
+            std::string::npos);
+  recipe->mutable_moe()->set_num_shared_experts(0);
+  recipe->mutable_model()->set_attention_bias(true);
+  EXPECT_NE(hf_architecture_for(*recipe).status().message().find("model.attention_bias"),
+            std::string::npos);
+
+  nlohmann::json olmoe = mixtral_config();
+  olmoe.erase("num_local_experts");
+  olmoe.update({{"model_type", "olmoe"}, {"num_experts", 8}});
+  auto olmoe_recipe = recipe_from_hf_config_text(olmoe.dump(), "config.json", "m");
+  ASSERT_TRUE(olmoe_recipe.ok()) << olmoe_recipe.status();
+  EXPECT_EQ(*hf_architecture_for(*olmoe_recipe), "OlmoeForCausalLM");
+  olmoe_recipe->mutable_model()->set_first_dense_layers(1);
+  olmoe_recipe->mutable_model()->set_ffn_hidden_size(64);
+  EXPECT_NE(hf_architecture_for(*olmoe_recipe).status().message().find("layer 0 is dense"),
+            std::string::npos);
+  olmoe_recipe->mutable_model()->set_first_dense_layers(0);
+  olmoe_recipe->mutable_moe()->set_gating(config::GSHARD_TOP2);
+  EXPECT_NE(hf_architecture_for(*olmoe_recipe).status().message().find("moe.gating GSHARD_TOP2"),
+            std::string::npos);
+}
+
 TEST(HfWeightMap, NamesEachTensorsShard) {
   const auto map = parse_hf_weight_map(
       R"({"metadata":{"total_size":8},"weight_map":{"a":"s1.safetensors","b":"s2.safetensors"}})",

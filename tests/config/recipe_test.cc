@@ -311,6 +311,8 @@ INSTANTIATE_TEST_SUITE_P(
                        "model.head_dim (3) must be even"},
         ValidationCase{{"model.head_dim=-2"}, "model.head_dim (-2) must be >= 0"},
         ValidationCase{{"model.head_dim=7"}, "model.head_dim (7) must be even"},
+        ValidationCase{{"model.qk_norm=true", "model.qk_head_norm=true"},
+                       "model.qk_norm and model.qk_head_norm are exclusive"},
         ValidationCase{{"model.rope_theta=-1"}, "model.rope_theta (-1) must be > 0"},
         ValidationCase{{"model.norm_eps=nan"}, "model.norm_eps (nan) must be > 0"},
         ValidationCase{{"model.rope_theta=inf"}, "model.rope_theta (inf) must be > 0 and finite"},

@@ -1,7 +1,8 @@
 """`switchyard convert to-hf` and `convert from-hf` against transformers: an exported run
 loads into AutoModelForCausalLM with no missing or unexpected keys and gives the
-engine's logits; its tokenizer gives the engine tokenizer's ids; transformers-saved
-Mixtral and OLMoE models import and give transformers' logits in the engine.
+engine's logits (Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE shapes); its tokenizer gives
+the engine tokenizer's ids; transformers-saved Mixtral, OLMoE and Qwen2-MoE models
+import and give transformers' logits in the engine.
 
 Run by ctest with the interop environment's Python; SWITCHYARD names the binary and
 MODEL_IO_TOOL the tool that runs the engine's forward on given weights.
@@ -23,6 +24,11 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak. 1234  x\n"
 
 QWEN_SETS = ["moe.num_shared_experts=1", "moe.shared_expert_ffn_hidden_size=64",
              "moe.shared_expert_gate=true", "moe.gating=SOFTMAX_TOPK", "model.attention_bias=true"]
+# Per-head q/k norm, attention narrower than the hidden size, a dense first layer.
+QWEN3_SETS = ["model.qk_head_norm=true", "model.head_dim=16", "model.first_dense_layers=1",
+              "model.ffn_hidden_size=192"]
+VARIANT_SETS = {"mixtral": [], "qwen2_moe": QWEN_SETS, "qwen3_moe": QWEN3_SETS,
+                "olmoe": ["model.qk_norm=true"]}
 
 
 def run(*args, check=True):
@@ -91,9 +97,14 @@ def assert_close(ours, ref, tol):
 
 
 @pytest.mark.parametrize("variant,architecture", [("mixtral", "MixtralForCausalLM"),
-                                                  ("qwen2_moe", "Qwen2MoeForCausalLM")])
+                                                  ("qwen2_moe", "Qwen2MoeForCausalLM"),
+                                                  ("qwen3_moe", "Qwen3MoeForCausalLM"),
+                                                  ("olmoe", "OlmoeForCausalLM")])
 def test_export_loads_and_matches_engine(tmp_path, cache, variant, architecture):
-    final = train(tmp_path, cache, QWEN_SETS if variant == "qwen2_moe" else ())
+    import transformers
+    if not hasattr(transformers, architecture):
+        pytest.skip(f"transformers {transformers.__version__} has no {architecture}")
+    final = train(tmp_path, cache, VARIANT_SETS[variant])
     out = tmp_path / "hf"
     run(SWITCHYARD, "convert", "to-hf", final, out)
     config = json.loads((out / "config.json").read_text())
@@ -159,7 +170,11 @@ def test_overwrite_leaves_exactly_the_new_files(tmp_path, cache):
 
 @pytest.mark.parametrize("sets,reason", [
     (["moe.gating=GSHARD_TOP2"], "GSHARD_TOP2"),
-    (["model.qk_norm=true"], "model.qk_norm"),
+    (["model.qk_norm=true", "model.attention_bias=true"], "model.attention_bias"),
+    (["model.qk_norm=true", "model.first_dense_layers=1", "model.ffn_hidden_size=64"], "dense"),
+    (["model.qk_head_norm=true", "moe.num_shared_experts=1",
+      "moe.shared_expert_ffn_hidden_size=64", "moe.shared_expert_gate=true"],
+     "moe.num_shared_experts"),
     (["moe.num_shared_experts=1", "moe.shared_expert_ffn_hidden_size=64",
       "model.attention_bias=true"], "shared_expert_gate"),
     (["model.attention_bias=true"], "model.attention_bias")])

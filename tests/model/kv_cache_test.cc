@@ -1,7 +1,8 @@
 // Generation with the KV cache against recomputing the whole prefix for every token:
 // the same greedy tokens and the same logits up to summation order, for a Mixtral-like
-// model at a capacity factor (generation routes dropless either way) and for one with
-// q/k norms, attention biases, shared experts and a dense first layer.
+// model at a capacity factor (generation routes dropless either way), for one with
+// q/k norms, attention biases, shared experts and a dense first layer, and for a
+// Qwen3-MoE-like one (per-head q/k norms, attention wider than the hidden size).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -105,7 +106,10 @@ INSTANTIATE_TEST_SUITE_P(
                                    "ffn_hidden_size: 40 tie_embeddings: true"),
                        std::string("gating: SOFTMAX_TOPK num_shared_experts: 1 "
                                    "shared_expert_ffn_hidden_size: 20 "
-                                   "shared_expert_gate: true"))));
+                                   "shared_expert_gate: true")),
+        std::make_pair(std::string("qk_head_norm: true head_dim: 12 first_dense_layers: 1 "
+                                   "ffn_hidden_size: 40"),
+                       std::string("gating: TOPK_SOFTMAX"))));
 
 }  // namespace
 }  // namespace switchyard

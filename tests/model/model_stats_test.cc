@@ -44,6 +44,17 @@ TEST(ModelStats, QwenMoeMatchesPublishedCounts) {
   EXPECT_NEAR(s.active_params / 1e9, 2.7, 0.05);
 }
 
+TEST(ModelStats, Qwen3MoeMatchesPublishedCounts) {
+  // Qwen3-30B-A3B: 30.5B total (the released checkpoint holds 30,532,122,624), 3.3B
+  // activated; Qwen3-235B-A22B: 235B total, 22B activated.
+  const ModelStats small = stats_of("qwen3-30b-a3b");
+  EXPECT_EQ(small.total_params, 30532122624);
+  EXPECT_NEAR(small.active_params / 1e9, 3.35, 0.01);
+  const ModelStats large = stats_of("qwen3-235b-a22b");
+  EXPECT_NEAR(large.total_params / 1e9, 235.09, 0.01);
+  EXPECT_NEAR(large.active_params / 1e9, 22.19, 0.01);
+}
+
 TEST(ModelStats, FlopsFollowActiveParameters) {
   const ModelStats s = stats_of("mixtral-8x7b");
   auto recipe = config::load_recipe(recipe_path("mixtral-8x7b"), {});

@@ -1,7 +1,7 @@
 // Whole-model gradient check: for every parameter, the directional derivative along a
 // random direction from central finite differences of the total loss (cross-entropy +
 // aux + z-loss) must match the backward pass. Covers dense and MoE layers, shared
-// experts with their gate, q/k norms, q/k/v biases, each gating variant and capacity,
+// experts with their gate, q/k norms (whole projection and per head), q/k/v biases, each gating variant and capacity,
 // and GShard's sampled second expert in training mode.
 #include <gtest/gtest.h>
 
@@ -25,6 +25,9 @@ struct Case {
   // in the router weights: a step of 1e-3 along layer 2's gate moves one token across a
   // capacity or sampling threshold (a jump in the loss), 1e-4 does not.
   double eps = 1e-3;
+  // The q/k norm: over the whole projection (OLMoE) or per head (Qwen3-MoE, here with a
+  // head_dim other than hidden / heads).
+  std::string qk_norm = "qk_norm: true";
 };
 
 config::Recipe tiny_recipe(const Case& c) {
@@ -32,7 +35,7 @@ config::Recipe tiny_recipe(const Case& c) {
     name: "grad-check"
     model { vocab_size: 64 hidden_size: 16 num_layers: 3 num_heads: 4 num_kv_heads: 2
             rope_theta: 10000 norm_eps: 1e-5 ffn_hidden_size: 24 first_dense_layers: 1
-            attention_bias: true qk_norm: true init_std: 0.3 }
+            attention_bias: true )" + c.qk_norm + R"( init_std: 0.3 }
     moe { num_experts: 4 top_k: 2 gating: )" + c.gating + R"( capacity_factor: )" +
                            std::to_string(c.capacity_factor) + R"(
           aux_loss_coef: 0.1 z_loss_coef: 0.01 expert_ffn_hidden_size: 12
@@ -104,7 +107,9 @@ INSTANTIATE_TEST_SUITE_P(Gating, TransformerGradTest,
                                            Case{"GSHARD_TOP2", 0.0f}, Case{"TOPK_SOFTMAX", 1.0f},
                                            Case{"TOPK_SOFTMAX", 0.0f, true},
                                            Case{"GSHARD_TOP2", 0.0f, false, true},
-                                           Case{"GSHARD_TOP2", 1.0f, false, true, 1e-4}));
+                                           Case{"GSHARD_TOP2", 1.0f, false, true, 1e-4},
+                                           Case{"TOPK_SOFTMAX", 0.0f, false, false, 1e-3,
+                                                "qk_head_norm: true head_dim: 6"}));
 
 // The sampled second expert: training-mode GShard routing drops some tokens' second
 // expert, so its loss differs from the deterministic (evaluation) routing's, and it

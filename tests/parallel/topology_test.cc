@@ -157,10 +157,6 @@ TEST(LayoutTest, ErrorsNameTheField) {
   kv_heads.mutable_model()->set_num_kv_heads(2);
   expect_error(kv_heads, 4, "model.num_kv_heads (2)");
 
-  config::Recipe qk_norm = recipe_for(2, 1);
-  qk_norm.mutable_model()->set_qk_norm(true);
-  expect_error(qk_norm, 4, "model.qk_norm");
-
   config::Recipe vocab = recipe_for(2, 1);
   vocab.mutable_model()->set_vocab_size(1001);
   expect_error(vocab, 4, "model.vocab_size (1001) must be divisible by parallel.tensor_parallel_size");

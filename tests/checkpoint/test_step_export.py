@@ -1,0 +1,67 @@
+"""`convert to-hf` of a checkpoints/step_N of any layout: the slices of a tensor-, expert-
+and data-parallel ZeRO-1 run (4 ranks: tp 2, ep 2, dp 2) are gathered on one process,
+and the export equals, tensor for tensor, the export of the final weights of the same
+run stopped at that step. The model has OLMoE's q/k norm, so the export is an
+OlmoeForCausalLM directory.
+
+Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
+"""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
+
+SWITCHYARD = os.environ["SWITCHYARD"]
+MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+# A constant learning rate without warmup: the first two steps of a 4-step run are those
+# of a 2-step run.
+SETS = ["model.num_layers=2", "train.seq_len=32", "train.global_batch_size=4",
+        "train.micro_batch_size=1", "optimizer.decay=CONSTANT", "optimizer.warmup_steps=0",
+        "train.eval_interval=0", "train.log_interval=1", "checkpoint.interval_steps=2",
+        "checkpoint.keep=0", "model.qk_norm=true", "parallel.tensor_parallel_size=2",
+        "parallel.expert_parallel_size=2", "parallel.zero_stage=1"]
+
+
+def run(argv, ranks=1):
+    launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
+    result = subprocess.run(launcher + [str(a) for a in argv], capture_output=True, text=True,
+                            timeout=600, env=ENV)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def train(run_dir, cache, steps):
+    args = [SWITCHYARD, "train", RECIPE, "--run-dir", run_dir, "--dataset-cache", cache,
+            "--set", f"train.steps={steps}"]
+    for s in SETS:
+        args += ["--set", s]
+    assert "; 4 ranks (dp 2, tp 2, ep 2" in run(args, ranks=4).stdout
+    return run_dir / "checkpoints"
+
+
+def export(weights, out):
+    run([SWITCHYARD, "convert", "to-hf", weights, out])
+    return load_file(str(out / "model.safetensors"))
+
+
+def test_step_checkpoint_exports_as_the_final_weights_of_that_step(tmp_path):
+    longer = train(tmp_path / "four", tmp_path / "cache", 4)
+    stopped = train(tmp_path / "two", tmp_path / "cache", 2)
+    step = export(longer / "step_2", tmp_path / "hf-step2")
+    final = export(stopped / "final", tmp_path / "hf-final")
+    assert set(step) == set(final)
+    for name, value in final.items():
+        np.testing.assert_array_equal(step[name], value, err_msg=name)
+    for name in ("config.json", "tokenizer.model", "tokenizer_config.json"):
+        assert (tmp_path / "hf-step2" / name).read_bytes() == (tmp_path / "hf-final" / name).read_bytes()
+    assert json.loads((tmp_path / "hf-step2/config.json").read_text())["architectures"] == [
+        "OlmoeForCausalLM"]
+    # The 4-step run went on after step 2: the export read step 2, not its end.
+    later = export(longer / "final", tmp_path / "hf-step4")
+    assert any(not np.array_equal(later[name], value) for name, value in step.items())
