@@ -41,6 +41,7 @@
 #include "kernels/devices.h"
 #include "kernels/threads.h"
 #include "moe/balance_stats.h"
+#include "moe/expert_bias.h"
 #ifdef SWITCHYARD_WITH_NCCL
 #include "engine/parallel/nccl_communicator.h"
 #endif
@@ -100,7 +101,8 @@ struct InitWeights {
 bool may_differ_from_weights(const std::string& field) {
   static const char* const kFields[] = {"model.init_std", "model.max_position_embeddings",
                                         "moe.capacity_factor", "moe.aux_loss_coef",
-                                        "moe.z_loss_coef", "moe.aux_loss_per_layer"};
+                                        "moe.z_loss_coef", "moe.aux_loss_per_layer",
+                                        "moe.bias_update_rate", "moe.router_force_balance"};
   return std::find(std::begin(kFields), std::end(kFields), field) != std::end(kFields);
 }
 
@@ -403,6 +405,24 @@ void average(Communicator& dp, std::vector<double>& values) {
 
 // Dense parameters that tensor parallelism splits (experts split over ep instead).
 bool split_over_tp(const Param& p) { return !p.spec.expert && p.shape != p.whole_shape; }
+
+// Loss-free balancing (moe/expert_bias.h): adds each MoE layer's bias update to the
+// rows of its bias this rank holds (its own rows at ZeRO stage 3, else the whole value).
+void apply_bias_updates(ParamStore& params, ZeroShards* zero, int zero_stage,
+                        const Transformer& model,
+                        const std::vector<std::vector<float>>& updates) {
+  const std::vector<const MoeLayer*> layers = model.moe_layers();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    Param* bias = layers[l]->expert_bias();
+    size_t i = 0;
+    while (&params.params()[i] != bias) ++i;
+    if (zero_stage < 3) {
+      add_bias_update(bias->value, 0, updates[l]);
+    } else if (zero->shard(i).rows > 0) {
+      add_bias_update(zero->shard(i).value, zero->shard(i).first_row, updates[l]);
+    }
+  }
+}
 
 // Reads that fill this rank's part of every parameter (and, given the optimizer, its
 // AdamW state) from tensors saved whole, keyed "param/<name>", "exp_avg/<name>",
@@ -770,6 +790,10 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   // The untrained baseline, so every curve starts from a measured point.
   if (val_data && first_step == 1) SY_RETURN_IF_ERROR(run_eval(0));
 
+  // Loss-free balancing's loads of the step under way (moe.bias_update_rate).
+  std::optional<ExpertBiasBalancer> balancer;
+  if (recipe.moe().bias_update_rate() > 0)
+    balancer.emplace(recipe.moe().bias_update_rate(), recipe.moe().num_experts());
   for (int64_t step = first_step; step <= tc.steps(); ++step) {
     LossParts step_loss;
     for (int64_t m = 0; m < accumulation; ++m) {
@@ -787,6 +811,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       step_loss.aux_loss += parts.aux_loss / accumulation;
       step_loss.z_loss += parts.z_loss / accumulation;
       const RouterStats& rs = model.router_stats();
+      if (balancer) balancer->add(rs);
       dropped += rs.dropped_assignments;
       assignments += rs.assignments;
       worst_load = std::max(worst_load, rs.worst_load_ratio);
@@ -808,6 +833,10 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     if (std::isfinite(step_loss.total)) report = optimizer.step(dev);
     else optimizer.skip_step();
     const std::string non_finite = describe_non_finite(step_loss.total, report);
+    if (balancer) {
+      const std::vector<std::vector<float>> updates = balancer->take_updates(*groups.dp);
+      if (non_finite.empty()) apply_bias_updates(params, zero.get(), zero_stage, model, updates);
+    }
     if (!non_finite.empty()) {
       if (!tc.skip_non_finite_steps())
         return absl::InternalError(absl::StrCat(
