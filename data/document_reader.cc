@@ -80,14 +80,21 @@ absl::StatusOr<bool> DocumentReader::next_line(std::string* line) {
   }
 }
 
+absl::StatusOr<bool> DocumentReader::next_record(std::string* line) {
+  while (true) {
+    SY_ASSIGN_OR_RETURN(const bool more, next_line(line));
+    if (!more) return false;
+    if (line->find_first_not_of(" \t\r") != std::string::npos) return true;
+  }
+}
+
 absl::StatusOr<bool> DocumentReader::next(std::string* text) {
   std::string line;
   text->clear();
   if (format_ == TextFormat::kJsonLines) {
     while (true) {
-      SY_ASSIGN_OR_RETURN(const bool more, next_line(&line));
+      SY_ASSIGN_OR_RETURN(const bool more, next_record(&line));
       if (!more) return false;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded() || !j.is_object())
         return absl::InvalidArgumentError(

@@ -28,6 +28,11 @@ class DocumentReader {
   // Reads the next document into *text; false at the end of the file. Errors name the
   // file and, for JSON Lines, the line.
   absl::StatusOr<bool> next(std::string* text);
+  // JSON Lines only: the next non-blank line as it is (a record the caller parses);
+  // false at the end of the file. line_number() is then that line's.
+  absl::StatusOr<bool> next_record(std::string* line);
+  int64_t line_number() const { return line_number_; }
+  TextFormat format() const { return format_; }
 
   // Bytes of the file on disk consumed so far, for progress.
   int64_t disk_bytes_read() const;

@@ -27,6 +27,15 @@ ShardReport describe(const ShardReader& shard, const std::string& split) {
   return r;
 }
 
+// Reads every token id (the largest must be below the vocabulary) and loss mask entry.
+absl::Status scan(const ShardReader& shard, ShardReport& r) {
+  SY_ASSIGN_OR_RETURN(r.max_token_id, shard.scan_max_token());
+  if (shard.has_loss_mask()) {
+    SY_ASSIGN_OR_RETURN(r.loss_tokens, shard.count_loss_tokens());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status inspect_directory(const std::string& dir, InspectReport& report) {
   SY_ASSIGN_OR_RETURN(const DatasetIndex index, read_dataset_index(dir));
   report.is_directory = true;
@@ -42,7 +51,7 @@ absl::Status inspect_directory(const std::string& dir, InspectReport& report) {
     for (const auto& shard : dataset.shards()) {
       ShardReport r = describe(*shard, split);
       r.checksum_checked = true;
-      SY_ASSIGN_OR_RETURN(r.max_token_id, shard->scan_max_token());
+      SY_RETURN_IF_ERROR(scan(*shard, r));
       report.shards.push_back(std::move(r));
     }
   }
@@ -77,7 +86,7 @@ absl::Status inspect_shard(const std::string& path, InspectReport& report) {
         r.checksum_checked = true;
       }
   }
-  SY_ASSIGN_OR_RETURN(r.max_token_id, shard->scan_max_token());
+  SY_RETURN_IF_ERROR(scan(*shard, r));
   report.shards.push_back(std::move(r));
   return absl::OkStatus();
 }

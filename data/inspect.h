@@ -27,6 +27,7 @@ struct ShardReport {
   int64_t documents = 0;
   int64_t bytes = 0;
   int64_t max_token_id = -1;
+  int64_t loss_tokens = -1;  // tokens whose loss mask entry is 1; -1 without a /loss_mask
   bool checksum_checked = false;  // false only for a shard no index lists
 };
 

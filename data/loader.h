@@ -1,5 +1,6 @@
-// Training batches from a TokenDataset: packed windows (see TokenDataset::read_window)
-// in a seeded order, split over data-parallel ranks, read ahead on a background thread.
+// Training batches from one TokenDataset or a weighted blend of several: packed windows
+// (see TokenDataset::read_window) in a seeded order, split over data-parallel ranks, read
+// ahead on a background thread.
 //
 // Global-batch semantics, so that every parallel layout trains on the same tokens:
 //   - Epoch e visits all W windows of the split in the order of a permutation drawn from
@@ -9,8 +10,11 @@
 //   - Data-parallel rank r of D takes the contiguous slice [r*G/D, (r+1)*G/D) of each
 //     step's windows, and next_batch() hands them out in order, micro-batch by
 //     micro-batch; after the slice of step s comes the slice of step s+1.
-// The batches are a pure function of (dataset, seq_len, seed, G, D, r): read-ahead,
-// timing and restarts change nothing.
+// A blend (data/blend.h) splits each step's G windows among its sources by weight; each
+// source walks its own endless sequence of epochs (seeded by source_seed), and the step's
+// windows are source 0's next ones, then source 1's, and so on.
+// The batches are a pure function of (sources, weights, seq_len, seed, G, D, r):
+// read-ahead, timing and restarts change nothing.
 #pragma once
 
 #include <condition_variable>
@@ -23,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "data/blend.h"
 #include "data/token_dataset.h"
 
 namespace switchyard {
@@ -30,7 +35,8 @@ namespace switchyard {
 // Where a loader stands; checkpoints save it. (epoch, position) is the first window of
 // the current step in epoch order, which does not depend on the parallel layout;
 // `consumed` counts the windows of this rank's slice of that step already returned (0
-// at step boundaries, where checkpoints are taken, so any layout can resume).
+// at step boundaries, where checkpoints are taken, so any layout can resume). A blend's
+// epoch is nominal: the sum of its sources' windows.
 struct LoaderState {
   int64_t epoch = 0;
   int64_t position = 0;
@@ -51,9 +57,17 @@ struct LoaderOptions {
 // shuffle). 8 bytes per window.
 std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t windows);
 
+// One source of a blend: a split of a dataset and its weight (positive, finite).
+struct LoaderSource {
+  TokenDataset dataset;
+  double weight = 1;
+};
+
 class Loader {
  public:
   static absl::StatusOr<std::unique_ptr<Loader>> create(const TokenDataset& dataset,
+                                                        const LoaderOptions& options);
+  static absl::StatusOr<std::unique_ptr<Loader>> create(std::vector<LoaderSource> sources,
                                                         const LoaderOptions& options);
   ~Loader();
   Loader(const Loader&) = delete;
@@ -66,14 +80,18 @@ class Loader {
 
   LoaderState state() const;
   // Continues exactly where `state` was taken. A state in the middle of a step
-  // (consumed > 0) must come from the same global batch and layout.
+  // (consumed > 0) must come from the same global batch and layout; so must any state
+  // of a blend.
   absl::Status restore(const LoaderState& state);
 
   int64_t windows_per_epoch() const { return windows_; }
   int64_t local_batch() const { return local_batch_; }
+  // Windows drawn from each source, over all ranks, by the steps whose slices this rank
+  // has handed out completely.
+  const std::vector<int64_t>& windows_drawn() const { return drawn_; }
 
  private:
-  Loader(const TokenDataset& dataset, const LoaderOptions& options);
+  Loader(std::vector<LoaderSource> sources, const LoaderOptions& options);
 
   // One rank slice of one step, read by the background thread.
   struct Block {
@@ -83,20 +101,29 @@ class Loader {
     absl::Status status;
   };
 
+  // Windows drawn from each source before the step starting at global window
+  // `step_start`.
+  std::vector<int64_t> drawn_at(int64_t step_start) const;
+  // Each source's windows in the step starting at global window `step_start`.
+  std::vector<int64_t> step_counts(int64_t step_start) const;
   void start_reader(int64_t step_start);
   void stop_reader();
   void read_ahead(int64_t step_start);
-  absl::Status fill_block(Block& block);
-  const std::vector<int64_t>& permutation(int64_t epoch);
+  // Fills `block` given the windows each source had given before its step.
+  absl::Status fill_block(Block& block, const std::vector<int64_t>& drawn);
+  const std::vector<int64_t>& permutation(size_t source, int64_t epoch);
 
-  const TokenDataset dataset_;
+  const std::vector<LoaderSource> sources_;
   const LoaderOptions options_;
-  const int64_t windows_;
+  const BlendSchedule schedule_;
+  std::vector<int64_t> source_windows_;  // each source's windows per epoch
+  int64_t windows_ = 0;                  // their sum
   const int64_t local_batch_;
 
   // Consumer position: the step being handed out and how far into this rank's slice.
   int64_t step_start_ = 0;
   int64_t consumed_ = 0;
+  std::vector<int64_t> drawn_;  // per source, by the steps before step_start_
 
   // Shared with the reader thread.
   std::mutex mutex_;
@@ -105,9 +132,12 @@ class Loader {
   bool stopping_ = false;
   std::thread reader_;
 
-  // Reader thread only: the permutations of the last two epochs it touched.
-  int64_t cached_epochs_[2] = {-1, -1};
-  std::vector<int64_t> cached_permutations_[2];
+  // Reader thread only: per source, the permutations of the last two epochs it touched.
+  struct PermutationCache {
+    int64_t epochs[2] = {-1, -1};
+    std::vector<int64_t> orders[2];
+  };
+  std::vector<PermutationCache> cached_permutations_;
 };
 
 }  // namespace switchyard

@@ -7,10 +7,13 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "data/chat_template.h"
+#include "data/conversation.h"
 #include "data/dataset_index.h"
 #include "data/document_reader.h"
 #include "engine/runtime/file_util.h"
@@ -30,22 +33,34 @@ constexpr const char* kSplitNames[2] = {"train", "val"};
 
 struct TextBatch {
   std::vector<std::string> documents;
+  std::vector<Conversation> conversations;  // instead, with a chat template
   int64_t bytes_done = 0;  // input bytes read when the batch was complete
 };
 
 struct EncodedBatch {
   std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;  // the ids' loss mask, with a chat template; else empty
   std::vector<int64_t> ends;  // end of each document in ids, its eos included
   int64_t bytes_done = 0;
 };
 
-EncodedBatch encode_batch(const Tokenizer& tokenizer, int32_t eos, TextBatch batch) {
+EncodedBatch encode_batch(const Tokenizer& tokenizer, int32_t eos, const ChatTemplate* chat,
+                          TextBatch batch) {
   EncodedBatch out;
   out.bytes_done = batch.bytes_done;
-  out.ends.reserve(batch.documents.size());
+  out.ends.reserve(batch.documents.size() + batch.conversations.size());
   for (const std::string& document : batch.documents) {
     tokenizer.encode_append(document, &out.ids);
     out.ids.push_back(eos);
+    out.ends.push_back(static_cast<int64_t>(out.ids.size()));
+  }
+  for (const Conversation& conversation : batch.conversations) {
+    const size_t begin = out.ids.size();
+    chat->render(conversation, tokenizer, &out.ids, &out.mask);
+    if (out.ids.size() == begin || out.ids.back() != eos) {
+      out.ids.push_back(eos);
+      out.mask.push_back(0);
+    }
     out.ends.push_back(static_cast<int64_t>(out.ids.size()));
   }
   return out;
@@ -55,7 +70,8 @@ EncodedBatch encode_batch(const Tokenizer& tokenizer, int32_t eos, TextBatch bat
 // per-thread word cache warm from batch to batch.
 class EncoderPool {
  public:
-  EncoderPool(int threads, const Tokenizer& tokenizer, int32_t eos) {
+  EncoderPool(int threads, const Tokenizer& tokenizer, int32_t eos, const ChatTemplate* chat)
+      : chat_(chat) {
     for (int t = 0; t < threads; ++t)
       workers_.emplace_back([this, &tokenizer, eos] {
         while (true) {
@@ -82,8 +98,8 @@ class EncoderPool {
 
   std::future<EncodedBatch> submit(TextBatch batch) {
     std::packaged_task<EncodedBatch(const Tokenizer&, int32_t)> task(
-        [batch = std::move(batch)](const Tokenizer& tokenizer, int32_t eos) mutable {
-          return encode_batch(tokenizer, eos, std::move(batch));
+        [batch = std::move(batch), chat = chat_](const Tokenizer& tokenizer, int32_t eos) mutable {
+          return encode_batch(tokenizer, eos, chat, std::move(batch));
         });
     std::future<EncodedBatch> result = task.get_future();
     {
@@ -95,6 +111,7 @@ class EncoderPool {
   }
 
  private:
+  const ChatTemplate* chat_;
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<std::packaged_task<EncodedBatch(const Tokenizer&, int32_t)>> tasks_;
@@ -109,14 +126,15 @@ class SplitWriter {
               int64_t shard_tokens)
       : dir_(dir), split_(split), attributes_(attributes), shard_tokens_(shard_tokens) {}
 
-  absl::Status append(const int32_t* ids, int64_t count) {
+  // `mask`: the ids' loss mask, or null (all carry loss).
+  absl::Status append(const int32_t* ids, int64_t count, const uint8_t* mask) {
     if (!writer_) {
       temp_paths_.push_back(
           (fs::path(dir_) / absl::StrFormat(".%s-%05d.h5.partial", split_, temp_paths_.size()))
               .string());
       SY_ASSIGN_OR_RETURN(writer_, ShardWriter::create(temp_paths_.back(), attributes_));
     }
-    SY_RETURN_IF_ERROR(writer_->append_document(ids, count));
+    SY_RETURN_IF_ERROR(writer_->append_document(ids, count, mask));
     ++documents_;
     tokens_ += count;
     if (writer_->num_tokens() >= shard_tokens_) return close_shard();
@@ -193,9 +211,30 @@ absl::Status check_options(const PrepareOptions& options) {
   return absl::OkStatus();
 }
 
+// Reads the next document (or, with a chat template, conversation) of `reader` into
+// `batch`, returning its size in bytes; 0 at the end of the file.
+absl::StatusOr<int64_t> read_document(DocumentReader& reader, const ChatTemplate* chat,
+                                      TextBatch& batch) {
+  std::string text;
+  if (chat == nullptr) {
+    SY_ASSIGN_OR_RETURN(const bool more, reader.next(&text));
+    if (!more) return 0;
+    const int64_t bytes = std::max<int64_t>(1, static_cast<int64_t>(text.size()));
+    batch.documents.push_back(std::move(text));
+    return bytes;
+  }
+  SY_ASSIGN_OR_RETURN(const bool more, reader.next_record(&text));
+  if (!more) return 0;
+  const std::string where = absl::StrCat(reader.path(), ":", reader.line_number());
+  SY_ASSIGN_OR_RETURN(Conversation conversation, parse_conversation(text, where));
+  SY_RETURN_IF_ERROR(chat->check(conversation, where));
+  batch.conversations.push_back(std::move(conversation));
+  return std::max<int64_t>(1, static_cast<int64_t>(text.size()));
+}
+
 absl::StatusOr<PrepareSummary> run_prepare(const PrepareOptions& options,
-                                           const Tokenizer& tokenizer, SplitWriter* writers,
-                                           DataProgressSink& sink) {
+                                           const Tokenizer& tokenizer, const ChatTemplate* chat,
+                                           SplitWriter* writers, DataProgressSink& sink) {
   const auto start = std::chrono::steady_clock::now();
   PrepareSummary summary;
   SY_ASSIGN_OR_RETURN(summary.input_bytes, total_file_bytes(options.inputs));
@@ -213,7 +252,8 @@ absl::StatusOr<PrepareSummary> run_prepare(const PrepareOptions& options,
       const int64_t i = document_index++;
       const bool val = static_cast<int64_t>(static_cast<double>(i + 1) * options.val_fraction) >
                        static_cast<int64_t>(static_cast<double>(i) * options.val_fraction);
-      SY_RETURN_IF_ERROR(writers[val ? 1 : 0].append(batch.ids.data() + begin, end - begin));
+      SY_RETURN_IF_ERROR(writers[val ? 1 : 0].append(
+          batch.ids.data() + begin, end - begin, batch.mask.empty() ? nullptr : batch.mask.data() + begin));
       begin = end;
     }
     progress.bytes_done = batch.bytes_done;
@@ -227,7 +267,7 @@ absl::StatusOr<PrepareSummary> run_prepare(const PrepareOptions& options,
 
   // Reading and writing stay on this thread, in order; `threads` workers encode, with
   // one batch more in flight than workers so that none waits for the reader.
-  EncoderPool pool(threads, tokenizer, eos);
+  EncoderPool pool(threads, tokenizer, eos, chat);
   std::deque<std::future<EncodedBatch>> encoding;
   auto launch = [&](TextBatch batch) -> absl::Status {
     if (static_cast<int>(encoding.size()) > threads) {
@@ -243,14 +283,15 @@ absl::StatusOr<PrepareSummary> run_prepare(const PrepareOptions& options,
   for (const std::string& input : options.inputs) {
     SY_ASSIGN_OR_RETURN(std::unique_ptr<DocumentReader> reader,
                         DocumentReader::open(input, options.text_field));
+    if (chat && reader->format() != TextFormat::kJsonLines)
+      return absl::InvalidArgumentError(absl::StrCat(
+          input, ": --chat-template reads JSON Lines conversations (.jsonl or .json, .gz too)"));
     int64_t documents = 0;
-    std::string document;
     while (true) {
-      SY_ASSIGN_OR_RETURN(const bool more, reader->next(&document));
-      if (!more) break;
+      SY_ASSIGN_OR_RETURN(const int64_t bytes, read_document(*reader, chat, batch));
+      if (bytes == 0) break;
       ++documents;
-      batch_bytes += static_cast<int64_t>(document.size());
-      batch.documents.push_back(std::move(document));
+      batch_bytes += bytes;
       if (batch_bytes >= kBatchBytes) {
         batch.bytes_done = files_bytes + reader->disk_bytes_read();
         SY_RETURN_IF_ERROR(launch(std::move(batch)));
@@ -262,7 +303,8 @@ absl::StatusOr<PrepareSummary> run_prepare(const PrepareOptions& options,
     files_bytes += reader->disk_bytes_read();
   }
   batch.bytes_done = files_bytes;
-  if (!batch.documents.empty()) SY_RETURN_IF_ERROR(launch(std::move(batch)));
+  if (!batch.documents.empty() || !batch.conversations.empty())
+    SY_RETURN_IF_ERROR(launch(std::move(batch)));
   while (!encoding.empty()) {
     SY_RETURN_IF_ERROR(write_batch(encoding.front().get()));
     encoding.pop_front();
@@ -308,6 +350,11 @@ absl::StatusOr<PrepareSummary> prepare_dataset(const PrepareOptions& options,
   if (tokenizer.special_ids().eos < 0)
     return absl::InvalidArgumentError(
         absl::StrCat(options.tokenizer_path, ": the tokenizer has no end-of-document (eos) piece"));
+  std::optional<ChatTemplate> chat;
+  if (!options.chat_template.empty()) {
+    SY_ASSIGN_OR_RETURN(chat, ChatTemplate::load(options.chat_template));
+    SY_RETURN_IF_ERROR(chat->check_tokenizer(tokenizer));
+  }
   std::error_code ec;
   const bool dir_existed = fs::exists(options.out_dir, ec);
   SY_RETURN_IF_ERROR(check_options(options));
@@ -318,7 +365,8 @@ absl::StatusOr<PrepareSummary> prepare_dataset(const PrepareOptions& options,
   SplitWriter writers[2] = {
       SplitWriter(options.out_dir, kSplitNames[0], attributes, options.shard_tokens),
       SplitWriter(options.out_dir, kSplitNames[1], attributes, options.shard_tokens)};
-  absl::StatusOr<PrepareSummary> summary = run_prepare(options, tokenizer, writers, sink);
+  absl::StatusOr<PrepareSummary> summary =
+      run_prepare(options, tokenizer, chat ? &*chat : nullptr, writers, sink);
   if (!summary.ok()) {
     for (SplitWriter& writer : writers) writer.discard();
     if (!dir_existed) fs::remove(options.out_dir, ec);  // only if empty

@@ -1,7 +1,9 @@
 // `switchyard data prepare`: text in, a token dataset directory out (docs/data.md).
 //
 // Documents (see data/document_reader.h) are encoded on every core, each followed by
-// the tokenizer's eos id, and appended in input order to HDF5 shards. Document i goes to
+// the tokenizer's eos id, and appended in input order to HDF5 shards. With a chat
+// template each conversation is a document, laid out by the template (an eos that carries
+// no loss is appended unless the template ends it with one). Document i goes to
 // the validation split when floor((i + 1) * f) > floor(i * f) for val_fraction f, which
 // spreads exactly floor(n * f) validation documents evenly over the input.
 //
@@ -27,6 +29,10 @@ struct PrepareOptions {
   int64_t shard_tokens = 100'000'000;  // a shard closes at the first document end past this
   std::string text_field = "text";
   int threads = 0;  // 0: every core
+  // A chat template file (data/chat_template.h): the inputs are then JSON Lines
+  // conversations (data/conversation.h), and the shards get a /loss_mask that trains only
+  // the roles the template marks.
+  std::string chat_template;
 };
 
 struct PrepareSummary {

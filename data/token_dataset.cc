@@ -1,5 +1,7 @@
 #include "data/token_dataset.h"
 
+#include <functional>
+
 #include <algorithm>
 #include <filesystem>
 
@@ -97,6 +99,7 @@ absl::StatusOr<TokenDataset> TokenDataset::open(const std::string& dir, std::str
                                               shard->num_documents(), " documents, the index says ",
                                               entry.tokens, " in ", entry.documents));
     d.num_documents_ += shard->num_documents();
+    d.has_loss_mask_ = d.has_loss_mask_ || shard->has_loss_mask();
     d.shard_starts_.push_back(d.shard_starts_.back() + shard->num_tokens());
     d.shards_.push_back(std::move(shard));
   }
@@ -104,6 +107,26 @@ absl::StatusOr<TokenDataset> TokenDataset::open(const std::string& dir, std::str
 }
 
 absl::Status TokenDataset::read_tokens(int64_t start, int64_t count, int32_t* out) const {
+  return for_each_shard_range(start, count, [&](const ShardReader& shard, int64_t local,
+                                                int64_t take) {
+    SY_RETURN_IF_ERROR(shard.read_tokens(local, take, out));
+    out += take;
+    return absl::OkStatus();
+  });
+}
+
+absl::Status TokenDataset::read_loss_mask(int64_t start, int64_t count, uint8_t* out) const {
+  return for_each_shard_range(start, count, [&](const ShardReader& shard, int64_t local,
+                                                int64_t take) {
+    SY_RETURN_IF_ERROR(shard.read_loss_mask(local, take, out));
+    out += take;
+    return absl::OkStatus();
+  });
+}
+
+absl::Status TokenDataset::for_each_shard_range(
+    int64_t start, int64_t count,
+    const std::function<absl::Status(const ShardReader&, int64_t, int64_t)>& visit) const {
   SY_CHECK(start >= 0 && count >= 0 && start + count <= num_tokens());
   // The last shard whose first token is at or before `start`.
   size_t s = std::upper_bound(shard_starts_.begin(), shard_starts_.end(), start) -
@@ -111,8 +134,7 @@ absl::Status TokenDataset::read_tokens(int64_t start, int64_t count, int32_t* ou
   while (count > 0) {
     const int64_t local = start - shard_starts_[s];
     const int64_t take = std::min(count, shards_[s]->num_tokens() - local);
-    SY_RETURN_IF_ERROR(shards_[s]->read_tokens(local, take, out));
-    out += take;
+    SY_RETURN_IF_ERROR(visit(*shards_[s], local, take));
     start += take;
     count -= take;
     ++s;
@@ -128,6 +150,12 @@ absl::Status TokenDataset::read_window(int64_t window, int64_t seq_len, int32_t*
   SY_RETURN_IF_ERROR(read_tokens(window * seq_len, seq_len + 1, tokens.data()));
   std::copy(tokens.begin(), tokens.end() - 1, ids);
   std::copy(tokens.begin() + 1, tokens.end(), targets);
+  if (!has_loss_mask_) return absl::OkStatus();
+  thread_local std::vector<uint8_t> mask;
+  mask.resize(static_cast<size_t>(seq_len));
+  SY_RETURN_IF_ERROR(read_loss_mask(window * seq_len + 1, seq_len, mask.data()));
+  for (int64_t i = 0; i < seq_len; ++i)
+    if (mask[i] == 0) targets[i] = kIgnoredTarget;
   return absl::OkStatus();
 }
 

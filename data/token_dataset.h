@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -14,6 +15,9 @@
 #include "data/tokenizer.h"
 
 namespace switchyard {
+
+// The target id of a token that carries no loss (a prompt token of instruction data).
+inline constexpr int32_t kIgnoredTarget = -1;
 
 struct DatasetOpenOptions {
   // Hash every shard against the index's sha256 (a full read of the split), so that no
@@ -51,16 +55,28 @@ class TokenDataset {
   // Thread-safe.
   absl::Status read_tokens(int64_t start, int64_t count, int32_t* out) const;
 
+  // Loss mask entries [start, start + count) of the split's stream (1 where a shard has
+  // no /loss_mask). Thread-safe.
+  absl::Status read_loss_mask(int64_t start, int64_t count, uint8_t* out) const;
+  // Whether any shard of the split has a /loss_mask (instruction data).
+  bool has_loss_mask() const { return has_loss_mask_; }
+
   // Packed windows: window w covers tokens [w * seq_len, w * seq_len + seq_len + 1);
   // ids are its first seq_len tokens and targets its last seq_len, so every token after
   // the first is a target exactly once. Windows may cross document and shard boundaries.
   int64_t num_windows(int64_t seq_len) const {
     return num_tokens() > 0 ? (num_tokens() - 1) / seq_len : 0;
   }
-  // Fills ids and targets (seq_len each) with window `window`. Thread-safe.
+  // Fills ids and targets (seq_len each) with window `window`. A target whose loss mask
+  // entry is 0 becomes kIgnoredTarget: the cross-entropy skips it. Thread-safe.
   absl::Status read_window(int64_t window, int64_t seq_len, int32_t* ids, int32_t* targets) const;
 
  private:
+  // Calls visit(shard, first token in it, count) for the pieces of [start, start + count).
+  absl::Status for_each_shard_range(
+      int64_t start, int64_t count,
+      const std::function<absl::Status(const ShardReader&, int64_t, int64_t)>& visit) const;
+
   std::string dir_;
   std::string split_;
   int64_t vocab_size_ = 0;
@@ -68,6 +84,7 @@ class TokenDataset {
   SpecialTokenIds special_ids_;
   std::string tokenizer_path_;
   int64_t num_documents_ = 0;
+  bool has_loss_mask_ = false;
   std::vector<std::shared_ptr<const ShardReader>> shards_;
   std::vector<int64_t> shard_starts_ = {0};  // shards + 1 entries
 };

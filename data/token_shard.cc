@@ -117,41 +117,66 @@ std::string pack_tokens(const uint32_t* ids, int64_t count, TokenDType dtype) {
   return bytes;
 }
 
-// Copies `num_tokens` tokens from the temporary file `spill_fd` into the new contiguous
-// dataset /tokens of `file`.
-absl::Status write_tokens(hid_t file, int spill_fd, TokenDType dtype, int64_t num_tokens,
-                          const std::string& path) {
-  const hid_t file_type = dtype == TokenDType::kUint16 ? H5T_STD_U16LE : H5T_STD_U32LE;
-  const hsize_t total = static_cast<hsize_t>(num_tokens);
+// Writes all `size` bytes to `fd` (the temporary file of the shard at `path`).
+absl::Status write_all(int fd, const void* data, size_t size, const std::string& path) {
+  const char* bytes = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < size) {
+    errno = 0;
+    const ssize_t n = ::write(fd, bytes + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      return absl::DataLossError(
+          absl::StrCat(path, ": cannot write its temporary file: ", errno_reason()));
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// A temporary file beside `path`, named only for the moment between mkstemp and unlink.
+absl::StatusOr<int> unnamed_file_beside(const std::string& path, const char* suffix) {
+  std::string name = path + suffix;
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0)
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot create a temporary file beside it: ", errno_reason()));
+  ::unlink(name.c_str());
+  return fd;
+}
+
+// Copies `count` elements of `width` bytes from the temporary file `spill_fd` into the
+// new contiguous 1-D dataset `name` of `file`.
+absl::Status copy_spill(hid_t file, int spill_fd, const char* name, hid_t file_type,
+                        int64_t width, int64_t count, const std::string& path) {
+  const hsize_t total = static_cast<hsize_t>(count);
   H5Handle space(H5Screate_simple(1, &total, nullptr), H5Sclose);
   errno = 0;
-  H5Handle tokens(H5Dcreate2(file, "tokens", file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                             H5P_DEFAULT),
-                  H5Dclose);
-  if (!tokens.valid())
-    return absl::DataLossError(absl::StrCat(path, ": cannot create /tokens: ", errno_reason()));
+  H5Handle dataset(
+      H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+      H5Dclose);
+  if (!dataset.valid())
+    return absl::DataLossError(absl::StrCat(path, ": cannot create /", name, ": ", errno_reason()));
   std::string block;
-  for (int64_t start = 0; start < num_tokens; start += kBlockTokens) {
+  for (int64_t start = 0; start < count; start += kBlockTokens) {
     const hsize_t first = static_cast<hsize_t>(start);
-    const hsize_t count = static_cast<hsize_t>(std::min(kBlockTokens, num_tokens - start));
-    block.resize(count * static_cast<size_t>(token_bytes(dtype)));
+    const hsize_t n = static_cast<hsize_t>(std::min(kBlockTokens, count - start));
+    block.resize(n * static_cast<size_t>(width));
     errno = 0;
-    if (pread(spill_fd, block.data(), block.size(), start * token_bytes(dtype)) !=
+    if (pread(spill_fd, block.data(), block.size(), start * width) !=
         static_cast<ssize_t>(block.size()))
       return absl::DataLossError(
-          absl::StrCat(path, ": cannot read back its tokens: ", errno_reason()));
-    H5Handle file_space(H5Dget_space(tokens.get()), H5Sclose);
-    H5Handle mem_space(H5Screate_simple(1, &count, nullptr), H5Sclose);
+          absl::StrCat(path, ": cannot read back its /", name, ": ", errno_reason()));
+    H5Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
+    H5Handle mem_space(H5Screate_simple(1, &n, nullptr), H5Sclose);
     errno = 0;
-    if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &first, nullptr, &count, nullptr) <
-            0 ||
-        H5Dwrite(tokens.get(), file_type, mem_space.get(), file_space.get(), H5P_DEFAULT,
+    if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &first, nullptr, &n, nullptr) < 0 ||
+        H5Dwrite(dataset.get(), file_type, mem_space.get(), file_space.get(), H5P_DEFAULT,
                  block.data()) < 0)
-      return absl::DataLossError(absl::StrCat(path, ": cannot write tokens: ", errno_reason()));
+      return absl::DataLossError(absl::StrCat(path, ": cannot write /", name, ": ", errno_reason()));
   }
   errno = 0;
-  if (!tokens.reset())
-    return absl::DataLossError(absl::StrCat(path, ": cannot write tokens: ", errno_reason()));
+  if (!dataset.reset())
+    return absl::DataLossError(absl::StrCat(path, ": cannot write /", name, ": ", errno_reason()));
   return absl::OkStatus();
 }
 
@@ -172,24 +197,43 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::create(
   w->path_ = path;
   w->attributes_ = attributes;
   w->dtype_ = token_dtype_for_vocab(attributes.vocab_size);
-  // Named only for the moment between mkstemp and unlink.
-  std::string spill = path + ".tokens-XXXXXX";
-  w->spill_fd_ = ::mkstemp(spill.data());
-  if (w->spill_fd_ < 0)
-    return absl::PermissionDeniedError(
-        absl::StrCat(path, ": cannot create a temporary file beside it: ", errno_reason()));
-  ::unlink(spill.c_str());
+  SY_ASSIGN_OR_RETURN(w->spill_fd_, unnamed_file_beside(path, ".tokens-XXXXXX"));
   w->pending_.reserve(static_cast<size_t>(kBlockTokens));
   return w;
 }
 
 ShardWriter::~ShardWriter() {
   if (spill_fd_ >= 0) ::close(spill_fd_);
+  if (mask_fd_ >= 0) ::close(mask_fd_);
 }
 
-absl::Status ShardWriter::append_document(const int32_t* ids, int64_t count) {
+absl::Status ShardWriter::start_loss_mask() {
+  SY_ASSIGN_OR_RETURN(mask_fd_, unnamed_file_beside(path_, ".mask-XXXXXX"));
+  // The file holds the flushed tokens' entries, pending_mask_ the pending ones'.
+  const int64_t flushed = num_tokens_ - static_cast<int64_t>(pending_.size());
+  const std::vector<uint8_t> ones(static_cast<size_t>(kBlockTokens), 1);
+  for (int64_t done = 0; done < flushed; done += kBlockTokens)
+    SY_RETURN_IF_ERROR(write_all(mask_fd_, ones.data(),
+                                 static_cast<size_t>(std::min(kBlockTokens, flushed - done)),
+                                 path_));
+  pending_mask_.reserve(static_cast<size_t>(kBlockTokens));
+  pending_mask_.assign(pending_.size(), 1);
+  return absl::OkStatus();
+}
+
+absl::Status ShardWriter::append_document(const int32_t* ids, int64_t count,
+                                          const uint8_t* loss_mask) {
   SY_CHECK(!closed_);
+  if (loss_mask != nullptr && mask_fd_ < 0) SY_RETURN_IF_ERROR(start_loss_mask());
   for (int64_t i = 0; i < count; ++i) {
+    if (mask_fd_ >= 0) {
+      const uint8_t m = loss_mask ? loss_mask[i] : 1;
+      if (m > 1)
+        return absl::InvalidArgumentError(absl::StrCat(
+            path_, ": loss mask entry ", static_cast<int>(m), " of document ", num_documents(),
+            " is not 0 or 1"));
+      pending_mask_.push_back(m);
+    }
     if (ids[i] < 0 || ids[i] >= attributes_.vocab_size)
       return absl::InvalidArgumentError(
           absl::StrCat(path_, ": token id ", ids[i], " of document ", num_documents(),
@@ -205,16 +249,12 @@ absl::Status ShardWriter::append_document(const int32_t* ids, int64_t count) {
 absl::Status ShardWriter::flush() {
   const std::string bytes =
       pack_tokens(pending_.data(), static_cast<int64_t>(pending_.size()), dtype_);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    errno = 0;
-    const ssize_t n = ::write(spill_fd_, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      return absl::DataLossError(absl::StrCat(path_, ": cannot write tokens: ", errno_reason()));
-    done += static_cast<size_t>(n);
-  }
+  SY_RETURN_IF_ERROR(write_all(spill_fd_, bytes.data(), bytes.size(), path_));
   pending_.clear();
+  if (mask_fd_ >= 0) {
+    SY_RETURN_IF_ERROR(write_all(mask_fd_, pending_mask_.data(), pending_mask_.size(), path_));
+    pending_mask_.clear();
+  }
   return absl::OkStatus();
 }
 
@@ -224,7 +264,11 @@ absl::Status ShardWriter::close() {
   SY_RETURN_IF_ERROR(flush());
   SY_ASSIGN_OR_RETURN(H5Handle h5, create_hdf5_file(path_));
   const hid_t file = h5.get();
-  SY_RETURN_IF_ERROR(write_tokens(file, spill_fd_, dtype_, num_tokens_, path_));
+  SY_RETURN_IF_ERROR(copy_spill(file, spill_fd_, "tokens",
+                                dtype_ == TokenDType::kUint16 ? H5T_STD_U16LE : H5T_STD_U32LE,
+                                token_bytes(dtype_), num_tokens_, path_));
+  if (mask_fd_ >= 0)
+    SY_RETURN_IF_ERROR(copy_spill(file, mask_fd_, "loss_mask", H5T_STD_U8LE, 1, num_tokens_, path_));
   const hsize_t offsets = doc_offsets_.size();
   H5Handle space(H5Screate_simple(1, &offsets, nullptr), H5Sclose);
   errno = 0;
@@ -268,6 +312,7 @@ absl::StatusOr<std::shared_ptr<ShardReader>> ShardReader::from_file(Hdf5File fil
   SY_RETURN_IF_ERROR(r->read_attributes());
   SY_RETURN_IF_ERROR(r->open_tokens());
   SY_RETURN_IF_ERROR(r->check_doc_offsets());
+  SY_RETURN_IF_ERROR(r->open_loss_mask());
   return r;
 }
 
@@ -339,6 +384,47 @@ absl::Status ShardReader::check_doc_offsets() {
         path_, ": /doc_offsets must rise from 0 to the number of tokens (", num_tokens_, ")"));
   num_documents_ = size - 1;
   return absl::OkStatus();
+}
+
+absl::Status ShardReader::open_loss_mask() {
+  absl::StatusOr<Hdf5Dataset> mask = file_.dataset("loss_mask");
+  if (absl::IsNotFound(mask.status())) return absl::OkStatus();
+  SY_RETURN_IF_ERROR(mask.status());
+  if (mask->type.type_class != Hdf5Type::kInteger || mask->type.size != 1)
+    return absl::InvalidArgumentError(absl::StrCat(mask->where, " must be uint8"));
+  SY_ASSIGN_OR_RETURN(const int64_t length, one_dimensional_length(*mask));
+  if (length != num_tokens_)
+    return absl::InvalidArgumentError(absl::StrCat(mask->where, " has ", length,
+                                                   " entries, not one per token (", num_tokens_,
+                                                   ")"));
+  loss_mask_ = std::move(*mask);
+  return absl::OkStatus();
+}
+
+absl::Status ShardReader::read_loss_mask(int64_t start, int64_t count, uint8_t* out) const {
+  SY_CHECK(start >= 0 && count >= 0 && start + count <= num_tokens_);
+  if (!loss_mask_) {
+    std::fill_n(out, count, uint8_t{1});
+    return absl::OkStatus();
+  }
+  SY_RETURN_IF_ERROR(file_.read(*loss_mask_, start, count, out));
+  const uint8_t* bad = std::find_if(out, out + count, [](uint8_t m) { return m > 1; });
+  if (bad != out + count)
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": /loss_mask entry ",
+                                                   start + (bad - out), " is ",
+                                                   static_cast<int>(*bad), ", not 0 or 1"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ShardReader::count_loss_tokens() const {
+  std::vector<uint8_t> block(static_cast<size_t>(std::min(num_tokens_, kScanTokens)));
+  int64_t carrying = 0;
+  for (int64_t start = 0; start < num_tokens_; start += kScanTokens) {
+    const int64_t count = std::min(kScanTokens, num_tokens_ - start);
+    SY_RETURN_IF_ERROR(read_loss_mask(start, count, block.data()));
+    carrying += std::count(block.begin(), block.begin() + count, uint8_t{1});
+  }
+  return carrying;
 }
 
 absl::StatusOr<std::vector<int64_t>> ShardReader::read_doc_offsets() const {

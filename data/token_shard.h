@@ -2,12 +2,15 @@
 //   /tokens       1-D uint16 (vocabularies up to 65536) or uint32, contiguous: the stream
 //   /doc_offsets  1-D int64, num_documents + 1 entries: 0, the end of each document, ...;
 //                 the last equals the length of /tokens
+//   /loss_mask    optional, 1-D uint8 as long as /tokens: 1 where the token, as a target,
+//                 carries loss, 0 where it does not (a prompt); absent means all 1
 //   root attributes: format_version (3), tokenizer_sha256 (a fixed-length string),
 //                 vocab_size, unk_id, bos_id, eos_id, pad_id (-1 where the tokenizer has none)
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,24 +47,31 @@ class ShardWriter {
   ~ShardWriter();
 
   // Appends one document (its ids, end-of-document token included). Ids must be below
-  // the vocabulary size.
-  absl::Status append_document(const int32_t* ids, int64_t count);
+  // the vocabulary size. `loss_mask` (count entries, 0 or 1, or null for all 1): the
+  // shard gets a /loss_mask once any document has one.
+  absl::Status append_document(const int32_t* ids, int64_t count,
+                               const uint8_t* loss_mask = nullptr);
   // Flushes, writes /doc_offsets and the attributes, closes and fsyncs the file.
   absl::Status close();
 
   int64_t num_tokens() const { return num_tokens_; }
   int64_t num_documents() const { return static_cast<int64_t>(doc_offsets_.size()) - 1; }
   TokenDType dtype() const { return dtype_; }
+  bool has_loss_mask() const { return mask_fd_ >= 0; }
 
  private:
   ShardWriter() = default;
   absl::Status flush();
+  // Starts the mask's temporary file with a 1 for every token so far.
+  absl::Status start_loss_mask();
 
   std::string path_;
   ShardAttributes attributes_;
   TokenDType dtype_ = TokenDType::kUint16;
   int spill_fd_ = -1;              // the unnamed temporary file of the tokens so far
   std::vector<uint32_t> pending_;  // tokens not yet in it
+  int mask_fd_ = -1;               // the loss mask's, once a document has one
+  std::vector<uint8_t> pending_mask_;
   std::vector<int64_t> doc_offsets_ = {0};
   int64_t num_tokens_ = 0;
   bool closed_ = false;
@@ -93,6 +103,13 @@ class ShardReader {
   // above the vocabulary size).
   absl::StatusOr<int64_t> scan_max_token() const;
 
+  bool has_loss_mask() const { return loss_mask_.has_value(); }
+  // Loss mask entries [start, start + count) (all 1 without a /loss_mask). An entry other
+  // than 0 or 1 is an error naming the shard and the position.
+  absl::Status read_loss_mask(int64_t start, int64_t count, uint8_t* out) const;
+  // Tokens that carry loss, reading the whole mask (validation).
+  absl::StatusOr<int64_t> count_loss_tokens() const;
+
  private:
   explicit ShardReader(Hdf5File file) : file_(std::move(file)) {}
   static absl::StatusOr<std::shared_ptr<ShardReader>> from_file(Hdf5File file);
@@ -100,12 +117,14 @@ class ShardReader {
   absl::Status open_tokens();
   absl::StatusOr<Hdf5Dataset> doc_offsets_dataset() const;
   absl::Status check_doc_offsets();
+  absl::Status open_loss_mask();
 
   Hdf5File file_;
   std::string path_;
   ShardAttributes attributes_;
   TokenDType dtype_ = TokenDType::kUint16;
   Hdf5Dataset tokens_;
+  std::optional<Hdf5Dataset> loss_mask_;
   int64_t num_tokens_ = 0;
   int64_t num_documents_ = 0;
 };

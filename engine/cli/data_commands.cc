@@ -15,7 +15,9 @@
 #include "data/tokenizer.h"
 #include "engine/cli/inspect_checkpoint.h"
 #include "engine/cli/progress_line.h"
+#include "engine/config/recipe.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/train/training_data.h"
 
 namespace switchyard {
 namespace {
@@ -96,9 +98,12 @@ DataCommands::DataCommands(CLI::App& app) {
   prepare_->add_option("--shard-tokens", shard_tokens_, "tokens per shard (at least)");
   prepare_->add_option("--text-field", text_field_, "JSON Lines field holding the text");
   prepare_->add_option("--threads", threads_, "encoding threads; 0 uses every core");
+  prepare_->add_option("--chat-template", chat_template_,
+                       "chat template (JSON, e.g. data/templates/mistral.json): the inputs are "
+                       "JSON Lines conversations, trained on the template's loss roles only");
 
-  inspect_ = app.add_subcommand("inspect", "describe and validate a token dataset, a shard or a checkpoint");
-  inspect_->add_option("path", inspect_path_, "dataset directory, .h5 shard, or checkpoint (step_<N> or checkpoints directory)")->required();
+  inspect_ = app.add_subcommand("inspect", "describe and validate a token dataset, a shard or a checkpoint, or describe a recipe's data blend");
+  inspect_->add_option("path", inspect_path_, "dataset directory, .h5 shard, checkpoint (step_<N> or checkpoints directory), or recipe (.textproto: its data blend)")->required();
   inspect_->add_option("--tokenizer", tokenizer_path_,
                        "model to decode the sample with (default: the dataset's own)");
   inspect_->add_option("--sample-tokens", sample_tokens_, "tokens of the sample to decode");
@@ -132,6 +137,7 @@ absl::Status DataCommands::run_prepare() {
   options.shard_tokens = shard_tokens_;
   options.text_field = text_field_;
   options.threads = threads_;
+  options.chat_template = chat_template_;
   TerminalDataProgress progress;
   SY_ASSIGN_OR_RETURN(const PrepareSummary s, prepare_dataset(options, progress));
   progress.end_line();
@@ -145,8 +151,24 @@ absl::Status DataCommands::run_prepare() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A recipe file, whose data `inspect` describes.
+bool is_recipe(const std::string& path) {
+  const std::string extension = std::filesystem::path(path).extension().string();
+  return extension == ".textproto" || extension == ".pbtxt";
+}
+
+}  // namespace
+
 absl::Status DataCommands::run_inspect() {
   if (is_checkpoint(inspect_path_)) return inspect_checkpoint(inspect_path_);
+  if (is_recipe(inspect_path_)) {
+    SY_ASSIGN_OR_RETURN(const config::Recipe recipe, config::load_recipe(inspect_path_, {}));
+    SY_ASSIGN_OR_RETURN(const std::string text, describe_blend(recipe));
+    std::fputs(text.c_str(), stdout);
+    return absl::OkStatus();
+  }
   InspectOptions options;
   options.tokenizer_path = tokenizer_path_;
   options.sample_tokens = sample_tokens_;
@@ -168,6 +190,10 @@ absl::Status DataCommands::run_inspect() {
                 static_cast<long long>(s.documents), static_cast<long long>(s.bytes),
                 static_cast<long long>(s.max_token_id),
                 s.checksum_checked ? "sha256 ok" : "(no index: checksum not checked)");
+    if (s.loss_tokens >= 0)
+      std::printf("    loss mask: %lld of %lld tokens carry loss (%.1f%%)\n",
+                  static_cast<long long>(s.loss_tokens), static_cast<long long>(s.tokens),
+                  s.tokens > 0 ? 100.0 * s.loss_tokens / s.tokens : 0.0);
     Totals& t = totals[s.split];
     ++t.shards;
     t.tokens += s.tokens;

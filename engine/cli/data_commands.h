@@ -2,6 +2,7 @@
 //   switchyard data tokenizer --input FILES... --vocab-size N [--model-type bpe|unigram] --out M
 //   switchyard data prepare --tokenizer M --input FILES... --out DIR [--val-fraction F]
 //                           [--shard-tokens N] [--text-field NAME] [--threads N]
+//                           [--chat-template TEMPLATE.json]
 //   switchyard inspect PATH [--tokenizer M] [--sample-tokens N]
 // Wiring in main(): construct DataCommands on the app before parsing, then
 //   if (data_commands.parsed()) return report(data_commands.run());
@@ -39,6 +40,7 @@ class DataCommands {
   std::string out_;
   std::string tokenizer_path_;
   std::string text_field_ = "text";
+  std::string chat_template_;
   int threads_ = 0;
   int64_t vocab_size_ = 0;
   std::string model_type_ = "bpe";

@@ -71,17 +71,21 @@ config::Recipe checkpoint_recipe(const std::string& dir, const checkpoint::Manif
     return path.empty() ? path : (fs::path(dir) / path).lexically_normal().string();
   };
   recipe.mutable_data()->set_dataset(resolve(recipe.data().dataset()));
+  for (config::DataSource& source : *recipe.mutable_data()->mutable_sources())
+    source.set_dataset(resolve(source.dataset()));
   recipe.mutable_train()->set_init_from(resolve(recipe.train().init_from()));
   return recipe;
 }
 
-// A checkpoint's tokenizer.model: the one kept with the dataset its recipe trained on
-// ("" when the dataset keeps none).
+// A checkpoint's tokenizer.model: the one kept with the dataset its recipe trained on,
+// a blend's first ("" when the dataset keeps none).
 absl::StatusOr<std::string> checkpoint_tokenizer_path(const config::Recipe& recipe) {
   DatasetOpenOptions options;
   options.verify_checksums = false;
-  SY_ASSIGN_OR_RETURN(const TokenDataset data,
-                      TokenDataset::open(recipe.data().dataset(), "train", options));
+  const config::DataConfig& data_config = recipe.data();
+  const std::string& dir = data_config.sources_size() > 0 ? data_config.sources(0).dataset()
+                                                          : data_config.dataset();
+  SY_ASSIGN_OR_RETURN(const TokenDataset data, TokenDataset::open(dir, "train", options));
   return data.tokenizer_path();
 }
 

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace switchyard {
 
@@ -15,7 +17,24 @@ namespace {
 constexpr int kBarCells = 20;
 constexpr char kEraseToEnd[] = "\x1b[K";
 
+// "  tokens web 1.2M chat 301.5k" for a blend, "" otherwise.
+std::string source_tokens(const StepMetrics& m) {
+  if (m.tokens_by_source.empty()) return "";
+  std::vector<std::string> parts;
+  for (const auto& [name, tokens] : m.tokens_by_source)
+    parts.push_back(absl::StrCat(name, " ", format_count(static_cast<double>(tokens))));
+  return absl::StrCat("  tokens ", absl::StrJoin(parts, " "));
+}
+
 }  // namespace
+
+std::string format_count(double n) {
+  if (!std::isfinite(n) || n < 0) return "?";
+  if (n >= 1e9) return absl::StrFormat("%.2fG", n / 1e9);
+  if (n >= 1e6) return absl::StrFormat("%.2fM", n / 1e6);
+  if (n >= 1e3) return absl::StrFormat("%.1fk", n / 1e3);
+  return absl::StrFormat("%.0f", n);
+}
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -34,10 +53,10 @@ int terminal_columns(int fd) {
 std::string step_line(const StepMetrics& m) {
   return absl::StrFormat(
       "step %5lld/%lld  loss %.4f  aux %.4f  z %.4f  lr %.2e  grad %.3f  %.0f tok/s  "
-      "mfu %.1f%%  dropped %.2f%%  load max/mean %.2f  eta %s",
+      "mfu %.1f%%  dropped %.2f%%  load max/mean %.2f  eta %s%s",
       static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.aux_loss,
       m.z_loss, m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, 100.0 * m.dropped_fraction,
-      m.worst_load_ratio, format_duration(m.eta_s));
+      m.worst_load_ratio, format_duration(m.eta_s), source_tokens(m));
 }
 
 std::string live_step_line(const StepMetrics& m, int bar_width) {
@@ -46,11 +65,11 @@ std::string live_step_line(const StepMetrics& m, int bar_width) {
   const int filled = static_cast<int>(done * bar_width);
   return absl::StrFormat(
       "[%s%s] %3.0f%%  step %lld/%lld  eta %s  |  loss %.4f  aux %.4f  z %.4f  lr %.2e  "
-      "grad %.3f  %.0f tok/s  mfu %.1f%%  dropped %.2f%%  load max/mean %.2f",
+      "grad %.3f  %.0f tok/s  mfu %.1f%%  dropped %.2f%%  load max/mean %.2f%s",
       std::string(filled, '#'), std::string(bar_width - filled, '.'), 100.0 * done,
       static_cast<long long>(m.step), static_cast<long long>(m.total_steps),
       format_duration(m.eta_s), m.loss, m.aux_loss, m.z_loss, m.lr, m.grad_norm, m.tokens_per_s,
-      100.0 * m.mfu, 100.0 * m.dropped_fraction, m.worst_load_ratio);
+      100.0 * m.mfu, 100.0 * m.dropped_fraction, m.worst_load_ratio, source_tokens(m));
 }
 
 ProgressLine::ProgressLine(std::FILE* out, bool live, int width)
@@ -109,6 +128,14 @@ void TrainProgressSink::on_step(const StepMetrics& m) {
 void TrainProgressSink::on_eval(int64_t step, double val_loss) {
   line_.print(
       absl::StrFormat("eval step %lld  val_loss %.4f", static_cast<long long>(step), val_loss));
+}
+
+void TrainProgressSink::on_source_evals(
+    int64_t step, const std::vector<std::pair<std::string, double>>& losses) {
+  std::vector<std::string> parts;
+  for (const auto& [name, loss] : losses) parts.push_back(absl::StrFormat("%s %.4f", name, loss));
+  line_.print(absl::StrFormat("eval step %lld  val_loss by source: %s",
+                              static_cast<long long>(step), absl::StrJoin(parts, "  ")));
 }
 
 void TrainProgressSink::on_message(const std::string& text) { line_.print(text); }

@@ -7,10 +7,15 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/train/trainer.h"
 
 namespace switchyard {
+
+// "950", "12.3k", "4.56M", "7.89G"; "?" for a negative or non-finite count.
+std::string format_count(double n);
 
 // "5s", "1m30s", "2h05m"; "?" for a negative or non-finite time.
 std::string format_duration(double seconds);
@@ -59,6 +64,8 @@ class TrainProgressSink : public ProgressSink {
   TrainProgressSink(std::FILE* out, bool live, int width) : line_(out, live, width) {}
   void on_step(const StepMetrics& m) override;
   void on_eval(int64_t step, double val_loss) override;
+  void on_source_evals(int64_t step,
+                       const std::vector<std::pair<std::string, double>>& losses) override;
   void on_message(const std::string& text) override;
 
  private:

@@ -1,10 +1,12 @@
 #include "engine/config/recipe.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -155,6 +157,8 @@ constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
 constexpr int64_t kDefaultEvalTokens = int64_t{1} << 20;
 constexpr int64_t kMaxEvalTokens = int64_t{1} << 40;
 constexpr int64_t kMaxThreads = 4096;
+constexpr int kMaxDataSources = 256;
+constexpr size_t kMaxSourceNameBytes = 64;
 // optimizer.router_lr_scale: a factor far beyond any useful one.
 constexpr int64_t kMaxRouterLrScale = 1000;
 
@@ -413,18 +417,60 @@ absl::Status validate_train(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
+// A source name goes into metric keys and TensorBoard tags as it is.
+bool is_source_name(const std::string& name) {
+  if (name.empty() || name.size() > kMaxSourceNameBytes) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+  });
+}
+
+absl::Status validate_sources(const DataConfig& data) {
+  if (!data.dataset().empty() || !data.corpus().empty())
+    return invalid("data.sources excludes data.dataset and data.corpus: name each in a source");
+  if (data.sources_size() > kMaxDataSources)
+    return invalid(absl::StrCat("data.sources has ", data.sources_size(), " entries, more than ",
+                                kMaxDataSources));
+  std::set<std::string> names;
+  for (int i = 0; i < data.sources_size(); ++i) {
+    const DataSource& source = data.sources(i);
+    const std::string field = absl::StrCat("data.sources[", i, "]");
+    if (!is_source_name(source.name()))
+      return invalid(absl::StrCat(field, ".name must be 1 to ", kMaxSourceNameBytes,
+                                  " letters, digits, '_', '-' or '.'"));
+    if (!names.insert(source.name()).second)
+      return invalid(absl::StrCat(field, ".name \"", source.name(), "\" names two sources"));
+    if (source.dataset().empty() == source.corpus().empty())
+      return invalid(absl::StrCat(field, " (", source.name(),
+                                  "): exactly one of dataset and corpus must be set"));
+    if (!(source.weight() > 0) || !std::isfinite(source.weight()))
+      return invalid(absl::StrCat(field, ".weight (", source.weight(),
+                                  ") must be positive and finite"));
+  }
+  return absl::OkStatus();
+}
+
+// Whether the recipe trains a tokenizer or tokenises a plain-text corpus.
+bool has_corpus(const DataConfig& data) {
+  return !data.corpus().empty() ||
+         std::any_of(data.sources().begin(), data.sources().end(),
+                     [](const DataSource& s) { return !s.corpus().empty(); });
+}
+
 absl::Status validate_data(const Recipe& recipe) {
   const DataConfig& data = recipe.data();
-  if (data.corpus().empty() == data.dataset().empty())
-    return invalid("exactly one of data.dataset and data.corpus must be set");
-  if (!data.corpus().empty() && recipe.model().vocab_size() < kMinCorpusVocabSize) {
+  if (data.sources_size() > 0) SY_RETURN_IF_ERROR(validate_sources(data));
+  else if (data.corpus().empty() == data.dataset().empty())
+    return invalid(
+        "exactly one of data.dataset and data.corpus must be set (or data.sources, a blend)");
+  if (has_corpus(data) && recipe.model().vocab_size() < kMinCorpusVocabSize) {
     return invalid(absl::StrCat("model.vocab_size (", recipe.model().vocab_size(), ") must be >= ",
                                 kMinCorpusVocabSize,
                                 " to train a tokenizer on data.corpus (256 byte pieces, "
                                 "special tokens and merges)"));
   }
   SY_RETURN_IF_ERROR(check_unit_interval("data.val_fraction", data.val_fraction()));
-  if (!data.corpus().empty() && recipe.train().eval_interval() > 0 && data.val_fraction() == 0) {
+  if (has_corpus(data) && recipe.train().eval_interval() > 0 && data.val_fraction() == 0) {
     return invalid(absl::StrCat("train.eval_interval (", recipe.train().eval_interval(),
                                 ") needs data.val_fraction > 0 (nothing is held out)"));
   }
@@ -606,7 +652,7 @@ void fill_defaults(Recipe& recipe) {
   fill_eval_tokens(train);
 
   DataConfig& data = *recipe.mutable_data();
-  if (!data.has_val_fraction() && !data.corpus().empty()) data.set_val_fraction(0.1f);
+  if (!data.has_val_fraction() && has_corpus(data)) data.set_val_fraction(0.1f);
 
   CheckpointConfig& checkpoint = *recipe.mutable_checkpoint();
   if (checkpoint.dir().empty()) checkpoint.set_dir("checkpoints");
@@ -716,6 +762,10 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path,
   };
   recipe.mutable_data()->set_corpus(relative_to_file(recipe.data().corpus()));
   recipe.mutable_data()->set_dataset(relative_to_file(recipe.data().dataset()));
+  for (DataSource& source : *recipe.mutable_data()->mutable_sources()) {
+    source.set_corpus(relative_to_file(source.corpus()));
+    source.set_dataset(relative_to_file(source.dataset()));
+  }
   recipe.mutable_train()->set_init_from(relative_to_file(recipe.train().init_from()));
   for (const std::string& assignment : overrides) {
     SY_RETURN_IF_ERROR(apply_override(recipe, assignment));

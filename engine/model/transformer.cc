@@ -279,7 +279,7 @@ std::vector<const MoeLayer*> Transformer::moe_layers() const {
   return layers;
 }
 
-void Transformer::backward(Device& dev, float loss_scale) {
+void Transformer::backward(Device& dev, float loss_scale, double ce_tokens) {
   const int64_t n = batch_ * seq_;
   const int64_t hidden = recipe_.model().hidden_size();
   const Tensor& rope = rope_for(dev, seq_);
@@ -291,7 +291,9 @@ void Transformer::backward(Device& dev, float loss_scale) {
   // In f32 the logits buffer becomes its own gradient; in bf16 the gradient is a bf16
   // operand of the LM head's products.
   const DType dtype = final_out_.dtype();
-  const float ce_scale = target_tokens_ ? loss_scale / static_cast<float>(target_tokens_) : 0.0f;
+  const double denominator = ce_tokens > 0 ? ce_tokens : static_cast<double>(target_tokens_);
+  const float ce_scale =
+      target_tokens_ ? loss_scale / static_cast<float>(denominator) : 0.0f;
   Tensor dfinal = activation(dev, {n, hidden}, dtype);
   // Forward kept the logits when one chunk held them all; otherwise each chunk's logits
   // are recomputed from the saved final norm output.

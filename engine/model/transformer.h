@@ -57,7 +57,10 @@ class Transformer {
   LossParts forward(Device& dev, const Tensor& ids, const Tensor& targets, bool training,
                     Rng& rng, Tensor* logits_out = nullptr);
   // Backward of forward()'s total loss multiplied by `loss_scale` (e.g. 1 / micro-batches).
-  void backward(Device& dev, float loss_scale);
+  // `ce_tokens`, when positive, replaces this batch's target count as the cross-entropy's
+  // denominator: the mean count over a step's micro-batches, so that with loss-masked
+  // targets the step's loss is the mean over all its targets, in every layout.
+  void backward(Device& dev, float loss_scale, double ce_tokens = 0);
 
   // Logits only, for generation: ids (batch, seq) -> (batch * seq, vocab). MoE layers
   // route every token to all of its top-k experts (MoeLayer::infer).

@@ -65,4 +65,19 @@ absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
   return result;
 }
 
+absl::StatusOr<BlendEvalResult> evaluate_blend(Device& dev, Transformer& model,
+                                               const std::vector<EvalSource>& sources,
+                                               int64_t seq_len, Communicator* replicas) {
+  BlendEvalResult result;
+  double total_weight = 0;
+  for (const EvalSource& source : sources) total_weight += source.weight;
+  for (const EvalSource& source : sources) {
+    SY_ASSIGN_OR_RETURN(const EvalResult one, evaluate_windows(dev, model, *source.data, seq_len,
+                                                               source.windows, replicas));
+    result.by_source.emplace_back(source.name, one.loss);
+    result.loss += source.weight / total_weight * one.loss;
+  }
+  return result;
+}
+
 }  // namespace switchyard

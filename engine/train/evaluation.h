@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "data/token_dataset.h"
@@ -28,5 +31,25 @@ struct EvalResult {
 absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
                                             const TokenDataset& data, int64_t seq_len,
                                             int64_t windows, Communicator* replicas);
+
+// One validation set of a blend: its name, split, weight and evaluation windows.
+struct EvalSource {
+  std::string name;
+  const TokenDataset* data = nullptr;
+  double weight = 1;
+  int64_t windows = 0;
+};
+
+struct BlendEvalResult {
+  // The sources' losses averaged with the blend's weights (normalised): the loss expected
+  // on the training mixture. With one source, its own loss.
+  double loss = 0;
+  std::vector<std::pair<std::string, double>> by_source;  // (name, loss), in blend order
+};
+
+// Evaluates every source with evaluate_windows.
+absl::StatusOr<BlendEvalResult> evaluate_blend(Device& dev, Transformer& model,
+                                               const std::vector<EvalSource>& sources,
+                                               int64_t seq_len, Communicator* replicas);
 
 }  // namespace switchyard

@@ -20,7 +20,6 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
-#include "data/corpus_cache.h"
 #include "data/loader.h"
 #include "data/token_dataset.h"
 #include "engine/config/recipe.h"
@@ -38,6 +37,7 @@
 #include "engine/train/metrics_log.h"
 #include "engine/train/peak.h"
 #include "engine/train/tensorboard_writer.h"
+#include "engine/train/training_data.h"
 #include "kernels/devices.h"
 #include "kernels/threads.h"
 #include "moe/balance_stats.h"
@@ -58,6 +58,12 @@ struct Batch {
 
 Batch make_batch(int64_t batch, int64_t seq) {
   return {Tensor::empty({batch, seq}, DType::kI32), Tensor::empty({batch, seq}, DType::kI32)};
+}
+
+// The targets that carry loss (the others are kIgnoredTarget).
+int64_t count_targets(const Tensor& targets) {
+  const int32_t* t = targets.data<int32_t>();
+  return std::count_if(t, t + targets.numel(), [](int32_t id) { return id >= 0; });
 }
 
 // `path` absolute and normal, without a trailing separator.
@@ -136,28 +142,6 @@ absl::StatusOr<std::optional<InitWeights>> open_init_weights(const config::Recip
   SY_RETURN_IF_ERROR(check_same_model_section(recipe.moe(), weights.moe(), "moe", dir));
   SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, load_weights_tokenizer(dir, weights));
   return InitWeights{dir, dir + "/tokenizer.model", tokenizer.sha256()};
-}
-
-absl::StatusOr<std::string> dataset_dir(const config::Recipe& recipe, const TrainOptions& options,
-                                        const std::optional<InitWeights>& init,
-                                        ProgressSink& sink) {
-  if (recipe.data().corpus().empty()) {
-    const std::string& dataset = recipe.data().dataset();
-    std::error_code ec;
-    if (fs::path(dataset).filename() == config::kPlaceholderDataset && !fs::exists(dataset, ec))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.dataset is the placeholder of a recipe that describes weights only: set "
-          "data.dataset=DIR or data.corpus=FILE (and the schedule: train.steps, "
-          "train.global_batch_size, train.seq_len, optimizer.lr)"));
-    return dataset;
-  }
-  DataMessages messages(sink);
-  CorpusDatasetOptions corpus_options;
-  if (init) corpus_options.tokenizer_path = init->tokenizer_path;
-  corpus_options.vocab_size = recipe.model().vocab_size();
-  corpus_options.val_fraction = recipe.data().val_fraction();
-  corpus_options.cache_dir = options.dataset_cache_dir;
-  return ensure_prepared_corpus(recipe.data().corpus(), corpus_options, messages);
 }
 
 // The groups train.freeze may name, each the parts of parameter names it covers.
@@ -289,6 +273,7 @@ absl::Status check_resumable(const checkpoint::Manifest& manifest, const config:
   else if (saved.train().global_batch_size() != recipe.train().global_batch_size())
     field = "train.global_batch_size";
   else if (saved.train().seed() != recipe.train().seed()) field = "train.seed";
+  else if (blend_changed(saved.data(), recipe.data())) field = "data.sources";
   if (!field.empty())
     return absl::FailedPreconditionError(absl::StrCat(
         dir, ": this checkpoint was saved with other ", field,
@@ -388,6 +373,10 @@ class RankZeroSink : public ProgressSink {
   void on_eval(int64_t step, double val_loss) override {
     if (active_) sink_.on_eval(step, val_loss);
   }
+  void on_source_evals(int64_t step,
+                       const std::vector<std::pair<std::string, double>>& losses) override {
+    if (active_) sink_.on_source_evals(step, losses);
+  }
   void on_message(const std::string& text) override {
     if (active_) sink_.on_message(text);
   }
@@ -396,6 +385,28 @@ class RankZeroSink : public ProgressSink {
   ProgressSink& sink_;
   bool active_;
 };
+
+// Puts the loader where the checkpoint's step left it. The manifest is untrusted: a
+// blend recomputes its draws step by step, so its position must be that of the step,
+// which train.steps bounds.
+absl::Status restore_loader(Loader& loader, const checkpoint::Manifest& manifest,
+                            int64_t global_batch, const std::string& dir) {
+  const LoaderState state{manifest.loader().epoch(), manifest.loader().position(), 0};
+  const int64_t windows = loader.windows_per_epoch();
+  const int64_t step = manifest.step();
+  const auto at_step = [&] {
+    return state.epoch >= 0 && state.position >= 0 && state.position < windows && step >= 0 &&
+           state.epoch <= (std::numeric_limits<int64_t>::max() - state.position) / windows &&
+           step <= std::numeric_limits<int64_t>::max() / global_batch &&
+           state.epoch * windows + state.position == step * global_batch;
+  };
+  if (loader.windows_drawn().size() > 1 && !at_step())
+    return absl::DataLossError(absl::StrCat(
+        dir, "/manifest.pb: the loader position (epoch ", state.epoch, ", position ",
+        state.position, ") is not where step ", step, " of the blend ends (", global_batch,
+        " windows per step, ", windows, " per epoch)"));
+  return loader.restore(state);
+}
 
 // Sums values over the data-parallel group and divides by its size.
 void average(Communicator& dp, std::vector<double>& values) {
@@ -506,39 +517,44 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   SY_ASSIGN_OR_RETURN(const std::optional<InitWeights> init, open_init_weights(recipe));
   // Rank 0 prepares a corpus on first use; the others then find it in the cache.
   if (!reporter) groups.world->barrier();
-  absl::StatusOr<std::string> prepared = dataset_dir(recipe, options, init, sink);
+  DataMessages messages(sink);
+  SourceDirOptions source_options;
+  source_options.dataset_cache_dir = options.dataset_cache_dir;
+  if (init) source_options.tokenizer_path = init->tokenizer_path;
+  absl::StatusOr<std::vector<SourceDir>> prepared =
+      resolve_source_dirs(recipe, source_options, messages);
   if (reporter) groups.world->barrier();
-  SY_ASSIGN_OR_RETURN(const std::string data_dir, std::move(prepared));
+  SY_ASSIGN_OR_RETURN(const std::vector<SourceDir> source_dirs, std::move(prepared));
   DatasetOpenOptions open_options;
   if (init) open_options.expected_tokenizer_sha256 = init->tokenizer_sha256;
-  SY_ASSIGN_OR_RETURN(const TokenDataset train_data,
-                      TokenDataset::open(data_dir, "train", open_options));
-  if (train_data.vocab_size() > recipe.model().vocab_size())
-    return absl::InvalidArgumentError(absl::StrCat(
-        data_dir, ": its tokenizer has ", train_data.vocab_size(),
-        " tokens, more than model.vocab_size (", recipe.model().vocab_size(), ")"));
-  std::optional<TokenDataset> val_data;
-  if (tc.eval_interval() > 0) {
-    SY_ASSIGN_OR_RETURN(val_data, TokenDataset::open(data_dir, "val", open_options));
-    if (val_data->num_windows(tc.seq_len()) == 0)
-      return absl::InvalidArgumentError(absl::StrCat(
-          data_dir, ": the validation split is shorter than one window of train.seq_len + 1 (",
-          tc.seq_len() + 1, ") tokens; set train.eval_interval=0 or hold out more data"));
-  }
+  SY_ASSIGN_OR_RETURN(const std::vector<TrainingSource> sources,
+                      open_training_sources(source_dirs, open_options, tc.eval_interval() > 0,
+                                            tc.seq_len(), recipe.model().vocab_size()));
+  const bool blend = recipe.data().sources_size() > 0;
   LoaderOptions loader_options;
   loader_options.seq_len = tc.seq_len();
   loader_options.seed = tc.seed();
   loader_options.global_batch = tc.global_batch_size();
   loader_options.dp_rank = layout.dp_index(rank);
   loader_options.dp_size = layout.data_parallel_size;
-  SY_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::create(train_data, loader_options));
+  SY_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader,
+                      Loader::create(loader_sources(sources), loader_options));
 
   const std::string checkpoints_dir =
       (fs::path(options.run_dir) / recipe.checkpoint().dir()).string();
-  // The recipe as checkpoints and final weights record it: the dataset it resolved to.
+  // The recipe as checkpoints and final weights record it: the datasets it resolved to.
   config::Recipe saved_recipe = recipe;
-  saved_recipe.mutable_data()->clear_corpus();
-  saved_recipe.mutable_data()->set_dataset(saved_path(data_dir, options.run_dir, checkpoints_dir));
+  config::DataConfig& saved_data = *saved_recipe.mutable_data();
+  saved_data.clear_corpus();
+  for (size_t i = 0; i < source_dirs.size(); ++i) {
+    const std::string dir = saved_path(source_dirs[i].dir, options.run_dir, checkpoints_dir);
+    if (!blend) {
+      saved_data.set_dataset(dir);
+      continue;
+    }
+    saved_data.mutable_sources(static_cast<int>(i))->clear_corpus();
+    saved_data.mutable_sources(static_cast<int>(i))->set_dataset(dir);
+  }
   if (init)
     saved_recipe.mutable_train()->set_init_from(
         saved_path(init->dir, options.run_dir, checkpoints_dir));
@@ -660,8 +676,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     optimizer.set_steps_taken(manifest.step());
     lr_restart = resume_lr_restart(manifest, recipe);
     optimizer.set_lr_restart(lr_restart);
-    SY_RETURN_IF_ERROR(loader->restore(
-        LoaderState{manifest.loader().epoch(), manifest.loader().position(), 0}));
+    SY_RETURN_IF_ERROR(restore_loader(*loader, manifest, tc.global_batch_size(), resume_dir));
     first_step = manifest.step() + 1;
     elapsed_before_s = manifest.elapsed_s();
     sink.on_message(absl::StrCat("resuming from ", resume_dir, " (step ", manifest.step(), ")"));
@@ -739,11 +754,11 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
       "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d, tp %d, ep %d, "
-      "zero %d) on %s in %s, %d threads; data: %s (%lld training tokens)",
+      "zero %d) on %s in %s, %d threads; data: %s",
       stats.total_params / 1e6, stats.active_params / 1e6, layout.world_size,
       layout.data_parallel_size, layout.tensor_parallel_size, layout.expert_parallel_size,
       zero_stage, dev.name(), working == DType::kBF16 ? "bf16" : "fp32", cpu_threads(),
-      data_dir, static_cast<long long>(train_data.num_tokens())));
+      describe_training_data(sources)));
   sink.on_message(absl::StrCat("hosts: ", rank_hosts));
 
   const int64_t micro = tc.micro_batch_size();
@@ -752,7 +767,8 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   // loss, so the summed gradients equal the single-process ones.
   const int64_t global_micro_batches = accumulation * layout.data_parallel_size;
   const int64_t tokens_per_step = tc.global_batch_size() * tc.seq_len();
-  Batch batch = make_batch(micro, tc.seq_len());
+  std::vector<Batch> batches;
+  for (int64_t m = 0; m < accumulation; ++m) batches.push_back(make_batch(micro, tc.seq_len()));
 
   auto window_start = clock::now();
   int64_t window_steps = 0;
@@ -760,17 +776,28 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   int64_t skipped_steps = 0;  // by train.skip_non_finite_steps, since this start
   double window_all_to_all_s = 0;  // groups.ep's all-to-all seconds at the window start
 
-  const int64_t eval_windows =
-      val_data ? evaluation_windows(*val_data, tc.seq_len(), tc.eval_tokens()) : 0;
+  const bool evaluates = tc.eval_interval() > 0;
+  std::vector<EvalSource> eval_sources;
+  for (const TrainingSource& source : sources)
+    if (source.val)
+      eval_sources.push_back(
+          {source.where.name, &*source.val, source.where.weight,
+           evaluation_windows(*source.val, tc.seq_len(), tc.eval_tokens())});
   auto run_eval = [&](int64_t step) -> absl::Status {
-    SY_ASSIGN_OR_RETURN(const EvalResult result, evaluate_windows(dev, model, *val_data,
-                                                                  tc.seq_len(), eval_windows,
-                                                                  groups.dp.get()));
+    SY_ASSIGN_OR_RETURN(const BlendEvalResult result,
+                        evaluate_blend(dev, model, eval_sources, tc.seq_len(), groups.dp.get()));
     const double val = result.loss;
     nlohmann::ordered_json j = {{"step", step}, {"val_loss", val}};
+    if (blend) {
+      for (const auto& [name, loss] : result.by_source) j["val_loss_by_source"][name] = loss;
+    }
     if (reporter) {
       metrics << j.dump() << "\n" << std::flush;
       SY_RETURN_IF_ERROR(tensorboard->add_scalar("eval/val_loss", val, step));
+      if (blend) {
+        for (const auto& [name, loss] : result.by_source)
+          SY_RETURN_IF_ERROR(tensorboard->add_scalar("eval/val_loss/" + name, loss, step));
+      }
       // The layers x experts load of the last evaluation batch, as an image.
       const RouterStats& rs = model.router_stats();
       std::vector<std::vector<double>> shares;
@@ -785,10 +812,11 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       SY_RETURN_IF_ERROR(tensorboard->flush());
     }
     sink.on_eval(step, val);
+    if (blend) sink.on_source_evals(step, result.by_source);
     return absl::OkStatus();
   };
   // The untrained baseline, so every curve starts from a measured point.
-  if (val_data && first_step == 1) SY_RETURN_IF_ERROR(run_eval(0));
+  if (evaluates && first_step == 1) SY_RETURN_IF_ERROR(run_eval(0));
 
   // Loss-free balancing's loads of the step under way (moe.bias_update_rate).
   std::optional<ExpertBiasBalancer> balancer;
@@ -796,18 +824,28 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     balancer.emplace(recipe.moe().bias_update_rate(), recipe.moe().num_experts());
   for (int64_t step = first_step; step <= tc.steps(); ++step) {
     LossParts step_loss;
-    for (int64_t m = 0; m < accumulation; ++m) {
+    // The cross-entropy is the mean over the targets of the whole global batch (loss-masked
+    // ones excluded), so every rank needs their count before its first backward.
+    int64_t step_targets = 0;
+    for (Batch& batch : batches) {
       SY_RETURN_IF_ERROR(
           loader->next_batch(micro, batch.ids.data<int32_t>(), batch.targets.data<int32_t>()));
+      step_targets += count_targets(batch.targets);
+    }
+    groups.dp->all_reduce_sum(&step_targets, 1);
+    const double ce_tokens = static_cast<double>(step_targets) / global_micro_batches;
+    double cross_entropy_sum = 0;  // over this rank's targets
+    for (int64_t m = 0; m < accumulation; ++m) {
+      const Batch& batch = batches[m];
       // Random routing decisions (GShard) depend on (seed, step, micro-batch) only, so
       // every parallel layout makes the same ones.
       const int64_t global_micro = layout.dp_index(rank) * accumulation + m;
       Rng routing_rng = Rng(tc.seed()).fork(0x6a7e0000ULL + step * 65537ULL + global_micro);
       LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true, routing_rng);
       if (reducer) reducer->set_reducing(m == accumulation - 1);
-      model.backward(dev, 1.0f / static_cast<float>(global_micro_batches));
-      step_loss.total += parts.total / accumulation;
-      step_loss.cross_entropy += parts.cross_entropy / accumulation;
+      model.backward(dev, 1.0f / static_cast<float>(global_micro_batches), ce_tokens);
+      step_loss.total += (parts.total - parts.cross_entropy) / accumulation;
+      cross_entropy_sum += parts.cross_entropy * static_cast<double>(parts.target_tokens);
       step_loss.aux_loss += parts.aux_loss / accumulation;
       step_loss.z_loss += parts.z_loss / accumulation;
       const RouterStats& rs = model.router_stats();
@@ -821,13 +859,13 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     if (reducer) reducer->wait();
     if (zero) zero->wait();
     groups.expert_dp->all_reduce_sum(params.expert_grads());
-    std::vector<double> losses = {step_loss.total, step_loss.cross_entropy, step_loss.aux_loss,
-                                  step_loss.z_loss};
+    groups.dp->all_reduce_sum(&cross_entropy_sum, 1);
+    std::vector<double> losses = {step_loss.total, step_loss.aux_loss, step_loss.z_loss};
     average(*groups.dp, losses);
-    step_loss.total = losses[0];
-    step_loss.cross_entropy = losses[1];
-    step_loss.aux_loss = losses[2];
-    step_loss.z_loss = losses[3];
+    step_loss.cross_entropy = step_targets > 0 ? cross_entropy_sum / step_targets : 0.0;
+    step_loss.total = step_loss.cross_entropy + losses[0];
+    step_loss.aux_loss = losses[1];
+    step_loss.z_loss = losses[2];
     // The loss and the gradient norm are the same on every rank, so all take one branch.
     StepReport report;
     if (std::isfinite(step_loss.total)) report = optimizer.step(dev);
@@ -914,11 +952,21 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
           {"dropped_fraction", m.dropped_fraction}, {"worst_load_ratio", m.worst_load_ratio},
           {"all_to_all_share", m.all_to_all_share}, {"elapsed_s", m.elapsed_s},
           {"peak_gflops", peak.flops / 1e9}, {"peak_source", peak.source}};
+      if (blend) {
+        for (size_t i = 0; i < sources.size(); ++i) {
+          const int64_t tokens = loader->windows_drawn()[i] * tc.seq_len();
+          m.tokens_by_source.emplace_back(sources[i].where.name, tokens);
+          j["tokens_by_source"][sources[i].where.name] = tokens;
+        }
+      }
       if (reporter) {
         metrics << j.dump() << "\n" << std::flush;
         for (const auto& [key, value] : j.items())
           if (value.is_number() && key != "step" && key != "elapsed_s" && key != "peak_gflops")
             SY_RETURN_IF_ERROR(tensorboard->add_scalar("train/" + key, value.get<double>(), step));
+        for (const auto& [name, tokens] : m.tokens_by_source)
+          SY_RETURN_IF_ERROR(tensorboard->add_scalar("data/tokens/" + name,
+                                                     static_cast<double>(tokens), step));
         const RouterStats& rs = model.router_stats();
         if (!rs.selections_per_expert.empty())
           SY_RETURN_IF_ERROR(tensorboard->add_histogram("moe/selections_per_expert",
@@ -943,7 +991,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       window_steps = 0;
       dropped = assignments = worst_load = 0;
     }
-    if (val_data && (step % tc.eval_interval() == 0 || step == tc.steps()))
+    if (evaluates && (step % tc.eval_interval() == 0 || step == tc.steps()))
       SY_RETURN_IF_ERROR(run_eval(step));
 
     // A stop request on any rank stops every rank at this same step boundary.
@@ -979,7 +1027,8 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
 
   const std::string weights_dir =
       (fs::path(options.run_dir) / recipe.checkpoint().dir() / "final").string();
-  SY_RETURN_IF_ERROR(save_weights(weights_dir, saved_recipe, whole, train_data.tokenizer_path()));
+  SY_RETURN_IF_ERROR(
+      save_weights(weights_dir, saved_recipe, whole, sources.front().train.tokenizer_path()));
   sink.on_message(absl::StrCat("saved final weights to ", weights_dir));
   return TrainEnd::kFinished;
 }

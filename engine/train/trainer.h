@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,6 +34,9 @@ struct StepMetrics {
   double all_to_all_share = 0;
   double elapsed_s = 0;
   double eta_s = 0;
+  // A blend's training tokens drawn from each source so far, in blend order (empty for a
+  // recipe without data.sources).
+  std::vector<std::pair<std::string, int64_t>> tokens_by_source;
 };
 
 // Where the trainer reports; the CLI prints, tests collect.
@@ -40,6 +45,10 @@ class ProgressSink {
   virtual ~ProgressSink() = default;
   virtual void on_step(const StepMetrics& m) = 0;
   virtual void on_eval(int64_t step, double val_loss) = 0;
+  // A blend's validation loss per source, after its on_eval (sinks that show only the
+  // blend's figure need not override it).
+  virtual void on_source_evals(int64_t /*step*/,
+                               const std::vector<std::pair<std::string, double>>& /*losses*/) {}
   virtual void on_message(const std::string& text) = 0;
 };
 

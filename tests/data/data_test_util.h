@@ -76,12 +76,13 @@ inline const std::string& small_tokenizer_path() {
   return path;
 }
 
-// A dataset written without a tokenizer: token i of a split's stream has id i % vocab,
-// so a window's ids tell where it came from. Documents are 50 tokens long.
+// A dataset written without a tokenizer: token i of a split's stream has id
+// (first_id + i) % vocab, so a window's ids tell where it came from. Documents are 50
+// tokens long.
 inline void write_position_dataset(const std::string& dir,
                                    const std::vector<int64_t>& train_shard_tokens,
                                    const std::vector<int64_t>& val_shard_tokens,
-                                   int64_t vocab_size = 1 << 20) {
+                                   int64_t vocab_size = 1 << 20, int64_t first_id = 0) {
   fs::create_directories(dir);
   DatasetIndex index;
   index.format_version = kTokenFormatVersion;
@@ -92,7 +93,7 @@ inline void write_position_dataset(const std::string& dir,
   attributes.vocab_size = vocab_size;
   for (const auto& [split, sizes] :
        {std::pair{"train", train_shard_tokens}, std::pair{"val", val_shard_tokens}}) {
-    int64_t position = 0;
+    int64_t position = first_id;
     for (size_t s = 0; s < sizes.size(); ++s) {
       ShardEntry entry;
       entry.file =

@@ -1,5 +1,6 @@
 // An HDF5 token shard, opened from a memory image: open, then every read the loader and
-// `inspect` make (document offsets, the largest id, the first and last tokens). Each
+// `inspect` make (document offsets, the largest id, the first and last tokens, the loss
+// mask). Each
 // input is read as it is and resealed (hdf5_reseal.h).
 #include <algorithm>
 #include <cstdint>
@@ -28,6 +29,10 @@ void read_everything(std::string_view image) {
   sy::fuzz::require_clean_refusal(reader.read_tokens(0, count, tokens.data()), name);
   sy::fuzz::require_clean_refusal(
       reader.read_tokens(reader.num_tokens() - count, count, tokens.data()), name);
+  sy::fuzz::require_clean_refusal(reader.count_loss_tokens().status(), name);
+  std::vector<uint8_t> mask(static_cast<size_t>(count));
+  sy::fuzz::require_clean_refusal(
+      reader.read_loss_mask(reader.num_tokens() - count, count, mask.data()), name);
 }
 
 }  // namespace
