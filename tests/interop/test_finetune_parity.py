@@ -1,6 +1,7 @@
 """Fine-tuning an imported model starts from transformers' own numbers: a small random
-MixtralForCausalLM, Qwen2MoeForCausalLM (shared expert, a dense first layer) and
-OlmoeForCausalLM (q/k norms), saved with save_pretrained and imported by `switchyard
+MixtralForCausalLM, Qwen2MoeForCausalLM (shared expert, a dense first layer),
+OlmoeForCausalLM (q/k norms) and Qwen3MoeForCausalLM (per-head q/k norms, a dense first
+layer; skipped under a transformers without it), saved with save_pretrained and imported by `switchyard
 convert from-hf`, train one step of the recipe the import wrote, and the loss the engine
 logs for that step (cross-entropy, the load-balancing loss, and their weighted sum)
 equals transformers' on the same batch.
@@ -80,6 +81,13 @@ def hf_model(kind):
     elif kind == "olmoe":
         from transformers import OlmoeConfig, OlmoeForCausalLM
         model = OlmoeForCausalLM(OlmoeConfig(num_hidden_layers=2, num_experts=4, **common))
+    elif kind == "qwen3_moe":
+        import transformers
+        if not hasattr(transformers, "Qwen3MoeForCausalLM"):
+            pytest.skip(f"transformers {transformers.__version__} has no Qwen3MoeForCausalLM")
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            num_hidden_layers=2, num_experts=4, moe_intermediate_size=48, head_dim=24,
+            mlp_only_layers=[0], norm_topk_prob=True, **common))
     else:
         from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
         model = Qwen2MoeForCausalLM(Qwen2MoeConfig(
@@ -113,7 +121,7 @@ def first_step(run_dir):
     raise AssertionError("no training record for step 1")
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "olmoe"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "olmoe", "qwen3_moe"])
 def test_first_step_loss_equals_transformers(tmp_path, data, kind):
     tokenizer, dataset = data
     tokens = train_tokens(dataset)
