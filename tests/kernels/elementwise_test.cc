@@ -121,57 +121,6 @@ TEST(ElementwiseTest, SigmoidGateForwardMatchesDoubleReference) {
   EXPECT_LT(max_relative_error(values_of(yt), expected), 1e-6);
 }
 
-TEST(ElementwiseTest, SigmoidGateBackwardMatchesFiniteDifferences) {
-  const int64_t rows = 4, n = 5;
-  auto x = random_vector<double>(rows * n, 70);
-  auto g = random_vector<double>(rows, 71, -3.0, 3.0);
-  const auto dy = random_vector<double>(rows * n, 72);
-  std::vector<double> dx(rows * n), dg(rows);
-  cpu::sigmoid_gate_backward(dy.data(), x.data(), g.data(), dx.data(), dg.data(), rows, n);
-  auto loss = [&]() {
-    std::vector<double> y(rows * n, 0.0);
-    cpu::sigmoid_gate_forward(x.data(), g.data(), y.data(), rows, n);
-    double l = 0;
-    for (size_t i = 0; i < y.size(); ++i) l += dy[i] * y[i];
-    return l;
-  };
-  auto numeric = [&](std::vector<double>& v) {
-    const double h = 1e-6;
-    std::vector<double> grad(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      const double vi = v[i];
-      v[i] = vi + h;
-      const double plus = loss();
-      v[i] = vi - h;
-      const double minus = loss();
-      v[i] = vi;
-      grad[i] = (plus - minus) / (2 * h);
-    }
-    return grad;
-  };
-  EXPECT_TRUE(any_nonzero(dx));
-  EXPECT_TRUE(any_nonzero(dg));
-  EXPECT_LT(max_relative_error(dx, numeric(x)), 1e-8);
-  EXPECT_LT(max_relative_error(dg, numeric(g)), 1e-8);
-}
-
-TEST(ElementwiseTest, FloatSigmoidGateBackwardMatchesDoubleTemplate) {
-  const int64_t rows = 300, n = 150;
-  const auto x = random_vector<float>(rows * n, 73);
-  const auto g = random_vector<float>(rows, 74, -4.0, 4.0);
-  const auto dy = random_vector<float>(rows * n, 75);
-  Tensor dx = Tensor::empty({rows, n});
-  Tensor dg = Tensor::empty({rows, 1});
-  sigmoid_gate_backward(cpu_device(), make_tensor({rows, n}, dy), make_tensor({rows, n}, x),
-                        make_tensor({rows, 1}, g), dx, dg);
-  const std::vector<double> xd(x.begin(), x.end()), gd(g.begin(), g.end()),
-      dyd(dy.begin(), dy.end());
-  std::vector<double> dx_d(rows * n), dg_d(rows);
-  cpu::sigmoid_gate_backward(dyd.data(), xd.data(), gd.data(), dx_d.data(), dg_d.data(), rows, n);
-  EXPECT_LT(max_relative_error(values_of(dx), dx_d), 1e-6);
-  EXPECT_LT(max_relative_error(values_of(dg), dg_d), 1e-5);
-}
-
 // bf16 operands run the f32 op on their widened values and round each bf16 output once,
 // whichever operands are bf16; f32 outputs and dbias are exactly the f32 op's.
 TEST(ElementwiseTest, Bf16OperandsComputeInF32) {

@@ -53,55 +53,6 @@ TEST(EmbeddingTest, ForwardGathersRows) {
   EXPECT_TRUE(any_nonzero(out));
 }
 
-TEST(EmbeddingTest, BackwardMatchesFiniteDifferences) {
-  const auto ids = random_integers<int32_t>(kTokens, 3, 0, kVocab - 1);
-  auto table = random_vector<double>(kVocab * kHidden, 4);
-  const auto gy = random_vector<double>(kTokens * kHidden, 5);
-  auto loss = [&] {
-    std::vector<double> out(kTokens * kHidden);
-    cpu::embedding_forward<double>(ids.data(), table.data(), kTokens, kHidden, out.data());
-    double l = 0;
-    for (size_t i = 0; i < out.size(); ++i) l += gy[i] * out[i];
-    return l;
-  };
-  // dtable accumulates onto what is there.
-  const auto dtable0 = random_vector<double>(kVocab * kHidden, 6);
-  auto dtable = dtable0;
-  cpu::embedding_backward<double>(ids.data(), gy.data(), kTokens, kHidden, dtable.data());
-  const double eps = 1e-6;
-  std::vector<double> expected(table.size());
-  for (size_t i = 0; i < table.size(); ++i) {
-    const double saved = table[i];
-    table[i] = saved + eps;
-    const double up = loss();
-    table[i] = saved - eps;
-    const double down = loss();
-    table[i] = saved;
-    expected[i] = dtable0[i] + (up - down) / (2 * eps);
-  }
-  EXPECT_LT(max_relative_error(dtable, expected), 1e-6);
-}
-
-TEST(EmbeddingTest, FloatOpsMatchDoubleTemplates) {
-  const auto ids = random_integers<int32_t>(kTokens, 7, 0, kVocab - 1);
-  const auto table = random_vector<float>(kVocab * kHidden, 8);
-  const auto gy = random_vector<float>(kTokens * kHidden, 9);
-  Tensor tids = to_tensor(ids), ttable = to_tensor(table, {kVocab, kHidden});
-  Tensor tgy = to_tensor(gy, {kTokens, kHidden}), tout = Tensor::empty({kTokens, kHidden});
-  Tensor tdtable = Tensor::zeros({kVocab, kHidden});
-  embedding_forward(cpu_device(), tids, ttable, tout);
-  embedding_backward(cpu_device(), tids, tgy, tdtable);
-
-  const std::vector<double> table_d(table.begin(), table.end()), gy_d(gy.begin(), gy.end());
-  std::vector<double> out(kTokens * kHidden), dtable(kVocab * kHidden, 0.0);
-  cpu::embedding_forward<double>(ids.data(), table_d.data(), kTokens, kHidden, out.data());
-  cpu::embedding_backward<double>(ids.data(), gy_d.data(), kTokens, kHidden, dtable.data());
-  EXPECT_LT(max_relative_error(to_vector(tout), out), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tdtable), dtable), 1e-5);
-  EXPECT_TRUE(any_nonzero(to_vector(tout)));
-  EXPECT_TRUE(any_nonzero(to_vector(tdtable)));
-}
-
 // A bf16 table gives bf16 rows (copied exactly, zeros for id -1); a bf16 gradient is
 // added in f32 onto the f32 table gradient.
 TEST(EmbeddingTest, Bf16OperandsComputeInF32) {

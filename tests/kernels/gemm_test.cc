@@ -187,33 +187,6 @@ TEST_F(GroupedMatmulTest, BackwardPairMatchesFiniteDifferences) {
   EXPECT_TRUE(any_nonzero(dw));
 }
 
-TEST_F(GroupedMatmulTest, FloatOpsMatchDoubleTemplates) {
-  const auto a_nt = random_vector<float>(rows_ * k_, 30);
-  const auto a_nn = random_vector<float>(rows_ * n_, 31);
-  const auto w = random_vector<float>(groups_ * n_ * k_, 32);
-  const auto dw0 = random_vector<float>(groups_ * n_ * k_, 33);
-  Tensor t_a_nt = to_tensor(a_nt, {rows_, k_}), t_a_nn = to_tensor(a_nn, {rows_, n_});
-  Tensor t_w = to_tensor(w, {groups_, n_, k_}), t_dw = to_tensor(dw0, {groups_, n_, k_});
-  Tensor t_sizes = to_tensor(sizes_);
-  Tensor out_nt = Tensor::empty({rows_, n_}), out_nn = Tensor::empty({rows_, k_});
-  grouped_matmul_nt(cpu_device(), t_a_nt, t_w, t_sizes, out_nt);
-  grouped_matmul_nn(cpu_device(), t_a_nn, t_w, t_sizes, out_nn);
-  grouped_matmul_tn_accumulate(cpu_device(), t_a_nn, t_a_nt, t_sizes, t_dw);
-
-  std::vector<double> ref_nt(rows_ * n_), ref_nn(rows_ * k_), ref_dw = to_double(dw0);
-  cpu::grouped_matmul_nt<double>(to_double(a_nt).data(), to_double(w).data(), sizes_.data(),
-                                 groups_, n_, k_, ref_nt.data());
-  cpu::grouped_matmul_nn<double>(to_double(a_nn).data(), to_double(w).data(), sizes_.data(),
-                                 groups_, n_, k_, ref_nn.data());
-  cpu::grouped_matmul_tn_accumulate<double>(to_double(a_nn).data(), to_double(a_nt).data(),
-                                            sizes_.data(), groups_, n_, k_, ref_dw.data());
-  EXPECT_LT(max_relative_error(to_vector(out_nt), ref_nt), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(out_nn), ref_nn), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(t_dw), ref_dw), 1e-5);
-  EXPECT_TRUE(any_nonzero(to_vector(out_nt)));
-  EXPECT_TRUE(any_nonzero(to_vector(out_nn)));
-}
-
 // Sizes adding up to fewer than the rows (a buffer sized for the most rows a routing plan
 // can keep): the rows past their sum are not written, and NaNs there are not read. More
 // rows than the buffer has are refused.

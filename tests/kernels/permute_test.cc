@@ -336,29 +336,6 @@ TEST(PermuteTest, CombineBackwardMatchesFiniteDifferences) {
   EXPECT_LT(max_relative_error(dweights, numeric(weights)), 1e-8);
 }
 
-TEST(PermuteTest, FloatCombineBackwardMatchesDoubleTemplate) {
-  const int64_t n = 31, hidden = 24;
-  const int k = 2, num_experts = 5;
-  const auto ids = random_routing(n, k, num_experts, 53);
-  const auto weights = random_vector<float>(n * k, 54, 0.0, 1.0);
-  const Plan p = plan(ids, weights, n, k, num_experts, -1);
-  const int64_t rows = n * k;
-  const auto yp = random_vector<float>(rows * hidden, 55);
-  const auto dy = random_vector<float>(n * hidden, 56);
-  Tensor dyp = Tensor::empty({rows, hidden});
-  Tensor dweights = Tensor::empty({n, k});
-  unpermute_combine_backward(cpu_device(), make_tensor({n, hidden}, dy),
-                             make_tensor({rows, hidden}, yp), make_tensor({n, k}, p.dest_rows),
-                             make_tensor({n, k}, weights), dyp, dweights);
-  const std::vector<double> yp_d(yp.begin(), yp.end()), dy_d(dy.begin(), dy.end()),
-      weights_d(weights.begin(), weights.end());
-  std::vector<double> dyp_d(rows * hidden), dweights_d(n * k);
-  cpu::unpermute_combine_backward(dy_d.data(), yp_d.data(), p.dest_rows.data(), weights_d.data(),
-                                  dyp_d.data(), dweights_d.data(), n, k, hidden, rows);
-  EXPECT_LT(max_relative_error(values_of<float>(dyp), dyp_d), 1e-6);
-  EXPECT_LT(max_relative_error(values_of<float>(dweights), dweights_d), 1e-6);
-}
-
 // Every element of the bf16 `actual` is the f32 `expected` rounded once.
 void expect_rounded(const Tensor& actual, const Tensor& expected) {
   ASSERT_EQ(actual.numel(), expected.numel());

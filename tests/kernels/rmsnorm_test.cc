@@ -36,10 +36,6 @@ std::vector<float> to_vector(const Tensor& t) {
   return std::vector<float>(p, p + t.numel());
 }
 
-std::vector<double> to_double(const std::vector<float>& v) {
-  return std::vector<double>(v.begin(), v.end());
-}
-
 std::vector<double> naive_rmsnorm(const std::vector<double>& x, const std::vector<double>& w) {
   std::vector<double> y(x.size());
   for (int64_t r = 0; r < kRows; ++r) {
@@ -94,32 +90,6 @@ TEST(RmsnormTest, BackwardMatchesFiniteDifferences) {
   EXPECT_LT(max_relative_error(dx, numeric(x, std::vector<double>(x.size()))), 1e-6);
   EXPECT_LT(max_relative_error(dw, numeric(w, dw0)), 1e-6);
   EXPECT_TRUE(any_nonzero(dx));
-}
-
-TEST(RmsnormTest, FloatOpMatchesDoubleTemplate) {
-  const auto x = random_vector<float>(kRows * kDim, 7, -2, 2);
-  const auto w = random_vector<float>(kDim, 8, 0.5, 1.5);
-  const auto gy = random_vector<float>(kRows * kDim, 9);
-  const auto dw0 = random_vector<float>(kDim, 10);
-  Tensor tx = to_tensor(x, {kRows, kDim}), tw = to_tensor(w, {kDim});
-  Tensor tgy = to_tensor(gy, {kRows, kDim}), tdw = to_tensor(dw0, {kDim});
-  Tensor ty = Tensor::empty({kRows, kDim}), trstd = Tensor::empty({kRows});
-  Tensor tdx = Tensor::empty({kRows, kDim});
-  rmsnorm_forward(cpu_device(), tx, tw, kEps, ty, trstd);
-  rmsnorm_backward(cpu_device(), tgy, tx, tw, trstd, tdx, tdw);
-
-  const auto xd = to_double(x), wd = to_double(w), gyd = to_double(gy);
-  std::vector<double> y(x.size()), rstd(kRows), dx(x.size());
-  auto dw = to_double(dw0);
-  cpu::rmsnorm_forward<double>(xd.data(), wd.data(), kEps, kRows, kDim, y.data(), rstd.data());
-  cpu::rmsnorm_backward<double>(gyd.data(), xd.data(), wd.data(), rstd.data(), kRows, kDim,
-                                dx.data(), dw.data());
-  EXPECT_LT(max_relative_error(to_vector(ty), y), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(trstd), rstd), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tdx), dx), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tdw), dw), 1e-5);
-  EXPECT_TRUE(any_nonzero(to_vector(ty)));
-  EXPECT_TRUE(any_nonzero(to_vector(tdx)));
 }
 
 // Enough work for the parallel loops; one thread and several must agree bit for bit.

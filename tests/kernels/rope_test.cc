@@ -87,56 +87,6 @@ TEST(RopeTest, ForwardMatchesRotateHalf) {
   EXPECT_TRUE(any_nonzero(x));
 }
 
-TEST(RopeTest, BackwardMatchesFiniteDifferences) {
-  auto x = random_vector<double>(kNumel, 2);
-  const auto gy = random_vector<double>(kNumel, 3);
-  std::vector<double> table(kSeq * kHeadDim);
-  cpu::rope_table<double>(kSeq, kHeadDim, kTheta, table.data());
-  auto loss = [&] {
-    auto y = x;
-    cpu::rope_forward<double>(table.data(), y.data(), kBatch, kSeq, kHeads, kHeadDim);
-    double l = 0;
-    for (size_t i = 0; i < y.size(); ++i) l += gy[i] * y[i];
-    return l;
-  };
-  auto dx = gy;
-  cpu::rope_backward<double>(table.data(), dx.data(), kBatch, kSeq, kHeads, kHeadDim);
-  const double eps = 1e-6;
-  std::vector<double> numeric(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + eps;
-    const double up = loss();
-    x[i] = saved - eps;
-    const double down = loss();
-    x[i] = saved;
-    numeric[i] = (up - down) / (2 * eps);
-  }
-  EXPECT_LT(max_relative_error(dx, numeric), 1e-6);
-  EXPECT_TRUE(any_nonzero(dx));
-}
-
-TEST(RopeTest, FloatOpMatchesDoubleTemplate) {
-  const auto x = random_vector<float>(kNumel, 4);
-  const auto gy = random_vector<float>(kNumel, 5);
-  // A table longer than the sequence is fine: positions index its first rows.
-  Tensor table = rope_table(kSeq + 5, kHeadDim, kTheta);
-  Tensor tx = to_tensor(x, {kBatch, kSeq, kHeads, kHeadDim});
-  Tensor tgy = to_tensor(gy, {kBatch, kSeq, kHeads, kHeadDim});
-  rope_forward(cpu_device(), table, tx);
-  rope_backward(cpu_device(), table, tgy);
-
-  std::vector<double> dtable((kSeq + 5) * kHeadDim);
-  cpu::rope_table<double>(kSeq + 5, kHeadDim, kTheta, dtable.data());
-  std::vector<double> y(x.begin(), x.end()), dx(gy.begin(), gy.end());
-  cpu::rope_forward<double>(dtable.data(), y.data(), kBatch, kSeq, kHeads, kHeadDim);
-  cpu::rope_backward<double>(dtable.data(), dx.data(), kBatch, kSeq, kHeads, kHeadDim);
-  EXPECT_LT(max_relative_error(to_vector(tx), y), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tgy), dx), 1e-5);
-  EXPECT_TRUE(any_nonzero(to_vector(tx)));
-  EXPECT_TRUE(any_nonzero(to_vector(tgy)));
-}
-
 TEST(RopeTest, BackwardUndoesForward) {
   auto x = random_vector<double>(kNumel, 6);
   const auto original = x;

@@ -78,51 +78,6 @@ TEST(SwigluTest, ForwardStableForLargeMagnitudes) {
   EXPECT_DOUBLE_EQ(dgate_up[3], 2.0);
 }
 
-TEST(SwigluTest, BackwardMatchesFiniteDifferences) {
-  const int64_t rows = 3, inter = 5;
-  auto gate_up = random_vector<double>(rows * 2 * inter, 2, -3.0, 3.0);
-  const auto dout = random_vector<double>(rows * inter, 3);
-  std::vector<double> grad(gate_up.size());
-  cpu::swiglu_backward(dout.data(), gate_up.data(), grad.data(), rows, inter);
-
-  auto loss = [&]() {
-    std::vector<double> out(rows * inter);
-    cpu::swiglu_forward(gate_up.data(), out.data(), rows, inter);
-    double l = 0;
-    for (size_t i = 0; i < out.size(); ++i) l += dout[i] * out[i];
-    return l;
-  };
-  const double h = 1e-6;
-  std::vector<double> numeric(gate_up.size());
-  for (size_t i = 0; i < gate_up.size(); ++i) {
-    const double x = gate_up[i];
-    gate_up[i] = x + h;
-    const double plus = loss();
-    gate_up[i] = x - h;
-    const double minus = loss();
-    gate_up[i] = x;
-    numeric[i] = (plus - minus) / (2 * h);
-  }
-  EXPECT_TRUE(any_nonzero(grad));
-  EXPECT_LT(max_relative_error(grad, numeric), 1e-7);
-}
-
-TEST(SwigluTest, FloatBackwardMatchesDoubleTemplate) {
-  const int64_t rows = 9, inter = 11;
-  const auto gate_up = random_vector<float>(rows * 2 * inter, 4, -4.0, 4.0);
-  const auto dout = random_vector<float>(rows * inter, 5);
-  Tensor gu = make_tensor({rows, 2 * inter}, gate_up);
-  Tensor d = make_tensor({rows, inter}, dout);
-  Tensor dgu = Tensor::empty({rows, 2 * inter});
-  swiglu_backward(cpu_device(), d, gu, dgu);
-
-  const auto gate_up_d = to_double(gate_up);
-  const auto dout_d = to_double(dout);
-  std::vector<double> expected(gate_up.size());
-  cpu::swiglu_backward(dout_d.data(), gate_up_d.data(), expected.data(), rows, inter);
-  EXPECT_LT(max_relative_error(values_of(dgu), expected), 1e-5);
-}
-
 // bf16 operands run the f32 op on their widened values and round each output once.
 TEST(SwigluTest, Bf16OperandsComputeInF32) {
   const int64_t rows = 9, inter = 11;

@@ -1,0 +1,820 @@
+// The entries of the op table (tests/ops/op_table.h), one per op.
+#include "tests/ops/op_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iterator>
+#include <limits>
+
+#include "engine/runtime/rng.h"
+#include "kernels/adamw.h"
+#include "kernels/convert.h"
+#include "kernels/cpu/adamw.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/permute.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/permute.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#include "tests/bf16_test_util.h"
+#include "tests/tensor_test_util.h"
+
+namespace switchyard::testing {
+
+OpResult result(const std::string& name, const Tensor& t, Match match) {
+  return OpResult{name, match, t.dtype(), false, as_doubles(t)};
+}
+
+OpResult result(const std::string& name, const std::vector<double>& sums) {
+  return OpResult{name, Match::kClose, DType::kF32, true, sums};
+}
+
+Tensor OpRun::written(const Shape& shape, DType dtype) const {
+  return poisoned(device_, shape, dtype);
+}
+
+Tensor OpRun::updated(size_t i) const {
+  const Tensor& source = in(i);
+  Tensor copy = Tensor::empty(source.shape(), source.dtype(), MemoryKind::kOther, source.device());
+  copy.copy_from(source);
+  return copy;
+}
+
+// Rounded to nearest even in double arithmetic: a quantum of 2^(e - 8) for x = m 2^e
+// (8 significant bits), 2^-133 below the normal range (bf16's subnormals); past the
+// largest bf16 an infinity.
+double bf16_rounded(double x) {
+  if (!std::isfinite(x)) return x;
+  int e = 0;
+  std::frexp(x, &e);
+  const double quantum = std::ldexp(1.0, std::max(e - 8, -133));
+  const double rounded = std::nearbyint(x / quantum) * quantum;
+  const double largest = std::ldexp(255.0 / 128.0, 127);
+  return std::abs(rounded) > largest ? std::copysign(INFINITY, x) : rounded;
+}
+
+double stored(double x, DType dtype) {
+  if (dtype == DType::kBF16) return bf16_rounded(x);
+  return dtype == DType::kF32 ? static_cast<double>(static_cast<float>(x)) : x;
+}
+
+namespace {
+
+constexpr DType kF32 = DType::kF32;
+constexpr DType kBF16 = DType::kBF16;
+
+// Both operand dtypes of an op with two, in every combination.
+const std::vector<std::vector<DType>> kTwoDtypes = {
+    {kF32, kF32}, {kF32, kBF16}, {kBF16, kF32}, {kBF16, kBF16}};
+const std::vector<std::vector<DType>> kOneDtype = {{kF32}, {kBF16}};
+
+// A host input of `shape` in `dtype`: uniform fractions in [lo, hi), or integers in
+// [lo, hi] for a case with integer inputs.
+Tensor input(const Shape& shape, DType dtype, uint64_t seed, const OpCase& c, double lo = -1.0,
+             double hi = 1.0) {
+  const Tensor f = c.integers ? integer_tensor(shape, seed, static_cast<int>(lo), static_cast<int>(hi))
+                              : random_tensor(shape, seed, lo, hi);
+  return to_dtype(f, dtype);
+}
+
+// The inputs of products and long sums: integers in [-4, 4], or fractions in [-1, 1),
+// whose f32 sums stay within the relative tolerance where they cancel.
+double value_range(const OpCase& c) { return c.integers ? 4 : 1; }
+
+// Writable copies of reference inputs, for templates that work in place.
+std::vector<double> copy(const std::vector<double>& v) { return v; }
+
+// y += alpha x and x *= alpha, each from the same inputs. The largest size runs past one
+// grid of GPU blocks, through the grid-stride loops.
+constexpr float kAddAlpha = 0.37f, kScaleAlpha = -1.7f;
+
+OpEntry add_and_scale() {
+  OpEntry e;
+  e.name = "add_and_scale";
+  e.dims = {{0}, {1}, {1000003}, {(int64_t{1} << 24) + 4099}};
+  e.dtypes = kOneDtype;
+  e.inputs = [](const OpCase& c) {
+    return std::vector<Tensor>{input(c.dims, c.dtypes[0], 1, c), input(c.dims, c.dtypes[0], 2, c, -3, 3)};
+  };
+  e.run = [](const OpRun& r, const OpCase&) {
+    Tensor sum = r.updated(0), scaled = r.updated(0);
+    add_(r.device(), sum, r.in(1), kAddAlpha);
+    scale_(r.device(), scaled, kScaleAlpha);
+    return std::vector<OpResult>{result("y + alpha x", sum), result("alpha y", scaled)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    std::vector<double> sum = copy(in[0]), scaled = copy(in[0]);
+    cpu::add<double>(sum.data(), in[1].data(), kAddAlpha, c.dims[0]);
+    cpu::scale<double>(scaled.data(), kScaleAlpha, c.dims[0]);
+    return Values{sum, scaled};
+  };
+  return e;
+}
+
+// dims (rows, n): rows around the GPU's column-sum chunking (one, a partial chunk, many
+// chunks). dtypes (y and dy, bias); dbias is f32, accumulated onto.
+OpEntry bias() {
+  OpEntry e;
+  e.name = "bias";
+  e.dims = {{0, 77}, {1, 77}, {33, 77}, {1000, 77}, {70001, 77}};
+  e.dtypes = kTwoDtypes;
+  e.inputs = [](const OpCase& c) {
+    const int64_t rows = c.dims[0], n = c.dims[1];
+    return std::vector<Tensor>{input({rows, n}, c.dtypes[0], 3, c), input({n}, c.dtypes[1], 4, c),
+                               input({rows, n}, c.dtypes[0], 5, c), input({n}, kF32, 6, c)};
+  };
+  e.run = [](const OpRun& r, const OpCase&) {
+    Tensor y = r.updated(0), dbias = r.updated(3);
+    add_bias_(r.device(), y, r.in(1));
+    bias_backward(r.device(), r.in(2), dbias);
+    return std::vector<OpResult>{result("y + bias", y), result("dbias", dbias, Match::kSum)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    std::vector<double> y = copy(in[0]), dbias = copy(in[3]);
+    cpu::add_bias<double>(y.data(), in[1].data(), c.dims[0], c.dims[1]);
+    cpu::bias_backward<double>(in[2].data(), dbias.data(), c.dims[0], c.dims[1]);
+    return Values{y, dbias};
+  };
+  e.gradient_dims = {3, 5};
+  e.loss_result = 0;
+  e.upstream = 2;
+  e.gradients = {{1, 1, 3}};
+  return e;
+}
+
+// y[r] += sigmoid(g[r]) x[r] and its backward. dims (rows, n); dtypes (x, y, dy and dx;
+// g and dg). The gates span the sigmoid's saturation.
+OpEntry sigmoid_gate() {
+  OpEntry e;
+  e.name = "sigmoid_gate";
+  e.dims = {{0, 129}, {1, 129}, {37, 129}, {300, 129}, {33, 77}, {1000, 77}, {70001, 77}};
+  e.dtypes = kTwoDtypes;
+  e.inputs = [](const OpCase& c) {
+    const int64_t rows = c.dims[0], n = c.dims[1];
+    return std::vector<Tensor>{input({rows, n}, c.dtypes[0], 7, c),
+                               input({rows, 1}, c.dtypes[1], 8, c, -6, 6),
+                               input({rows, n}, c.dtypes[0], 9, c),
+                               input({rows, n}, c.dtypes[0], 10, c)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    const int64_t rows = c.dims[0], n = c.dims[1];
+    Tensor y = r.updated(2);
+    sigmoid_gate_forward(r.device(), r.in(0), r.in(1), y);
+    Tensor dx = r.written({rows, n}, c.dtypes[0]), dg = r.written({rows, 1}, c.dtypes[1]);
+    sigmoid_gate_backward(r.device(), r.in(3), r.in(0), r.in(1), dx, dg);
+    return std::vector<OpResult>{result("y", y), result("dx", dx), result("dg", dg, Match::kSum)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    const int64_t rows = c.dims[0], n = c.dims[1];
+    std::vector<double> y = copy(in[2]), dx(rows * n), dg(rows);
+    cpu::sigmoid_gate_forward<double>(in[0].data(), in[1].data(), y.data(), rows, n);
+    cpu::sigmoid_gate_backward<double>(in[3].data(), in[0].data(), in[1].data(), dx.data(),
+                                       dg.data(), rows, n);
+    return Values{y, dx, dg};
+  };
+  e.gradient_dims = {3, 5};
+  e.loss_result = 0;
+  e.upstream = 3;
+  e.gradients = {{0, 1}, {1, 2}};
+  return e;
+}
+
+// Sums of squares of a list of tensors (dims: their sizes) at once, and of each alone:
+// the same kernels, so the same sums bit for bit.
+OpEntry sum_squares_entry() {
+  OpEntry e;
+  e.name = "sum_squares";
+  e.dims = {{0}, {1}, {257}, {5000011}, {257, 0, 1, 1000003, 64}};
+  e.dtypes = kOneDtype;
+  e.inputs = [](const OpCase& c) {
+    std::vector<Tensor> xs;
+    for (size_t i = 0; i < c.dims.size(); ++i)
+      xs.push_back(input({c.dims[i]}, c.dtypes[0], 20 + i, c, -3, 3));
+    return xs;
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    std::vector<Tensor> xs;
+    std::vector<double> each;
+    for (size_t i = 0; i < c.dims.size(); ++i) {
+      xs.push_back(r.in(i));
+      each.push_back(sum_squares(r.device(), r.in(i)));
+    }
+    return std::vector<OpResult>{result("together", sum_squares(r.device(), xs)),
+                                 result("each alone", each)};
+  };
+  e.reference = [](const Values& in, const OpCase&) {
+    std::vector<double> sums;
+    for (const std::vector<double>& x : in)
+      sums.push_back(cpu::sum_squares<double>(x.data(), static_cast<int64_t>(x.size())));
+    return Values{sums, sums};
+  };
+  e.invariant = [](const std::vector<OpResult>& results) {
+    EXPECT_EQ(results[0].values, results[1].values) << "sums together and alone differ";
+  };
+  return e;
+}
+
+// dims (rows, dim): dims below, above and far above a GPU block; more rows than one grid
+// of blocks; no rows. dtypes (activations, weight); rstd and dweight are f32, dweight
+// accumulated onto.
+constexpr float kRmsEps = 1e-6f;
+
+OpEntry rmsnorm() {
+  OpEntry e;
+  e.name = "rmsnorm";
+  e.dims = {{67, 300}, {3, 4099}, {1, 1}, {70001, 8}, {0, 16}};
+  e.dtypes = kTwoDtypes;
+  e.inputs = [](const OpCase& c) {
+    const int64_t rows = c.dims[0], dim = c.dims[1];
+    return std::vector<Tensor>{input({rows, dim}, c.dtypes[0], 11, c, -2, 2),
+                               input({dim}, c.dtypes[1], 12, c, 0.5, 1.5),
+                               input({rows, dim}, c.dtypes[0], 13, c), input({dim}, kF32, 14, c)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    const int64_t rows = c.dims[0], dim = c.dims[1];
+    Tensor y = r.written({rows, dim}, c.dtypes[0]), rstd = r.written({rows});
+    rmsnorm_forward(r.device(), r.in(0), r.in(1), kRmsEps, y, rstd);
+    Tensor dx = r.written({rows, dim}, c.dtypes[0]), dweight = r.updated(3);
+    rmsnorm_backward(r.device(), r.in(2), r.in(0), r.in(1), rstd, dx, dweight);
+    return std::vector<OpResult>{result("y", y), result("rstd", rstd), result("dx", dx),
+                                 result("dweight", dweight, Match::kSum)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    const int64_t rows = c.dims[0], dim = c.dims[1];
+    std::vector<double> y(rows * dim), rstd(rows), dx(rows * dim), dweight = copy(in[3]);
+    cpu::rmsnorm_forward<double>(in[0].data(), in[1].data(), kRmsEps, rows, dim, y.data(),
+                                 rstd.data());
+    cpu::rmsnorm_backward<double>(in[2].data(), in[0].data(), in[1].data(), rstd.data(), rows, dim,
+                                  dx.data(), dweight.data());
+    return Values{y, rstd, dx, dweight};
+  };
+  e.gradient_dims = {3, 7};
+  e.loss_result = 0;
+  e.upstream = 2;
+  e.gradients = {{0, 2}, {1, 3, 3}};
+  return e;
+}
+
+// dims (rows, I): gate_up (rows, 2I) over the sigmoid's range, out (rows, I).
+OpEntry swiglu() {
+  OpEntry e;
+  e.name = "swiglu";
+  e.dims = {{0, 129}, {1, 129}, {37, 129}, {1000, 129}};
+  e.dtypes = kOneDtype;
+  e.inputs = [](const OpCase& c) {
+    const int64_t rows = c.dims[0], inter = c.dims[1];
+    return std::vector<Tensor>{input({rows, 2 * inter}, c.dtypes[0], 15, c, -8, 8),
+                               input({rows, inter}, c.dtypes[0], 16, c)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    const int64_t rows = c.dims[0], inter = c.dims[1];
+    Tensor out = r.written({rows, inter}, c.dtypes[0]);
+    swiglu_forward(r.device(), r.in(0), out);
+    Tensor dgate_up = r.written({rows, 2 * inter}, c.dtypes[0]);
+    swiglu_backward(r.device(), r.in(1), r.in(0), dgate_up);
+    return std::vector<OpResult>{result("out", out), result("dgate_up", dgate_up)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    const int64_t rows = c.dims[0], inter = c.dims[1];
+    std::vector<double> out(rows * inter), dgate_up(rows * 2 * inter);
+    cpu::swiglu_forward<double>(in[0].data(), out.data(), rows, inter);
+    cpu::swiglu_backward<double>(in[1].data(), in[0].data(), dgate_up.data(), rows, inter);
+    return Values{out, dgate_up};
+  };
+  e.gradient_dims = {3, 5};
+  e.loss_result = 0;
+  e.upstream = 1;
+  e.gradients = {{0, 1}};
+  return e;
+}
+
+// dims (batch, seq, heads, head_dim); the f32 table covers more positions than the
+// sequence. x rotated forward, dy backward.
+constexpr float kRopeTheta = 10000.0f;
+
+OpEntry rope() {
+  OpEntry e;
+  e.name = "rope";
+  e.dims = {{2, 37, 3, 66}, {1, 5, 1, 2}, {3, 129, 4, 128}, {0, 4, 2, 8}};
+  e.dtypes = kOneDtype;
+  e.inputs = [](const OpCase& c) {
+    return std::vector<Tensor>{input(c.dims, c.dtypes[0], 17, c), input(c.dims, c.dtypes[0], 18, c)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    const Tensor table = rope_table(c.dims[1] + 3, c.dims[3], kRopeTheta).to(r.device());
+    Tensor y = r.updated(0), dx = r.updated(1);
+    rope_forward(r.device(), table, y);
+    rope_backward(r.device(), table, dx);
+    return std::vector<OpResult>{result("y", y), result("dx", dx)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    const int64_t b = c.dims[0], s = c.dims[1], h = c.dims[2], d = c.dims[3];
+    std::vector<double> table((s + 3) * d);
+    cpu::rope_table<double>(s + 3, d, kRopeTheta, table.data());
+    std::vector<double> y = copy(in[0]), dx = copy(in[1]);
+    cpu::rope_forward<double>(table.data(), y.data(), b, s, h, d);
+    cpu::rope_backward<double>(table.data(), dx.data(), b, s, h, d);
+    return Values{y, dx};
+  };
+  e.gradient_dims = {2, 3, 2, 4};
+  e.loss_result = 0;
+  e.upstream = 1;
+  e.gradients = {{0, 1}};
+  return e;
+}
+
+// Token ids with many repeats (most from the first 20), so the gradient adds several
+// rows into the same table rows; the last id of the vocabulary appears, and so does -1
+// (a row held elsewhere: a zero row, no gradient).
+Tensor token_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  const int frequent = static_cast<int>(std::min<int64_t>(vocab, 20)) - 1;
+  std::vector<int32_t> ids = random_integers<int32_t>(n, seed, 0, frequent);
+  const std::vector<int32_t> any =
+      random_integers<int32_t>(n, seed + 1, 0, static_cast<int>(vocab - 1));
+  for (int64_t t = 0; t < n; t += 7) ids[t] = any[t];
+  for (int64_t t = 3; t < n; t += 11) ids[t] = -1;
+  if (n > 0) ids[n - 1] = static_cast<int32_t>(vocab - 1);
+  return host_tensor({n}, ids);
+}
+
+std::vector<int32_t> as_ids(const std::vector<double>& v) {
+  return std::vector<int32_t>(v.begin(), v.end());
+}
+
+// dims (tokens, vocab, hidden); dtypes (table, out and dout); dtable is f32, accumulated
+// onto. The GPU adds each id's rows in the CPU's pieces of 32 sorted positions (at 5000
+// tokens the frequent ids run over a dozen pieces), the additions the CPU makes, so
+// even random fractions agree bit for bit; integers check it apart from that order.
+OpEntry embedding() {
+  OpEntry e;
+  e.name = "embedding";
+  e.dims = {{0, 101, 300}, {1, 101, 300}, {257, 101, 300}, {5000, 101, 300}};
+  e.dtypes = kOneDtype;
+  e.integers = {false, true};
+  e.inputs = [](const OpCase& c) {
+    const int64_t n = c.dims[0], vocab = c.dims[1], hidden = c.dims[2];
+    return std::vector<Tensor>{token_ids(n, vocab, 19), input({vocab, hidden}, c.dtypes[0], 20, c, -9, 9),
+                               input({n, hidden}, c.dtypes[0], 21, c, -9, 9),
+                               input({vocab, hidden}, kF32, 22, c, -9, 9)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    Tensor out = r.written({c.dims[0], c.dims[2]}, c.dtypes[0]), dtable = r.updated(3);
+    embedding_forward(r.device(), r.in(0), r.in(1), out);
+    embedding_backward(r.device(), r.in(0), r.in(2), dtable);
+    return std::vector<OpResult>{result("out", out, Match::kExact),
+                                 result("dtable", dtable, Match::kExactSum)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    const int64_t n = c.dims[0], hidden = c.dims[2];
+    const std::vector<int32_t> ids = as_ids(in[0]);
+    std::vector<double> out(n * hidden), dtable = copy(in[3]);
+    cpu::embedding_forward<double>(ids.data(), in[1].data(), n, hidden, out.data());
+    cpu::embedding_backward<double>(ids.data(), in[2].data(), n, hidden, dtable.data());
+    return Values{out, dtable};
+  };
+  e.gradient_dims = {40, 9, 4};
+  e.loss_result = 0;
+  e.upstream = 2;
+  e.gradients = {{1, 1, 3}};
+  return e;
+}
+
+// dims (values, counts): f32 values (ties, subnormals, overflow to infinity, NaN among
+// them) narrowed to bf16 and widened back; i32 counts widened to f32 (exact up to 2^24),
+// more than one GPU launch's grid of them.
+constexpr size_t kNegativeZero = 7;  // the place of 0x80000000 among the special values
+
+OpEntry convert_entry() {
+  OpEntry e;
+  e.name = "convert";
+  e.dims = {{100003, 300001}, {0, 0}, {1, 1}};
+  e.dtypes = {{kF32}};
+  e.inputs = [](const OpCase& c) {
+    std::vector<float> values = random_vector<float>(c.dims[0], 23, -1e4, 1e4);
+    const uint32_t specials[] = {0x3F808000, 0x3F818000, 0x3F808001, 0x00018000, 0x7F7FFFFF,
+                                 0x7F800000, 0xFF800000, 0x80000000, 0x7FC00000, 0x7F800001};
+    for (size_t i = 0; i < std::size(specials) && i < values.size(); ++i)
+      std::memcpy(&values[i], &specials[i], sizeof(float));
+    std::vector<int32_t> counts(c.dims[1]);
+    for (size_t i = 0; i < counts.size(); ++i)
+      counts[i] = static_cast<int32_t>(i * 53 % 16777217) - 7;
+    return std::vector<Tensor>{host_tensor({c.dims[0]}, values), host_tensor({c.dims[1]}, counts)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    Tensor narrow = r.written({c.dims[0]}, kBF16), wide = r.written({c.dims[0]}),
+           counts = r.written({c.dims[1]});
+    convert(r.device(), r.in(0), narrow);
+    convert(r.device(), narrow, wide);
+    convert(r.device(), r.in(1), counts);
+    return std::vector<OpResult>{result("bf16", narrow, Match::kExact),
+                                 result("widened", wide, Match::kExact),
+                                 result("counts", counts, Match::kExact)};
+  };
+  e.reference = [](const Values& in, const OpCase&) {
+    std::vector<double> narrow;
+    for (double x : in[0]) narrow.push_back(bf16_rounded(x));
+    return Values{narrow, narrow, in[1]};
+  };
+  e.tol = Tolerance{0, 0, 0, 0};
+  // A zero keeps its sign both ways (the comparisons let -0 match +0).
+  e.invariant = [](const std::vector<OpResult>& results) {
+    if (results[0].values.size() <= kNegativeZero) return;
+    EXPECT_TRUE(std::signbit(results[0].values[kNegativeZero]));
+    EXPECT_TRUE(std::signbit(results[1].values[kNegativeZero]));
+  };
+  return e;
+}
+
+// AdamW: three single-tensor steps per tensor (the bias corrections change, so errors
+// would compound), then one multi-tensor step of all of them in one launch with bf16
+// working copies, every tensor but the third decayed. dims: the tensors' sizes (spanning
+// several of the GPU's 64K chunks, and empty). Inputs per tensor: param, three
+// gradients, exp_avg, exp_avg_sq.
+constexpr int kAdamInputs = 6;
+constexpr float kGradScale = 0.5f;
+const AdamWHyper kAdam{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
+
+void reference_adamw(std::vector<double>& p, const std::vector<double>& g, std::vector<double>& m,
+                     std::vector<double>& v, int64_t step, bool decay) {
+  cpu::adamw_step<double>(p.data(), g.data(), m.data(), v.data(), static_cast<int64_t>(p.size()),
+                          kAdam.lr, kAdam.beta1, kAdam.beta2, kAdam.eps,
+                          decay ? kAdam.weight_decay : 0.0f, step, kGradScale);
+}
+
+AdamWHyper adam_at(int64_t step) {
+  AdamWHyper h = kAdam;
+  h.step = step;
+  return h;
+}
+
+OpEntry adamw() {
+  OpEntry e;
+  e.name = "adamw";
+  e.dims = {{0}, {1}, {100003}, {200001, 0, 7, 65536}};
+  e.dtypes = {{kF32}};
+  e.inputs = [](const OpCase& c) {
+    std::vector<Tensor> in;
+    for (size_t t = 0; t < c.dims.size(); ++t) {
+      const Shape shape{c.dims[t]};
+      const uint64_t seed = 100 + 10 * t;
+      in.push_back(input(shape, kF32, seed, c));
+      for (int s = 1; s <= 3; ++s) in.push_back(input(shape, kF32, seed + s, c, -2, 2));
+      in.push_back(input(shape, kF32, seed + 4, c, -0.1, 0.1));
+      in.push_back(input(shape, kF32, seed + 5, c, 0.01, 0.2));
+    }
+    return in;
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    std::vector<OpResult> results;
+    const size_t count = c.dims.size();
+    std::vector<Tensor> p, m, v, work;
+    std::vector<AdamWUpdate> updates;
+    for (size_t t = 0; t < count; ++t) {
+      const size_t at = kAdamInputs * t;
+      Tensor param = r.updated(at), exp_avg = r.updated(at + 4), exp_avg_sq = r.updated(at + 5);
+      for (int s = 1; s <= 3; ++s)
+        adamw_step(r.device(), adam_at(s), kGradScale, param, r.in(at + s), exp_avg, exp_avg_sq);
+      results.push_back(result("param", param));
+      results.push_back(result("exp_avg", exp_avg));
+      results.push_back(result("exp_avg_sq", exp_avg_sq));
+      p.push_back(r.updated(at));
+      m.push_back(r.updated(at + 4));
+      v.push_back(r.updated(at + 5));
+      work.push_back(r.written({c.dims[t]}, kBF16));
+    }
+    for (size_t t = 0; t < count; ++t) {
+      const size_t at = kAdamInputs * t;
+      updates.push_back(AdamWUpdate{&p[t], &r.in(at + 1), &m[t], &v[t], t != 2, &work[t]});
+    }
+    adamw_step(r.device(), adam_at(4), kGradScale, updates);
+    for (size_t t = 0; t < count; ++t) {
+      results.push_back(result("multi-tensor param", p[t]));
+      results.push_back(result("multi-tensor exp_avg", m[t]));
+      results.push_back(result("multi-tensor exp_avg_sq", v[t]));
+      results.push_back(result("multi-tensor bf16 copy", work[t]));
+    }
+    return results;
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    Values single, multi;
+    for (size_t t = 0; t < c.dims.size(); ++t) {
+      const size_t at = kAdamInputs * t;
+      std::vector<double> p = copy(in[at]), m = copy(in[at + 4]), v = copy(in[at + 5]);
+      for (int s = 1; s <= 3; ++s) reference_adamw(p, in[at + s], m, v, s, true);
+      single.insert(single.end(), {p, m, v});
+      p = copy(in[at]);
+      m = copy(in[at + 4]);
+      v = copy(in[at + 5]);
+      reference_adamw(p, in[at + 1], m, v, 4, t != 2);
+      multi.insert(multi.end(), {p, m, v, p});
+    }
+    single.insert(single.end(), multi.begin(), multi.end());
+    return single;
+  };
+  return e;
+}
+
+
+// c = op(a) op(b), written over the poison; 2 op(a) op(b) - c, reading c; and the
+// product added onto minus itself as the CPU stores it (a result holding the product's
+// rounding residue, which a product rounded to bf16 before the sum loses; bounded at
+// 1e-3, finer than a bf16 rounding of the product). dims (batch, m, n, k, trans_a,
+// trans_b): a of rank 3 when batch > 1 (read as batch m rows), and an empty inner
+// dimension (only the beta scaling). dtypes (a and b, c); f32 operands with a bf16
+// result are refused. Inputs: a, b, c, minus the stored product.
+OpEntry matmul_entry() {
+  OpEntry e;
+  e.name = "matmul";
+  e.dims = {{1, 37, 65, 129, 0, 0}, {1, 37, 65, 129, 0, 1}, {1, 37, 65, 129, 1, 0},
+            {1, 37, 65, 129, 1, 1}, {2, 19, 17, 33, 0, 1},  {1, 5, 7, 0, 0, 0}};
+  e.dtypes = {{kF32, kF32}, {kBF16, kF32}, {kBF16, kBF16}};
+  e.integers = {true, false};
+  const auto shapes = [](const OpCase& c) {
+    const int64_t batch = c.dims[0], m = c.dims[1], n = c.dims[2], k = c.dims[3];
+    const bool trans_a = c.dims[4] != 0, trans_b = c.dims[5] != 0;
+    const Shape a = trans_a ? Shape{k, m} : batch > 1 ? Shape{batch, m, k} : Shape{m, k};
+    const Shape b = trans_b ? Shape{n, k} : Shape{k, n};
+    const Shape out = batch > 1 ? Shape{batch, m, n} : Shape{m, n};
+    return std::vector<Shape>{a, b, out};
+  };
+  e.inputs = [shapes](const OpCase& c) {
+    const std::vector<Shape> s = shapes(c);
+    const double r = value_range(c);
+    const bool trans_a = c.dims[4] != 0, trans_b = c.dims[5] != 0;
+    const Tensor a = input(s[0], c.dtypes[0], 24, c, -r, r), b = input(s[1], c.dtypes[0], 25, c, -r, r);
+    Tensor minus_product = Tensor::empty(s[2], c.dtypes[1]);
+    matmul(cpu_device(), a, trans_a, b, trans_b, minus_product);
+    scale_(cpu_device(), minus_product, -1.0f);
+    return std::vector<Tensor>{a, b, input(s[2], c.dtypes[1], 26, c, -r, r), minus_product};
+  };
+  e.run = [shapes](const OpRun& r, const OpCase& c) {
+    const bool trans_a = c.dims[4] != 0, trans_b = c.dims[5] != 0;
+    Tensor product = r.written(shapes(c)[2], c.dtypes[1]), acc = r.updated(2), residue = r.updated(3);
+    matmul(r.device(), r.in(0), trans_a, r.in(1), trans_b, product);
+    matmul(r.device(), r.in(0), trans_a, r.in(1), trans_b, acc, 2.0f, -1.0f);
+    matmul(r.device(), r.in(0), trans_a, r.in(1), trans_b, residue, 1.0f, 1.0f);
+    OpResult own_rounding = result("a b - stored a b", residue);
+    own_rounding.tol = 1e-3;
+    return std::vector<OpResult>{result("a b", product), result("2 a b - c", acc), own_rounding};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    const int64_t m = c.dims[0] * c.dims[1], n = c.dims[2], k = c.dims[3];
+    const bool trans_a = c.dims[4] != 0, trans_b = c.dims[5] != 0;
+    std::vector<double> product(m * n), acc = copy(in[2]), residue = copy(in[3]);
+    const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+    cpu::gemm<double>(trans_a, trans_b, m, n, k, 1.0, in[0].data(), lda, in[1].data(), ldb, 0.0,
+                      product.data(), n);
+    cpu::gemm<double>(trans_a, trans_b, m, n, k, 2.0, in[0].data(), lda, in[1].data(), ldb, -1.0,
+                      acc.data(), n);
+    cpu::gemm<double>(trans_a, trans_b, m, n, k, 1.0, in[0].data(), lda, in[1].data(), ldb, 1.0,
+                      residue.data(), n);
+    return Values{product, acc, residue};
+  };
+  return e;
+}
+
+// Grouped products over row blocks: out = a w[g]^T, out = a w[g], dw[g] += a^T b. dims:
+// the group sizes (empty groups first, inside and last; one group; all empty), n = 65,
+// k = 129; the sizes on the host for the first product and where the operands are for
+// the others. dtypes (a, b, w and out); dw is f32, accumulated onto.
+constexpr int64_t kGroupedN = 65, kGroupedK = 129;
+
+int64_t total_rows(const Shape& sizes) {
+  int64_t rows = 0;
+  for (int64_t s : sizes) rows += s;
+  return rows;
+}
+
+OpEntry grouped_matmul() {
+  OpEntry e;
+  e.name = "grouped_matmul";
+  e.dims = {{0, 5, 0, 37, 1, 33, 0}, {64}, {0, 0, 0}, {5, 0, 17, 1}};
+  e.dtypes = kOneDtype;
+  e.integers = {true, false};
+  e.inputs = [](const OpCase& c) {
+    const int64_t groups = static_cast<int64_t>(c.dims.size()), rows = total_rows(c.dims);
+    const std::vector<int32_t> sizes(c.dims.begin(), c.dims.end());
+    const DType d = c.dtypes[0];
+    const double r = value_range(c);
+    return std::vector<Tensor>{host_tensor({groups}, sizes),
+                               input({rows, kGroupedK}, d, 27, c, -r, r),
+                               input({groups, kGroupedN, kGroupedK}, d, 28, c, -r, r),
+                               input({rows, kGroupedN}, d, 29, c, -r, r),
+                               input({rows, kGroupedK}, d, 30, c, -r, r),
+                               input({groups, kGroupedN, kGroupedK}, kF32, 31, c, -r, r)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    const int64_t rows = total_rows(c.dims);
+    const DType d = c.dtypes[0];
+    Tensor out_n = r.written({rows, kGroupedN}, d), out_k = r.written({rows, kGroupedK}, d);
+    Tensor dw = r.updated(5);
+    grouped_matmul_nt(r.device(), r.in(1), r.in(2), r.in(0).on_host(), out_n);
+    grouped_matmul_nn(r.device(), r.in(3), r.in(2), r.in(0), out_k);
+    grouped_matmul_tn_accumulate(r.device(), r.in(3), r.in(4), r.in(0), dw);
+    return std::vector<OpResult>{result("a w^T", out_n), result("a w", out_k), result("dw", dw)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    const int64_t groups = static_cast<int64_t>(c.dims.size()), rows = total_rows(c.dims);
+    const std::vector<int32_t> sizes = as_ids(in[0]);
+    std::vector<double> out_n(rows * kGroupedN), out_k(rows * kGroupedK), dw = copy(in[5]);
+    cpu::grouped_matmul_nt<double>(in[1].data(), in[2].data(), sizes.data(), groups, kGroupedN,
+                                   kGroupedK, out_n.data());
+    cpu::grouped_matmul_nn<double>(in[3].data(), in[2].data(), sizes.data(), groups, kGroupedN,
+                                   kGroupedK, out_k.data());
+    cpu::grouped_matmul_tn_accumulate<double>(in[3].data(), in[4].data(), sizes.data(), groups,
+                                              kGroupedN, kGroupedK, dw.data());
+    return Values{out_n, out_k, dw};
+  };
+  return e;
+}
+
+
+// Top-k style routing over kExperts: k distinct experts per token, never experts 3 and 8
+// (so some groups are empty), and every 5th token's last assignment not sent (-1).
+constexpr int kExperts = 9;
+
+Tensor routing(int64_t n, int k, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> ids(n * k);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int32_t> experts = {0, 1, 2, 4, 5, 6, 7};
+    for (int j = 0; j < k; ++j) {
+      std::swap(experts[j], experts[j + rng.below(experts.size() - j)]);
+      ids[t * k + j] = experts[j];
+    }
+    if (t % 5 == 0) ids[t * k + k - 1] = -1;
+  }
+  return host_tensor({n, k}, ids);
+}
+
+// Router weights from a few values, so capacity decisions meet many ties, plus the
+// special values the ranking must order alike: NaN, -inf, +0 and -0.
+Tensor router_weights(int64_t n, int k, uint64_t seed) {
+  const float choices[] = {0.125f, 0.25f, 0.5f, 0.75f};
+  Rng rng(seed);
+  std::vector<float> w(n * k);
+  for (float& x : w) x = choices[rng.below(4)];
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(),
+                           -std::numeric_limits<float>::infinity(), 0.0f, -0.0f};
+  for (size_t i = 0; i < w.size(); i += 11) w[i] = special[(i / 11) % 4];
+  return host_tensor({n, k}, w);
+}
+
+// Combine weights: binary fractions, so weighted sums of integers are exact.
+Tensor combine_weights(int64_t n, int k, uint64_t seed) {
+  const float choices[] = {0.25f, 0.5f, -0.75f, 1.0f};
+  Rng rng(seed);
+  std::vector<float> w(n * k);
+  for (float& x : w) x = choices[rng.below(4)];
+  return host_tensor({n, k}, w);
+}
+
+int64_t sum_of(const std::vector<double>& counts) {
+  double rows = 0;
+  for (double c : counts) rows += c;
+  return static_cast<int64_t>(rows);
+}
+
+// The dispatch plan (counts on the device and on the host), the gather, the combine and
+// their backwards. dims (tokens, k, capacity): dropless; capacities that drop many, some
+// and none of the assignments, and all of them; a single unsent assignment; more
+// assignments than the blocks of one grid; empty batches. dtypes (the rows moved). The
+// combine reads a buffer with 3 rows past the plan's, which its backward must zero.
+// Inputs: ids, router weights, x, dx (accumulated onto), yp, dy, combine weights.
+constexpr int64_t kPermuteHidden = 129;
+
+OpEntry permute() {
+  OpEntry e;
+  e.name = "permute";
+  e.dims = {{301, 3, -1},  {301, 3, 17}, {301, 3, 80},     {301, 3, 1000}, {301, 3, 0},
+            {1, 1, -1},    {40000, 2, 5000}, {0, 2, -1}, {0, 2, 4}};
+  e.dtypes = kOneDtype;
+  e.integers = {true, false};
+  e.inputs = [](const OpCase& c) {
+    const int64_t n = c.dims[0], h = kPermuteHidden;
+    const int k = static_cast<int>(c.dims[1]);
+    const DType d = c.dtypes[0];
+    const double r = 2 * value_range(c);
+    return std::vector<Tensor>{routing(n, k, 1), router_weights(n, k, 2),
+                               input({n, h}, d, 3, c, -r, r), input({n, h}, d, 4, c, -r, r),
+                               input({n * k + 3, h}, d, 5, c, -r, r), input({n, h}, d, 7, c, -r, r),
+                               combine_weights(n, k, 6)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    const int64_t n = c.dims[0], k = c.dims[1], capacity = c.dims[2], h = kPermuteHidden;
+    const DType d = c.dtypes[0];
+    Tensor counts = r.written({kExperts}, DType::kI32), dest = r.written({n, k}, DType::kI32);
+    permute_plan(r.device(), r.in(0), r.in(1), kExperts, capacity, counts, dest);
+    Tensor host_counts = poisoned(cpu_device(), {kExperts}, DType::kI32);
+    Tensor dest_again = r.written({n, k}, DType::kI32);
+    permute_plan(r.device(), r.in(0), r.in(1), kExperts, capacity, host_counts, dest_again);
+    const int64_t rows = sum_of(as_doubles(host_counts));
+    Tensor xp = r.written({rows, h}, d), dx = r.updated(3), y = r.written({n, h}, d);
+    permute_gather(r.device(), r.in(2), dest, xp);
+    permute_gather_backward(r.device(), xp, dest, dx);
+    unpermute_combine(r.device(), r.in(4), dest, r.in(6), y);
+    Tensor dyp = r.written(r.in(4).shape(), d), dweights = r.written({n, k});
+    unpermute_combine_backward(r.device(), r.in(5), r.in(4), dest, r.in(6), dyp, dweights);
+    return std::vector<OpResult>{
+        result("tokens_per_expert", counts, Match::kExact), result("dest_rows", dest, Match::kExact),
+        result("tokens_per_expert on the host", host_counts, Match::kExact),
+        result("dest_rows again", dest_again, Match::kExact), result("xp", xp, Match::kExact),
+        result("dx", dx), result("y", y), result("dyp", dyp), result("dweights", dweights)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    const int64_t n = c.dims[0], capacity = c.dims[2], h = kPermuteHidden;
+    const int k = static_cast<int>(c.dims[1]);
+    const std::vector<int32_t> ids = as_ids(in[0]);
+    std::vector<int32_t> counts(kExperts), dest(n * k);
+    cpu::permute_plan<double>(ids.data(), in[1].data(), n, k, kExperts, capacity, counts.data(),
+                              dest.data());
+    const std::vector<double> count_values(counts.begin(), counts.end());
+    const std::vector<double> dest_values(dest.begin(), dest.end());
+    const int64_t rows = sum_of(count_values), buffer = n * k + 3;
+    std::vector<double> xp(rows * h), dx = copy(in[3]), y(n * h), dyp(buffer * h), dweights(n * k);
+    cpu::permute_gather<double>(in[2].data(), dest.data(), xp.data(), n, k, h);
+    cpu::permute_gather_backward<double>(xp.data(), dest.data(), dx.data(), n, k, h);
+    cpu::unpermute_combine<double>(in[4].data(), dest.data(), in[6].data(), y.data(), n, k, h);
+    cpu::unpermute_combine_backward<double>(in[5].data(), in[4].data(), dest.data(), in[6].data(),
+                                            dyp.data(), dweights.data(), n, k, h, buffer);
+    return Values{count_values, dest_values, count_values, dest_values, xp, dx, y, dyp, dweights};
+  };
+  // The combine's backward (the gather's: tests/kernels/permute_test.cc).
+  e.gradient_dims = {7, 2, -1};
+  e.loss_result = 6;
+  e.upstream = 5;
+  e.gradients = {{4, 7}, {6, 8}};
+  e.invariant = [](const std::vector<OpResult>& results) {
+    EXPECT_EQ(results[0].values[3], 0) << "expert 3 is never chosen";
+    EXPECT_EQ(results[0].values[8], 0) << "expert 8 is never chosen";
+  };
+  return e;
+}
+
+// Expert parallelism's regrouping of received rows. dims (sources, experts): empty
+// blocks, a source sending nothing, the most counts the kernel takes; and no rows at all
+// ({2, 2}, every count zero).
+OpEntry regroup() {
+  OpEntry e;
+  e.name = "regroup_received_rows";
+  e.dims = {{3, 2}, {8, 16}, {64, 64}, {2, 2}};
+  e.dtypes = {{DType::kI32}};
+  e.integers = {true};
+  e.inputs = [](const OpCase& c) {
+    const int64_t sources = c.dims[0], experts = c.dims[1];
+    std::vector<int32_t> counts(sources * experts, 0);
+    if (sources != 2) {
+      for (size_t b = 0; b < counts.size(); ++b)
+        counts[b] = b % 7 == 3 ? 0 : static_cast<int32_t>(b * 29 % 50);
+      std::fill(counts.begin() + experts, counts.begin() + 2 * experts, 0);  // source 1: none
+    }
+    return std::vector<Tensor>{host_tensor({sources, experts}, counts)};
+  };
+  e.run = [](const OpRun& r, const OpCase&) {
+    Tensor regroup = r.written({sum_of(as_doubles(r.in(0))), 1}, DType::kI32);
+    regroup_received_rows(r.device(), r.in(0), regroup);
+    return std::vector<OpResult>{result("regroup", regroup, Match::kExact)};
+  };
+  // Row q of block (source i, expert e) goes after every row of the experts before e and
+  // of the sources before i for e.
+  e.reference = [](const Values& in, const OpCase& c) {
+    const int64_t sources = c.dims[0], experts = c.dims[1];
+    const std::vector<double>& counts = in[0];
+    std::vector<double> places;
+    for (int64_t i = 0; i < sources; ++i) {
+      for (int64_t e = 0; e < experts; ++e) {
+        double before = 0;
+        for (int64_t b = 0; b < sources * experts; ++b) {
+          const int64_t bi = b / experts, be = b % experts;
+          if (be < e || (be == e && bi < i)) before += counts[b];
+        }
+        for (int q = 0; q < counts[i * experts + e]; ++q) places.push_back(before + q);
+      }
+    }
+    return Values{places};
+  };
+  return e;
+}
+
+}  // namespace
+
+const std::vector<OpEntry>& op_table() {
+  static const std::vector<OpEntry> table = {
+      add_and_scale(), bias(),         sigmoid_gate(),   sum_squares_entry(),
+      rmsnorm(),       swiglu(),       rope(),           embedding(),
+      convert_entry(), adamw(),        matmul_entry(),   grouped_matmul(),
+      permute(),       regroup(),
+  };
+  return table;
+}
+
+}  // namespace switchyard::testing

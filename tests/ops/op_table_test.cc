@@ -1,0 +1,244 @@
+// Runs every entry of the op table (tests/ops/op_table.h) through the same checks:
+// - MatchesTheDoubleTemplate: the op on the CPU, in each case's dtypes, against the
+//   double template on the same input values;
+// - BackwardMatchesFiniteDifferences: the template's backward against central
+//   differences of its forward, in double;
+// - CudaMatchesCpu (skipped without a GPU): the CUDA op against the CPU op from the same
+//   inputs, its outputs poisoned first;
+// - CudaRefusesTensorsOffItsDevice (skipped without a GPU): the CUDA op given host
+//   inputs ends the process with a message naming the device.
+// Built twice from these sources: ops.op_table_test, whose GPU checks skip wherever the
+// CPU tests run, and, with the CUDA backend, gpu_op_table_test (label gpu), which runs
+// all four where the GPU is.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/devices.h"
+#include "tests/ops/op_table.h"
+#include "tests/tensor_test_util.h"
+
+namespace switchyard::testing {
+namespace {
+
+// The double template runs on cases with at most this many input elements; the larger
+// ones (past a GPU grid) are for the GPU check alone.
+constexpr int64_t kTemplateElements = int64_t{1} << 24;
+// Central differences in double: step and relative tolerance.
+constexpr double kStep = 1e-6, kGradientTol = 1e-6;
+
+std::vector<OpCase> cases_of(const OpEntry& e) {
+  std::vector<OpCase> cases;
+  for (const Shape& dims : e.dims)
+    for (const std::vector<DType>& dtypes : e.dtypes)
+      for (bool integers : e.integers) cases.push_back(OpCase{dims, dtypes, integers});
+  return cases;
+}
+
+std::string describe(const OpCase& c) {
+  std::ostringstream s;
+  s << "dims " << shape_string(c.dims) << ", dtypes";
+  for (DType d : c.dtypes) s << " " << dtype_name(d);
+  s << (c.integers ? ", integers" : ", fractions");
+  return s.str();
+}
+
+Values values_of(const std::vector<Tensor>& tensors) {
+  Values v;
+  for (const Tensor& t : tensors) v.push_back(as_doubles(t));
+  return v;
+}
+
+int64_t elements(const std::vector<Tensor>& tensors) {
+  int64_t n = 0;
+  for (const Tensor& t : tensors) n += t.numel();
+  return n;
+}
+
+// The inputs' absolute values (ids and counts as they are): the template on them gives
+// each long sum's bound, the same sum over its terms' magnitudes.
+Values magnitudes_of(const OpEntry& e, const std::vector<Tensor>& inputs, const OpCase& c) {
+  Values in = values_of(inputs);
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (inputs[i].dtype() == DType::kI32) continue;
+    for (double& x : in[i]) x = std::abs(x);
+  }
+  Values out = e.reference(in, c);
+  for (std::vector<double>& v : out)
+    for (double& x : v) x = std::abs(x);
+  return out;
+}
+
+bool has_sums(const std::vector<OpResult>& results) {
+  for (const OpResult& r : results)
+    if (r.match == Match::kSum || r.match == Match::kExactSum) return true;
+  return false;
+}
+
+double tolerance(const Tolerance& tol, const OpResult& r, const OpCase& c) {
+  if (r.tol >= 0) return r.tol;
+  if (r.f64) return tol.f64;
+  if (r.dtype == DType::kBF16) return tol.bf16;
+  for (DType d : c.dtypes)
+    if (d == DType::kBF16) return tol.f32_from_bf16;
+  return tol.f32;
+}
+
+// The same values (a zero of either sign matching the other), NaN matching NaN.
+::testing::AssertionResult same_values(const std::vector<double>& a, const std::vector<double>& e) {
+  if (a.size() != e.size())
+    return ::testing::AssertionFailure() << a.size() << " elements, expected " << e.size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == e[i] || (std::isnan(a[i]) && std::isnan(e[i]))) continue;
+    return ::testing::AssertionFailure() << "[" << i << "] got " << a[i] << " expected " << e[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The template's values as the result stores them (rounded once to its dtype), for an
+// exact comparison.
+std::vector<double> as_stored(const std::vector<double>& values, const OpResult& r) {
+  if (r.f64) return values;
+  std::vector<double> out;
+  for (double x : values) out.push_back(stored(x, r.dtype));
+  return out;
+}
+
+// `actual` against `expected` as its Match says: exact (when `exact`), within tol of the
+// sum bound `magnitudes`, or within tol relative to |expected|.
+::testing::AssertionResult matches(const OpResult& actual, const std::vector<double>& expected,
+                                   const std::vector<double>* magnitudes, double tol, bool exact) {
+  ::testing::AssertionResult outcome = ::testing::AssertionSuccess();
+  if (exact) {
+    outcome = same_values(actual.values, expected);
+  } else if (actual.match == Match::kSum || actual.match == Match::kExactSum) {
+    outcome = all_within(actual.values, expected, *magnitudes, tol);
+  } else {
+    std::vector<double> scale = expected;
+    for (double& x : scale) x = std::abs(x);
+    outcome = all_within(actual.values, expected, scale, tol);
+  }
+  if (!outcome) outcome << " (" << actual.name << ")";
+  return outcome;
+}
+
+class OpTable : public ::testing::TestWithParam<size_t> {
+ protected:
+  const OpEntry& entry() const { return op_table()[GetParam()]; }
+};
+
+// The GPU, or null where there is none (or no CUDA backend).
+Device* gpu() {
+  if (visible_gpus() == 0) return nullptr;
+  std::string error;
+  return select_device("cuda", 0, &error);
+}
+
+TEST_P(OpTable, MatchesTheDoubleTemplate) {
+  const OpEntry& e = entry();
+  for (const OpCase& c : cases_of(e)) {
+    const std::vector<Tensor> inputs = e.inputs(c);
+    if (elements(inputs) > kTemplateElements) continue;
+    SCOPED_TRACE(describe(c));
+    const std::vector<OpResult> results = e.run(OpRun(cpu_device(), inputs), c);
+    if (e.invariant) e.invariant(results);
+    const Values expected = e.reference(values_of(inputs), c);
+    const Values magnitudes = has_sums(results) ? magnitudes_of(e, inputs, c) : Values{};
+    ASSERT_EQ(results.size(), expected.size());
+    for (size_t i = 0; i < results.size(); ++i) {
+      const OpResult& r = results[i];
+      const double tol = tolerance(e.tol, r, c);
+      const bool exact = tol == 0 || c.integers || r.dtype == DType::kI32;
+      EXPECT_TRUE(matches(r, exact ? as_stored(expected[i], r) : expected[i],
+                          magnitudes.empty() ? nullptr : &magnitudes[i], tol, exact));
+    }
+  }
+}
+
+TEST_P(OpTable, BackwardMatchesFiniteDifferences) {
+  const OpEntry& e = entry();
+  if (e.gradients.empty()) GTEST_SKIP() << e.name << " has no backward";
+  const OpCase c{e.gradient_dims, e.dtypes[0], false};
+  Values in = values_of(e.inputs(c));
+  const Values analytic = e.reference(in, c);
+  auto loss = [&] {
+    const std::vector<double> out = e.reference(in, c)[e.loss_result];
+    double sum = 0;
+    for (size_t i = 0; i < out.size(); ++i) sum += in[e.upstream][i] * out[i];
+    return sum;
+  };
+  for (const Gradient& g : e.gradients) {
+    SCOPED_TRACE(::testing::Message() << "d loss / d input " << g.input);
+    std::vector<double>& x = in[g.input];
+    std::vector<double> numeric(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double saved = x[i];
+      x[i] = saved + kStep;
+      const double up = loss();
+      x[i] = saved - kStep;
+      const double down = loss();
+      x[i] = saved;
+      numeric[i] = (g.base < 0 ? 0.0 : in[g.base][i]) + (up - down) / (2 * kStep);
+    }
+    EXPECT_LT(max_relative_error(analytic[g.gradient], numeric), kGradientTol);
+    EXPECT_TRUE(any_nonzero(analytic[g.gradient]));
+  }
+}
+
+TEST_P(OpTable, CudaMatchesCpu) {
+  Device* device = gpu();
+  if (device == nullptr) GTEST_SKIP() << "no GPU";
+  const OpEntry& e = entry();
+  for (const OpCase& c : cases_of(e)) {
+    SCOPED_TRACE(describe(c));
+    const std::vector<Tensor> inputs = e.inputs(c);
+    std::vector<Tensor> on_gpu;
+    for (const Tensor& t : inputs) on_gpu.push_back(t.to(*device));
+    const std::vector<OpResult> expected = e.run(OpRun(cpu_device(), inputs), c);
+    const std::vector<OpResult> results = e.run(OpRun(*device, on_gpu), c);
+    if (e.invariant) e.invariant(results);
+    const Values magnitudes = has_sums(results) ? magnitudes_of(e, inputs, c) : Values{};
+    ASSERT_EQ(results.size(), expected.size());
+    for (size_t i = 0; i < results.size(); ++i) {
+      const OpResult& r = results[i];
+      const bool exact = r.match == Match::kExact || r.match == Match::kExactSum || c.integers;
+      EXPECT_TRUE(matches(r, expected[i].values, magnitudes.empty() ? nullptr : &magnitudes[i],
+                          tolerance(e.tol, r, c), exact));
+    }
+  }
+}
+
+class OpTableDeathTest : public OpTable {};
+
+TEST_P(OpTableDeathTest, CudaRefusesTensorsOffItsDevice) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the parent holds a CUDA context
+  Device* device = gpu();
+  if (device == nullptr) GTEST_SKIP() << "no GPU";
+  const OpEntry& e = entry();
+  for (const OpCase& c : cases_of(e)) {
+    bool empty = false;
+    for (int64_t d : c.dims) empty = empty || d == 0;
+    if (empty) continue;
+    // Outputs on the GPU, inputs (and the copies updated in place) left on the host.
+    const OpRun run(*device, e.inputs(c));
+    EXPECT_DEATH(e.run(run, c), "not on the op's device");
+    return;
+  }
+  FAIL() << e.name << " has no case without an empty dimension";
+}
+
+std::string entry_name(const ::testing::TestParamInfo<size_t>& info) {
+  return op_table()[info.param].name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpTable, ::testing::Range(size_t{0}, op_table().size()),
+                         entry_name);
+INSTANTIATE_TEST_SUITE_P(Ops, OpTableDeathTest, ::testing::Range(size_t{0}, op_table().size()),
+                         entry_name);
+
+}  // namespace
+}  // namespace switchyard::testing
