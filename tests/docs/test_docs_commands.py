@@ -290,7 +290,18 @@ BLOCKS = {
                   "the optional flags, at the values shown")),
         setup=jsonl_corpus),
     ("docs/data.md", "data/mycorpus/"): Check(dataset_listing, "the dataset directory's files"),
-    ("docs/data.md", "{"): Check(index_schema, "index.json's fields"),
+    ("docs/data.md", "{\n\"format\": \"switchyard-tokens\""): Check(index_schema,
+                                                                   "index.json's fields"),
+    ("docs/data.md", "data {\nsources {"): Skip(
+        "a recipe fragment; tests/data/test_instruction_blend.py trains such a blend"),
+    ("docs/data.md", "switchyard data prepare --tokenizer tok.model --input chats.jsonl"): Skip(
+        "needs a chat set; tests/data/test_instruction_blend.py prepares one made from the "
+        "corpus with this template"),
+    ("docs/data.md", "{\"messages\""): Skip(
+        "the two record shapes; tests/data/instruction_data_test.cc reads both"),
+    ("docs/data.md", "{\n\"format\": \"switchyard-chat-template\""): Skip(
+        "data/templates/mistral.json as shipped, which tests/data/instruction_data_test.cc "
+        "loads"),
     ("docs/data.md", "import hashlib, json, pathlib"): Skip(
         "needs a Hugging Face tokenizer directory and the reader's documents; "
         "tests/data/test_h5py_interop.py runs this code"),
