@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "engine/parallel/mpi_runtime.h"
 #include "kernels/cuda/cuda_check.h"
@@ -91,6 +93,27 @@ void refuse_shared_gpus(Communicator& cpu, const CudaDevice& device) {
   }
 }
 
+// The one stream of this process's NCCL communicators on `device`: made by the first of
+// them, destroyed with the last. Non-blocking, so that work on the legacy default stream
+// (a plain cudaMemcpy) neither waits for a collective in flight nor holds one back.
+std::shared_ptr<CUstream_st> shared_collective_stream(const CudaDevice& device) {
+  static std::mutex mutex;
+  static std::map<int, std::weak_ptr<CUstream_st>> streams;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::weak_ptr<CUstream_st>& slot = streams[device.index()];
+  if (std::shared_ptr<CUstream_st> stream = slot.lock()) return stream;
+  const int index = device.index();
+  SY_CUDA_CHECK(cudaSetDevice(index));
+  cudaStream_t raw = nullptr;
+  SY_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
+  std::shared_ptr<CUstream_st> stream(raw, [index](cudaStream_t s) {
+    SY_CUDA_CHECK(cudaSetDevice(index));
+    SY_CUDA_CHECK(cudaStreamDestroy(s));
+  });
+  slot = stream;
+  return stream;
+}
+
 }  // namespace
 
 int select_local_gpu() {
@@ -130,11 +153,10 @@ NcclCommunicator::NcclCommunicator(Communicator& cpu, CudaDevice& device, ncclCo
       comm_(comm),
       rank_(cpu.rank()),
       size_(cpu.size()),
-      compute_waits_(compute_waits) {
+      compute_waits_(compute_waits),
+      stream_owner_(shared_collective_stream(device)),
+      stream_(stream_owner_.get()) {
   SY_CUDA_CHECK(cudaSetDevice(device_.index()));
-  // Non-blocking, so that work on the legacy default stream (a plain cudaMemcpy) neither
-  // waits for a collective in flight nor holds one back.
-  SY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   SY_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
   SY_CUDA_CHECK(cudaEventCreateWithFlags(&collective_done_, cudaEventDisableTiming));
 }
@@ -147,7 +169,6 @@ NcclCommunicator::~NcclCommunicator() {
   SY_NCCL_CHECK(ncclCommAbort(comm_));
   SY_CUDA_CHECK(cudaEventDestroy(collective_done_));
   SY_CUDA_CHECK(cudaEventDestroy(compute_ready_));
-  SY_CUDA_CHECK(cudaStreamDestroy(stream_));
 }
 
 void NcclCommunicator::barrier() {

@@ -1,12 +1,21 @@
 // Communicator over NCCL, for CUDA tensors on one GPU per rank. Only built with the CUDA
 // backend (SWITCHYARD_CUDA=ON, which defines SWITCHYARD_WITH_NCCL).
 //
-// Streams: the communicator owns a non-blocking stream on its GPU, so communication can
+// Streams: the NCCL communicators of a process on one GPU share one non-blocking stream,
+// beside the device's compute stream (CudaDevice::stream()), so communication can
 // overlap compute. Each collective first makes that stream wait for the work queued so
-// far on the device's compute stream (CudaDevice::stream()), and the compute stream
-// then waits for the collective: ops queued on the compute stream before a collective
-// feed it and ops queued after see its result, with no host synchronisation. Tensor
-// collectives return once queued, as ops do.
+// far on the compute stream, and the compute stream then waits for the collective: ops
+// queued on the compute stream before a collective feed it and ops queued after see its
+// result, with no host synchronisation. Tensor collectives return once queued, as ops
+// do.
+//
+// The ordering rule: the collectives of all of a process's communicators run one after
+// another, in the order the process queued them. Every rank queues its collectives in
+// the same order (the trainer's calls do not depend on the rank), so every GPU runs
+// them in that order too. On a stream of their own, two communicators' collectives
+// (the expert all-to-all and a background gradient reduction) could start in one order
+// on one GPU and in the other on its peer, each kernel waiting for a peer that waits
+// for the other, which NCCL warns deadlocks.
 //
 // Determinism as communicator.h promises: NCCL only moves bytes. reduce_scatter_sum is
 // an all-to-all of chunks (grouped ncclSend/ncclRecv) and a kernel adding each chunk's
@@ -64,7 +73,8 @@ class NcclCommunicator final : public Communicator {
   void join_compute() override;
 
   CudaDevice& device() const { return device_; }
-  // The stream the collectives run on.
+  // The stream the collectives run on: the same for every NCCL communicator of this
+  // process on this GPU.
   cudaStream_t stream() const { return stream_; }
 
  protected:
@@ -111,6 +121,7 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   bool compute_waits_ = true;
+  std::shared_ptr<CUstream_st> stream_owner_;
   cudaStream_t stream_ = nullptr;
   // Recorded on the compute stream before a collective, and on stream_ after it.
   cudaEvent_t compute_ready_ = nullptr;

@@ -4,7 +4,12 @@
 // would differ in the last bits (from three ranks on; two add alike in either order).
 //
 // Runs as one process and under mpirun with one rank per GPU; a node with fewer GPUs
-// than ranks skips (exit 77), as a machine without one does. As in tests/parallel, each
+// than ranks skips (exit 77), as a machine without one does. One GPU checks little of
+// the NCCL side: NCCL refuses two ranks of a communicator on one GPU, and a group of one
+// never reaches NCCL (Communicator copies or does nothing), so it runs the creation and
+// the shared stream only. The exchanges, the rank-order sum kernel, the padding of an
+// uneven all-reduce and the order between communicators stay unverified until the
+// two-rank run (gpu.nccl_communicator_test.np2) has two GPUs. As in tests/parallel, each
 // test makes all its collective calls before checking, so a failed check on one rank
 // cannot leave the others waiting.
 #include "engine/parallel/nccl_communicator.h"
@@ -188,15 +193,17 @@ TEST(NcclCommunicatorTest, AllToAllVMovesUnevenBlocksWithEmptyOnes) {
   check_all_to_all_v<float>(9);
   check_all_to_all_v<int32_t>(10);
   // Only an exchange between ranks is timed: a group of one copies on the device.
-  if (cpu().size() > 1) EXPECT_GT(nccl().all_to_all_seconds(), 0.0);
+  if (cpu().size() > 1) {
+    EXPECT_GT(nccl().all_to_all_seconds(), 0.0);
+  }
 }
 
 // Ops queued on the compute stream around collectives, with no synchronisation between
 // them. A long stretch of work runs before the input is written, so a collective that
 // did not wait for the compute stream would read the old zeros; the ops after the
 // collectives would change their results early if the compute stream did not wait for
-// them. The all-gather queues NCCL work even as one process, where the all-reduce has
-// none to do.
+// them. As one process both collectives are copies (Communicator's group of one), so
+// only a run of two ranks or more checks the NCCL side.
 TEST(NcclCommunicatorTest, ComputeStreamOrdersAroundCollectivesWithoutHostSyncs) {
   const int size = cpu().size();
   const int64_t n = int64_t{1} << 20;
@@ -218,6 +225,27 @@ TEST(NcclCommunicatorTest, ComputeStreamOrdersAroundCollectivesWithoutHostSyncs)
   cpu().all_reduce_sum(expected_sum);
   cpu().all_gather(expected_sum, expected);
   EXPECT_TRUE(same_bits(gathered, expected));
+}
+
+// A process's NCCL communicators share one stream, so their collectives run in the order
+// they were queued, the same on every rank (the ordering rule in nccl_communicator.h).
+// Neither extra communicator makes the compute stream wait: the broadcast on `second`
+// reads what the all-reduce on `first` wrote only because the shared stream orders them.
+TEST(NcclCommunicatorTest, CommunicatorsOfAProcessShareOneOrderedStream) {
+  const int size = cpu().size();
+  std::unique_ptr<NcclCommunicator> first = NcclCommunicator::create(cpu(), gpu(), false);
+  std::unique_ptr<NcclCommunicator> second = NcclCommunicator::create(cpu(), gpu(), false);
+  const int64_t n = int64_t{1} << 22;
+  Tensor expected = host_tensor({n}, input<float>(n, 13));
+  Tensor values = to_device(gpu(), expected);
+  first->all_reduce_sum(values);
+  second->broadcast(values, size - 1);
+  second->join_compute();
+  cpu().all_reduce_sum(expected);
+  cpu().broadcast(expected, size - 1);
+  EXPECT_EQ(first->stream(), nccl().stream());
+  EXPECT_EQ(second->stream(), nccl().stream());
+  EXPECT_TRUE(same_bits(values, expected));
 }
 
 TEST(NcclCommunicatorTest, BarrierWaitsForQueuedCollectives) {
