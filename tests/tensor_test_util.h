@@ -18,7 +18,6 @@
 
 namespace switchyard::testing {
 
-
 // A host tensor of `shape` holding `values`.
 template <typename T>
 Tensor host_tensor(const Shape& shape, const std::vector<T>& values) {
@@ -54,7 +53,8 @@ inline Tensor poisoned(Device& dev, const Shape& shape, DType dtype = DType::kF3
   const int64_t n = shape_numel(shape);
   if (dtype == DType::kI32)
     return to_device(dev, host_tensor(shape, std::vector<int32_t>(n, 0x7F7F7F7F)));
-  if (dtype == DType::kBF16) return to_device(dev, host_tensor(shape, std::vector<bf16>(n, bf16{0x7FC0})));
+  if (dtype == DType::kBF16)
+    return to_device(dev, host_tensor(shape, std::vector<bf16>(n, bf16{0x7FC0})));
   SY_CHECK(dtype == DType::kF32);
   return to_device(
       dev, host_tensor(shape, std::vector<float>(n, std::numeric_limits<float>::quiet_NaN())));

@@ -81,8 +81,9 @@ const std::vector<std::vector<DType>> kOneDtype = {{kF32}, {kBF16}};
 // [lo, hi] for a case with integer inputs.
 Tensor input(const Shape& shape, DType dtype, uint64_t seed, const OpCase& c, double lo = -1.0,
              double hi = 1.0) {
-  const Tensor f = c.integers ? integer_tensor(shape, seed, static_cast<int>(lo), static_cast<int>(hi))
-                              : random_tensor(shape, seed, lo, hi);
+  const Tensor f = c.integers
+                       ? integer_tensor(shape, seed, static_cast<int>(lo), static_cast<int>(hi))
+                       : random_tensor(shape, seed, lo, hi);
   return to_dtype(f, dtype);
 }
 
@@ -103,7 +104,8 @@ OpEntry add_and_scale() {
   e.dims = {{0}, {1}, {1000003}, {(int64_t{1} << 24) + 4099}};
   e.dtypes = kOneDtype;
   e.inputs = [](const OpCase& c) {
-    return std::vector<Tensor>{input(c.dims, c.dtypes[0], 1, c), input(c.dims, c.dtypes[0], 2, c, -3, 3)};
+    return std::vector<Tensor>{input(c.dims, c.dtypes[0], 1, c),
+                               input(c.dims, c.dtypes[0], 2, c, -3, 3)};
   };
   e.run = [](const OpRun& r, const OpCase&) {
     Tensor sum = r.updated(0), scaled = r.updated(0);
@@ -160,10 +162,9 @@ OpEntry sigmoid_gate() {
   e.dtypes = kTwoDtypes;
   e.inputs = [](const OpCase& c) {
     const int64_t rows = c.dims[0], n = c.dims[1];
-    return std::vector<Tensor>{input({rows, n}, c.dtypes[0], 7, c),
-                               input({rows, 1}, c.dtypes[1], 8, c, -6, 6),
-                               input({rows, n}, c.dtypes[0], 9, c),
-                               input({rows, n}, c.dtypes[0], 10, c)};
+    return std::vector<Tensor>{
+        input({rows, n}, c.dtypes[0], 7, c), input({rows, 1}, c.dtypes[1], 8, c, -6, 6),
+        input({rows, n}, c.dtypes[0], 9, c), input({rows, n}, c.dtypes[0], 10, c)};
   };
   e.run = [](const OpRun& r, const OpCase& c) {
     const int64_t rows = c.dims[0], n = c.dims[1];
@@ -307,7 +308,8 @@ OpEntry rope() {
   e.dims = {{2, 37, 3, 66}, {1, 5, 1, 2}, {3, 129, 4, 128}, {0, 4, 2, 8}};
   e.dtypes = kOneDtype;
   e.inputs = [](const OpCase& c) {
-    return std::vector<Tensor>{input(c.dims, c.dtypes[0], 17, c), input(c.dims, c.dtypes[0], 18, c)};
+    return std::vector<Tensor>{input(c.dims, c.dtypes[0], 17, c),
+                               input(c.dims, c.dtypes[0], 18, c)};
   };
   e.run = [](const OpRun& r, const OpCase& c) {
     const Tensor table = rope_table(c.dims[1] + 3, c.dims[3], kRopeTheta).to(r.device());
@@ -362,9 +364,9 @@ OpEntry embedding() {
   e.integers = {false, true};
   e.inputs = [](const OpCase& c) {
     const int64_t n = c.dims[0], vocab = c.dims[1], hidden = c.dims[2];
-    return std::vector<Tensor>{token_ids(n, vocab, 19), input({vocab, hidden}, c.dtypes[0], 20, c, -9, 9),
-                               input({n, hidden}, c.dtypes[0], 21, c, -9, 9),
-                               input({vocab, hidden}, kF32, 22, c, -9, 9)};
+    return std::vector<Tensor>{
+        token_ids(n, vocab, 19), input({vocab, hidden}, c.dtypes[0], 20, c, -9, 9),
+        input({n, hidden}, c.dtypes[0], 21, c, -9, 9), input({vocab, hidden}, kF32, 22, c, -9, 9)};
   };
   e.run = [](const OpRun& r, const OpCase& c) {
     Tensor out = r.written({c.dims[0], c.dims[2]}, c.dtypes[0]), dtable = r.updated(3);
@@ -523,7 +525,6 @@ OpEntry adamw() {
   return e;
 }
 
-
 // c = op(a) op(b), written over the poison; 2 op(a) op(b) - c, reading c; and the
 // product added onto minus itself as the CPU stores it (a result holding the product's
 // rounding residue, which a product rounded to bf16 before the sum loses; bounded at
@@ -550,7 +551,8 @@ OpEntry matmul_entry() {
     const std::vector<Shape> s = shapes(c);
     const double r = value_range(c);
     const bool trans_a = c.dims[4] != 0, trans_b = c.dims[5] != 0;
-    const Tensor a = input(s[0], c.dtypes[0], 24, c, -r, r), b = input(s[1], c.dtypes[0], 25, c, -r, r);
+    const Tensor a = input(s[0], c.dtypes[0], 24, c, -r, r),
+                 b = input(s[1], c.dtypes[0], 25, c, -r, r);
     Tensor minus_product = Tensor::empty(s[2], c.dtypes[1]);
     matmul(cpu_device(), a, trans_a, b, trans_b, minus_product);
     scale_(cpu_device(), minus_product, -1.0f);
@@ -558,7 +560,8 @@ OpEntry matmul_entry() {
   };
   e.run = [shapes](const OpRun& r, const OpCase& c) {
     const bool trans_a = c.dims[4] != 0, trans_b = c.dims[5] != 0;
-    Tensor product = r.written(shapes(c)[2], c.dtypes[1]), acc = r.updated(2), residue = r.updated(3);
+    Tensor product = r.written(shapes(c)[2], c.dtypes[1]), acc = r.updated(2),
+           residue = r.updated(3);
     matmul(r.device(), r.in(0), trans_a, r.in(1), trans_b, product);
     matmul(r.device(), r.in(0), trans_a, r.in(1), trans_b, acc, 2.0f, -1.0f);
     matmul(r.device(), r.in(0), trans_a, r.in(1), trans_b, residue, 1.0f, 1.0f);
@@ -637,7 +640,6 @@ OpEntry grouped_matmul() {
   return e;
 }
 
-
 // Top-k style routing over kExperts: k distinct experts per token, never experts 3 and 8
 // (so some groups are empty), and every 5th token's last assignment not sent (-1).
 constexpr int kExperts = 9;
@@ -695,8 +697,8 @@ constexpr int64_t kPermuteHidden = 129;
 OpEntry permute() {
   OpEntry e;
   e.name = "permute";
-  e.dims = {{301, 3, -1},  {301, 3, 17}, {301, 3, 80},     {301, 3, 1000}, {301, 3, 0},
-            {1, 1, -1},    {40000, 2, 5000}, {0, 2, -1}, {0, 2, 4}};
+  e.dims = {{301, 3, -1}, {301, 3, 17},     {301, 3, 80}, {301, 3, 1000}, {301, 3, 0},
+            {1, 1, -1},   {40000, 2, 5000}, {0, 2, -1},   {0, 2, 4}};
   e.dtypes = kOneDtype;
   e.integers = {true, false};
   e.inputs = [](const OpCase& c) {
@@ -704,9 +706,12 @@ OpEntry permute() {
     const int k = static_cast<int>(c.dims[1]);
     const DType d = c.dtypes[0];
     const double r = 2 * value_range(c);
-    return std::vector<Tensor>{routing(n, k, 1), router_weights(n, k, 2),
-                               input({n, h}, d, 3, c, -r, r), input({n, h}, d, 4, c, -r, r),
-                               input({n * k + 3, h}, d, 5, c, -r, r), input({n, h}, d, 7, c, -r, r),
+    return std::vector<Tensor>{routing(n, k, 1),
+                               router_weights(n, k, 2),
+                               input({n, h}, d, 3, c, -r, r),
+                               input({n, h}, d, 4, c, -r, r),
+                               input({n * k + 3, h}, d, 5, c, -r, r),
+                               input({n, h}, d, 7, c, -r, r),
                                combine_weights(n, k, 6)};
   };
   e.run = [](const OpRun& r, const OpCase& c) {
@@ -725,10 +730,15 @@ OpEntry permute() {
     Tensor dyp = r.written(r.in(4).shape(), d), dweights = r.written({n, k});
     unpermute_combine_backward(r.device(), r.in(5), r.in(4), dest, r.in(6), dyp, dweights);
     return std::vector<OpResult>{
-        result("tokens_per_expert", counts, Match::kExact), result("dest_rows", dest, Match::kExact),
+        result("tokens_per_expert", counts, Match::kExact),
+        result("dest_rows", dest, Match::kExact),
         result("tokens_per_expert on the host", host_counts, Match::kExact),
-        result("dest_rows again", dest_again, Match::kExact), result("xp", xp, Match::kExact),
-        result("dx", dx), result("y", y), result("dyp", dyp), result("dweights", dweights)};
+        result("dest_rows again", dest_again, Match::kExact),
+        result("xp", xp, Match::kExact),
+        result("dx", dx),
+        result("y", y),
+        result("dyp", dyp),
+        result("dweights", dweights)};
   };
   e.reference = [](const Values& in, const OpCase& c) {
     const int64_t n = c.dims[0], capacity = c.dims[2], h = kPermuteHidden;
@@ -809,10 +819,9 @@ OpEntry regroup() {
 
 const std::vector<OpEntry>& op_table() {
   static const std::vector<OpEntry> table = {
-      add_and_scale(), bias(),         sigmoid_gate(),   sum_squares_entry(),
-      rmsnorm(),       swiglu(),       rope(),           embedding(),
-      convert_entry(), adamw(),        matmul_entry(),   grouped_matmul(),
-      permute(),       regroup(),
+      add_and_scale(), bias(),           sigmoid_gate(), sum_squares_entry(), rmsnorm(),
+      swiglu(),        rope(),           embedding(),    convert_entry(),     adamw(),
+      matmul_entry(),  grouped_matmul(), permute(),      regroup(),
   };
   return table;
 }

@@ -10,6 +10,8 @@
 // Built twice from these sources: ops.op_table_test, whose GPU checks skip wherever the
 // CPU tests run, and, with the CUDA backend, gpu_op_table_test (label gpu), which runs
 // all four where the GPU is.
+#include "tests/ops/op_table.h"
+
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -19,7 +21,6 @@
 #include <vector>
 
 #include "kernels/devices.h"
-#include "tests/ops/op_table.h"
 #include "tests/tensor_test_util.h"
 
 namespace switchyard::testing {
@@ -235,8 +236,7 @@ std::string entry_name(const ::testing::TestParamInfo<size_t>& info) {
   return op_table()[info.param].name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, OpTable, ::testing::Range(size_t{0}, op_table().size()),
-                         entry_name);
+INSTANTIATE_TEST_SUITE_P(Ops, OpTable, ::testing::Range(size_t{0}, op_table().size()), entry_name);
 INSTANTIATE_TEST_SUITE_P(Ops, OpTableDeathTest, ::testing::Range(size_t{0}, op_table().size()),
                          entry_name);
 
