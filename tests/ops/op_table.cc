@@ -585,58 +585,66 @@ OpEntry matmul_entry() {
   return e;
 }
 
-// Grouped products over row blocks: out = a w[g]^T, out = a w[g], dw[g] += a^T b. dims:
-// the group sizes (empty groups first, inside and last; one group; all empty), n = 65,
-// k = 129; the sizes on the host for the first product and where the operands are for
-// the others. dtypes (a, b, w and out); dw is f32, accumulated onto.
-constexpr int64_t kGroupedN = 65, kGroupedK = 129;
+// Grouped products over row blocks, a layer's forward and backward: out = a w[g]^T, and
+// da = dy w[g], dw[g] += dy^T a. dims (n, k, group sizes...): empty groups first, inside
+// and last; one group; all empty. The sizes on the host for the forward and where the
+// operands are for the backward. dtypes (a, w, dy, out and da); dw is f32, accumulated
+// onto. Inputs: sizes, a, w, dy, dw.
+struct GroupedShape {
+  int64_t n, k, groups, rows;
+  std::vector<int32_t> sizes;
+};
 
-int64_t total_rows(const Shape& sizes) {
-  int64_t rows = 0;
-  for (int64_t s : sizes) rows += s;
-  return rows;
+GroupedShape grouped_shape(const OpCase& c) {
+  GroupedShape s{c.dims[0], c.dims[1], static_cast<int64_t>(c.dims.size()) - 2, 0, {}};
+  for (size_t g = 2; g < c.dims.size(); ++g) {
+    s.sizes.push_back(static_cast<int32_t>(c.dims[g]));
+    s.rows += c.dims[g];
+  }
+  return s;
 }
 
 OpEntry grouped_matmul() {
   OpEntry e;
   e.name = "grouped_matmul";
-  e.dims = {{0, 5, 0, 37, 1, 33, 0}, {64}, {0, 0, 0}, {5, 0, 17, 1}};
+  e.dims = {
+      {65, 129, 0, 5, 0, 37, 1, 33, 0}, {65, 129, 64}, {65, 129, 0, 0, 0}, {65, 129, 5, 0, 17, 1}};
   e.dtypes = kOneDtype;
   e.integers = {true, false};
   e.inputs = [](const OpCase& c) {
-    const int64_t groups = static_cast<int64_t>(c.dims.size()), rows = total_rows(c.dims);
-    const std::vector<int32_t> sizes(c.dims.begin(), c.dims.end());
+    const GroupedShape s = grouped_shape(c);
     const DType d = c.dtypes[0];
     const double r = value_range(c);
-    return std::vector<Tensor>{host_tensor({groups}, sizes),
-                               input({rows, kGroupedK}, d, 27, c, -r, r),
-                               input({groups, kGroupedN, kGroupedK}, d, 28, c, -r, r),
-                               input({rows, kGroupedN}, d, 29, c, -r, r),
-                               input({rows, kGroupedK}, d, 30, c, -r, r),
-                               input({groups, kGroupedN, kGroupedK}, kF32, 31, c, -r, r)};
+    return std::vector<Tensor>{
+        host_tensor({s.groups}, s.sizes), input({s.rows, s.k}, d, 27, c, -r, r),
+        input({s.groups, s.n, s.k}, d, 28, c, -r, r), input({s.rows, s.n}, d, 29, c, -r, r),
+        input({s.groups, s.n, s.k}, kF32, 30, c, -r, r)};
   };
   e.run = [](const OpRun& r, const OpCase& c) {
-    const int64_t rows = total_rows(c.dims);
+    const GroupedShape s = grouped_shape(c);
     const DType d = c.dtypes[0];
-    Tensor out_n = r.written({rows, kGroupedN}, d), out_k = r.written({rows, kGroupedK}, d);
-    Tensor dw = r.updated(5);
-    grouped_matmul_nt(r.device(), r.in(1), r.in(2), r.in(0).on_host(), out_n);
-    grouped_matmul_nn(r.device(), r.in(3), r.in(2), r.in(0), out_k);
-    grouped_matmul_tn_accumulate(r.device(), r.in(3), r.in(4), r.in(0), dw);
-    return std::vector<OpResult>{result("a w^T", out_n), result("a w", out_k), result("dw", dw)};
+    Tensor out = r.written({s.rows, s.n}, d), da = r.written({s.rows, s.k}, d);
+    Tensor dw = r.updated(4);
+    grouped_matmul_nt(r.device(), r.in(1), r.in(2), r.in(0).on_host(), out);
+    grouped_matmul_nn(r.device(), r.in(3), r.in(2), r.in(0), da);
+    grouped_matmul_tn_accumulate(r.device(), r.in(3), r.in(1), r.in(0), dw);
+    return std::vector<OpResult>{result("a w^T", out), result("da", da), result("dw", dw)};
   };
   e.reference = [](const Values& in, const OpCase& c) {
-    const int64_t groups = static_cast<int64_t>(c.dims.size()), rows = total_rows(c.dims);
-    const std::vector<int32_t> sizes = as_ids(in[0]);
-    std::vector<double> out_n(rows * kGroupedN), out_k(rows * kGroupedK), dw = copy(in[5]);
-    cpu::grouped_matmul_nt<double>(in[1].data(), in[2].data(), sizes.data(), groups, kGroupedN,
-                                   kGroupedK, out_n.data());
-    cpu::grouped_matmul_nn<double>(in[3].data(), in[2].data(), sizes.data(), groups, kGroupedN,
-                                   kGroupedK, out_k.data());
-    cpu::grouped_matmul_tn_accumulate<double>(in[3].data(), in[4].data(), sizes.data(), groups,
-                                              kGroupedN, kGroupedK, dw.data());
-    return Values{out_n, out_k, dw};
+    const GroupedShape s = grouped_shape(c);
+    std::vector<double> out(s.rows * s.n), da(s.rows * s.k), dw = copy(in[4]);
+    cpu::grouped_matmul_nt<double>(in[1].data(), in[2].data(), s.sizes.data(), s.groups, s.n, s.k,
+                                   out.data());
+    cpu::grouped_matmul_nn<double>(in[3].data(), in[2].data(), s.sizes.data(), s.groups, s.n, s.k,
+                                   da.data());
+    cpu::grouped_matmul_tn_accumulate<double>(in[3].data(), in[1].data(), s.sizes.data(), s.groups,
+                                              s.n, s.k, dw.data());
+    return Values{out, da, dw};
   };
+  e.gradient_dims = {3, 4, 2, 0, 3};
+  e.loss_result = 0;
+  e.upstream = 3;
+  e.gradients = {{1, 1}, {2, 2, 4}};
   return e;
 }
 
