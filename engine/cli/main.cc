@@ -86,7 +86,11 @@ absl::Status dry_run(const config::Recipe& recipe, const Layout& layout) {
   const DType working = working_dtype(recipe.runtime().precision(), on_gpu);
   const std::vector<RankMemory> memory = plan_rank_memory(recipe, layout, working);
   nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
-  for (const RankMemory& m : memory) per_rank.push_back(m.total());
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (const RankMemory& m : memory) {
+    per_rank.push_back(m.total());
+    ranks.push_back(rank_memory_json(m));
+  }
   nlohmann::ordered_json j = {
       {"recipe", recipe.name()},
       {"total_params", s.total_params},
@@ -96,7 +100,8 @@ absl::Status dry_run(const config::Recipe& recipe, const Layout& layout) {
       {"forward_flops_per_token", s.forward_flops_per_token},
       {"train_flops_per_token", s.train_flops_per_token},
       {"world_size", layout.world_size},
-      {"min_bytes_per_rank", per_rank}};
+      {"min_bytes_per_rank", per_rank},
+      {"ranks", ranks}};
   std::printf("%s: %.3fB parameters, %.3fB active per token, %.3f GFLOPs/token forward, "
               "%.3f GFLOPs/token training (seq_len %lld)\n",
               recipe.name().c_str(), s.total_params / 1e9, s.active_params / 1e9,

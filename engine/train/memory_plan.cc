@@ -1,11 +1,13 @@
 #include "engine/train/memory_plan.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "engine/config/recipe.h"
 #include "engine/model/transformer.h"
-#include "engine/optim/optimizer.h"
 #include "engine/optim/zero.h"
 #include "engine/parallel/communicator.h"
 #include "engine/runtime/check.h"
@@ -13,14 +15,6 @@
 namespace switchyard {
 
 namespace {
-
-// "76.20 GiB", or "13.8 MiB" below a GiB.
-std::string size_text(double bytes) {
-  constexpr double kMiB = 1 << 20;
-  constexpr double kGiB = 1 << 30;
-  return bytes >= kGiB ? absl::StrFormat("%.2f GiB", bytes / kGiB)
-                       : absl::StrFormat("%.1f MiB", bytes / kMiB);
-}
 
 // A rank's place in a group, for registering its shards: the model's constructor reads
 // only the rank and the size, and a plan never communicates.
@@ -53,9 +47,220 @@ class PlacementOnly final : public Communicator {
   int size_;
 };
 
+// Bytes alive at one moment of a step: activations, and of them the buffers of an
+// expert-parallel exchange.
+struct Live {
+  double activations = 0;
+  double all_to_all = 0;
+  double total() const { return activations + all_to_all; }
+  Live operator+(const Live& o) const {
+    return {activations + o.activations, all_to_all + o.all_to_all};
+  }
+};
+
+Live larger(const Live& a, const Live& b) { return a.total() >= b.total() ? a : b; }
+
+// The tensor sizes of one micro-batch on one rank, in elements, as the model code
+// allocates them (engine/model/transformer.cc, attention.cc, moe/moe_layer.cc).
+struct StepShape {
+  double b = 4;         // bytes of a compute-dtype element
+  double n = 0;         // tokens of the micro-batch
+  double hidden = 0;
+  double q = 0;         // this rank's query width (heads / tp x head_dim)
+  double kv = 0;        // its key (and value) width
+  double heads = 0;     // its heads
+  double full_q = 0;    // all heads' widths, for a whole-width q/k norm under tp
+  double full_kv = 0;
+  double dense_ffn = 0; // this rank's share of a dense FFN's hidden width
+  double vocab = 0;     // its vocabulary rows
+  double tp = 1;
+  bool expert_parallel = false;
+  double moe_tokens = 0;  // tokens this rank routes (n / tp)
+  double experts = 0;
+  double top_k = 0;
+  double expert_ffn = 0;
+  double expert_rows = 0;  // rows this rank's experts run on (balanced routing)
+  double sent_rows = 0;    // rows it sends to (and gets back from) the experts
+  double shared_ffn = 0;   // this rank's share of the shared experts' hidden width
+  bool shared_gate = false;
+  bool gshard = false;
+  bool qk_norm = false;
+  bool qk_head_norm = false;
+  double logit_rows = 0;
+};
+
+StepShape step_shape(const config::Recipe& recipe, DType working, int tp, int ep) {
+  const config::ModelConfig& m = recipe.model();
+  const config::MoeConfig& moe = recipe.moe();
+  StepShape s;
+  s.b = working == DType::kBF16 ? 2 : 4;
+  s.n = static_cast<double>(recipe.train().micro_batch_size()) * recipe.train().seq_len();
+  s.hidden = static_cast<double>(m.hidden_size());
+  s.tp = tp;
+  s.heads = static_cast<double>(m.num_heads()) / tp;
+  s.q = s.heads * m.head_dim();
+  s.kv = static_cast<double>(m.num_kv_heads()) / tp * m.head_dim();
+  s.full_q = static_cast<double>(m.num_heads()) * m.head_dim();
+  s.full_kv = static_cast<double>(m.num_kv_heads()) * m.head_dim();
+  s.dense_ffn = static_cast<double>(m.ffn_hidden_size()) / tp;
+  s.vocab = static_cast<double>(m.vocab_size()) / tp;
+  s.qk_norm = m.qk_norm();
+  s.qk_head_norm = m.qk_head_norm();
+  s.expert_parallel = ep > 1;
+  s.moe_tokens = s.n / tp;
+  s.experts = moe.num_experts();
+  s.top_k = moe.top_k();
+  s.expert_ffn = static_cast<double>(moe.expert_ffn_hidden_size());
+  // A capacity below one drops the assignments past it; with tp the dropped ones are
+  // never gathered, without it they keep their rows in the permuted buffer.
+  const double routed = s.moe_tokens * s.top_k;
+  const double cf = moe.capacity_factor();
+  const double kept = cf > 0 ? routed * std::min(1.0, cf) : routed;
+  s.sent_rows = tp > 1 ? kept : routed;
+  s.expert_rows = ep > 1 ? kept : s.sent_rows;
+  if (ep > 1) s.sent_rows = kept;
+  s.shared_ffn = static_cast<double>(moe.num_shared_experts()) *
+                 static_cast<double>(moe.shared_expert_ffn_hidden_size()) / tp;
+  s.shared_gate = moe.num_shared_experts() > 0 && moe.shared_expert_gate();
+  s.gshard = moe.gating() == config::GSHARD_TOP2;
+  const int64_t mb = recipe.runtime().max_logits_mb();
+  const double budget = static_cast<double>((mb > 0 ? mb : kDefaultMaxLogitsMb) << 20);
+  s.logit_rows = std::clamp(std::floor(budget / (s.vocab * 4)), 1.0, std::max(s.n, 1.0));
+  return s;
+}
+
+// Attention keeps q, k, v, its output and log-sum-exps (and a q/k norm's inputs).
+double attention_saved(const StepShape& s) {
+  double bytes = s.n * (2 * s.q + 2 * s.kv) * s.b + s.n * s.heads * 4;
+  if (s.qk_head_norm) bytes += s.n * (s.q + s.kv) * s.b + s.n * (s.heads * 2) * 4;
+  if (s.qk_norm)
+    bytes += s.n * (s.tp > 1 ? s.full_q + s.full_kv : s.q + s.kv) * s.b + 2 * s.n * 4;
+  return bytes;
+}
+
+// Attention's backward: the output's gradient, dq, dk, dv and dx.
+double attention_backward(const StepShape& s) {
+  return s.n * (2 * s.q + 2 * s.kv) * s.b + s.n * s.hidden * s.b;
+}
+
+double dense_ffn_saved(const StepShape& s) { return s.n * 3 * s.dense_ffn * s.b; }
+
+double dense_ffn_backward(const StepShape& s) {
+  return s.n * 3 * s.dense_ffn * s.b + s.n * s.hidden * s.b;
+}
+
+// Routing, the permuted rows, the experts' intermediates and outputs, shared experts.
+double moe_saved(const StepShape& s) {
+  const double t = s.moe_tokens;
+  double bytes = (s.b == 2 ? t * s.hidden * 4 : 0) + 2 * t * s.experts * 4 +
+                 (s.gshard ? 4 : 3) * t * s.top_k * 4 + s.experts * 4;
+  bytes += s.expert_rows * (s.hidden + 3 * s.expert_ffn) * s.b + s.sent_rows * s.hidden * s.b;
+  if (s.expert_parallel) bytes += s.expert_rows * 4;
+  if (s.shared_ffn > 0)
+    bytes += s.n * (3 * s.shared_ffn + s.hidden) * s.b + (s.shared_gate ? s.n * s.b : 0);
+  return bytes;
+}
+
+// MoE backward: its locals live until it returns (moe/moe_layer.cc).
+Live moe_backward(const StepShape& s) {
+  const double t = s.moe_tokens, rows = s.expert_rows, h = s.hidden;
+  Live live;
+  live.activations = s.n * h * s.b + s.sent_rows * h * s.b + t * s.top_k * 4 +
+                     rows * (3 * s.expert_ffn + h) * s.b + t * s.experts * 4;
+  if (s.shared_gate) live.activations += s.n * h * s.b + s.n * s.b;
+  if (s.tp > 1) live.activations += t * h * s.b + s.experts * h * 4 + s.n * h * s.b;
+  if (s.b == 2) live.activations += t * h * (4 + s.b);
+  if (s.expert_parallel) {
+    live.activations += rows * h * s.b;                    // the regrouped gradients
+    live.all_to_all = 2 * rows * h * s.b + s.sent_rows * h * s.b;  // received, sent back
+  }
+  return live;
+}
+
+// The peak of one micro-batch: the end of forward at the head, the head's backward, or
+// a layer's backward while every earlier layer's saved tensors are still held (each
+// layer keeps its input; the last layer's output is the final norm's input).
+Live activation_peak(const config::Recipe& recipe, const StepShape& s) {
+  const int layers = recipe.model().num_layers();
+  const double x = s.n * s.hidden * s.b;  // one (tokens, hidden) tensor
+  const double block = 4 * x + 2 * s.n * 4 + attention_saved(s);
+  std::vector<double> saved(layers);
+  int moe_layers = 0;
+  for (int i = 0; i < layers; ++i) {
+    const bool moe = config::is_moe_layer(recipe, i);
+    moe_layers += moe;
+    saved[i] = block + (moe ? moe_saved(s) : dense_ffn_saved(s));
+  }
+  // Token ids and targets, the rope table.
+  double held = 8 * s.n + recipe.train().seq_len() * recipe.model().head_dim() * 4.0;
+  for (double bytes : saved) held += bytes;
+  const double chunk = s.logit_rows * s.vocab * 4;
+  const double norm = 2 * x + s.n * 4;  // the final norm's input, output and rstd
+  Live peak;
+  peak.activations = held + norm + 2 * s.n * 4 + chunk + (s.tp > 1 ? 2 * s.n * 4 : 0) +
+                     moe_layers * (3 * s.experts + 1) * 4;
+  const double dchunk = s.b == 2 ? s.logit_rows * s.vocab * s.b : 0;
+  peak = larger(peak, {held + norm + s.n * 4 + x + std::max(chunk + dchunk, x)});
+  // Through the layers: the head's input gradient, the gradient flowing down and the
+  // aux-loss gradients stay.
+  held += 2 * x + moe_layers * s.experts * 4;
+  for (int i = layers - 1; i >= 0; --i) {
+    const bool moe = config::is_moe_layer(recipe, i);
+    const Live ffn = moe ? moe_backward(s) : Live{dense_ffn_backward(s)};
+    peak = larger(peak, Live{held} + ffn);
+    const double ffn_saved = moe ? moe_saved(s) : dense_ffn_saved(s);
+    peak = larger(peak, {held - ffn_saved + 2 * x + attention_backward(s)});
+    held -= saved[i];
+  }
+  return peak;
+}
+
+// The rows of dimension 0 each data-parallel replica takes under ZeRO-2/3.
+int64_t chunk_rows(const Param& p, int dp_size) { return (p.shape[0] + dp_size - 1) / dp_size; }
+
+double row_bytes(const Param& p) { return 4.0 * shape_numel(p.shape) / p.shape[0]; }
+
+// ZeRO-2/3's whole-layer buffers: a layer's gradients reduce-scattered (with the rows
+// this rank receives) while the next layer's are computed; under ZeRO-3 also the values
+// of the layer (or, at the head, layers) being used, gathered, and their bf16 copies.
+void add_zero_buffers(const ParamStore& params, DType working, int dp_size, int stage,
+                      int layers, bool tied, RankMemory& m) {
+  const int last = layers + 1;
+  std::vector<double> padded(last + 1), mine(last + 1), gathered(last + 1);
+  double largest = 0;
+  for (const Param& p : params.params()) {
+    if (p.spec.expert || p.unit < 0 || p.unit > last) continue;
+    const double whole = chunk_rows(p, dp_size) * dp_size * row_bytes(p);
+    largest = std::max(largest, whole);
+    gathered[p.unit] += whole + (working == DType::kBF16 && p.shape.size() >= 2
+                                     ? 2.0 * shape_numel(p.shape) : 0);
+    if (!p.trainable) continue;
+    padded[p.unit] += whole;
+    mine[p.unit] += chunk_rows(p, dp_size) * row_bytes(p);
+  }
+  if (stage == 3) {
+    double used = gathered[last] + (tied ? gathered[0] : 0);
+    for (int u = 0; u < last; ++u) used = std::max(used, gathered[u]);
+    m.working_copies += used;
+  } else {
+    m.working_copies += largest;  // one value gathered back after its update
+  }
+  // Backward closes units last, layers..1, 0; a tied embedding's stays open throughout.
+  std::vector<int> order = {last};
+  for (int u = layers; u >= 0; --u) order.push_back(u);
+  double open = padded[last] + (tied ? padded[0] : 0), peak = open, in_flight = 0;
+  for (size_t i = 0; i + 1 < order.size(); ++i) {
+    open -= padded[order[i]];
+    in_flight = padded[order[i]] + mine[order[i]];
+    if (!(tied && order[i + 1] == 0)) open += padded[order[i + 1]];
+    peak = std::max(peak, open + in_flight);
+  }
+  m.gradient_buckets = peak;
+}
+
 // What the rank at (tp_index, ep_index) of `layout` needs, registering its shards.
 RankMemory placement_memory(const config::Recipe& recipe, const Layout& layout, int tp_index,
-                            int ep_index, DType working) {
+                            int ep_index, DType working, ReplicaIndex replica) {
   PlacementOnly tp(tp_index, layout.tensor_parallel_size);
   PlacementOnly ep(ep_index, layout.expert_parallel_size);
   ParamStore params(ShardPlacement{tp_index, layout.tensor_parallel_size, ep_index,
@@ -64,60 +269,120 @@ RankMemory placement_memory(const config::Recipe& recipe, const Layout& layout, 
   const int zero_stage = recipe.parallel().zero_stage();
   if (zero_stage >= 2)
     for (Param& p : params.params()) mark_zero_residency(p, zero_stage);
-  return rank_memory_lower_bound(recipe, params, working, layout.data_parallel_size);
+  return rank_memory_lower_bound(recipe, params, working, layout.data_parallel_size, replica);
 }
 
 }  // namespace
 
 RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStore& params,
-                                   DType working, int dp_size) {
-  const config::TrainConfig& tc = recipe.train();
+                                   DType working, int dp_size, ReplicaIndex replica) {
+  const ShardPlacement& place = params.placement();
+  const int stage = recipe.parallel().zero_stage();
+  const int expert_replicas =
+      std::max(1, dp_size * place.tensor_parallel_size / place.expert_parallel_size);
+  const std::vector<int> owners =
+      stage >= 1 && replica.dense >= 0 ? assign_owners(params, dp_size, expert_replicas)
+                                       : std::vector<int>();
+  const int dense_index = std::max(replica.dense, 0);
   RankMemory m;
-  m.weights_and_gradients = static_cast<double>(params.allocation_bytes(working));
-  m.optimizer_state = static_cast<double>(
-      optimizer_bytes_lower_bound(params, recipe.parallel().zero_stage(), dp_size));
-  m.layer_inputs = 4.0 * static_cast<double>(tc.micro_batch_size()) *
-                   static_cast<double>(tc.seq_len()) *
-                   static_cast<double>(recipe.model().hidden_size()) *
-                   recipe.model().num_layers();
+  size_t i = 0;
+  for (const Param& p : params.params()) {
+    const double numel = static_cast<double>(shape_numel(p.shape));
+    const double copy = working == DType::kBF16 && p.shape.size() >= 2 ? 2 * numel : 0;
+    if (stage >= 2 && !p.spec.expert) {
+      const int64_t chunk = chunk_rows(p, dp_size);
+      const double rows = static_cast<double>(
+          std::clamp<int64_t>(p.shape[0] - dense_index * chunk, 0, chunk));
+      m.parameters += stage == 3 ? rows * row_bytes(p) : 4 * numel;
+      if (stage == 2) m.working_copies += copy;
+      if (p.trainable) m.gradients += chunk * row_bytes(p);
+      if (p.trainable) m.optimizer_state += 2 * rows * row_bytes(p);
+    } else {
+      m.parameters += 4 * numel;
+      m.working_copies += copy;
+      m.gradients += 4 * numel;
+      const int index = p.spec.expert ? replica.expert : replica.dense;
+      const int share = p.spec.expert ? expert_replicas : dp_size;
+      if (p.trainable)
+        m.optimizer_state += stage == 0      ? 8 * numel
+                             : owners.empty() ? 8 * numel / share
+                             : owners[i] < 0 || owners[i] == index ? 8 * numel
+                                                                   : 0;
+    }
+    ++i;
+  }
+  if (stage >= 2)
+    add_zero_buffers(params, working, dp_size, stage, recipe.model().num_layers(),
+                     recipe.model().tie_embeddings(), m);
+  const Live peak = activation_peak(
+      recipe, step_shape(recipe, working, place.tensor_parallel_size, place.expert_parallel_size));
+  m.activations = peak.activations;
+  m.all_to_all = peak.all_to_all;
   return m;
 }
 
 std::vector<RankMemory> plan_rank_memory(const config::Recipe& recipe, const Layout& layout,
                                          DType working) {
-  std::map<std::pair<int, int>, RankMemory> by_placement;
+  // Ranks differ by their shards and, under ZeRO, by the parameters they own.
+  std::map<std::pair<std::pair<int, int>, std::pair<int, int>>, RankMemory> by_place;
+  const bool owned = recipe.parallel().zero_stage() >= 1;
   std::vector<RankMemory> ranks;
   for (int rank = 0; rank < layout.world_size; ++rank) {
-    const std::pair<int, int> placement{layout.tp_index(rank), layout.ep_index(rank)};
-    auto it = by_placement.find(placement);
-    if (it == by_placement.end())
-      it = by_placement
-               .emplace(placement, placement_memory(recipe, layout, placement.first,
-                                                    placement.second, working))
+    const std::pair<int, int> shards{layout.tp_index(rank), layout.ep_index(rank)};
+    const ReplicaIndex replica{owned ? layout.dp_index(rank) : 0,
+                               owned ? layout.expert_dp_index(rank) : 0};
+    const auto key = std::make_pair(shards, std::make_pair(replica.dense, replica.expert));
+    auto it = by_place.find(key);
+    if (it == by_place.end())
+      it = by_place
+               .emplace(key, placement_memory(recipe, layout, shards.first, shards.second,
+                                              working, replica))
                .first;
     RankMemory m = it->second;
     m.rank = rank;
-    m.tp_index = placement.first;
-    m.ep_index = placement.second;
+    m.tp_index = shards.first;
+    m.ep_index = shards.second;
     ranks.push_back(m);
   }
   return ranks;
 }
 
+std::string size_text(double bytes) {
+  constexpr double kMiB = 1 << 20;
+  constexpr double kGiB = 1 << 30;
+  return bytes >= kGiB ? absl::StrFormat("%.2f GiB", bytes / kGiB)
+                       : absl::StrFormat("%.1f MiB", bytes / kMiB);
+}
+
 std::string describe_rank_memory(const RankMemory& m) {
   return absl::StrFormat(
-      "rank %d (tp %d, ep %d): at least %s: weights and gradients %s, optimizer state %s, "
-      "layer inputs %s",
-      m.rank, m.tp_index, m.ep_index, size_text(m.total()), size_text(m.weights_and_gradients),
-      size_text(m.optimizer_state), size_text(m.layer_inputs));
+      "rank %d (tp %d, ep %d): at least %s: parameters %s, working copies %s, gradients %s, gradient "
+      "buckets %s, optimizer state %s, activations %s, all-to-all buffers %s",
+      m.rank, m.tp_index, m.ep_index, size_text(m.total()), size_text(m.parameters),
+      size_text(m.working_copies), size_text(m.gradients), size_text(m.gradient_buckets),
+      size_text(m.optimizer_state), size_text(m.activations), size_text(m.all_to_all));
+}
+
+nlohmann::ordered_json rank_memory_json(const RankMemory& m) {
+  return {{"rank", m.rank},
+          {"tp_index", m.tp_index},
+          {"ep_index", m.ep_index},
+          {"total", m.total()},
+          {"parameters", m.parameters},
+          {"working_copies", m.working_copies},
+          {"gradients", m.gradients},
+          {"gradient_buckets", m.gradient_buckets},
+          {"optimizer_state", m.optimizer_state},
+          {"activations", m.activations},
+          {"all_to_all", m.all_to_all}};
 }
 
 std::string tight_fit_warning(const std::string& device, double bytes, double available) {
   if (available <= 0 || bytes > available || bytes < 0.9 * available) return "";
   return absl::StrFormat(
-      "warning: this run needs at least %s on %s before its first step, %.0f%% of the %s "
-      "available there; the activations beyond the layer inputs may not fit (use a smaller "
-      "micro-batch, or more ranks)",
+      "warning: this run needs at least %s on %s, %.0f%% of the %s available there; routing "
+      "imbalance, workspaces and fragmentation may not fit (use a smaller micro-batch, or "
+      "more ranks)",
       size_text(bytes), device, 100.0 * bytes / available, size_text(available));
 }
 

@@ -1,10 +1,15 @@
-// The memory a training rank needs at least before its first step, computed from the
-// shapes the model registers without allocating anything: what `train` checks against
-// its device and what `train --dry-run` prints for every rank of a layout.
+// The memory a training rank needs, computed from the shapes the model registers without
+// allocating anything: what `train` checks against its device, what `train --dry-run`
+// prints for every rank of a layout and what `switchyard plan` ranks layouts by. Each
+// term is one of the categories the device's allocator counts (engine/runtime/device.h),
+// so a run's measured peaks (metrics.jsonl's memory_bytes) can be set against it
+// (docs/planning.md).
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "engine/config/recipe.pb.h"
@@ -17,27 +22,50 @@ struct RankMemory {
   int rank = 0;
   int tp_index = 0;
   int ep_index = 0;
-  double weights_and_gradients = 0;  // resident values, working copies and gradients
-  double optimizer_state = 0;
-  double layer_inputs = 0;           // every layer's input kept for backward
-  double total() const { return weights_and_gradients + optimizer_state + layer_inputs; }
+  double parameters = 0;       // fp32 values this rank keeps (ZeRO-3: its rows)
+  double working_copies = 0;   // bf16 copies of the matrices; ZeRO-3's gathered layer
+  double gradients = 0;        // fp32 gradients this rank keeps (ZeRO-2/3: its rows)
+  double gradient_buckets = 0; // ZeRO-2/3: whole-layer gradients being reduce-scattered
+  double optimizer_state = 0;  // AdamW's two moments of the parameters this rank updates
+  double activations = 0;      // peak of one micro-batch's forward and backward, beyond:
+  double all_to_all = 0;       // the expert-parallel send and receive buffers at that peak
+  double total() const {
+    return parameters + working_copies + gradients + gradient_buckets + optimizer_state +
+           activations + all_to_all;
+  }
 };
 
-// What a rank holding `params` (its shards, ZeRO residency marked) needs at least.
-RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStore& params,
-                                   DType working, int dp_size);
+// Which replica a rank is among the ranks that hold the same shards, for ZeRO-1's
+// assignment of whole parameters to owners; -1: an even share of every parameter.
+struct ReplicaIndex {
+  int dense = -1;
+  int expert = -1;
+};
+
+// What a rank holding `params` (its shards, ZeRO residency marked) needs at least, with
+// `dp_size` data-parallel replicas, for one micro-batch of the recipe's shape: at least,
+// since activations assume balanced routing (each rank's experts receive top_k rows per
+// routed token) and kernels' workspaces and fragmentation come on top.
+RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStore& params, DType working,
+                       int dp_size, ReplicaIndex replica = {});
 
 // Every rank of `layout`, from the parameters it would register.
 std::vector<RankMemory> plan_rank_memory(const config::Recipe& recipe, const Layout& layout,
                                          DType working);
 
-// One line for `m`: "rank 3 (tp 0, ep 3): at least 12.3 GiB: weights and gradients ...".
+// One line for `m`: "rank 3 (tp 0, ep 3): at least 12.3 GiB: parameters ...".
 std::string describe_rank_memory(const RankMemory& m);
 
+// `m` as a JSON object of bytes: rank, tp_index, ep_index, total and every term.
+nlohmann::ordered_json rank_memory_json(const RankMemory& m);
+
+// "76.20 GiB", or "13.8 MiB" below a GiB.
+std::string size_text(double bytes);
+
 // A need of `bytes` that fits the `available` bytes of `device` but leaves less than a
-// tenth of them for the activations beyond the layer inputs, workspaces and
-// fragmentation: one warning line; "" otherwise (also when it does not fit: check_fits
-// refuses that, and when `available` is unknown, < 0).
+// tenth of them for workspaces, routing imbalance and fragmentation: one warning line;
+// "" otherwise (also when it does not fit: check_fits refuses that, and when
+// `available` is unknown, < 0).
 std::string tight_fit_warning(const std::string& device, double bytes, double available);
 
 }  // namespace switchyard

@@ -1,5 +1,5 @@
-// The memory plan of `train --dry-run` and of the trainer's fit check: every rank of a
-// layout from the shards it registers, without allocating.
+// The memory plan of `train --dry-run`, `plan` and the trainer's fit check: every rank of
+// a layout from the shards it registers and the step's shapes, without allocating.
 #include "engine/train/memory_plan.h"
 
 #include <gtest/gtest.h>
@@ -35,11 +35,45 @@ std::vector<RankMemory> plan(const config::Recipe& recipe, int world) {
 TEST(MemoryPlanTest, OneRankHoldsEveryParameterGradientAndAdamMoment) {
   const std::vector<RankMemory> ranks = plan(tiny({}), 1);
   ASSERT_EQ(ranks.size(), 1u);
-  // 3,609,728 fp32 parameters: values and gradients 8 bytes each, AdamW's moments 8.
-  EXPECT_EQ(ranks[0].weights_and_gradients, 3609728.0 * 8);
+  // 3,609,728 fp32 parameters: values and gradients 4 bytes each, AdamW's moments 8.
+  EXPECT_EQ(ranks[0].parameters, 3609728.0 * 4);
+  EXPECT_EQ(ranks[0].gradients, 3609728.0 * 4);
   EXPECT_EQ(ranks[0].optimizer_state, 3609728.0 * 8);
-  // micro-batch 8 x 128 tokens x hidden 128 x 4 layers, fp32.
-  EXPECT_EQ(ranks[0].layer_inputs, 4.0 * 8 * 128 * 128 * 4);
+  EXPECT_EQ(ranks[0].working_copies, 0);
+  EXPECT_EQ(ranks[0].gradient_buckets, 0);
+  EXPECT_EQ(ranks[0].all_to_all, 0);
+}
+
+// The activation peak of one micro-batch (8 x 128 tokens, hidden 128, 4 MoE layers of 8
+// experts top-2 with hidden 256, vocabulary 1024, fp32), counted by hand from the
+// model's allocations: it falls in the last layer's MoE backward.
+TEST(MemoryPlanTest, ActivationPeakIsTheLastLayersMoeBackwardOverEverySavedTensor) {
+  const double n = 8 * 128, x = n * 128 * 4, rows = n * 2;
+  const double attention = n * (2 * 128 + 2 * 64) * 4 + n * 4 * 4;
+  const double routing = 2 * n * 8 * 4 + 3 * n * 2 * 4 + 8 * 4;
+  const double experts = rows * (128 + 3 * 256 + 128) * 4;
+  const double layer = 4 * x + 2 * n * 4 + attention + routing + experts;
+  const double stem = 8 * n + 128 * 32 * 4;
+  const double moe_backward = x + rows * 128 * 4 + n * 2 * 4 + rows * (3 * 256 + 128) * 4 +
+                              n * 8 * 4;
+  const double peak = stem + 4 * layer + 2 * x + 4 * 8 * 4 + moe_backward;
+  EXPECT_EQ(plan(tiny({}), 1)[0].activations, peak);
+}
+
+TEST(MemoryPlanTest, ActivationsGrowWithTheMicroBatchAndShrinkUnderTensorParallelism) {
+  const double one = plan(tiny({"train.micro_batch_size=4"}), 1)[0].activations;
+  const double two = plan(tiny({"train.micro_batch_size=8"}), 1)[0].activations;
+  EXPECT_GT(two, 1.8 * one);
+  const double tp = plan(tiny({"parallel.tensor_parallel_size=2"}), 2)[0].activations;
+  EXPECT_LT(tp, two);
+}
+
+TEST(MemoryPlanTest, ExpertParallelRanksHoldAllToAllBuffers) {
+  const config::Recipe recipe = tiny({"parallel.expert_parallel_size=2"});
+  const std::vector<RankMemory> ranks = plan(recipe, 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  // Received gradients, gathered back and sent: 3 x (tokens x top-2) rows of hidden 128.
+  EXPECT_EQ(ranks[0].all_to_all, 3.0 * (8 * 128 * 2) * 128 * 4);
 }
 
 TEST(MemoryPlanTest, ExpertParallelRanksEachHoldTheirShareOfTheExperts) {
@@ -50,30 +84,53 @@ TEST(MemoryPlanTest, ExpertParallelRanksEachHoldTheirShareOfTheExperts) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(ranks[r].rank, r);
     EXPECT_EQ(ranks[r].ep_index, r);
-    EXPECT_EQ(ranks[r].weights_and_gradients, (dense + 3145728.0 / 4) * 8);
+    EXPECT_EQ(ranks[r].parameters, (dense + 3145728.0 / 4) * 4);
+    EXPECT_EQ(ranks[r].gradients, (dense + 3145728.0 / 4) * 4);
   }
 }
 
 TEST(MemoryPlanTest, ZeroStagesShardDenseGradientsAndValues) {
-  const double one = plan(tiny({"parallel.zero_stage=1"}), 2)[0].total();
-  const double two = plan(tiny({"parallel.zero_stage=2"}), 2)[0].total();
-  const double three = plan(tiny({"parallel.zero_stage=3"}), 2)[0].total();
-  EXPECT_LT(two, one);
-  EXPECT_LT(three, two);
-  EXPECT_LT(plan(tiny({"parallel.zero_stage=1"}), 2)[0].optimizer_state,
-            plan(tiny({}), 2)[0].optimizer_state);
+  const RankMemory one = plan(tiny({"parallel.zero_stage=1"}), 2)[0];
+  const RankMemory two = plan(tiny({"parallel.zero_stage=2"}), 2)[0];
+  const RankMemory three = plan(tiny({"parallel.zero_stage=3"}), 2)[0];
+  EXPECT_LT(two.gradients, one.gradients);
+  EXPECT_LT(three.parameters, two.parameters);
+  EXPECT_LT(one.optimizer_state, plan(tiny({}), 2)[0].optimizer_state);
+  // Whole-layer gradients are reduce-scattered from buckets; ZeRO-3 gathers a layer.
+  EXPECT_EQ(one.gradient_buckets, 0);
+  EXPECT_GT(two.gradient_buckets, 0);
+  EXPECT_GT(three.working_copies, 0);
+}
+
+TEST(MemoryPlanTest, ZeroOneGivesEachParametersStateToOneOwner) {
+  const std::vector<RankMemory> ranks = plan(tiny({"parallel.zero_stage=1"}), 2);
+  const double whole = plan(tiny({}), 2)[0].optimizer_state;
+  EXPECT_EQ(ranks[0].optimizer_state + ranks[1].optimizer_state, whole);
+  EXPECT_GT(ranks[0].optimizer_state, 0);
+  EXPECT_GT(ranks[1].optimizer_state, 0);
+}
+
+TEST(MemoryPlanTest, BfloatAddsWorkingCopiesAndHalvesActivations) {
+  const RankMemory f32 = plan(tiny({}), 1)[0];
+  absl::StatusOr<Layout> layout = make_layout(tiny({}), 1);
+  ASSERT_TRUE(layout.ok());
+  const RankMemory bf16 = plan_rank_memory(tiny({}), *layout, DType::kBF16)[0];
+  EXPECT_EQ(bf16.parameters, f32.parameters);
+  EXPECT_GT(bf16.working_copies, 0.45 * f32.parameters);
+  EXPECT_LT(bf16.activations, 0.7 * f32.activations);
 }
 
 TEST(MemoryPlanTest, DescribesARankInOneLine) {
   RankMemory m;
   m.rank = 3;
   m.ep_index = 3;
-  m.weights_and_gradients = 64.0 * (1 << 30);
+  m.parameters = 64.0 * (1 << 30);
   m.optimizer_state = 8 * kMiB;
-  m.layer_inputs = 2 * kMiB;
+  m.activations = 2 * kMiB;
   EXPECT_EQ(describe_rank_memory(m),
-            "rank 3 (tp 0, ep 3): at least 64.01 GiB: weights and gradients 64.00 GiB, "
-            "optimizer state 8.0 MiB, layer inputs 2.0 MiB");
+            "rank 3 (tp 0, ep 3): at least 64.01 GiB: parameters 64.00 GiB, working copies "
+            "0.0 MiB, gradients 0.0 MiB, gradient buckets 0.0 MiB, optimizer state 8.0 MiB, "
+            "activations 2.0 MiB, all-to-all buffers 0.0 MiB");
 }
 
 TEST(MemoryPlanTest, WarnsOnlyWhenTheNeedFitsWithLessThanATenthToSpare) {
@@ -81,9 +138,9 @@ TEST(MemoryPlanTest, WarnsOnlyWhenTheNeedFitsWithLessThanATenthToSpare) {
   EXPECT_EQ(tight_fit_warning("cuda:0", 90 * kMiB, 80 * kMiB), "");  // check_fits refuses it
   EXPECT_EQ(tight_fit_warning("cuda:0", 76 * kMiB, -1), "");
   EXPECT_EQ(tight_fit_warning("cuda:0", 76 * kMiB, 80 * kMiB),
-            "warning: this run needs at least 76.0 MiB on cuda:0 before its first step, 95% of "
-            "the 80.0 MiB available there; the activations beyond the layer inputs may not fit "
-            "(use a smaller micro-batch, or more ranks)");
+            "warning: this run needs at least 76.0 MiB on cuda:0, 95% of the 80.0 MiB available "
+            "there; routing imbalance, workspaces and fragmentation may not fit (use a smaller "
+            "micro-batch, or more ranks)");
 }
 
 }  // namespace
