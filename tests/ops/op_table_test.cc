@@ -7,20 +7,24 @@
 //   inputs, its outputs poisoned first;
 // - CudaRefusesTensorsOffItsDevice (skipped without a GPU): the CUDA op given host
 //   inputs ends the process with a message naming the device.
+// OpTableRunner runs the same checks on entries broken on purpose, so each check is seen
+// to fail where it should, the cross-backend one included (the CPU against itself).
 // Built twice from these sources: ops.op_table_test, whose GPU checks skip wherever the
 // CPU tests run, and, with the CUDA backend, gpu_op_table_test (label gpu), which runs
 // all four where the GPU is.
 #include "tests/ops/op_table.h"
 
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <cmath>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "kernels/devices.h"
+#include "kernels/elementwise.h"
 #include "tests/tensor_test_util.h"
 
 namespace switchyard::testing {
@@ -127,11 +131,6 @@ std::vector<double> as_stored(const std::vector<double>& values, const OpResult&
   return outcome;
 }
 
-class OpTable : public ::testing::TestWithParam<size_t> {
- protected:
-  const OpEntry& entry() const { return op_table()[GetParam()]; }
-};
-
 // The GPU, or null where there is none (or no CUDA backend).
 Device* gpu() {
   if (visible_gpus() == 0) return nullptr;
@@ -139,8 +138,8 @@ Device* gpu() {
   return select_device("cuda", 0, &error);
 }
 
-TEST_P(OpTable, MatchesTheDoubleTemplate) {
-  const OpEntry& e = entry();
+// The op on the CPU against the double template, for every case small enough.
+void check_template(const OpEntry& e) {
   for (const OpCase& c : cases_of(e)) {
     const std::vector<Tensor> inputs = e.inputs(c);
     if (elements(inputs) > kTemplateElements) continue;
@@ -160,9 +159,8 @@ TEST_P(OpTable, MatchesTheDoubleTemplate) {
   }
 }
 
-TEST_P(OpTable, BackwardMatchesFiniteDifferences) {
-  const OpEntry& e = entry();
-  if (e.gradients.empty()) GTEST_SKIP() << e.name << " has no backward";
+// The template's backward against central differences of its forward.
+void check_gradients(const OpEntry& e) {
   const OpCase c{e.gradient_dims, e.dtypes[0], false};
   Values in = values_of(e.inputs(c));
   const Values analytic = e.reference(in, c);
@@ -190,17 +188,15 @@ TEST_P(OpTable, BackwardMatchesFiniteDifferences) {
   }
 }
 
-TEST_P(OpTable, CudaMatchesCpu) {
-  Device* device = gpu();
-  if (device == nullptr) GTEST_SKIP() << "no GPU";
-  const OpEntry& e = entry();
+// The op on `device` against the op on the CPU, from the same inputs, every case.
+void check_backends(const OpEntry& e, Device& device) {
   for (const OpCase& c : cases_of(e)) {
     SCOPED_TRACE(describe(c));
     const std::vector<Tensor> inputs = e.inputs(c);
-    std::vector<Tensor> on_gpu;
-    for (const Tensor& t : inputs) on_gpu.push_back(t.to(*device));
+    std::vector<Tensor> copies;
+    for (const Tensor& t : inputs) copies.push_back(t.to(device));
     const std::vector<OpResult> expected = e.run(OpRun(cpu_device(), inputs), c);
-    const std::vector<OpResult> results = e.run(OpRun(*device, on_gpu), c);
+    const std::vector<OpResult> results = e.run(OpRun(device, copies), c);
     if (e.invariant) e.invariant(results);
     const Values magnitudes = has_sums(results) ? magnitudes_of(e, inputs, c) : Values{};
     ASSERT_EQ(results.size(), expected.size());
@@ -211,6 +207,24 @@ TEST_P(OpTable, CudaMatchesCpu) {
                           tolerance(e.tol, r, c), exact));
     }
   }
+}
+
+class OpTable : public ::testing::TestWithParam<size_t> {
+ protected:
+  const OpEntry& entry() const { return op_table()[GetParam()]; }
+};
+
+TEST_P(OpTable, MatchesTheDoubleTemplate) { check_template(entry()); }
+
+TEST_P(OpTable, BackwardMatchesFiniteDifferences) {
+  if (entry().gradients.empty()) GTEST_SKIP() << entry().name << " has no backward";
+  check_gradients(entry());
+}
+
+TEST_P(OpTable, CudaMatchesCpu) {
+  Device* device = gpu();
+  if (device == nullptr) GTEST_SKIP() << "no GPU";
+  check_backends(entry(), *device);
 }
 
 class OpTableDeathTest : public OpTable {};
@@ -239,6 +253,72 @@ std::string entry_name(const ::testing::TestParamInfo<size_t>& info) {
 INSTANTIATE_TEST_SUITE_P(Ops, OpTable, ::testing::Range(size_t{0}, op_table().size()), entry_name);
 INSTANTIATE_TEST_SUITE_P(Ops, OpTableDeathTest, ::testing::Range(size_t{0}, op_table().size()),
                          entry_name);
+
+// Entries that break a promise on purpose, so the runner is seen to catch each: an op
+// that leaves an element of its output unwritten (still poisoned), a backward that is not
+// its forward's gradient, and backends that disagree (a second run that differs).
+// Two inputs x and y of 5 elements, returned as they are; each entry below breaks this.
+OpEntry identity_entry(const std::string& name) {
+  OpEntry e;
+  e.name = name;
+  e.dims = {{5}};
+  e.dtypes = {{DType::kF32}};
+  e.inputs = [](const OpCase& c) {
+    return std::vector<Tensor>{random_tensor(c.dims, 1), random_tensor(c.dims, 2)};
+  };
+  e.reference = [](const Values& in, const OpCase&) { return Values{in[0], in[1]}; };
+  return e;
+}
+
+OpEntry skips_an_element() {
+  OpEntry e = identity_entry("skips_an_element");
+  e.run = [](const OpRun& r, const OpCase&) {
+    Tensor out = r.written({5});
+    Tensor head = out.slice_rows(0, 4);
+    head.copy_from(r.in(0).slice_rows(0, 4));
+    return std::vector<OpResult>{result("x", out), result("y", r.in(1))};
+  };
+  return e;
+}
+
+// y = 2 x with dx = 3 dy claimed as its backward.
+OpEntry wrong_backward() {
+  OpEntry e = identity_entry("wrong_backward");
+  e.reference = [](const Values& in, const OpCase&) {
+    std::vector<double> y = in[0], dx = in[1];
+    for (double& v : y) v *= 2;
+    for (double& v : dx) v *= 3;
+    return Values{y, dx};
+  };
+  e.gradient_dims = {5};
+  e.loss_result = 0;
+  e.upstream = 1;
+  e.gradients = {{0, 1}};
+  return e;
+}
+
+OpEntry differs_on_a_second_run() {
+  OpEntry e = identity_entry("differs_on_a_second_run");
+  auto runs = std::make_shared<int>(0);
+  e.run = [runs](const OpRun& r, const OpCase&) {
+    Tensor x = r.updated(0);
+    if (++*runs % 2 == 0) scale_(r.device(), x, 1.0f + 1.0f / 1024);
+    return std::vector<OpResult>{result("x", x, Match::kExact), result("y", r.in(1))};
+  };
+  return e;
+}
+
+TEST(OpTableRunner, CatchesAnUnwrittenElement) {
+  EXPECT_NONFATAL_FAILURE(check_template(skips_an_element()), "1 of 5 elements differ");
+}
+
+TEST(OpTableRunner, CatchesABackwardThatIsNotTheGradient) {
+  EXPECT_NONFATAL_FAILURE(check_gradients(wrong_backward()), "max_relative_error");
+}
+
+TEST(OpTableRunner, CatchesBackendsThatDisagree) {
+  EXPECT_NONFATAL_FAILURE(check_backends(differs_on_a_second_run(), cpu_device()), "(x)");
+}
 
 }  // namespace
 }  // namespace switchyard::testing
