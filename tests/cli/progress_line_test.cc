@@ -108,6 +108,35 @@ TEST(TrainProgressSink, PlainLinesWhenNotATerminal) {
   EXPECT_EQ(lines[6], "");
 }
 
+TEST(FormatCount, Units) {
+  EXPECT_EQ(format_count(950), "950");
+  EXPECT_EQ(format_count(12345), "12.3k");
+  EXPECT_EQ(format_count(4.56e6), "4.56M");
+  EXPECT_EQ(format_count(7.891e9), "7.89G");
+  EXPECT_EQ(format_count(-1), "?");
+}
+
+TEST(TrainProgressSink, ABlendShowsTokensAndValidationLossPerSource) {
+  const std::string text = capture(false, 0, [](TrainProgressSink& sink) {
+    StepMetrics m = step(10, 30);
+    m.tokens_by_source = {{"plays", 4915}, {"chat", 1229}};
+    sink.on_step(m);
+    sink.on_eval(10, 3.25);
+    sink.on_source_evals(10, {{"plays", 3.0}, {"chat", 4.0}});
+  });
+  const std::vector<std::string> lines = screen(text);
+  ASSERT_EQ(lines.size(), 4u) << text;
+  EXPECT_NE(lines[0].find("eta 20s  tokens plays 4.9k chat 1.2k"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[1], "eval step 10  val_loss 3.2500");
+  EXPECT_EQ(lines[2], "eval step 10  val_loss by source: plays 3.0000  chat 4.0000");
+  const std::string live = live_step_line([] {
+    StepMetrics m = step(10, 30);
+    m.tokens_by_source = {{"plays", 4915}};
+    return m;
+  }(), 20);
+  EXPECT_NE(live.find("load max/mean 3.84  tokens plays 4.9k"), std::string::npos) << live;
+}
+
 TEST(TrainProgressSink, OneLiveLineOnATerminal) {
   const std::string text = capture(true, 0, [](TrainProgressSink& sink) {
     sink.on_message("switchyard train: tiny");
