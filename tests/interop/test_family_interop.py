@@ -5,8 +5,8 @@ the same logits, cross-entropy, load-balancing aux loss and gradient for every
 parameter. The import exported again with `convert to-hf` loads into transformers with
 no missing or unexpected keys and holds exactly the original weights (fp32).
 
-Run by ctest with the interop environment's Python under transformers 5.x and 4.x (the
-4.x line installed, 4.46, predates Qwen3-MoE: those cases skip there). SWITCHYARD names
+Run by ctest with the interop environment's Python under transformers 5.x and 4.x (4.57;
+Qwen3-MoE cases skip under a transformers without the class). SWITCHYARD names
 the binary and MODEL_IO_TOOL the tool that runs the engine's forward and backward.
 """
 import json
