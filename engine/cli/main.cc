@@ -29,6 +29,7 @@
 #include "engine/cli/convert_command.h"
 #include "engine/cli/data_commands.h"
 #include "engine/cli/load_model.h"
+#include "engine/cli/plan_command.h"
 #include "engine/cli/sample_command.h"
 #include "engine/cli/progress_line.h"
 #include "engine/config/recipe.h"
@@ -315,6 +316,7 @@ int run_main(int argc, char** argv) {
   DataCommands data_commands(app);
   ConvertCommand convert_command(app);
   BenchCommand bench_command(app);
+  PlanCommand plan_command(app);
   SampleCommand sample_command(app);
 
   try {
@@ -325,6 +327,7 @@ int run_main(int argc, char** argv) {
   if (data_commands.parsed()) return report(data_commands.run());
   if (convert_command.parsed()) return report(convert_command.run());
   if (bench_command.parsed()) return report(bench_command.run());
+  if (plan_command.parsed()) return report(plan_command.run());
   if (train_cmd->parsed())
     return train_exit_status(run_train(recipe_path, run_dir, overrides, dry, dry_world,
                                        peak_gflops, cache_dir, resume_from, extend_schedule));

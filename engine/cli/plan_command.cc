@@ -1,0 +1,301 @@
+#include "engine/cli/plan_command.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "engine/config/recipe.h"
+#include "engine/model/model_stats.h"
+#include "engine/parallel/topology.h"
+#include "engine/runtime/file_util.h"
+#include "engine/runtime/status_macros.h"
+#include "engine/train/memory_plan.h"
+#include "engine/train/peak.h"
+#include "kernels/devices.h"
+
+namespace switchyard {
+
+namespace {
+
+// The most ranks a plan considers, as for a dry run.
+constexpr int kMaxPlanWorld = 4096;
+
+struct LayoutChoice {
+  int tp = 1;
+  int ep = 1;
+  int zero = 0;
+};
+
+struct Machine {
+  double memory_bytes = 0;
+  double peak_flops = 0;       // one device's
+  double bandwidth_bytes = 0;  // one rank's, per second, for every collective
+};
+
+// A layout's figures: its largest rank's memory and the step-time model's terms, in s.
+struct LayoutPlan {
+  LayoutChoice choice;
+  Layout layout;
+  RankMemory worst;
+  double flops_per_rank = 0;
+  double compute_s = 0;
+  double all_to_all_s = 0;
+  double tensor_parallel_s = 0;
+  double gradient_s = 0;
+  double step_s() const { return compute_s + all_to_all_s + tensor_parallel_s + gradient_s; }
+  bool fits = false;
+};
+
+// "80GB", "80GiB", "8.5e10": bytes. Decimal (k, M, G, T + B) and binary (KiB ... TiB)
+// suffixes; the result is finite, > 0 and below 2^60.
+absl::StatusOr<double> parse_bytes(const std::string& text) {
+  static const std::pair<const char*, double> kUnits[] = {
+      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"kB", 1e3},     {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12},    {"B", 1.0}};
+  std::string number = text;
+  double unit = 1;
+  for (const auto& [suffix, scale] : kUnits) {
+    const std::string s = suffix;
+    if (number.size() > s.size() && number.compare(number.size() - s.size(), s.size(), s) == 0) {
+      number.resize(number.size() - s.size());
+      unit = scale;
+      break;
+    }
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(number, &value) || !std::isfinite(value) || value <= 0 ||
+      value * unit >= std::ldexp(1.0, 60))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device-memory: want a size in bytes such as 80GB or 80GiB, not \"", text, "\""));
+  return value * unit;
+}
+
+// "tp=2,ep=8,zero=1": every key at most once, each a small positive (zero: 0-3) integer.
+absl::StatusOr<LayoutChoice> parse_layout(const std::string& text) {
+  LayoutChoice c;
+  bool seen[3] = {false, false, false};
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    const std::vector<std::string> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
+    int value = 0;
+    const char* keys[] = {"tp", "ep", "zero"};
+    int* fields[] = {&c.tp, &c.ep, &c.zero};
+    int key = -1;
+    for (int k = 0; k < 3; ++k)
+      if (kv.size() == 2 && kv[0] == keys[k]) key = k;
+    const int low = key == 2 ? 0 : 1, high = key == 2 ? 3 : kMaxPlanWorld;
+    if (key < 0 || seen[key] || !absl::SimpleAtoi(kv[1], &value) || value < low ||
+        value > high)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--layout: want tp=N,ep=N,zero=0..3 (each at most once), not \"", text, "\""));
+    seen[key] = true;
+    *fields[key] = value;
+  }
+  return c;
+}
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+// A ring collective moves (p - 1) / p of `bytes` through each rank, an all-reduce twice.
+double ring_s(double bytes, int p, const Machine& machine) {
+  return p > 1 ? bytes * (p - 1) / p / machine.bandwidth_bytes : 0;
+}
+
+// The step-time model (docs/planning.md): FLOPs at the device's peak, then every
+// collective at the bandwidth, none overlapped.
+void estimate_step(const config::Recipe& recipe, const ModelStats& stats, const Machine& machine,
+                   LayoutPlan& p) {
+  const config::Recipe& r = recipe;
+  const Layout& l = p.layout;
+  const double b = r.runtime().precision() == "fp32" ? 4 : 2;
+  const double tokens = static_cast<double>(l.global_batch_size) * r.train().seq_len();
+  p.flops_per_rank = stats.train_flops_per_token * tokens / l.world_size;
+  p.compute_s = p.flops_per_rank / machine.peak_flops;
+  // Per rank and micro-batch: its tokens and, routed, the rows leaving it.
+  const double n = static_cast<double>(l.micro_batch_size) * r.train().seq_len();
+  const double passes = static_cast<double>(l.micro_batches_per_step);
+  int moe_layers = 0;
+  for (int i = 0; i < r.model().num_layers(); ++i) moe_layers += config::is_moe_layer(r, i);
+  const double hidden = static_cast<double>(r.model().hidden_size());
+  const double routed = n / l.tensor_parallel_size * r.moe().top_k() * hidden * b;
+  const double ep = l.expert_parallel_size;
+  // Dispatch and combine, forward and backward.
+  p.all_to_all_s = passes * moe_layers * 4 * routed * (ep - 1) / ep / machine.bandwidth_bytes;
+  // Per layer, forward and backward: two all-reduces of the activations over tp.
+  p.tensor_parallel_s = passes * r.model().num_layers() * 4 * 2 *
+                        ring_s(n * hidden * b, l.tensor_parallel_size, machine);
+  // Gradients once per step: dense ones over dp (reduce-scatter under ZeRO-2/3, plus
+  // ZeRO-3's gathers of the values in forward and backward), expert ones over expert dp.
+  const double dense = static_cast<double>(stats.total_params - stats.expert_params) * 4 /
+                       l.tensor_parallel_size;
+  const double expert = static_cast<double>(stats.expert_params) * 4 / l.expert_parallel_size;
+  const int zero = r.parallel().zero_stage();
+  p.gradient_s = (zero >= 2 ? 1 : 2) * ring_s(dense, l.data_parallel_size, machine) +
+                 (zero == 3 ? 2 * passes * ring_s(dense, l.data_parallel_size, machine) : 0) +
+                 2 * ring_s(expert, l.expert_data_parallel_size, machine);
+}
+
+// The plan of `c` on `world` ranks; nullopt for a layout the recipe refuses.
+std::optional<LayoutPlan> plan_layout(const config::Recipe& base, const ModelStats& stats,
+                                      const Machine& machine, int world, LayoutChoice c,
+                                      std::string* refusal) {
+  config::Recipe recipe = base;
+  recipe.mutable_parallel()->set_tensor_parallel_size(c.tp);
+  recipe.mutable_parallel()->set_expert_parallel_size(c.ep);
+  recipe.mutable_parallel()->set_zero_stage(c.zero);
+  absl::Status valid = config::validate_recipe(recipe);
+  absl::StatusOr<Layout> layout =
+      valid.ok() ? make_layout(recipe, world) : absl::StatusOr<Layout>(valid);
+  if (!layout.ok()) {
+    *refusal = std::string(layout.status().message());
+    return std::nullopt;
+  }
+  LayoutPlan p;
+  p.choice = c;
+  p.layout = *layout;
+  const DType working = working_dtype(recipe.runtime().precision(), /*on_gpu=*/true);
+  for (const RankMemory& m : plan_rank_memory(recipe, p.layout, working))
+    if (m.total() > p.worst.total()) p.worst = m;
+  p.fits = p.worst.total() <= machine.memory_bytes;
+  estimate_step(recipe, stats, machine, p);
+  return p;
+}
+
+std::string layout_name(const LayoutPlan& p) {
+  return absl::StrFormat("dp %d, tp %d, ep %d, zero %d", p.layout.data_parallel_size,
+                         p.choice.tp, p.choice.ep, p.choice.zero);
+}
+
+// The largest of the rank's terms: what to shrink first.
+std::pair<std::string, double> largest_term(const RankMemory& m) {
+  const std::pair<std::string, double> terms[] = {
+      {"parameters", m.parameters},         {"working copies", m.working_copies},
+      {"gradients", m.gradients},           {"gradient buckets", m.gradient_buckets},
+      {"optimizer state", m.optimizer_state}, {"activations", m.activations},
+      {"all-to-all buffers", m.all_to_all}};
+  return *std::max_element(std::begin(terms), std::end(terms),
+                           [](const auto& a, const auto& b) { return a.second < b.second; });
+}
+
+std::string fit_text(const LayoutPlan& p, const Machine& machine) {
+  if (p.fits)
+    return absl::StrFormat("step %.3f s (compute %.3f, all-to-all %.3f, tp %.3f, gradients "
+                           "%.3f); %s on rank %d",
+                           p.step_s(), p.compute_s, p.all_to_all_s, p.tensor_parallel_s,
+                           p.gradient_s, size_text(p.worst.total()), p.worst.rank);
+  const auto [term, bytes] = largest_term(p.worst);
+  return absl::StrFormat("does not fit: rank %d needs %s of %s, the most for %s (%s)",
+                         p.worst.rank, size_text(p.worst.total()),
+                         size_text(machine.memory_bytes), term, size_text(bytes));
+}
+
+nlohmann::ordered_json plan_json(const LayoutPlan& p) {
+  return {{"data_parallel_size", p.layout.data_parallel_size},
+          {"tensor_parallel_size", p.choice.tp},
+          {"expert_parallel_size", p.choice.ep},
+          {"zero_stage", p.choice.zero},
+          {"fits", p.fits},
+          {"largest_rank", rank_memory_json(p.worst)},
+          {"flops_per_rank", p.flops_per_rank},
+          {"step_s", p.step_s()},
+          {"compute_s", p.compute_s},
+          {"all_to_all_s", p.all_to_all_s},
+          {"tensor_parallel_s", p.tensor_parallel_s},
+          {"gradient_s", p.gradient_s}};
+}
+
+}  // namespace
+
+PlanCommand::PlanCommand(CLI::App& app) {
+  plan_ = app.add_subcommand(
+      "plan", "per-rank memory and estimated step time of one layout or every layout of N ranks");
+  plan_->add_option("recipe", recipe_path_, "recipe file (.textproto)")->required();
+  plan_->add_option("--world", world_, "ranks")->required()->check(CLI::Range(1, kMaxPlanWorld));
+  plan_->add_option("--device-memory", device_memory_,
+                    "memory of one device: bytes, or with a unit (80GB, 80GiB)")
+      ->required();
+  plan_->add_option("--layout", layout_,
+                    "one layout, tp=N,ep=N,zero=0..3 (unnamed: 1, 1, 0); default: every valid one");
+  plan_->add_option("--gpu", gpu_, "device whose dense bf16 peak sets the compute time");
+  plan_->add_option("--peak-tflops", peak_tflops_, "one device's peak TFLOP/s, instead of --gpu's")
+      ->check(CLI::Range(1e-3, 1e6));
+  plan_->add_option("--bandwidth", bandwidth_gbps_,
+                    "GB/s each rank moves in all-to-all, all-reduce and all-gather")
+      ->check(CLI::Range(1e-3, 1e6));
+  plan_->add_option("--set", overrides_, "override a recipe field: path=value (repeatable)");
+  plan_->add_option("--json", json_path_, "also write the plans to this JSON file");
+}
+
+bool PlanCommand::parsed() const { return plan_->parsed(); }
+
+absl::Status PlanCommand::run() {
+  SY_ASSIGN_OR_RETURN(const config::Recipe recipe,
+                      config::load_recipe(recipe_path_, overrides_));
+  Machine machine;
+  SY_ASSIGN_OR_RETURN(machine.memory_bytes, parse_bytes(device_memory_));
+  machine.peak_flops = peak_tflops_ > 0 ? peak_tflops_ * 1e12 : known_gpu_bf16_peak_flops(gpu_);
+  if (machine.peak_flops <= 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu: no known peak for \"", gpu_, "\"; give --peak-tflops"));
+  machine.bandwidth_bytes = bandwidth_gbps_ * 1e9;
+  std::vector<LayoutChoice> choices;
+  if (!layout_.empty()) {
+    SY_ASSIGN_OR_RETURN(const LayoutChoice c, parse_layout(layout_));
+    choices.push_back(c);
+  } else {
+    for (int tp : divisors(world_))
+      for (int ep : divisors(world_))
+        for (int zero = 0; zero <= 3; ++zero) choices.push_back({tp, ep, zero});
+  }
+  const ModelStats stats = compute_model_stats(recipe);
+  std::vector<LayoutPlan> plans;
+  std::string refusal;
+  for (const LayoutChoice& c : choices)
+    if (std::optional<LayoutPlan> p = plan_layout(recipe, stats, machine, world_, c, &refusal))
+      plans.push_back(*p);
+  if (plans.empty())
+    return absl::InvalidArgumentError(
+        layout_.empty() ? absl::StrCat("no layout of ", world_, " ranks is valid for ",
+                                       recipe.name(), " (", refusal, ")")
+                        : refusal);
+  // Those that fit by step time (then by memory); the others after, by memory.
+  std::stable_sort(plans.begin(), plans.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.fits && a.step_s() != b.step_s()) return a.step_s() < b.step_s();
+    return a.worst.total() < b.worst.total();
+  });
+  const int fitting = static_cast<int>(std::count_if(
+      plans.begin(), plans.end(), [](const LayoutPlan& p) { return p.fits; }));
+  std::printf("%s on %d ranks of %s, %.0f TFLOP/s, %.0f GB/s: %d of %zu layouts fit\n",
+              recipe.name().c_str(), world_, size_text(machine.memory_bytes).c_str(),
+              machine.peak_flops / 1e12, bandwidth_gbps_, fitting, plans.size());
+  nlohmann::ordered_json all = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < plans.size(); ++i) {
+    std::printf("%3zu. %-28s %s\n", i + 1, layout_name(plans[i]).c_str(),
+                fit_text(plans[i], machine).c_str());
+    all.push_back(plan_json(plans[i]));
+  }
+  if (json_path_.empty()) return absl::OkStatus();
+  const nlohmann::ordered_json j = {{"recipe", recipe.name()},
+                                    {"world_size", world_},
+                                    {"device_memory_bytes", machine.memory_bytes},
+                                    {"peak_flops", machine.peak_flops},
+                                    {"bandwidth_bytes_per_s", machine.bandwidth_bytes},
+                                    {"train_flops_per_token", stats.train_flops_per_token},
+                                    {"layouts", all}};
+  return write_file_atomically(json_path_, j.dump(1) + "\n");
+}
+
+}  // namespace switchyard

@@ -1,0 +1,40 @@
+// `switchyard plan RECIPE --world N --device-memory BYTES [--layout tp=T,ep=E,zero=Z]
+//                 [--gpu NAME | --peak-tflops T] [--bandwidth GB/s] [--set ...] [--json F]`:
+// the memory every rank of a layout needs (the trainer's own accounting,
+// engine/train/memory_plan.h), its FLOPs and an estimated step time, for one layout or
+// every valid layout of N ranks; the layouts that fit ranked by step time, and for each
+// that does not, the term that exceeds the device (docs/planning.md).
+// Wiring in main(): construct PlanCommand on the app before parsing, then
+//   if (plan_command.parsed()) return report(plan_command.run());
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace switchyard {
+
+class PlanCommand {
+ public:
+  explicit PlanCommand(CLI::App& app);
+
+  bool parsed() const;
+  // Prints the ranked layouts to stdout (and writes --json); errors come back.
+  absl::Status run();
+
+ private:
+  CLI::App* plan_ = nullptr;
+  std::string recipe_path_;
+  std::vector<std::string> overrides_;
+  int world_ = 0;
+  std::string device_memory_;
+  std::string layout_;
+  std::string gpu_ = "H100";
+  double peak_tflops_ = 0;
+  double bandwidth_gbps_ = 50;
+  std::string json_path_;
+};
+
+}  // namespace switchyard

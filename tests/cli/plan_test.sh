@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# `switchyard plan`: every shipped recipe gets a ranked answer on 80 GiB devices, 64 of
+# them for the full-size ones, fewer for the small ones whose batch 64 ranks cannot split
+# (the layouts that fit first, each other one with the term that needs the most), one
+# layout can be asked for, --json writes the plans, and bad flags are one line, exit 1.
+#   plan_test.sh SWITCHYARD_BINARY REPO_ROOT
+set -u
+bin="$1"
+root="$2"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+
+for recipe in "$root"/recipes/*.textproto; do
+  name=$(basename "$recipe" .textproto)
+  world=64
+  [[ $name == switch-base-8 ]] && world=8
+  [[ $name == tiny ]] && world=2
+  if ! "$bin" plan "$recipe" --world $world --device-memory 80GiB >"$work/out" 2>"$work/err"; then
+    fail "$name: exit status"; cat "$work/err"; continue
+  fi
+  if ! head -n 1 "$work/out" | grep -qE "^$name on $world ranks of 80.00 GiB, 989 TFLOP/s, 50 GB/s: [0-9]+ of [0-9]+ layouts fit$" ||
+     ! grep -qE '^  1\. dp [0-9]+, tp [0-9]+, ep [0-9]+, zero [0-3] +(step|does not fit)' "$work/out"; then
+    fail "$name: output"; cat "$work/out"; continue
+  fi
+  echo "ok   $name: $(head -n 1 "$work/out")"
+done
+
+# Mixtral 8x7B fits on 64 H100s only with its experts spread and its state sharded; the
+# layouts that do not fit name the term that needs the most.
+mixtral="$root/recipes/mixtral-8x7b.textproto"
+"$bin" plan "$mixtral" --world 64 --device-memory 80GiB --json "$work/plan.json" >"$work/out"
+grep -qE '^  1\. dp [0-9]+, tp [0-9]+, ep 8, zero [1-3] +step [0-9.]+ s' "$work/out" ||
+  { fail "mixtral: best layout"; cat "$work/out"; }
+grep -qE 'ep 1, zero 0 +does not fit: rank [0-9]+ needs .* the most for optimizer state' "$work/out" ||
+  { fail "mixtral: refusal reason"; cat "$work/out"; }
+python3 - "$work/plan.json" <<'PY' || fail "mixtral: json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+fit = [l for l in j["layouts"] if l["fits"]]
+assert fit and all(l["largest_rank"]["total"] <= j["device_memory_bytes"] for l in fit)
+assert [l["step_s"] for l in fit] == sorted(l["step_s"] for l in fit)
+assert all(l["step_s"] >= l["compute_s"] > 0 for l in fit)
+PY
+
+# One layout.
+"$bin" plan "$mixtral" --world 64 --device-memory 80GiB --layout tp=4,ep=8,zero=1 >"$work/out" &&
+  [[ $(grep -c '^  1\. dp 16, tp 4, ep 8, zero 1 ' "$work/out") -eq 1 ]] &&
+  [[ $(wc -l <"$work/out") -eq 2 ]] || { fail "one layout"; cat "$work/out"; }
+
+# expect_error NAME MESSAGE -- ARGS...: exit 1 and one stderr line containing MESSAGE.
+expect_error() {
+  local name="$1" message="$2"
+  shift 3
+  "$bin" plan "$@" >"$work/out" 2>"$work/err"
+  local status=$?
+  if [[ $status -ne 1 || $(wc -l <"$work/err") -ne 1 ]] || ! grep -qF -- "$message" "$work/err"; then
+    fail "$name: status $status"; cat "$work/err"
+  else
+    echo "ok   $name"
+  fi
+}
+tiny="$root/recipes/tiny.textproto"
+expect_error "memory without a number" "--device-memory: want a size in bytes" -- "$tiny" --world 2 --device-memory GB
+expect_error "negative memory" "--device-memory: want a size in bytes" -- "$tiny" --world 2 --device-memory -5GB
+expect_error "nan memory" "--device-memory: want a size in bytes" -- "$tiny" --world 2 --device-memory nan
+expect_error "huge memory" "--device-memory: want a size in bytes" -- "$tiny" --world 2 --device-memory 1e30
+expect_error "no world" "--world is required" -- "$tiny" --device-memory 80GB
+expect_error "world too large" "--world: Value 5000 not in range" -- "$tiny" --world 5000 --device-memory 80GB
+expect_error "unknown layout key" "--layout: want tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout pp=2
+expect_error "repeated layout key" "--layout: want tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout tp=1,tp=2
+expect_error "zero stage 4" "--layout: want tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout zero=4
+expect_error "layout the recipe refuses" "must be divisible by parallel.tensor_parallel_size (4)" -- "$tiny" --world 4 --device-memory 80GB --layout tp=4
+expect_error "layout the world refuses" "(3)" -- "$tiny" --world 2 --device-memory 80GB --layout ep=3
+expect_error "unknown gpu" "--gpu: no known peak for" -- "$tiny" --world 2 --device-memory 80GB --gpu abacus
+expect_error "zero bandwidth" "--bandwidth" -- "$tiny" --world 2 --device-memory 80GB --bandwidth 0
+expect_error "json into a missing directory" "$work/none/p.json" -- "$tiny" --world 2 --device-memory 80GB --json "$work/none/p.json"
+exit $((failures > 0))
