@@ -221,6 +221,70 @@ void round_robin_routing(Device& dev, int64_t first_token, int num_experts, Tens
                            num_experts, k);
 }
 
+void expert_choice_forward(Device& dev, const Tensor& probs, int64_t capacity, Tensor& expert_ids,
+                           Tensor& weights) {
+  SY_CHECK_MSG(probs.rank() == 2 && probs.dtype() == DType::kF32,
+               "expert_choice_forward: probs must be f32 (n, E)");
+  SY_CHECK_MSG(expert_ids.shape() == probs.shape() && expert_ids.dtype() == DType::kI32,
+               "expert_choice_forward: expert_ids must be i32 (n, E)");
+  SY_CHECK_MSG(weights.shape() == probs.shape() && weights.dtype() == DType::kF32,
+               "expert_choice_forward: weights must be f32 (n, E)");
+  SY_CHECK_MSG(capacity >= 1, "expert_choice_forward: capacity must be >= 1");
+  const int64_t n = probs.dim(0), num_experts = probs.dim(1);
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::expert_choice_forward(
+        probs.data<float>(), expert_ids.data<int32_t>(), weights.data<float>(), n, num_experts,
+        capacity, op_stream(dev, "expert_choice_forward", {&probs, &expert_ids, &weights}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "expert_choice_forward: this build has no CUDA backend");
+  cpu::expert_choice_forward(probs.data<float>(), expert_ids.data<int32_t>(), weights.data<float>(),
+                             n, num_experts, capacity);
+}
+
+void expert_choice_router_forward(Device& dev, const Tensor& logits, int64_t capacity,
+                                  Tensor& probs, Tensor& expert_ids, Tensor& weights,
+                                  Tensor& sums) {
+  SY_CHECK_MSG(logits.rank() == 2, "expert_choice_router_forward: logits must be (n, E)");
+  const int64_t n = logits.dim(0), num_experts = logits.dim(1);
+  SY_CHECK_MSG(sums.numel() == 2 * num_experts + 1 && sums.dtype() == DType::kF32,
+               "expert_choice_router_forward: sums must be (2 E + 1) f32");
+  // The softmax, through the top-1 gating whose choice is not used.
+  Tensor top1_ids = Tensor::empty({n, 1}, DType::kI32, MemoryKind::kActivations, dev);
+  Tensor top1_weights = Tensor::empty({n, 1}, DType::kF32, MemoryKind::kActivations, dev);
+  gating_forward(dev, logits, 1, false, probs, top1_ids, top1_weights);
+  expert_choice_forward(dev, probs, capacity, expert_ids, weights);
+  const Tensor flat = sums.reshape({2 * num_experts + 1, 1});
+  Tensor taken = flat.slice_rows(0, num_experts).reshape({num_experts});
+  Tensor prob_sums = flat.slice_rows(num_experts, 2 * num_experts).reshape({num_experts});
+  Tensor z_sum = flat.slice_rows(2 * num_experts, 2 * num_experts + 1).reshape({1});
+  routing_counts(dev, probs, expert_ids, taken, prob_sums);
+  router_z_loss_sum(dev, logits, z_sum);
+}
+
+void expert_choice_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,
+                            const Tensor& dweights, Tensor& dlogits) {
+  SY_CHECK_MSG(probs.rank() == 2, "expert_choice_backward: probs must be (n, E)");
+  SY_CHECK_MSG(expert_ids.shape() == probs.shape() && dweights.shape() == probs.shape() &&
+                   dlogits.shape() == probs.shape(),
+               "expert_choice_backward: expert_ids, dweights and dlogits must be (n, E)");
+  const int64_t n = probs.dim(0), num_experts = probs.dim(1);
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    cuda::expert_choice_backward(
+        probs.data<float>(), expert_ids.data<int32_t>(), dweights.data<float>(),
+        dlogits.data<float>(), n, num_experts,
+        op_stream(dev, "expert_choice_backward", {&probs, &expert_ids, &dweights, &dlogits}));
+    return;
+  }
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "expert_choice_backward: this build has no CUDA backend");
+  cpu::expert_choice_backward(probs.data<float>(), expert_ids.data<int32_t>(),
+                              dweights.data<float>(), dlogits.data<float>(), n, num_experts);
+}
+
 void router_z_loss_sum(Device& dev, const Tensor& logits, Tensor& z_sum) {
   SY_CHECK_MSG(logits.rank() == 2 && logits.dim(1) > 0, "router_z_loss_sum: logits must be (n, E)");
   SY_CHECK_MSG(z_sum.numel() == 1 && z_sum.dtype() == DType::kF32,

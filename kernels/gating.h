@@ -52,6 +52,22 @@ void sigmoid_gating_backward(Device& dev, const Tensor& scores, const Tensor& ex
 void round_robin_routing(Device& dev, int64_t first_token, int num_experts, Tensor& expert_ids,
                          Tensor& weights);
 
+// Expert choice (moe.gating EXPERT_CHOICE, Zhou et al. 2022): each expert takes the
+// `capacity` tokens of the batch with the highest probability for it (ties: the lower
+// token; expert_takes_token in kernels/top_k_selection.h). probs (n, E) f32 ->
+// expert_ids (n, E) i32 = e where expert e took token t, else -1, and weights (n, E) f32
+// = the probability there, else 0. A token may go to no expert or to several.
+void expert_choice_forward(Device& dev, const Tensor& probs, int64_t capacity, Tensor& expert_ids,
+                           Tensor& weights);
+// router_forward's twin for expert choice: logits (n, E) -> probs (softmax), the choice,
+// and sums (2E + 1) = tokens taken per expert, probability sums, z-loss sum.
+void expert_choice_router_forward(Device& dev, const Tensor& logits, int64_t capacity,
+                                  Tensor& probs, Tensor& expert_ids, Tensor& weights,
+                                  Tensor& sums);
+// dweights (n, E) -> dlogits (n, E) written, through the softmax, the choice held fixed.
+void expert_choice_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,
+                            const Tensor& dweights, Tensor& dlogits);
+
 // Router z-loss (ST-MoE): the mean over rows of logsumexp(logits)^2. z_sum: (1) f32
 // written on `dev`, the sum over rows (in double, rounded once): sums over ranks add up,
 // and the reader divides by the rows. Its gradient, scale * d(mean)/dlogits, is

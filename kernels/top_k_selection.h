@@ -1,6 +1,6 @@
 // The router's top-k selection, one definition for the CPU and CUDA kernels (host and
-// device code): experts ranked by a score, ties to the lower id; and the sigmoid
-// router's group-limited choice (DeepSeek-V3).
+// device code): experts ranked by a score, ties to the lower id; the sigmoid router's
+// group-limited choice (DeepSeek-V3); and expert choice's ranking of tokens.
 #pragma once
 
 #include <cmath>
@@ -129,6 +129,19 @@ SY_HOST_DEVICE void select_sigmoid_top_k(const T* scores, const float* bias, int
   const T scale = g.renormalize ? static_cast<T>(g.scaling) / (total + static_cast<T>(1e-20))
                                 : static_cast<T>(g.scaling);
   for (int j = 0; j < g.k; ++j) w[j] *= scale;
+}
+
+// Expert choice (moe.gating EXPERT_CHOICE): token t's rank among the n tokens for expert
+// e, by probability (probs (n, E)), ties to the lower token; the expert takes the tokens
+// of rank < capacity. Counting stops at the capacity, so a call costs O(n).
+template <typename T>
+SY_HOST_DEVICE bool expert_takes_token(const T* probs, int64_t n, int64_t num_experts,
+                                       int64_t capacity, int64_t t, int64_t e) {
+  const T pt = probs[t * num_experts + e];
+  int64_t rank = 0;
+  for (int64_t u = 0; u < n && rank < capacity; ++u)
+    rank += u != t && ranks_before(probs[u * num_experts + e], u, pt, t);
+  return rank < capacity;
 }
 
 }  // namespace switchyard

@@ -19,20 +19,21 @@ constexpr int64_t kBytesPerElement = 2;  // bf16 activations on the wire
 
 // Assignments of one batch that permute_plan drops at capacity
 // ceil(capacity_factor * n * k / E), keeping the highest-weight ones as the layer does.
-int64_t dropped_assignments(const RoutingSample& s, int num_experts, int top_k,
+int64_t dropped_assignments(const RoutingSample& s, int num_experts, int slots, int top_k,
                             double capacity_factor) {
   const auto capacity =
       static_cast<int64_t>(std::ceil(capacity_factor * s.tokens * top_k / num_experts));
-  Tensor ids = Tensor::empty({s.tokens, top_k}, DType::kI32);
-  Tensor weights = Tensor::empty({s.tokens, top_k});
+  Tensor ids = Tensor::empty({s.tokens, slots}, DType::kI32);
+  Tensor weights = Tensor::empty({s.tokens, slots});
   std::copy(s.expert_ids.begin(), s.expert_ids.end(), ids.data<int32_t>());
   std::copy(s.weights.begin(), s.weights.end(), weights.data<float>());
   Tensor tokens_per_expert = Tensor::empty({num_experts}, DType::kI32);
-  Tensor dest_rows = Tensor::empty({s.tokens, top_k}, DType::kI32);
+  Tensor dest_rows = Tensor::empty({s.tokens, slots}, DType::kI32);
   permute_plan(cpu_device(), ids, weights, num_experts, capacity, tokens_per_expert, dest_rows);
-  int64_t kept = 0;
+  int64_t sent = 0, kept = 0;
+  for (const int32_t e : s.expert_ids) sent += e >= 0;
   for (int e = 0; e < num_experts; ++e) kept += tokens_per_expert.data<int32_t>()[e];
-  return s.tokens * top_k - kept;
+  return sent - kept;
 }
 
 double max_over_mean(const std::vector<int64_t>& v) {
@@ -149,8 +150,9 @@ BalanceCounts make_balance_counts(int num_experts, int top_k, int expert_paralle
 
 void add_routing(const RoutingSample& s, BalanceCounts& c) {
   const int E = c.num_experts;
-  const int k = c.top_k;
   const int64_t n = s.tokens;
+  // Assignment slots per token: top-k, or one per expert for expert choice.
+  const int k = n > 0 ? static_cast<int>(s.expert_ids.size() / n) : c.top_k;
   c.tokens += n;
   for (int64_t t = 0; t < n; ++t) {
     for (int j = 0; j < k; ++j) {
@@ -170,7 +172,7 @@ void add_routing(const RoutingSample& s, BalanceCounts& c) {
     c.z_sum += lse * lse;
   }
   for (int i = 0; i < kNumCapacityFactors; ++i)
-    c.dropped[i] += dropped_assignments(s, E, k, kBalanceCapacityFactors[i]);
+    c.dropped[i] += dropped_assignments(s, E, k, c.top_k, kBalanceCapacityFactors[i]);
   const int P = c.expert_parallel;
   if (P > 1) {
     const int local_experts = E / P;

@@ -18,8 +18,8 @@ inline constexpr double kBalanceCapacityFactors[] = {1.0, 1.25, 1.5, 2.0};
 // One batch of one layer on the host: n tokens, E experts, top-k.
 struct RoutingSample {
   int64_t tokens = 0;
-  std::vector<int32_t> expert_ids;  // (n, k)
-  std::vector<float> weights;       // (n, k), the combine weights permute_plan ranks by
+  std::vector<int32_t> expert_ids;  // (n, slots): top-k, or E for expert choice (-1: none)
+  std::vector<float> weights;       // (n, slots), the combine weights permute_plan ranks by
   std::vector<float> probs;         // (n, E) softmax
   std::vector<float> logits;        // (n, E) router logits
 };

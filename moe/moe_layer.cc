@@ -18,6 +18,11 @@ namespace {
 Tensor activation(Device& dev, const Shape& shape, DType dtype = DType::kF32) {
   return Tensor::empty(shape, dtype, MemoryKind::kActivations, dev);
 }
+
+// Tokens per expert at capacity factor cf: ceil(cf x tokens x k / E).
+int64_t expert_capacity(float capacity_factor, int64_t tokens, int top_k, int num_experts) {
+  return static_cast<int64_t>(std::ceil(capacity_factor * tokens * top_k / num_experts));
+}
 }  // namespace
 
 MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
@@ -28,6 +33,7 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
       ep_(expert_parallel && expert_parallel->size() > 1 ? expert_parallel : nullptr),
       tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr),
       top_k_(moe.top_k()),
+      slots_(moe.gating() == config::EXPERT_CHOICE ? moe.num_experts() : moe.top_k()),
       gating_(moe.gating()),
       sigmoid_{.k = moe.top_k(),
                .renormalize = moe.norm_topk_prob(),
@@ -94,14 +100,14 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
   router_logits_ = activation(dev, {n, E});
   matmul(dev, router_x_, false, router_->value, true, router_logits_);
   probs_ = activation(dev, {n, E});
-  expert_ids_ = activation(dev, {n, top_k_}, DType::kI32);
-  weights_ = activation(dev, {n, top_k_});
+  expert_ids_ = activation(dev, {n, slots_}, DType::kI32);
+  weights_ = activation(dev, {n, slots_});
   // This layer's routing sums (selections, probability sums, z-loss, kept assignments)
   // stay on the device until the forward's end (RouterStats::collect).
   Tensor row = stats.add_layer(total).reshape({3 * E + 1, 1});
   Tensor sums = row.slice_rows(0, 2 * E + 1).reshape({2 * E + 1});
   Tensor kept = row.slice_rows(2 * E + 1, 3 * E + 1).reshape({E});
-  route(dev, member * n, sums);
+  route(dev, member * n, capacity_factor, sums);
 
   // GShard: the second expert takes the token with probability min(1, 2 * weight); an
   // unsent assignment has expert id -1 in the dispatch plan (the gating backward keeps
@@ -114,7 +120,9 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
     rng = Rng(rng.seed(), rng.counter() + static_cast<uint64_t>(total));
   }
 
-  const int64_t rows = plan_dispatch(dev, dispatch_ids, total, capacity_factor);
+  // Expert choice's capacity is in its choice; its dispatch drops nothing more.
+  const int64_t rows = plan_dispatch(dev, dispatch_ids, total,
+                                     gating_ == config::EXPERT_CHOICE ? 0 : capacity_factor);
   convert(dev, tokens_per_expert_, kept);
   if (tp_) tp_->all_reduce_sum(row);
   Tensor permuted = activation(dev, {rows, hidden}, dtype);
@@ -148,8 +156,17 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
   return y;
 }
 
-void MoeLayer::route(Device& dev, int64_t first_token, Tensor& sums) {
-  if (gating_ == config::SIGMOID_TOPK) {
+void MoeLayer::route(Device& dev, int64_t first_token, float capacity_factor, Tensor& sums) {
+  if (gating_ == config::EXPERT_CHOICE) {
+    // Capacity factor 0 (dropless elsewhere, and inference) takes k tokens per expert's
+    // share: n k / E.
+    const int64_t n = router_logits_.dim(0);
+    const int64_t capacity = std::clamp<int64_t>(
+        expert_capacity(capacity_factor > 0 ? capacity_factor : 1.0f, n, top_k_, num_experts_),
+        1, std::max<int64_t>(n, 1));
+    expert_choice_router_forward(dev, router_logits_, capacity, probs_, expert_ids_, weights_,
+                                 sums);
+  } else if (gating_ == config::SIGMOID_TOPK) {
     sigmoid_router_forward(dev, router_logits_, expert_bias_->value, sigmoid_, probs_,
                            expert_ids_, weights_, sums);
   } else {
@@ -165,32 +182,30 @@ int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t
   const int E = num_experts_;
   const int64_t n = dispatch_ids.dim(0);
   tokens_per_expert_ = activation(dev, {E}, DType::kI32);
-  dest_rows_ = activation(dev, {n, top_k_}, DType::kI32);
+  dest_rows_ = activation(dev, {n, slots_}, DType::kI32);
   const int64_t capacity =
-      capacity_factor > 0
-          ? static_cast<int64_t>(std::ceil(capacity_factor * total_tokens * top_k_ / E))
-          : -1;
+      capacity_factor > 0 ? expert_capacity(capacity_factor, total_tokens, top_k_, E) : -1;
   if (!tp_ || capacity < 0) {
     permute_plan(dev, dispatch_ids, weights_, E, capacity, tokens_per_expert_, dest_rows_);
-    return n * top_k_;
+    return n * slots_;
   }
   // Capacity keeps each expert's highest-weight assignments among all the group's
   // tokens: every rank plans the whole group's assignments (a few bytes per token) and
   // then sends only its own kept ones.
-  Tensor all_ids = activation(dev, {total_tokens, top_k_}, DType::kI32);
-  Tensor all_weights = activation(dev, {total_tokens, top_k_});
+  Tensor all_ids = activation(dev, {total_tokens, slots_}, DType::kI32);
+  Tensor all_weights = activation(dev, {total_tokens, slots_});
   tp_->all_gather(dispatch_ids, all_ids);
   tp_->all_gather(weights_, all_weights);
   Tensor all_per_expert = activation(dev, {E}, DType::kI32);
-  Tensor all_dest = activation(dev, {total_tokens, top_k_}, DType::kI32);
+  Tensor all_dest = activation(dev, {total_tokens, slots_}, DType::kI32);
   permute_plan(dev, all_ids, all_weights, E, capacity, all_per_expert, all_dest);
-  Tensor kept_ids = activation(cpu_device(), {n, top_k_}, DType::kI32);
+  Tensor kept_ids = activation(cpu_device(), {n, slots_}, DType::kI32);
   kept_ids.copy_from(dispatch_ids);
   const Tensor mine = all_dest.slice_rows(tp_->rank() * n, (tp_->rank() + 1) * n).on_host();
   int32_t* ids = kept_ids.data<int32_t>();
   const int32_t* dest = mine.data<int32_t>();
   int64_t rows = 0;
-  for (int64_t a = 0; a < n * top_k_; ++a) {
+  for (int64_t a = 0; a < n * slots_; ++a) {
     if (dest[a] < 0) ids[a] = -1;
     rows += ids[a] >= 0;
   }
@@ -297,7 +312,7 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   Tensor dx_mine = tp_ ? Tensor::zeros({n, hidden}, dtype, MemoryKind::kActivations, dev)
                        : dx;
   Tensor dexpert_out = activation(dev, {expert_out_.rows(), hidden}, dtype);
-  Tensor dweights = activation(dev, {n, top_k_});
+  Tensor dweights = activation(dev, {n, slots_});
   unpermute_combine_backward(dev, dy_mine, expert_out_, dest_rows_, weights_, dexpert_out,
                              dweights);
   Tensor dlocal_out = dexpert_out;
@@ -330,6 +345,8 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   if (force_balance_) {
     // The combine weights do not depend on the router.
     dlogits.zero_();
+  } else if (gating_ == config::EXPERT_CHOICE) {
+    expert_choice_backward(dev, probs_, expert_ids_, dweights, dlogits);
   } else if (gating_ == config::SIGMOID_TOPK) {
     sigmoid_gating_backward(dev, probs_, expert_ids_, dweights, sigmoid_, dlogits);
   } else {

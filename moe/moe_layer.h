@@ -88,8 +88,8 @@ class MoeLayer {
                         float capacity_factor);
   // The router: fills probs_, expert_ids_ and weights_ from router_logits_ and writes
   // the routing sums (2E + 1) of this rank's tokens. `first_token`: the group index of
-  // this rank's first token (round-robin routing).
-  void route(Device& dev, int64_t first_token, Tensor& sums);
+  // this rank's first token (round-robin routing); `capacity_factor`: expert choice's.
+  void route(Device& dev, int64_t first_token, float capacity_factor, Tensor& sums);
   // forward() and infer(): the routed and shared experts at this capacity factor.
   Tensor run(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
              float capacity_factor);
@@ -99,6 +99,9 @@ class MoeLayer {
   Communicator* ep_;  // null or of size 1: no exchange
   Communicator* tp_;  // null or of size 1: every token routed here
   int top_k_;
+  // Assignment slots per token: top_k, or for EXPERT_CHOICE one per expert (-1 where the
+  // expert did not take the token).
+  int slots_;
   config::Gating gating_;
   SigmoidGating sigmoid_;  // SIGMOID_TOPK's settings
   bool force_balance_;
@@ -116,10 +119,10 @@ class MoeLayer {
   Tensor router_x_;           // x_ in f32, the router's input
   Tensor probs_;              // (n, E)
   Tensor router_logits_;      // (n, E)
-  Tensor expert_ids_;         // (n, k)
-  Tensor weights_;            // (n, k)
+  Tensor expert_ids_;         // (n, slots)
+  Tensor weights_;            // (n, slots)
   Tensor tokens_per_expert_;  // (E) i32 on the device
-  Tensor dest_rows_;          // (n, k)
+  Tensor dest_rows_;          // (n, slots)
   // Exchange plan (expert parallelism): rows sent to / received from each rank, the
   // received rows' places in local-expert order, and the rows per local expert.
   std::vector<int64_t> send_rows_, recv_rows_;

@@ -51,7 +51,8 @@ void RouterStats::collect() {
       max_kept = std::max(max_kept, kept);
     }
     assignments += layer.tokens * top_k;
-    dropped_assignments += layer.tokens * top_k - kept_total;
+    // Expert choice may keep more than k per token on average (a capacity factor above 1).
+    dropped_assignments += std::max<int64_t>(0, layer.tokens * top_k - kept_total);
     if (kept_total > 0)
       worst_load_ratio = std::max(worst_load_ratio, static_cast<double>(max_kept) * E / kept_total);
   }

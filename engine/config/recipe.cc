@@ -319,6 +319,9 @@ absl::Status validate_moe(const Recipe& recipe) {
   if (moe.shared_expert_gate() && moe.num_shared_experts() == 0) {
     return invalid("moe.shared_expert_gate needs moe.num_shared_experts > 0");
   }
+  if (moe.gating() == EXPERT_CHOICE && moe.router_force_balance())
+    return invalid("moe.router_force_balance excludes moe.gating EXPERT_CHOICE: it assigns "
+                   "tokens to experts, expert choice experts to tokens");
   return moe.gating() == SIGMOID_TOPK ? validate_sigmoid_routing(moe) : refuse_sigmoid_fields(moe);
 }
 
@@ -347,6 +350,11 @@ absl::Status validate_parallel(const Recipe& recipe) {
   if (has_dense_layer(recipe) && model.ffn_hidden_size() % tp != 0) {
     return invalid(absl::StrCat("model.ffn_hidden_size (", model.ffn_hidden_size(),
                                 ") must be divisible by parallel.tensor_parallel_size (", tp, ")"));
+  }
+  if (tp > 1 && recipe.moe().gating() == EXPERT_CHOICE) {
+    return invalid(absl::StrCat("parallel.tensor_parallel_size (", tp,
+                                ") must be 1 with moe.gating EXPERT_CHOICE: its experts choose "
+                                "among a whole micro-batch, which tensor parallelism splits"));
   }
   const int32_t ep = parallel.expert_parallel_size();
   if (effective_moe_layer_interval(recipe) > 0 && recipe.moe().num_experts() % ep != 0) {

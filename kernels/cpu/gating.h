@@ -1,5 +1,6 @@
 // CPU router gating kernels: softmax over experts, top-k, optional renormalisation,
-// the sigmoid router, their backward, round-robin routing, and the router z-loss.
+// the sigmoid router, expert choice, their backward, round-robin routing, and the router
+// z-loss.
 #pragma once
 
 #include <algorithm>
@@ -130,6 +131,38 @@ void round_robin_routing(int64_t first_token, int32_t* expert_ids, T* weights, i
       expert_ids[t * k + j] = static_cast<int32_t>(((first_token + t) * k + j) % num_experts);
       weights[t * k + j] = T(1) / static_cast<T>(k);
     }
+}
+
+// Expert choice: probs (n, E) -> expert_ids (n, E) = e where expert e takes token t
+// (expert_takes_token), else -1; weights (n, E) = the probability there, else 0.
+template <typename T>
+void expert_choice_forward(const T* probs, int32_t* expert_ids, T* weights, int64_t n,
+                           int64_t num_experts, int64_t capacity) {
+#pragma omp parallel for schedule(static) if (n * num_experts * capacity >= kParallelMinWork)
+  for (int64_t a = 0; a < n * num_experts; ++a) {
+    const int64_t t = a / num_experts, e = a % num_experts;
+    const bool taken = expert_takes_token(probs, n, num_experts, capacity, t, e);
+    expert_ids[a] = taken ? static_cast<int32_t>(e) : -1;
+    weights[a] = taken ? probs[a] : T(0);
+  }
+}
+
+// dweights: (n, E) -> dlogits: (n, E) written: the softmax backward of the taken
+// probabilities (an expert that did not take the token gives it no weight to move).
+template <typename T>
+void expert_choice_backward(const T* probs, const int32_t* expert_ids, const T* dweights,
+                            T* dlogits, int64_t n, int64_t num_experts) {
+#pragma omp parallel for schedule(static) if (n * num_experts >= kParallelMinWork)
+  for (int64_t t = 0; t < n; ++t) {
+    const T* p = probs + t * num_experts;
+    const int32_t* ids = expert_ids + t * num_experts;
+    const T* dw = dweights + t * num_experts;
+    T* dl = dlogits + t * num_experts;
+    T p_dot_dp = T(0);
+    for (int64_t e = 0; e < num_experts; ++e) p_dot_dp += ids[e] >= 0 ? p[e] * dw[e] : T(0);
+    for (int64_t e = 0; e < num_experts; ++e)
+      dl[e] = p[e] * ((ids[e] >= 0 ? dw[e] : T(0)) - p_dot_dp);
+  }
 }
 
 // Sum over the n rows of logsumexp(logits row)^2, in a fixed order.

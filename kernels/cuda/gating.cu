@@ -198,6 +198,32 @@ __global__ void sigmoid_gating_backward_kernel(const float* scores, const int32_
   }
 }
 
+__global__ void expert_choice_forward_kernel(const float* probs, int32_t* expert_ids,
+                                             float* weights, int64_t n, int64_t num_experts,
+                                             int64_t capacity) {
+  for (int64_t a = grid_start(); a < n * num_experts; a += grid_stride()) {
+    const int64_t t = a / num_experts, e = a % num_experts;
+    const bool taken = expert_takes_token(probs, n, num_experts, capacity, t, e);
+    expert_ids[a] = taken ? static_cast<int32_t>(e) : -1;
+    weights[a] = taken ? probs[a] : 0.0f;
+  }
+}
+
+__global__ void expert_choice_backward_kernel(const float* probs, const int32_t* expert_ids,
+                                              const float* dweights, float* dlogits, int64_t n,
+                                              int64_t num_experts) {
+  for (int64_t t = grid_start(); t < n; t += grid_stride()) {
+    const float* p = probs + t * num_experts;
+    const int32_t* ids = expert_ids + t * num_experts;
+    const float* dw = dweights + t * num_experts;
+    float* dl = dlogits + t * num_experts;
+    float p_dot_dp = 0.0f;
+    for (int64_t e = 0; e < num_experts; ++e) p_dot_dp += ids[e] >= 0 ? p[e] * dw[e] : 0.0f;
+    for (int64_t e = 0; e < num_experts; ++e)
+      dl[e] = p[e] * ((ids[e] >= 0 ? dw[e] : 0.0f) - p_dot_dp);
+  }
+}
+
 __global__ void round_robin_kernel(int64_t first_token, int32_t* expert_ids, float* weights,
                                    int64_t n, int64_t num_experts, int k) {
   for (int64_t a = grid_start(); a < n * k; a += grid_stride()) {
@@ -299,6 +325,22 @@ void sigmoid_gating_backward(const float* scores, const int32_t* expert_ids,
   if (n == 0) return;
   sigmoid_gating_backward_kernel<<<grid_blocks(n, kRowThreads), kRowThreads, 0, stream>>>(
       scores, expert_ids, dweights, dlogits, n, num_experts, g);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void expert_choice_forward(const float* probs, int32_t* expert_ids, float* weights, int64_t n,
+                           int64_t num_experts, int64_t capacity, cudaStream_t stream) {
+  if (n == 0) return;
+  expert_choice_forward_kernel<<<grid_blocks(n * num_experts), kThreads, 0, stream>>>(
+      probs, expert_ids, weights, n, num_experts, capacity);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void expert_choice_backward(const float* probs, const int32_t* expert_ids, const float* dweights,
+                            float* dlogits, int64_t n, int64_t num_experts, cudaStream_t stream) {
+  if (n == 0) return;
+  expert_choice_backward_kernel<<<grid_blocks(n, kRowThreads), kRowThreads, 0, stream>>>(
+      probs, expert_ids, dweights, dlogits, n, num_experts);
   SY_CUDA_CHECK_LAUNCH();
 }
 

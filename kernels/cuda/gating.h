@@ -1,6 +1,6 @@
 // CUDA router gating kernels (twins of kernels/cpu/gating.h): softmax over experts,
-// top-k, optional renormalisation, the sigmoid router, their backward, round-robin
-// routing, and the router z-loss. The router
+// top-k, optional renormalisation, the sigmoid router, expert choice, their backward,
+// round-robin routing, and the router z-loss. The router
 // runs in fp32, so these are not templates. One thread per token row: router rows are
 // short (E experts), and the selection follows the CPU kernel step by step, ties and
 // NaNs included.
@@ -42,6 +42,13 @@ void sigmoid_gating_forward(const float* logits, const float* bias, float* score
 void sigmoid_gating_backward(const float* scores, const int32_t* expert_ids,
                              const float* dweights, float* dlogits, int64_t n,
                              int64_t num_experts, const SigmoidGating& g, cudaStream_t stream);
+// Expert choice (kernels/gating.h): one thread per (token, expert) pair ranks the token
+// among the n for that expert (expert_takes_token).
+void expert_choice_forward(const float* probs, int32_t* expert_ids, float* weights, int64_t n,
+                           int64_t num_experts, int64_t capacity, cudaStream_t stream);
+// dweights: (n, E) -> dlogits: (n, E) written, the choice held fixed.
+void expert_choice_backward(const float* probs, const int32_t* expert_ids, const float* dweights,
+                            float* dlogits, int64_t n, int64_t num_experts, cudaStream_t stream);
 // Round-robin routing (moe.router_force_balance): token first_token + t to experts
 // ((first_token + t) k + j) mod num_experts, each of weight 1 / k.
 void round_robin_routing(int64_t first_token, int32_t* expert_ids, float* weights, int64_t n,

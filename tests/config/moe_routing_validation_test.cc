@@ -1,4 +1,4 @@
-// The sigmoid router's and forced balance's recipe fields: defaults, and one line naming
+// The sigmoid router's, expert choice's and forced balance's recipe fields: defaults, and one line naming
 // the field for every invalid combination.
 #include <gtest/gtest.h>
 
@@ -89,7 +89,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{"moe.gating=TOPK_SOFTMAX", "moe.routed_scaling_factor=2"},
              "moe.routed_scaling_factor needs moe.gating SIGMOID_TOPK"},
         Case{{"moe.gating=TOPK_SOFTMAX", "moe.top_groups=1"},
-             "moe.top_groups needs moe.gating SIGMOID_TOPK"}));
+             "moe.top_groups needs moe.gating SIGMOID_TOPK"},
+        Case{{"moe.gating=EXPERT_CHOICE", "parallel.tensor_parallel_size=2"},
+             "parallel.tensor_parallel_size (2) must be 1 with moe.gating EXPERT_CHOICE"},
+        Case{{"moe.gating=EXPERT_CHOICE", "moe.router_force_balance=true"},
+             "moe.router_force_balance excludes moe.gating EXPERT_CHOICE"}));
 
 }  // namespace
 }  // namespace switchyard::config

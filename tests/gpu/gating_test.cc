@@ -212,6 +212,41 @@ TEST(GatingGpu, SigmoidRouterMatchesCpu) {
   EXPECT_TRUE(all_equal(gweights, weights));
 }
 
+// Expert choice against the CPU: the same tokens taken (probabilities far apart per
+// expert, and row 0's exact ties), weights and gradients to rounding.
+TEST(GatingGpu, ExpertChoiceMatchesCpu) {
+  CudaDevice gpu(0);
+  for (const Case c : {Case{257, 16, 40}, Case{1000, 8, 250}, Case{3, 4, 5}, Case{0, 8, 1}}) {
+    SCOPED_TRACE(::testing::Message() << c.n << " rows, " << c.experts << " experts, capacity "
+                                      << c.k);
+    const Tensor logits = router_logits(c.n, c.experts, 11);
+    Tensor probs = Tensor::empty({c.n, c.experts});
+    Tensor ids = Tensor::empty({c.n, c.experts}, DType::kI32);
+    Tensor weights = Tensor::empty({c.n, c.experts});
+    Tensor sums = Tensor::empty({2 * c.experts + 1});
+    expert_choice_router_forward(cpu_device(), logits, c.k, probs, ids, weights, sums);
+    Tensor gprobs = poisoned(gpu, {c.n, c.experts});
+    Tensor gids = poisoned(gpu, {c.n, c.experts}, DType::kI32);
+    Tensor gweights = poisoned(gpu, {c.n, c.experts});
+    Tensor gsums = poisoned(gpu, {2 * c.experts + 1});
+    // The choice on the CPU's probabilities, so both rank the same values.
+    expert_choice_forward(gpu, to_device(gpu, probs), c.k, gids, gweights);
+    EXPECT_TRUE(all_equal(gids, ids));
+    EXPECT_TRUE(all_equal(gweights, weights));
+    expert_choice_router_forward(gpu, to_device(gpu, logits), c.k, gprobs, gids, gweights, gsums);
+    EXPECT_TRUE(all_close(gprobs, probs, kTol));
+    EXPECT_TRUE(all_close(gsums, sums, kTol));
+
+    const Tensor dweights = random_tensor({c.n, c.experts}, 12);
+    Tensor dlogits = Tensor::empty({c.n, c.experts});
+    expert_choice_backward(cpu_device(), probs, ids, dweights, dlogits);
+    Tensor gdlogits = poisoned(gpu, {c.n, c.experts});
+    expert_choice_backward(gpu, to_device(gpu, probs), to_device(gpu, ids),
+                           to_device(gpu, dweights), gdlogits);
+    EXPECT_TRUE(all_close(gdlogits, dlogits, kTol));
+  }
+}
+
 }  // namespace
 }  // namespace switchyard
 

@@ -430,6 +430,104 @@ TEST(RoundRobinRoutingTest, LoadsEveryExpertEqually) {
   for (float w : values_of<float>(weights)) EXPECT_EQ(w, 0.5f);
 }
 
+// Expert choice written out naively: per expert, a stable sort of the tokens by
+// descending probability, the first `capacity` taken.
+Gated reference_expert_choice(const std::vector<double>& probs, int64_t n, int64_t num_experts,
+                              int64_t capacity) {
+  Gated out{probs, std::vector<int32_t>(n * num_experts, -1),
+            std::vector<double>(n * num_experts, 0.0)};
+  for (int64_t e = 0; e < num_experts; ++e) {
+    std::vector<int64_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return probs[a * num_experts + e] > probs[b * num_experts + e];
+    });
+    for (int64_t j = 0; j < std::min(capacity, n); ++j) {
+      out.ids[order[j] * num_experts + e] = static_cast<int32_t>(e);
+      out.weights[order[j] * num_experts + e] = probs[order[j] * num_experts + e];
+    }
+  }
+  return out;
+}
+
+Gated expert_choice_double(const std::vector<double>& logits, int64_t n, int64_t num_experts,
+                           int64_t capacity) {
+  Gated softmax = gate_double(logits, n, num_experts, 1, false);
+  Gated out{softmax.probs, std::vector<int32_t>(n * num_experts),
+            std::vector<double>(n * num_experts)};
+  cpu::expert_choice_forward(out.probs.data(), out.ids.data(), out.weights.data(), n, num_experts,
+                             capacity);
+  return out;
+}
+
+TEST(ExpertChoiceTest, ForwardMatchesNaiveReference) {
+  const int64_t n = 37, num_experts = 6;
+  for (const int64_t capacity : {int64_t{1}, int64_t{13}, int64_t{37}, int64_t{50}}) {
+    const auto logits = random_vector<float>(n * num_experts, 41, -3.0, 3.0);
+    Tensor probs = Tensor::empty({n, num_experts}), ids = Tensor::empty({n, num_experts}, DType::kI32);
+    Tensor weights = Tensor::empty({n, num_experts});
+    Tensor sums = Tensor::empty({2 * num_experts + 1});
+    expert_choice_router_forward(cpu_device(), make_tensor({n, num_experts}, logits), capacity,
+                                 probs, ids, weights, sums);
+    const Gated ref =
+        reference_expert_choice(to_double(values_of<float>(probs)), n, num_experts, capacity);
+    EXPECT_EQ(values_of<int32_t>(ids), ref.ids) << capacity;
+    EXPECT_EQ(max_relative_error(values_of<float>(weights), ref.weights), 0.0);
+    // Each expert took min(capacity, n) tokens.
+    for (int64_t e = 0; e < num_experts; ++e)
+      EXPECT_EQ(sums.data<float>()[e], static_cast<float>(std::min(capacity, n)));
+  }
+}
+
+TEST(ExpertChoiceTest, TiesGoToTheEarlierToken) {
+  // Four tokens of equal probabilities: each expert takes the first two.
+  const Gated out = expert_choice_double(std::vector<double>(8, 0.3), 4, 2, 2);
+  EXPECT_EQ(out.ids, (std::vector<int32_t>{0, 1, 0, 1, -1, -1, -1, -1}));
+}
+
+TEST(ExpertChoiceTest, BackwardMatchesFiniteDifferences) {
+  const int64_t n = 6, num_experts = 4, capacity = 3;
+  std::vector<double> logits = random_vector<double>(n * num_experts, 42, -0.05, 0.05);
+  // Far-apart probabilities for each expert, so no step reorders its tokens.
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t e = 0; e < num_experts; ++e)
+      logits[t * num_experts + e] += 0.5 * static_cast<double>((t * 5 + e * 3) % (n + 1));
+  const auto dweights = random_vector<double>(n * num_experts, 43);
+  const Gated g = expert_choice_double(logits, n, num_experts, capacity);
+  std::vector<double> dlogits(n * num_experts, 9.0);
+  cpu::expert_choice_backward(g.probs.data(), g.ids.data(), dweights.data(), dlogits.data(), n,
+                              num_experts);
+  const auto numeric = numeric_gradient(logits, [&](const std::vector<double>& x) {
+    const Gated gx = expert_choice_double(x, n, num_experts, capacity);
+    EXPECT_EQ(gx.ids, g.ids);
+    double l = 0;
+    for (int64_t a = 0; a < n * num_experts; ++a) l += dweights[a] * gx.weights[a];
+    return l;
+  });
+  EXPECT_TRUE(any_nonzero(dlogits));
+  EXPECT_LT(max_relative_error(dlogits, numeric), 1e-8);
+}
+
+TEST(ExpertChoiceTest, FloatBackwardMatchesDoubleTemplate) {
+  const int64_t n = 19, num_experts = 8, capacity = 5;
+  const auto logits = random_vector<float>(n * num_experts, 44, -3.0, 3.0);
+  const auto dweights = random_vector<float>(n * num_experts, 45);
+  Tensor probs = Tensor::empty({n, num_experts}), ids = Tensor::empty({n, num_experts}, DType::kI32);
+  Tensor weights = Tensor::empty({n, num_experts}), sums = Tensor::empty({2 * num_experts + 1});
+  expert_choice_router_forward(cpu_device(), make_tensor({n, num_experts}, logits), capacity, probs,
+                               ids, weights, sums);
+  Tensor dlogits = Tensor::empty({n, num_experts});
+  expert_choice_backward(cpu_device(), probs, ids, make_tensor({n, num_experts}, dweights),
+                         dlogits);
+  const Gated d = expert_choice_double(to_double(logits), n, num_experts, capacity);
+  EXPECT_EQ(values_of<int32_t>(ids), d.ids);
+  std::vector<double> expected(n * num_experts);
+  const auto dweights_d = to_double(dweights);
+  cpu::expert_choice_backward(d.probs.data(), d.ids.data(), dweights_d.data(), expected.data(), n,
+                              num_experts);
+  EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
+}
+
 TEST(RouterZLossTest, ForwardMatchesDoubleReference) {
   const int64_t n = 2000, num_experts = 16;
   const auto logits = random_vector<float>(n * num_experts, 21, -5.0, 5.0);

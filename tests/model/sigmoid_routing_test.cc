@@ -1,5 +1,5 @@
-// The sigmoid router (moe.gating SIGMOID_TOPK, plain and group-limited) and forced
-// balance inside the whole model: the backward against central finite differences of the
+// The sigmoid router (moe.gating SIGMOID_TOPK, plain and group-limited), expert choice
+// and forced balance inside the whole model: the backward against central finite differences of the
 // total loss along a random direction per parameter (as transformer_grad_test does for
 // the softmax gatings), the bias steering the choice, and round-robin loads.
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "engine/config/recipe.h"
 #include "engine/model/transformer.h"
@@ -90,7 +91,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values("gating: SIGMOID_TOPK",
                       "gating: SIGMOID_TOPK norm_topk_prob: true routed_scaling_factor: 2.5 "
                       "num_groups: 2 top_groups: 1",
-                      "gating: TOPK_SOFTMAX router_force_balance: true"));
+                      "gating: TOPK_SOFTMAX router_force_balance: true",
+                      "gating: EXPERT_CHOICE capacity_factor: 1.5"));
 
 TEST(SigmoidRouting, TheBiasSteersTheChoiceAndIsNotTrained) {
   Model m(recipe_with("gating: SIGMOID_TOPK bias_update_rate: 0.01"));
@@ -104,6 +106,18 @@ TEST(SigmoidRouting, TheBiasSteersTheChoiceAndIsNotTrained) {
   const RouterStats& stats = m.model.router_stats();
   EXPECT_EQ(stats.layers[1].selections_per_expert[2], 14.0);  // every token takes expert 2
   EXPECT_LT(stats.layers[0].selections_per_expert[2], 14.0);
+}
+
+// Each expert takes ceil(cf x 14 tokens x 2 / 4) = 11 tokens at capacity factor 1.5,
+// 7 at 0 (which means 1 for expert choice, as in inference).
+TEST(ExpertChoice, EveryExpertTakesItsCapacity) {
+  for (const auto& [factor, taken] : {std::pair{"1.5", 11.0}, std::pair{"0", 7.0}}) {
+    Model m(recipe_with(std::string("gating: EXPERT_CHOICE capacity_factor: ") + factor));
+    m.forward();
+    for (const RouterStats::Layer& layer : m.model.router_stats().layers)
+      for (double selections : layer.selections_per_expert) EXPECT_EQ(selections, taken);
+    EXPECT_EQ(m.model.router_stats().dropped_assignments, 0);
+  }
 }
 
 TEST(ForcedBalance, EveryExpertTakesTheSameLoad) {
