@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -258,31 +259,38 @@ void add_zero_buffers(const ParamStore& params, DType working, int dp_size, int 
   m.gradient_buckets = peak;
 }
 
-// What the rank at (tp_index, ep_index) of `layout` needs, registering its shards.
-RankMemory placement_memory(const config::Recipe& recipe, const Layout& layout, int tp_index,
-                            int ep_index, DType working, ReplicaIndex replica) {
+// The shards the rank at (tp_index, ep_index) of `layout` registers, ZeRO residency
+// marked.
+std::unique_ptr<ParamStore> placement_params(const config::Recipe& recipe, const Layout& layout,
+                                             int tp_index, int ep_index) {
   PlacementOnly tp(tp_index, layout.tensor_parallel_size);
   PlacementOnly ep(ep_index, layout.expert_parallel_size);
-  ParamStore params(ShardPlacement{tp_index, layout.tensor_parallel_size, ep_index,
-                                   layout.expert_parallel_size});
-  const Transformer model(recipe, params, {&tp, &ep});
+  auto params = std::make_unique<ParamStore>(ShardPlacement{
+      tp_index, layout.tensor_parallel_size, ep_index, layout.expert_parallel_size});
+  const Transformer model(recipe, *params, {&tp, &ep});
   const int zero_stage = recipe.parallel().zero_stage();
   if (zero_stage >= 2)
-    for (Param& p : params.params()) mark_zero_residency(p, zero_stage);
-  return rank_memory_lower_bound(recipe, params, working, layout.data_parallel_size, replica);
+    for (Param& p : params->params()) mark_zero_residency(p, zero_stage);
+  return params;
 }
 
-}  // namespace
-
-RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStore& params,
-                                   DType working, int dp_size, ReplicaIndex replica) {
+int expert_replica_count(const ParamStore& params, int dp_size) {
   const ShardPlacement& place = params.placement();
+  return std::max(1, dp_size * place.tensor_parallel_size / place.expert_parallel_size);
+}
+
+// ZeRO-1's owner of each parameter among its replicas (empty below stage 1).
+std::vector<int> zero_owners(const config::Recipe& recipe, const ParamStore& params,
+                             int dp_size) {
+  if (recipe.parallel().zero_stage() < 1) return {};
+  return assign_owners(params, dp_size, expert_replica_count(params, dp_size));
+}
+
+// What the rank needs; `owners` as zero_owners gives them, or empty for an even share.
+RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, DType working,
+                       int dp_size, ReplicaIndex replica, const std::vector<int>& owners) {
   const int stage = recipe.parallel().zero_stage();
-  const int expert_replicas =
-      std::max(1, dp_size * place.tensor_parallel_size / place.expert_parallel_size);
-  const std::vector<int> owners =
-      stage >= 1 && replica.dense >= 0 ? assign_owners(params, dp_size, expert_replicas)
-                                       : std::vector<int>();
+  const int expert_replicas = expert_replica_count(params, dp_size);
   const int dense_index = std::max(replica.dense, 0);
   RankMemory m;
   size_t i = 0;
@@ -314,6 +322,7 @@ RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStor
   if (stage >= 2)
     add_zero_buffers(params, working, dp_size, stage, recipe.model().num_layers(),
                      recipe.model().tie_embeddings(), m);
+  const ShardPlacement& place = params.placement();
   const Live peak = activation_peak(
       recipe, step_shape(recipe, working, place.tensor_parallel_size, place.expert_parallel_size));
   m.activations = peak.activations;
@@ -321,24 +330,37 @@ RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStor
   return m;
 }
 
+}  // namespace
+
+RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStore& params,
+                                   DType working, int dp_size, ReplicaIndex replica) {
+  const std::vector<int> owners =
+      replica.dense >= 0 ? zero_owners(recipe, params, dp_size) : std::vector<int>();
+  return rank_memory(recipe, params, working, dp_size, replica, owners);
+}
+
 std::vector<RankMemory> plan_rank_memory(const config::Recipe& recipe, const Layout& layout,
                                          DType working) {
-  // Ranks differ by their shards and, under ZeRO, by the parameters they own.
-  std::map<std::pair<std::pair<int, int>, std::pair<int, int>>, RankMemory> by_place;
-  const bool owned = recipe.parallel().zero_stage() >= 1;
+  // Ranks differ by their shards and, under ZeRO, by the parameters they own: each
+  // placement's shards and owners are found once.
+  struct Placement {
+    std::unique_ptr<ParamStore> params;
+    std::vector<int> owners;
+  };
+  std::map<std::pair<int, int>, Placement> placements;
   std::vector<RankMemory> ranks;
   for (int rank = 0; rank < layout.world_size; ++rank) {
     const std::pair<int, int> shards{layout.tp_index(rank), layout.ep_index(rank)};
-    const ReplicaIndex replica{owned ? layout.dp_index(rank) : 0,
-                               owned ? layout.expert_dp_index(rank) : 0};
-    const auto key = std::make_pair(shards, std::make_pair(replica.dense, replica.expert));
-    auto it = by_place.find(key);
-    if (it == by_place.end())
-      it = by_place
-               .emplace(key, placement_memory(recipe, layout, shards.first, shards.second,
-                                              working, replica))
-               .first;
-    RankMemory m = it->second;
+    auto it = placements.find(shards);
+    if (it == placements.end()) {
+      Placement p;
+      p.params = placement_params(recipe, layout, shards.first, shards.second);
+      p.owners = zero_owners(recipe, *p.params, layout.data_parallel_size);
+      it = placements.emplace(shards, std::move(p)).first;
+    }
+    RankMemory m = rank_memory(recipe, *it->second.params, working, layout.data_parallel_size,
+                               {layout.dp_index(rank), layout.expert_dp_index(rank)},
+                               it->second.owners);
     m.rank = rank;
     m.tp_index = shards.first;
     m.ep_index = shards.second;

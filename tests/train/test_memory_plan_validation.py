@@ -1,0 +1,119 @@
+"""The memory plan (`train --dry-run`, `plan`) against what a real run allocates: for each
+configuration, rank 0's planned parameters (with their working copies), gradients (with
+ZeRO's buckets), optimizer state and activations (with all-to-all buffers) against the
+peaks of each category its first step records in metrics.jsonl. The plan counts the
+allocations the model code makes, so the only gaps are the few small tensors it does not
+follow (a CPU run's ids and rope table live outside the activation count) and, for
+activations, routing: the plan assumes balanced routing, which expert-parallel runs here
+force (moe.router_force_balance), since an unbalanced router moves rows between ranks.
+TOLERANCE covers those small tensors with room; a model term left out (one saved tensor
+per layer) misses by more. bf16 activations are not compared: the CPU runs a bf16 op in
+f32 on widened copies of its operands (kernels/convert.h), transient copies a GPU never
+makes, and the plan counts the GPU's bf16; the other terms are the same on both.
+
+Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries. Run as a
+script, it prints the table of docs/planning.md.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SWITCHYARD = os.environ.get("SWITCHYARD", "")
+MPIEXEC = os.environ.get("MPIEXEC", "mpiexec")
+RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto")
+TOLERANCE = 0.10
+COMMON = ["train.steps=1", "train.eval_interval=0", "train.log_interval=1",
+          "model.num_layers=2", "train.seq_len=64", "train.global_batch_size=8",
+          "train.micro_batch_size=4", "checkpoint.interval_steps=0"]
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+BALANCED = ["moe.router_force_balance=true"]
+
+CONFIGS = {  # name: (ranks, overrides)
+    "1 rank fp32": (1, []),
+    "1 rank bf16": (1, ["runtime.precision=bf16"]),
+    "1 rank, micro-batch 8 x 128": (1, ["train.micro_batch_size=8", "train.seq_len=128"]),
+    "1 rank, capacity 1.25": (1, ["moe.capacity_factor=1.25"]),
+    "1 rank, 4 layers top-1": (1, ["model.num_layers=4", "moe.top_k=1"]),
+    "dp2 zero1": (2, ["parallel.zero_stage=1"]),
+    "dp2 zero2": (2, ["parallel.zero_stage=2"]),
+    "dp2 zero3": (2, ["parallel.zero_stage=3"]),
+    "dp2 zero3 bf16": (2, ["parallel.zero_stage=3", "runtime.precision=bf16"]),
+    "ep2": (2, ["parallel.expert_parallel_size=2"] + BALANCED),
+    "tp2": (2, ["parallel.tensor_parallel_size=2"]),
+    "tp2 ep2": (2, ["parallel.tensor_parallel_size=2",
+                    "parallel.expert_parallel_size=2"] + BALANCED),
+    "dp2 ep2 zero1": (4, ["parallel.expert_parallel_size=2", "parallel.zero_stage=1",
+                          "train.global_batch_size=16"] + BALANCED),
+    "dp2 tp2 zero3": (4, ["parallel.tensor_parallel_size=2", "parallel.zero_stage=3",
+                          "train.global_batch_size=16"]),
+}
+
+# Planned terms (ranks[0] of the dry run's JSON) and the measured categories they sum to.
+TERMS = {
+    "parameters": (["parameters", "working_copies"], ["parameters", "expert_parameters"]),
+    "gradients": (["gradients", "gradient_buckets"], ["gradients", "expert_gradients"]),
+    "optimizer state": (["optimizer_state"], ["optimizer_state", "expert_optimizer_state"]),
+    "activations": (["activations", "all_to_all"], ["activations"]),
+}
+
+
+def sets(overrides):
+    return [a for o in COMMON + overrides for a in ("--set", o)]
+
+
+def planned(ranks, overrides):
+    out = subprocess.run([SWITCHYARD, "train", RECIPE, "--dry-run", "--world", str(ranks),
+                          *sets(overrides)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rank0 = json.loads(out.stdout.splitlines()[-1])["ranks"][0]
+    return {t: sum(rank0[k] for k in keys) for t, (keys, _) in TERMS.items()}
+
+
+def measured(tmp_path, name, ranks, overrides):
+    run_dir = tmp_path / name.replace(" ", "_").replace(",", "")
+    launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
+    out = subprocess.run(launcher + [SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir),
+                                     "--dataset-cache", str(tmp_path / "datasets"),
+                                     *sets(overrides)],
+                         capture_output=True, text=True, env=ENV, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    memory = next(l["memory_bytes"] for l in lines if "memory_bytes" in l)
+    return {t: sum(memory[k] for k in keys) for t, (_, keys) in TERMS.items()}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_plan_agrees_with_the_measured_peaks(tmp_path, name):
+    ranks, overrides = CONFIGS[name]
+    plan = planned(ranks, overrides)
+    real = measured(tmp_path, name, ranks, overrides)
+    for term in compared(overrides):
+        assert real[term] > 0 or term == "optimizer state", (term, real)
+        assert abs(plan[term] - real[term]) <= TOLERANCE * real[term], (term, plan, real)
+
+
+def compared(overrides):
+    bf16 = "runtime.precision=bf16" in overrides
+    return [t for t in TERMS if not (bf16 and t == "activations")]
+
+
+def mib(b):
+    return f"{b / 2**20:.2f}"
+
+
+if __name__ == "__main__":
+    import tempfile
+    print("| configuration | ranks | " + " | ".join(
+        f"{t} planned / measured (MiB)" for t in TERMS) + " | worst gap |")
+    print("|---|---|" + "---|" * len(TERMS) + "---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (ranks, overrides) in CONFIGS.items():
+            plan = planned(ranks, overrides)
+            real = measured(Path(tmp), name, ranks, overrides)
+            gap = max(abs(plan[t] - real[t]) / real[t] for t in compared(overrides))
+            cells = " | ".join(f"{mib(plan[t])} / {mib(real[t])}" for t in TERMS)
+            print(f"| {name} | {ranks} | {cells} | {100 * gap:.1f}% |", flush=True)
