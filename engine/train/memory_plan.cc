@@ -171,9 +171,11 @@ Live moe_backward(const StepShape& s) {
   if (s.shared_gate) live.activations += s.n * h * s.b + s.n * s.b;
   if (s.tp > 1) live.activations += t * h * s.b + s.experts * h * 4 + s.n * h * s.b;
   if (s.b == 2) live.activations += t * h * (4 + s.b);
+  // The regrouped gradients, and the exchange back to the routing ranks (the first
+  // exchange's receive buffer is gone by then).
   if (s.expert_parallel) {
-    live.activations += rows * h * s.b;                    // the regrouped gradients
-    live.all_to_all = 2 * rows * h * s.b + s.sent_rows * h * s.b;  // received, sent back
+    live.activations += rows * h * s.b;
+    live.all_to_all = rows * h * s.b + s.sent_rows * h * s.b;
   }
   return live;
 }

@@ -72,8 +72,9 @@ TEST(MemoryPlanTest, ExpertParallelRanksHoldAllToAllBuffers) {
   const config::Recipe recipe = tiny({"parallel.expert_parallel_size=2"});
   const std::vector<RankMemory> ranks = plan(recipe, 2);
   ASSERT_EQ(ranks.size(), 2u);
-  // Received gradients, gathered back and sent: 3 x (tokens x top-2) rows of hidden 128.
-  EXPECT_EQ(ranks[0].all_to_all, 3.0 * (8 * 128 * 2) * 128 * 4);
+  // The backward's exchange back to the routing ranks, sent and received: 2 x (tokens x
+  // top-2) rows of hidden 128.
+  EXPECT_EQ(ranks[0].all_to_all, 2.0 * (8 * 128 * 2) * 128 * 4);
 }
 
 TEST(MemoryPlanTest, ExpertParallelRanksEachHoldTheirShareOfTheExperts) {
