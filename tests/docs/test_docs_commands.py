@@ -38,7 +38,7 @@ COMMAND_TIMEOUT_S = 600
 # The docs in the order their blocks run: finetune.md starts from the tiny run that
 # training.md makes, launch.md's start-up lines come from README's mpirun run.
 DOC_ORDER = ["README.md", "docs/training.md", "docs/finetune.md", "docs/data.md",
-             "docs/convert.md", "docs/balance.md", "docs/launch.md",
+             "docs/convert.md", "docs/balance.md", "docs/planning.md", "docs/launch.md",
              "docs/architecture.md", "docs/security.md"]
 
 # The tiny recipe's 1000 steps take minutes; 100 steps (past its 50 warmup steps, so
@@ -324,6 +324,9 @@ BLOCKS = {
                "--set train.eval_interval=0",),
         command="switchyard bench balance runs/per-layer/checkpoints/final --batches 8 "
                 "| sed '1,/^layer/{/^layer/!d}; 1s/^/per-layer /; 2,$s/^/aux       /'"),
+    # docs/planning.md
+    ("docs/planning.md", "switchyard plan RECIPE"): Synopsis(),
+    ("docs/planning.md", "$ build/engine/cli/switchyard plan"): Session(),
     # docs/launch.md
     ("docs/launch.md", "model: 1.10M parameters"): Output(
         "the start-up lines of README's 4-rank mpirun run (the Slurm job is skipped)",
