@@ -191,8 +191,8 @@ std::pair<std::string, double> largest_term(const RankMemory& m) {
 
 std::string fit_text(const LayoutPlan& p, const Machine& machine) {
   if (p.fits)
-    return absl::StrFormat("step %.3f s (compute %.3f, all-to-all %.3f, tp %.3f, gradients "
-                           "%.3f); %s on rank %d",
+    return absl::StrFormat("step %.4g s (compute %.4g, all-to-all %.4g, tp %.4g, gradients "
+                           "%.4g); %s on rank %d",
                            p.step_s(), p.compute_s, p.all_to_all_s, p.tensor_parallel_s,
                            p.gradient_s, size_text(p.worst.total()), p.worst.rank);
   const auto [term, bytes] = largest_term(p.worst);
