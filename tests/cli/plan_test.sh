@@ -49,6 +49,18 @@ PY
   [[ $(grep -c '^  1\. dp 16, tp 4, ep 8, zero 1 ' "$work/out") -eq 1 ]] &&
   [[ $(wc -l <"$work/out") -eq 2 ]] || { fail "one layout"; cat "$work/out"; }
 
+# One accounting: plan's fullest rank is the dry run's, term by term.
+"$bin" plan "$mixtral" --world 64 --device-memory 80GiB --layout tp=4,ep=8,zero=2 \
+  --json "$work/one.json" >/dev/null &&
+  "$bin" train "$mixtral" --dry-run --world 64 --set parallel.tensor_parallel_size=4 \
+    --set parallel.zero_stage=2 | tail -n 1 >"$work/dry.json" &&
+  python3 - "$work/one.json" "$work/dry.json" <<'PY' || fail "plan and dry run disagree"
+import json, sys
+plan = json.load(open(sys.argv[1]))["layouts"][0]["largest_rank"]
+ranks = json.load(open(sys.argv[2]))["ranks"]
+assert plan == max(ranks, key=lambda r: r["total"]), (plan, ranks[0])
+PY
+
 # expect_error NAME MESSAGE -- ARGS...: exit 1 and one stderr line containing MESSAGE.
 expect_error() {
   local name="$1" message="$2"
