@@ -162,14 +162,18 @@ double moe_saved(const StepShape& s) {
   return bytes;
 }
 
-// MoE backward: its locals live until it returns (moe/moe_layer.cc).
+// MoE backward, over the layer's saved tensors: first the shared experts' backward
+// (their gate's gradients and the FFN's), whose intermediates are then freed; then the
+// routed experts', whose locals live until it returns (moe/moe_layer.cc).
 Live moe_backward(const StepShape& s) {
-  const double t = s.moe_tokens, rows = s.expert_rows, h = s.hidden;
+  const double t = s.moe_tokens, rows = s.expert_rows, h = s.hidden, x = s.n * h * s.b;
+  const double shared = s.n * 3 * s.shared_ffn * s.b;
+  const double shared_peak =
+      s.shared_ffn > 0 ? x + (s.shared_gate ? x + s.n * s.b : 0) + shared + x : 0;
   Live live;
-  live.activations = s.n * h * s.b + s.sent_rows * h * s.b + t * s.top_k * 4 +
+  live.activations = x - shared + s.sent_rows * h * s.b + t * s.top_k * 4 +
                      rows * (3 * s.expert_ffn + h) * s.b + t * s.experts * 4;
-  if (s.shared_gate) live.activations += s.n * h * s.b + s.n * s.b;
-  if (s.tp > 1) live.activations += t * h * s.b + s.experts * h * 4 + s.n * h * s.b;
+  if (s.tp > 1) live.activations += t * h * s.b + s.experts * h * 4 + x;
   if (s.b == 2) live.activations += t * h * (4 + s.b);
   // The regrouped gradients, and the exchange back to the routing ranks (the first
   // exchange's receive buffer is gone by then).
@@ -177,7 +181,7 @@ Live moe_backward(const StepShape& s) {
     live.activations += rows * h * s.b;
     live.all_to_all = rows * h * s.b + s.sent_rows * h * s.b;
   }
-  return live;
+  return larger(live, {shared_peak});
 }
 
 // The peak of one micro-batch: the end of forward at the head, the head's backward, or
