@@ -297,6 +297,15 @@ BLOCKS = {
     ("docs/data.md", "switchyard data prepare --tokenizer tok.model --input chats.jsonl"): Skip(
         "needs a chat set; tests/data/test_instruction_blend.py prepares one made from the "
         "corpus with this template"),
+    ("docs/data.md", "import json\nspeeches = "): Skip(
+        "the walkthrough's chat set; tests/data/test_instruction_blend.py makes one the same "
+        "way"),
+    ("docs/data.md", "$ switchyard data prepare --tokenizer runs/tiny/checkpoints/final"): Skip(
+        "the walkthrough, measured by hand from the tiny run; tests/data/"
+        "test_instruction_blend.py runs its steps at a smaller size"),
+    ("docs/data.md", "$ switchyard inspect recipes/blend.textproto"): Skip(
+        "the walkthrough, measured by hand from the tiny run; tests/data/"
+        "test_instruction_blend.py runs its steps at a smaller size"),
     ("docs/data.md", "{\"messages\""): Skip(
         "the two record shapes; tests/data/instruction_data_test.cc reads both"),
     ("docs/data.md", "{\n\"format\": \"switchyard-chat-template\""): Skip(
