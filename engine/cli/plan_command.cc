@@ -101,6 +101,19 @@ absl::StatusOr<LayoutChoice> parse_layout(const std::string& text) {
   return c;
 }
 
+// A finite number in [low, high] (CLI::Range lets nan through).
+CLI::Validator finite_in(double low, double high) {
+  return CLI::Validator(
+      [low, high](std::string& text) {
+        double value = 0;
+        if (CLI::detail::lexical_cast(text, value) && std::isfinite(value) && value >= low &&
+            value <= high)
+          return std::string();
+        return absl::StrFormat("must be a finite number from %g to %g, not %s", low, high, text);
+      },
+      "");
+}
+
 std::vector<int> divisors(int n) {
   std::vector<int> d;
   for (int i = 1; i <= n; ++i)
@@ -230,10 +243,10 @@ PlanCommand::PlanCommand(CLI::App& app) {
                     "one layout, tp=N,ep=N,zero=0..3 (unnamed: 1, 1, 0); default: every valid one");
   plan_->add_option("--gpu", gpu_, "device whose dense bf16 peak sets the compute time");
   plan_->add_option("--peak-tflops", peak_tflops_, "one device's peak TFLOP/s, instead of --gpu's")
-      ->check(CLI::Range(1e-3, 1e6));
+      ->check(finite_in(1e-3, 1e6));
   plan_->add_option("--bandwidth", bandwidth_gbps_,
                     "GB/s each rank moves in all-to-all, all-reduce and all-gather")
-      ->check(CLI::Range(1e-3, 1e6));
+      ->check(finite_in(1e-3, 1e6));
   plan_->add_option("--set", overrides_, "override a recipe field: path=value (repeatable)");
   plan_->add_option("--json", json_path_, "also write the plans to this JSON file");
 }

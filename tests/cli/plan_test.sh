@@ -87,5 +87,7 @@ expect_error "layout the recipe refuses" "must be divisible by parallel.tensor_p
 expect_error "layout the world refuses" "(3)" -- "$tiny" --world 2 --device-memory 80GB --layout ep=3
 expect_error "unknown gpu" "--gpu: no known peak for" -- "$tiny" --world 2 --device-memory 80GB --gpu abacus
 expect_error "zero bandwidth" "--bandwidth" -- "$tiny" --world 2 --device-memory 80GB --bandwidth 0
+expect_error "nan bandwidth" "--bandwidth: must be a finite number" -- "$tiny" --world 2 --device-memory 80GB --bandwidth nan
+expect_error "nan peak" "--peak-tflops: must be a finite number" -- "$tiny" --world 2 --device-memory 80GB --peak-tflops nan
 expect_error "json into a missing directory" "$work/none/p.json" -- "$tiny" --world 2 --device-memory 80GB --json "$work/none/p.json"
 exit $((failures > 0))
