@@ -1,5 +1,6 @@
 #include "engine/train/training_data.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -55,8 +56,10 @@ absl::StatusOr<std::vector<SourceDir>> resolve_source_dirs(const config::Recipe&
   corpus_options.val_fraction = recipe.data().val_fraction();
   corpus_options.cache_dir = options.dataset_cache_dir;
   // Corpora take the blend's tokenizer: the weights', else the first dataset's.
+  const bool corpora = std::any_of(sources.begin(), sources.end(),
+                                   [](const config::DataSource& s) { return !s.corpus().empty(); });
   for (const config::DataSource& source : sources) {
-    if (!corpus_options.tokenizer_path.empty() || source.dataset().empty()) continue;
+    if (!corpora || !corpus_options.tokenizer_path.empty() || source.dataset().empty()) continue;
     SY_RETURN_IF_ERROR(check_not_placeholder(source.dataset()));
     SY_ASSIGN_OR_RETURN(corpus_options.tokenizer_path, kept_tokenizer(source.dataset()));
     if (corpus_options.tokenizer_path.empty())
