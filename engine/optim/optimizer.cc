@@ -166,16 +166,4 @@ void refresh_working_copies(Device& dev, ParamStore& params) {
     if (p.has_working_copy()) convert(dev, p.value, p.work);
 }
 
-int64_t optimizer_bytes_lower_bound(const ParamStore& params, int zero_stage, int replicas) {
-  const int64_t share = zero_stage >= 1 ? replicas : 1;
-  int64_t bytes = 0;
-  for (const Param& p : params.params()) {
-    const bool row_sharded = zero_stage >= 2 && !p.spec.expert;
-    const int64_t state = p.trainable ? 8 + (row_sharded ? 4 : 0) : 0;
-    const int64_t value = zero_stage == 3 && row_sharded ? 4 : 0;
-    bytes += (state + value) * shape_numel(p.shape) / share;
-  }
-  return bytes;
-}
-
 }  // namespace switchyard

@@ -52,13 +52,6 @@ struct StepReport {
 // (AdamWOptimizer::step does that one).
 void refresh_working_copies(Device& dev, ParamStore& params);
 
-// The least memory the optimizer side of this rank takes beyond
-// ParamStore::allocation_bytes (call it once ZeRO has set residency, before allocating):
-// AdamW's two fp32 moments and, at ZeRO stages 2 and 3, the gradient row shards, for
-// trainable parameters only; at stage 3 the value row shards of all. Under ZeRO these are
-// counted as an even share of the `replicas` data-parallel replicas, so this is a lower
-// bound, exact without ZeRO.
-int64_t optimizer_bytes_lower_bound(const ParamStore& params, int zero_stage, int replicas);
 
 class AdamWOptimizer {
  public:

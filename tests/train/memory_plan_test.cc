@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "engine/config/recipe.h"
+#include "engine/model/transformer.h"
+#include "engine/optim/zero.h"
 
 namespace switchyard {
 namespace {
@@ -109,6 +111,28 @@ TEST(MemoryPlanTest, ZeroOneGivesEachParametersStateToOneOwner) {
   EXPECT_EQ(ranks[0].optimizer_state + ranks[1].optimizer_state, whole);
   EXPECT_GT(ranks[0].optimizer_state, 0);
   EXPECT_GT(ranks[1].optimizer_state, 0);
+}
+
+// A frozen parameter (train.freeze) has no AdamW moments and, as a ZeRO-2/3 row shard,
+// no gradient rows; its value is kept.
+TEST(MemoryPlanTest, FrozenParameterHasNoStateOrGradientRows) {
+  for (int stage : {0, 2, 3}) {
+    const config::Recipe recipe = tiny({"parallel.zero_stage=" + std::to_string(stage)});
+    auto memory = [&](bool freeze) {
+      ParamStore params;
+      const Transformer model(recipe, params);
+      Param* q = params.find("model.layers.0.self_attn.q_proj.weight");
+      q->trainable = !freeze;
+      if (stage >= 2)
+        for (Param& p : params.params()) mark_zero_residency(p, stage);
+      return rank_memory_lower_bound(recipe, params, DType::kF32, 1);
+    };
+    const RankMemory all = memory(false), frozen = memory(true);
+    const double q = 128.0 * 128;
+    EXPECT_EQ(all.optimizer_state - frozen.optimizer_state, 8 * q) << stage;
+    EXPECT_EQ(all.gradients - frozen.gradients, stage >= 2 ? 4 * q : 0) << stage;
+    EXPECT_EQ(all.parameters, frozen.parameters) << stage;
+  }
 }
 
 TEST(MemoryPlanTest, BfloatAddsWorkingCopiesAndHalvesActivations) {
