@@ -162,26 +162,26 @@ double moe_saved(const StepShape& s) {
   return bytes;
 }
 
-// MoE backward, over the layer's saved tensors: first the shared experts' backward
-// (their gate's gradients and the FFN's), whose intermediates are then freed; then the
-// routed experts', whose locals live until it returns (moe/moe_layer.cc).
+// MoE backward, over the layer's saved tensors (moe/moe_layer.cc): first the shared
+// experts' backward (their gate's gradients and the FFN's), whose intermediates are then
+// freed; then the routed experts', whose gradients live until it returns while two
+// moments come and go: the exchange back to the routing ranks, then the router's
+// gradients (with, under tp, the routed input gradients gathered over the group).
 Live moe_backward(const StepShape& s) {
   const double t = s.moe_tokens, rows = s.expert_rows, h = s.hidden, x = s.n * h * s.b;
   const double shared = s.n * 3 * s.shared_ffn * s.b;
   const double shared_peak =
       s.shared_ffn > 0 ? x + (s.shared_gate ? x + s.n * s.b : 0) + shared + x : 0;
-  Live live;
-  live.activations = x - shared + s.sent_rows * h * s.b + t * s.top_k * 4 +
-                     rows * (3 * s.expert_ffn + h) * s.b + t * s.experts * 4;
-  if (s.tp > 1) live.activations += t * h * s.b + s.experts * h * 4 + x;
-  if (s.b == 2) live.activations += t * h * (4 + s.b);
-  // The regrouped gradients, and the exchange back to the routing ranks (the first
-  // exchange's receive buffer is gone by then).
-  if (s.expert_parallel) {
-    live.activations += rows * h * s.b;
-    live.all_to_all = rows * h * s.b + s.sent_rows * h * s.b;
-  }
-  return larger(live, {shared_peak});
+  const double routed = x - shared + (s.tp > 1 ? t * h * s.b : 0) + s.sent_rows * h * s.b +
+                        t * s.top_k * 4 + rows * (3 * s.expert_ffn + h) * s.b +
+                        (s.expert_parallel ? rows * h * s.b : 0);
+  const double sent_back = s.expert_parallel ? s.sent_rows * h * s.b : 0;
+  const Live exchange{0, s.expert_parallel ? rows * h * s.b + sent_back : 0};
+  const double router_input = std::max({s.tp > 1 ? s.experts * h * 4 : 0.0,
+                                        s.b == 2 ? t * h * (4 + s.b) : 0.0,
+                                        s.tp > 1 ? x : 0.0});
+  const Live router{t * s.experts * 4 + router_input, sent_back};
+  return larger(Live{routed} + larger(exchange, router), {shared_peak});
 }
 
 // The peak of one micro-batch: the end of forward at the head, the head's backward, or
