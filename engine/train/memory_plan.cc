@@ -231,7 +231,7 @@ double row_bytes(const Param& p) { return 4.0 * shape_numel(p.shape) / p.shape[0
 // this rank receives) while the next layer's are computed; under ZeRO-3 also the values
 // of the layer (or, at the head, layers) being used, gathered, and their bf16 copies.
 void add_zero_buffers(const ParamStore& params, DType working, int dp_size, int stage,
-                      int layers, bool tied, RankMemory& m) {
+                      int layers, bool tied, bool accumulating, RankMemory& m) {
   const int last = layers + 1;
   std::vector<double> padded(last + 1), mine(last + 1), gathered(last + 1);
   double largest = 0;
@@ -253,9 +253,12 @@ void add_zero_buffers(const ParamStore& params, DType working, int dp_size, int 
     m.working_copies += largest;  // one value gathered back after its update
   }
   // Backward closes units last, layers..1, 0; a tied embedding's stays open throughout.
+  // The embedding's reduction is still in flight when the next micro-batch's backward
+  // opens the head.
   std::vector<int> order = {last};
   for (int u = layers; u >= 0; --u) order.push_back(u);
-  double open = padded[last] + (tied ? padded[0] : 0), peak = open, in_flight = 0;
+  double in_flight = accumulating ? padded[0] + mine[0] : 0;
+  double open = padded[last] + (tied ? padded[0] : 0), peak = open + in_flight;
   for (size_t i = 0; i + 1 < order.size(); ++i) {
     open -= padded[order[i]];
     in_flight = padded[order[i]] + mine[order[i]];
@@ -327,7 +330,10 @@ RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, D
   }
   if (stage >= 2)
     add_zero_buffers(params, working, dp_size, stage, recipe.model().num_layers(),
-                     recipe.model().tie_embeddings(), m);
+                     recipe.model().tie_embeddings(),
+                     recipe.train().global_batch_size() >
+                         static_cast<int64_t>(dp_size) * recipe.train().micro_batch_size(),
+                     m);
   const ShardPlacement& place = params.placement();
   const Live peak = activation_peak(
       recipe, step_shape(recipe, working, place.tensor_parallel_size, place.expert_parallel_size));
