@@ -78,7 +78,8 @@ struct StepShape {
   bool expert_parallel = false;
   double moe_tokens = 0;  // tokens this rank routes (n / tp)
   double experts = 0;
-  double top_k = 0;
+  double slots = 0;      // routing entries per token: top_k, or every expert's under
+                         // expert choice
   double expert_ffn = 0;
   double expert_rows = 0;  // rows this rank's experts run on (balanced routing)
   double sent_rows = 0;    // rows it sends to (and gets back from) the experts
@@ -110,13 +111,21 @@ StepShape step_shape(const config::Recipe& recipe, DType working, int tp, int ep
   s.expert_parallel = ep > 1;
   s.moe_tokens = s.n / tp;
   s.experts = moe.num_experts();
-  s.top_k = moe.top_k();
+  const bool expert_choice = moe.gating() == config::EXPERT_CHOICE;
+  s.slots = expert_choice ? s.experts : moe.top_k();
   s.expert_ffn = static_cast<double>(moe.expert_ffn_hidden_size());
-  // A capacity below one drops the assignments past it; with tp the dropped ones are
-  // never gathered, without it they keep their rows in the permuted buffer.
-  const double routed = s.moe_tokens * s.top_k;
+  // The permuted buffer has a row per routing entry. A capacity below one drops the
+  // assignments past it; with tp the dropped ones are never gathered, without it they
+  // keep their rows in the permuted buffer. Expert choice fills every expert to its
+  // capacity, ceil(cf x tokens x top_k / E) (cf 0 reads as 1), at most every token.
+  const double routed = s.moe_tokens * s.slots;
   const double cf = moe.capacity_factor();
-  const double kept = cf > 0 ? routed * std::min(1.0, cf) : routed;
+  const double choice_capacity = std::clamp(
+      std::ceil((cf > 0 ? cf : 1.0) * s.moe_tokens * moe.top_k() / s.experts), 1.0,
+      std::max(s.moe_tokens, 1.0));
+  const double kept = expert_choice ? choice_capacity * s.experts
+                      : cf > 0      ? routed * std::min(1.0, cf)
+                                    : routed;
   s.sent_rows = tp > 1 ? kept : routed;
   s.expert_rows = ep > 1 ? kept : s.sent_rows;
   if (ep > 1) s.sent_rows = kept;
@@ -154,7 +163,7 @@ double dense_ffn_backward(const StepShape& s) {
 double moe_saved(const StepShape& s) {
   const double t = s.moe_tokens;
   double bytes = (s.b == 2 ? t * s.hidden * 4 : 0) + 2 * t * s.experts * 4 +
-                 (s.gshard ? 4 : 3) * t * s.top_k * 4 + s.experts * 4;
+                 (s.gshard ? 4 : 3) * t * s.slots * 4 + s.experts * 4;
   bytes += s.expert_rows * (s.hidden + 3 * s.expert_ffn) * s.b + s.sent_rows * s.hidden * s.b;
   if (s.expert_parallel) bytes += s.expert_rows * 4;
   if (s.shared_ffn > 0)
@@ -173,7 +182,7 @@ Live moe_backward(const StepShape& s) {
   const double shared_peak =
       s.shared_ffn > 0 ? x + (s.shared_gate ? x + s.n * s.b : 0) + shared + x : 0;
   const double routed = x - shared + (s.tp > 1 ? t * h * s.b : 0) + s.sent_rows * h * s.b +
-                        t * s.top_k * 4 + rows * (3 * s.expert_ffn + h) * s.b +
+                        t * s.slots * 4 + rows * (3 * s.expert_ffn + h) * s.b +
                         (s.expert_parallel ? rows * h * s.b : 0);
   const double sent_back = s.expert_parallel ? s.sent_rows * h * s.b : 0;
   const Live exchange{0, s.expert_parallel ? rows * h * s.b + sent_back : 0};

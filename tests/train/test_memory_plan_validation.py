@@ -5,7 +5,8 @@ peaks of each category its first step records in metrics.jsonl. The plan counts 
 allocations the model code makes, so the only gaps are the few small tensors it does not
 follow (a CPU run's ids and rope table live outside the activation count) and, for
 activations, routing: the plan assumes balanced routing, which expert-parallel runs here
-force (moe.router_force_balance), since an unbalanced router moves rows between ranks.
+force (moe.router_force_balance; expert choice is balanced by construction), since an
+unbalanced router moves rows between ranks.
 TOLERANCE covers those small tensors with room; a model term left out (one saved tensor
 per layer) misses by more. bf16 activations are not compared: the CPU runs a bf16 op in
 f32 on widened copies of its operands (kernels/convert.h), transient copies a GPU never
@@ -44,11 +45,14 @@ CONFIGS = {  # name: (ranks, overrides)
     "1 rank, qk norm": (1, ["model.qk_norm=true"]),
     "1 rank, first layer dense": (1, ["model.first_dense_layers=1",
                                       "model.ffn_hidden_size=256"]),
+    "1 rank, expert choice": (1, ["moe.gating=EXPERT_CHOICE", "moe.capacity_factor=1.0"]),
     "dp2 zero1": (2, ["parallel.zero_stage=1"]),
     "dp2 zero2": (2, ["parallel.zero_stage=2"]),
     "dp2 zero3": (2, ["parallel.zero_stage=3"]),
     "dp2 zero3 bf16": (2, ["parallel.zero_stage=3", "runtime.precision=bf16"]),
     "ep2": (2, ["parallel.expert_parallel_size=2"] + BALANCED),
+    "ep2, expert choice": (2, ["parallel.expert_parallel_size=2", "moe.gating=EXPERT_CHOICE",
+                               "moe.capacity_factor=1.0"]),
     "tp2": (2, ["parallel.tensor_parallel_size=2"]),
     "tp2, per-head qk norm": (2, ["parallel.tensor_parallel_size=2",
                                   "model.qk_head_norm=true"]),
