@@ -41,9 +41,9 @@ DOC_ORDER = ["README.md", "docs/training.md", "docs/finetune.md", "docs/data.md"
              "docs/convert.md", "docs/balance.md", "docs/planning.md", "docs/launch.md",
              "docs/architecture.md", "docs/security.md"]
 
-# The tiny recipe's 1000 steps take minutes; 100 steps (past its 50 warmup steps, so
-# that the schedule decays as in the full run) show every line of the full run.
-TINY_RUN = "switchyard train recipes/tiny.textproto --run-dir runs/tiny --set train.steps=100"
+# SHORTER: the tiny recipe's 1000 steps take minutes; 60 steps (past its 50 warmup steps,
+# so that the schedule decays as in the full run) print every kind of line the full run does.
+TINY_RUN = "switchyard train recipes/tiny.textproto --run-dir runs/tiny --set train.steps=60"
 
 
 @dataclasses.dataclass
@@ -205,8 +205,8 @@ BLOCKS = {
     ("README.md", "build/engine/cli/switchyard train RECIPE"): Synopsis(),
     ("README.md", "mpirun --mca odls_base_sigkill_timeout 30 -np 4"): Script(
         subs=(Sub("DIR", "runs/mpi", "a run directory of its own"),
-              Sub("parallel.zero_stage=1",
-                  "parallel.zero_stage=1 --set train.steps=3 --set train.eval_tokens=4096",
+              Sub("train.micro_batch_size=4",
+                  "train.micro_batch_size=4 --set train.steps=3 --set train.eval_tokens=4096",
                   "SHORTER: 3 steps and 32 validation windows; 4 ranks share 2 cores")),
         label="mpi"),
     ("README.md", "scripts/setup.sh"): Skip(
@@ -217,7 +217,7 @@ BLOCKS = {
     ("docs/training.md", "ROMEO:"): Output(
         "the sample after the tiny run: its prompt, then generated text",
         command='switchyard sample runs/tiny/checkpoints/final --prompt "ROMEO:" --tokens 80 '
-                '--ignore-eos --seed 1',
+                '--ignore-eos',
         text_after=1),
     ("docs/training.md", "warning: train.steps (5)"): Output(
         "the quick run the section names, on a terminal (the next block is its live line)",
@@ -241,7 +241,7 @@ BLOCKS = {
     ("docs/training.md", "learning-rate schedule changed"): Output(
         "the tiny run extended (SHORTER: by 10 steps, into a run directory of its own)",
         command="switchyard train recipes/tiny.textproto --run-dir runs/tiny-extended "
-                "--resume-from runs/tiny/checkpoints/step_100 --set train.steps=110 "
+                "--resume-from runs/tiny/checkpoints/step_60 --set train.steps=70 "
                 "--extend-schedule"),
     ("docs/training.md", "switchyard: error: runs/tiny/checkpoints/step_2/rank_0.h5"): Output(
         "a damaged newest checkpoint: a byte flipped in the middle of step_2's rank file, "
@@ -273,12 +273,16 @@ BLOCKS = {
     ("docs/finetune.md", "$ build/engine/cli/switchyard train runs/tiny-imported/recipe."
                          "textproto --run-dir runs/tiny-ft\n..."): Session(),
     ("docs/finetune.md", "$ build/engine/cli/switchyard train runs/tiny-imported/recipe."
-                         "textproto --run-dir runs/tiny-ft \\"): Session(free=("HOST",)),
+                         "textproto --run-dir runs/tiny-ft \\"): Session(
+        subs=(Sub("train.steps=100", "train.steps=30",
+                  "SHORTER: 30 steps, evaluated at 0, 20 and 30, print the lines of 100"),
+              Sub("train.eval_interval=50", "train.eval_interval=20", "(as above)")),
+        free=("HOST",)),
     ("docs/finetune.md", "$ build/engine/cli/switchyard convert to-hf"): Session(),
     ("docs/finetune.md", "from transformers import"): SaveAs("load_hf.py"),
     ("docs/finetune.md", "$ ~/.cache/switchyard/pyenv/bin/python load_hf.py"): Session(
         lines={"\"ROMEO:\\nI will not stay, I'll be so.</s>\"":
-               r"\"ROMEO:\\nI will not stay.*\""}),
+               r"[\"']ROMEO:\\nI will not stay.*[\"']"}),
     ("docs/finetune.md", "$ build/engine/cli/switchyard sample"): Session(
         lines={"I will not stay, I'll be so.": r"I will not stay.*"}, text_after=2),
     # docs/data.md
@@ -320,19 +324,19 @@ BLOCKS = {
     ("docs/convert.md", "switchyard convert to-hf WEIGHTS_DIR"): Synopsis(),
     # docs/balance.md
     ("docs/balance.md", "initial  layer"): Output(
-        "bench balance of the seeded initial model and the tiny run's weights, "
-        "one table per model, labelled",
+        "bench balance of the seeded initial model and of the tiny run's weights, each "
+        "table labelled on its first line as the doc does",
         command="switchyard bench balance recipes/tiny.textproto --batches 8 "
-                "| sed '1,/^layer/{/^layer/!d}; s/^/initial  /'; "
+                "| sed -n '/^layer/,$p' | sed '1s/^/initial  /'; "
                 "switchyard bench balance runs/tiny/checkpoints/final --batches 8 "
-                "| sed '1,/^layer/d; s/^/trained  /'"),
+                "| sed -n '/^layer/,$p' | sed '1d; 2s/^/trained  /'"),
     ("docs/balance.md", "per-layer layer"): Output(
-        "bench balance of a run with moe.aux_loss_per_layer (SHORTER: 20 steps)",
+        "bench balance of a run with moe.aux_loss_per_layer (SHORTER: 20 steps), labelled",
         setup=("switchyard train recipes/tiny.textproto --run-dir runs/per-layer "
                "--set moe.aux_loss_per_layer=true --set train.steps=20 "
                "--set train.eval_interval=0",),
         command="switchyard bench balance runs/per-layer/checkpoints/final --batches 8 "
-                "| sed '1,/^layer/{/^layer/!d}; 1s/^/per-layer /; 2,$s/^/aux       /'"),
+                "| sed -n '/^layer/,$p' | sed '1s/^/per-layer /; 2s/^/aux       /'"),
     # docs/planning.md
     ("docs/planning.md", "switchyard plan RECIPE"): Synopsis(),
     ("docs/planning.md", "$ build/engine/cli/switchyard plan"): Session(),
@@ -526,7 +530,7 @@ def synopsis(work, block):
                 break
             subcommand.append(word)
         options = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", line))
-        assert subcommand and options, f"{block.where}: not a usage line: {line}"
+        assert subcommand, f"{block.where}: not a usage line: {line}"
         text = work.run(block.where, f"switchyard {' '.join(subcommand)} --help")
         missing = [o for o in sorted(options) if not re.search(rf"{o}\b", text)]
         assert not missing, f"{block.where}: switchyard {' '.join(subcommand)} has no {missing}"
