@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `train --dry-run` on every shipped recipe plans the layout the recipe gives (the fewest
-# ranks its tensor and expert parallel sizes need) without launching it: exit 0, one
-# memory line per rank, as many as the JSON's world_size, and --world plans another.
+# ranks its tensor and expert parallel sizes both divide, their least common multiple)
+# without launching it: exit 0, one memory line per rank, as many as the JSON's
+# world_size, and --world plans another.
 #   dry_run_test.sh SWITCHYARD_BINARY REPO_ROOT
 set -u
 bin="$1"
@@ -32,7 +33,10 @@ for recipe in "$root"/recipes/*.textproto; do
   name=$(basename "$recipe" .textproto)
   tp=$(sed -n 's/^ *tensor_parallel_size: *\([0-9]*\).*/\1/p' "$recipe")
   ep=$(sed -n 's/^ *expert_parallel_size: *\([0-9]*\).*/\1/p' "$recipe")
-  check_plan "$name" $(( ${tp:-1} * ${ep:-1} )) -- "$bin" train "$recipe" --dry-run
+  tp=${tp:-1} ep=${ep:-1}
+  a=$tp b=$ep
+  while ((b)); do t=$((a % b)); a=$b; b=$t; done
+  check_plan "$name" $((tp * ep / a)) -- "$bin" train "$recipe" --dry-run
 done
 check_plan "mixtral on 16 ranks" 16 -- "$bin" train "$root/recipes/mixtral-8x7b.textproto" \
   --dry-run --world 16
