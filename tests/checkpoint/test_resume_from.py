@@ -21,8 +21,11 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
 
 
 def train_argv(run_dir, cache, steps, *extra):
-    # Resumes raise train.steps past the checkpoint's, which --extend-schedule allows.
-    return [SWITCHYARD, "train", str(RECIPE), "--run-dir", str(run_dir), "--extend-schedule",
+    # Resumes raise train.steps past the checkpoint's, which --extend-schedule allows (and
+    # a fresh start refuses: it has no schedule to continue).
+    resuming = (Path(run_dir) / "checkpoints").is_dir()
+    return [SWITCHYARD, "train", str(RECIPE), "--run-dir", str(run_dir),
+            *(["--extend-schedule"] if resuming else []),
             "--dataset-cache", str(cache), "--set", f"train.steps={steps}",
             "--set", "optimizer.warmup_steps=0", "--set", "train.eval_interval=0",
             "--set", "train.log_interval=1", "--set", "checkpoint.interval_steps=1",
