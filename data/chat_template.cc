@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/runtime/file_util.h"
+#include "engine/runtime/json_fields.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -59,10 +60,8 @@ ChatTemplate::Parts ChatTemplate::split_placeholders(std::string_view text) {
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::parse(std::string_view json, const std::string& name) {
-  if (!json_depth_at_most(json, kMaxJsonDepth))
-    return bad_template(name, absl::StrCat("nests deeper than ", kMaxJsonDepth, " levels"));
-  const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return bad_template(name, "not a JSON object");
+  SY_ASSIGN_OR_RETURN(const nlohmann::json j,
+                      parse_json_object(json, name + ": chat template", kMaxRecordDepth));
   SY_RETURN_IF_ERROR(only_keys(j, {"format", "name", "begin", "end", "roles"}, "the template", name));
   SY_ASSIGN_OR_RETURN(const std::string format, template_string(j, "format", "format", name));
   if (format != kChatTemplateFormat)

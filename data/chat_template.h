@@ -10,7 +10,7 @@
 // "loss": true trains on its content and suffix, never on its prefix. In the strings,
 // "{bos}" and "{eos}" stand for the tokenizer's bos and eos ids; any other text,
 // special-looking or not, is tokenised as text. A template file is untrusted: a regular
-// file of at most kMaxTemplateBytes, nested at most kMaxJsonDepth deep, with 1 to
+// file of at most kMaxTemplateBytes, nested at most kMaxRecordDepth deep, with 1 to
 // kMaxTemplateRoles roles, strings of at most kMaxTemplateStringBytes, and no field
 // other than these.
 #pragma once

@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "engine/runtime/json_fields.h"
+#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 
@@ -60,32 +62,9 @@ absl::StatusOr<Conversation> from_pair(const nlohmann::json& record, const std::
 
 }  // namespace
 
-bool json_depth_at_most(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
-
 absl::StatusOr<Conversation> parse_conversation(std::string_view line, const std::string& where) {
-  if (!json_depth_at_most(line, kMaxJsonDepth))
-    return bad_record(where, absl::StrCat("nests deeper than ", kMaxJsonDepth, " levels"));
-  const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (record.is_discarded() || !record.is_object())
-    return bad_record(where, "not a JSON object");
+  SY_ASSIGN_OR_RETURN(const nlohmann::json record,
+                      parse_json_object(line, where, kMaxRecordDepth));
   if (const auto messages = record.find("messages"); messages != record.end())
     return from_messages(*messages, where);
   if (record.contains("prompt") || record.contains("response")) return from_pair(record, where);

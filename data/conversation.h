@@ -3,7 +3,7 @@
 //   {"prompt": "...", "response": "..."}   (optionally "system": "..."), which reads as
 //       the messages system (when given), user, assistant.
 // Other fields of a record are ignored. A record is untrusted: it must be a JSON object
-// nested at most kMaxJsonDepth deep, with 1 to kMaxMessages messages, each with string
+// nested at most kMaxRecordDepth deep, with 1 to kMaxMessages messages, each with string
 // role (1 to kMaxRoleBytes bytes) and content fields.
 #pragma once
 
@@ -16,7 +16,7 @@
 
 namespace switchyard {
 
-inline constexpr int kMaxJsonDepth = 16;
+inline constexpr int kMaxRecordDepth = 16;
 inline constexpr size_t kMaxMessages = 4096;
 inline constexpr size_t kMaxRoleBytes = 32;
 
@@ -30,9 +30,5 @@ using Conversation = std::vector<ChatMessage>;
 
 // Errors start with `where` (e.g. "chats.jsonl:12").
 absl::StatusOr<Conversation> parse_conversation(std::string_view line, const std::string& where);
-
-// Whether `text`'s arrays and objects nest at most `max_depth` deep (strings skipped), so
-// that a recursive JSON parser cannot be driven into the stack's end.
-bool json_depth_at_most(std::string_view text, int max_depth);
 
 }  // namespace switchyard

@@ -33,6 +33,21 @@ void gating_forward(Device& dev, const Tensor& logits, int k, bool renormalize, 
                       weights.data<float>(), n, num_experts, k, renormalize);
 }
 
+namespace {
+// What every router forward records in sums (2E + 1): the selections per expert and the
+// column sums of `probs` (routing_counts), then the z-loss sum of `logits`.
+void record_routing_sums(Device& dev, const Tensor& logits, const Tensor& probs,
+                         const Tensor& expert_ids, Tensor& sums) {
+  const int64_t num_experts = logits.dim(1);
+  const Tensor flat = sums.reshape({2 * num_experts + 1, 1});
+  Tensor selections = flat.slice_rows(0, num_experts).reshape({num_experts});
+  Tensor prob_sums = flat.slice_rows(num_experts, 2 * num_experts).reshape({num_experts});
+  Tensor z_sum = flat.slice_rows(2 * num_experts, 2 * num_experts + 1).reshape({1});
+  routing_counts(dev, probs, expert_ids, selections, prob_sums);
+  router_z_loss_sum(dev, logits, z_sum);
+}
+}  // namespace
+
 void router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, Tensor& probs,
                     Tensor& expert_ids, Tensor& weights, Tensor& sums) {
   SY_CHECK_MSG(logits.rank() == 2, "router_forward: logits must be (n, E)");
@@ -55,12 +70,7 @@ void router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, 
   }
 #endif
   gating_forward(dev, logits, k, renormalize, probs, expert_ids, weights);
-  const Tensor flat = sums.reshape({2 * num_experts + 1, 1});
-  Tensor selections = flat.slice_rows(0, num_experts).reshape({num_experts});
-  Tensor prob_sums = flat.slice_rows(num_experts, 2 * num_experts).reshape({num_experts});
-  Tensor z_sum = flat.slice_rows(2 * num_experts, 2 * num_experts + 1).reshape({1});
-  routing_counts(dev, probs, expert_ids, selections, prob_sums);
-  router_z_loss_sum(dev, logits, z_sum);
+  record_routing_sums(dev, logits, probs, expert_ids, sums);
 }
 
 void gshard_dispatch_ids(Device& dev, const Tensor& expert_ids, const Tensor& weights,
@@ -167,12 +177,7 @@ void sigmoid_router_forward(Device& dev, const Tensor& logits, const Tensor& bia
   SY_CHECK_MSG(sums.numel() == 2 * num_experts + 1 && sums.dtype() == DType::kF32,
                "sigmoid_router_forward: sums must be (2 E + 1) f32");
   sigmoid_gating_forward(dev, logits, bias, g, scores, expert_ids, weights);
-  const Tensor flat = sums.reshape({2 * num_experts + 1, 1});
-  Tensor selections = flat.slice_rows(0, num_experts).reshape({num_experts});
-  Tensor score_sums = flat.slice_rows(num_experts, 2 * num_experts).reshape({num_experts});
-  Tensor z_sum = flat.slice_rows(2 * num_experts, 2 * num_experts + 1).reshape({1});
-  routing_counts(dev, scores, expert_ids, selections, score_sums);
-  router_z_loss_sum(dev, logits, z_sum);
+  record_routing_sums(dev, logits, scores, expert_ids, sums);
 }
 
 void sigmoid_gating_backward(Device& dev, const Tensor& scores, const Tensor& expert_ids,
@@ -256,12 +261,7 @@ void expert_choice_router_forward(Device& dev, const Tensor& logits, int64_t cap
   Tensor top1_weights = Tensor::empty({n, 1}, DType::kF32, MemoryKind::kActivations, dev);
   gating_forward(dev, logits, 1, false, probs, top1_ids, top1_weights);
   expert_choice_forward(dev, probs, capacity, expert_ids, weights);
-  const Tensor flat = sums.reshape({2 * num_experts + 1, 1});
-  Tensor taken = flat.slice_rows(0, num_experts).reshape({num_experts});
-  Tensor prob_sums = flat.slice_rows(num_experts, 2 * num_experts).reshape({num_experts});
-  Tensor z_sum = flat.slice_rows(2 * num_experts, 2 * num_experts + 1).reshape({1});
-  routing_counts(dev, probs, expert_ids, taken, prob_sums);
-  router_z_loss_sum(dev, logits, z_sum);
+  record_routing_sums(dev, logits, probs, expert_ids, sums);
 }
 
 void expert_choice_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,

@@ -4,8 +4,6 @@ namespace switchyard {
 
 namespace {
 
-constexpr int kMaxJsonDepth = 64;
-
 // The deepest nesting of arrays and objects in `text`, strings skipped.
 int nesting_depth(std::string_view text) {
   int depth = 0, deepest = 0;
@@ -28,10 +26,11 @@ int nesting_depth(std::string_view text) {
 
 }  // namespace
 
-absl::StatusOr<nlohmann::json> parse_json_object(std::string_view text, const std::string& path) {
-  if (nesting_depth(text) > kMaxJsonDepth)
+absl::StatusOr<nlohmann::json> parse_json_object(std::string_view text, const std::string& path,
+                                                 int max_depth) {
+  if (nesting_depth(text) > max_depth)
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": nested deeper than ", kMaxJsonDepth, " levels"));
+        absl::StrCat(path, ": nests deeper than ", max_depth, " levels"));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));

@@ -20,9 +20,12 @@
 
 namespace switchyard {
 
-// Parses `text` (the bytes of `path`) as a JSON object, without exceptions and with a
-// bounded nesting depth.
-absl::StatusOr<nlohmann::json> parse_json_object(std::string_view text, const std::string& path);
+// Parses `text` (the bytes of `path`) as a JSON object, without exceptions and with its
+// arrays and objects nested at most `max_depth` deep (strings skipped), so that the
+// recursive parser cannot be driven into the stack's end.
+inline constexpr int kMaxJsonDepth = 64;
+absl::StatusOr<nlohmann::json> parse_json_object(std::string_view text, const std::string& path,
+                                                 int max_depth = kMaxJsonDepth);
 
 class JsonFields {
  public:
