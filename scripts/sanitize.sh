@@ -14,12 +14,13 @@ case "$kind" in
   asan)
     # Whole multi-rank training runs against transformers and each other: tens of
     # minutes under ASan, and the same code paths run single-rank in the other tests
-    # (launch.slurm: the same runs again, under a Slurm the test starts). The bias
+    # (launch.slurm: the same runs again, under a Slurm the test starts; the docs' commands
+    # and the planner's 20 validation runs: 6.5 minutes under ASan). The bias
     # layouts' runs also route by sign(mean load - load), a discrete choice that ASan's
     # code generation can flip at a near tie, so they diverge there by design.
     # The hostile-input harness caps address space at 8 GiB, below the shadow memory
     # ASan reserves; the fuzzers run those readers under ASan instead.
-    asan_skip='^(parallel\.train_equivalence|parallel\.bias_balance|train\.checkpoint_resume|security\.hostile_inputs|launch\.slurm)$'
+    asan_skip='^(parallel\.train_equivalence|parallel\.bias_balance|train\.checkpoint_resume|train\.memory_plan_validation|docs\.commands|security\.hostile_inputs|launch\.slurm)$'
     select=(-LE gpu -E "$asan_skip")
     # Open MPI and HDF5 keep global allocations until exit; leaks are the fuzzers' job.
     export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0
