@@ -6,5 +6,6 @@ cd "$(dirname "$0")/.."
 if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
-[[ -f build/CMakeCache.txt ]] || cmake --preset release >/dev/null
+source scripts/compiler_cache.sh
+[[ -f build/CMakeCache.txt ]] || cmake --preset release "${launcher[@]}" >/dev/null
 cmake --build build -j"$(nproc)"

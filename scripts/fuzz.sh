@@ -10,10 +10,8 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 
+source scripts/compiler_cache.sh
 if [[ ! -f build-fuzz/CMakeCache.txt ]]; then
-  launcher=()
-  command -v ccache >/dev/null 2>&1 &&
-    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
   cmake --preset fuzz "${launcher[@]}" >/dev/null
 fi
 cmake --build build-fuzz -j"$(nproc)" --target fuzzers >/dev/null

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 packages=(
-  cmake g++ make pkg-config
+  cmake g++ make pkg-config ccache
   libabsl-dev libprotobuf-dev protobuf-compiler
   libopenblas-openmp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
