@@ -36,6 +36,24 @@ cpu::AttentionShape check_qkv(const Tensor& q, const Tensor& k, const Tensor& v)
 
 Shape lse_shape(const cpu::AttentionShape& s) { return {s.batch, s.heads, s.seq}; }
 
+// Checks doc_starts (see the header) and returns its data, or null when undefined. The
+// values are checked on the host; on a device only the shape.
+const int32_t* checked_doc_starts(const Tensor& doc_starts, const cpu::AttentionShape& s) {
+  if (!doc_starts.defined()) return nullptr;
+  const Shape shape{s.batch, s.seq};
+  SY_CHECK_MSG(doc_starts.dtype() == DType::kI32 && doc_starts.shape() == shape,
+               "attention: doc_starts must be (batch, seq) i32");
+  const int32_t* starts = doc_starts.data<int32_t>();
+  if (doc_starts.device().is_cuda()) return starts;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const int32_t* row = starts + b * s.seq;
+    for (int64_t i = 0; i < s.seq; ++i)
+      SY_CHECK_MSG(row[i] >= 0 && row[i] <= i && (i == 0 || row[i] >= row[i - 1]),
+                   "attention: doc_starts must satisfy 0 <= start_i <= i, non-decreasing");
+  }
+  return starts;
+}
+
 #ifdef SWITCHYARD_WITH_CUDA
 cuda::AttentionShape cuda_shape(const cpu::AttentionShape& s) {
   return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
@@ -45,19 +63,21 @@ cuda::AttentionShape cuda_shape(const cpu::AttentionShape& s) {
 }  // namespace
 
 void attention_forward(Device& dev, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                       Tensor& lse) {
+                       Tensor& lse, const Tensor& doc_starts) {
   check_dtypes({&q, &k, &v, &out}, "attention_forward: q, k, v, out must be all f32 or all bf16");
   SY_CHECK_MSG(lse.dtype() == DType::kF32, "attention_forward: lse must be f32");
   const cpu::AttentionShape s = check_qkv(q, k, v);
   SY_CHECK_MSG(out.shape() == q.shape(), "attention_forward: out must be shaped like q");
   SY_CHECK_MSG(lse.shape() == lse_shape(s), "attention_forward: lse must be (batch, heads, seq)");
+  const int32_t* starts = checked_doc_starts(doc_starts, s);
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
     cudaStream_t stream = op_stream(dev, "attention_forward", {&q, &k, &v, &out, &lse});
+    if (starts) op_stream(dev, "attention_forward", {&doc_starts});
     with_cuda_type(q, [&](auto type) {
       using T = typename decltype(type)::type;
       cuda::attention_forward<T>(cuda_data<T>(q), cuda_data<T>(k), cuda_data<T>(v), cuda_shape(s),
-                                 cuda_data<T>(out), lse.data<float>(), stream);
+                                 starts, cuda_data<T>(out), lse.data<float>(), stream);
     });
     return;
   }
@@ -65,17 +85,17 @@ void attention_forward(Device& dev, const Tensor& q, const Tensor& k, const Tens
   SY_CHECK_MSG(!dev.is_cuda(), "attention_forward: this build has no CUDA backend");
   if (q.dtype() == DType::kBF16) {
     Tensor result = f32_result(out);
-    attention_forward(dev, widened(q), widened(k), widened(v), result, lse);
+    attention_forward(dev, widened(q), widened(k), widened(v), result, lse, doc_starts);
     store(dev, result, out);
     return;
   }
   cpu::attention_forward<float>(q.data<float>(), k.data<float>(), v.data<float>(), s,
-                                out.data<float>(), lse.data<float>());
+                                out.data<float>(), lse.data<float>(), starts);
 }
 
 void attention_backward(Device& dev, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, Tensor& dq,
-                        Tensor& dk, Tensor& dv) {
+                        Tensor& dk, Tensor& dv, const Tensor& doc_starts) {
   check_dtypes({&dout, &q, &k, &v, &out, &dq, &dk, &dv},
                "attention_backward: dout, q, k, v, out, dq, dk, dv must be all f32 or all bf16");
   SY_CHECK_MSG(lse.dtype() == DType::kF32, "attention_backward: lse must be f32");
@@ -85,15 +105,17 @@ void attention_backward(Device& dev, const Tensor& dout, const Tensor& q, const 
   SY_CHECK_MSG(lse.shape() == lse_shape(s), "attention_backward: lse must be (batch, heads, seq)");
   SY_CHECK_MSG(dq.shape() == q.shape() && dk.shape() == k.shape() && dv.shape() == v.shape(),
                "attention_backward: gradient shapes do not match q, k, v");
+  const int32_t* starts = checked_doc_starts(doc_starts, s);
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
     cudaStream_t stream =
         op_stream(dev, "attention_backward", {&dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv});
+    if (starts) op_stream(dev, "attention_backward", {&doc_starts});
     with_cuda_type(q, [&](auto type) {
       using T = typename decltype(type)::type;
       cuda::attention_backward<T>(cuda_data<T>(dout), cuda_data<T>(q), cuda_data<T>(k),
                                   cuda_data<T>(v), cuda_data<T>(out), lse.data<float>(),
-                                  cuda_shape(s), cuda_data<T>(dq), cuda_data<T>(dk),
+                                  cuda_shape(s), starts, cuda_data<T>(dq), cuda_data<T>(dk),
                                   cuda_data<T>(dv), stream);
     });
     return;
@@ -103,7 +125,7 @@ void attention_backward(Device& dev, const Tensor& dout, const Tensor& q, const 
   if (q.dtype() == DType::kBF16) {
     Tensor dq32 = f32_result(dq), dk32 = f32_result(dk), dv32 = f32_result(dv);
     attention_backward(dev, widened(dout), widened(q), widened(k), widened(v), widened(out), lse,
-                       dq32, dk32, dv32);
+                       dq32, dk32, dv32, doc_starts);
     store(dev, dq32, dq);
     store(dev, dk32, dk);
     store(dev, dv32, dv);
@@ -111,7 +133,7 @@ void attention_backward(Device& dev, const Tensor& dout, const Tensor& q, const 
   }
   cpu::attention_backward<float>(dout.data<float>(), q.data<float>(), k.data<float>(),
                                  v.data<float>(), out.data<float>(), lse.data<float>(), s,
-                                 dq.data<float>(), dk.data<float>(), dv.data<float>());
+                                 dq.data<float>(), dk.data<float>(), dv.data<float>(), starts);
 }
 
 }  // namespace switchyard

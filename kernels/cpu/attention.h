@@ -6,6 +6,9 @@
 // from it (the exact math the CUDA flash kernels follow tile by tile). Heads run one after
 // another and only OpenBLAS threads (each GEMM): OpenMP loops between the GEMMs were
 // slower on 2 cores, because the idle OpenMP and OpenBLAS workers spin against each other.
+// Document-aware attention (packed windows of several documents) passes each position's
+// document start: query i then reads keys [start_i, i] only, and each block's products
+// begin at its first row's start.
 #pragma once
 
 #include <algorithm>
@@ -77,13 +80,23 @@ T dot(const T* a, const T* b, int64_t n) {
   return sum;
 }
 
+// The first key row query i of window b reads: its document's start, or 0 without
+// documents (doc_starts null).
+inline int64_t key_start(const int32_t* doc_starts, int64_t b, int64_t seq, int64_t i) {
+  return doc_starts ? doc_starts[b * seq + i] : 0;
+}
+
 }  // namespace attention_internal
+
+// doc_starts: null (plain causal attention) or (B, S) int32, the position in its window
+// where each query's document starts: 0 <= start_i <= i, non-decreasing along a window
+// (a document's positions are contiguous). Query i then reads keys [start_i, i].
 
 // q: (B, S, H, D), k, v: (B, S, KV, D) -> out: (B, S, H, D) and lse: (B, H, S), each
 // query row's log-sum-exp of its scaled scores, all the backward needs of the softmax.
 template <typename T>
 void attention_forward(const T* q, const T* k, const T* v, const AttentionShape& s, T* out,
-                       T* lse) {
+                       T* lse, const int32_t* doc_starts = nullptr) {
   const int64_t S = s.seq, D = s.head_dim;
   const int64_t ld_q = s.heads * D, ld_kv = s.kv_heads * D;
   const int64_t group = s.heads / s.kv_heads;
@@ -101,10 +114,19 @@ void attention_forward(const T* q, const T* k, const T* v, const AttentionShape&
       T* lse_h = lse + (b * s.heads + h) * S;
       for (int64_t r0 = 0; r0 < S; r0 += kAttentionBlock) {
         const int64_t r1 = std::min(S, r0 + kAttentionBlock);
-        gemm<T>(false, true, r1 - r0, r1, D, scale, qh + r0 * ld_q, ld_q, kg, ld_kv, T(0), p, S);
-        for (int64_t i = r0; i < r1; ++i)
-          lse_h[i] = attention_internal::causal_softmax_row(p + (i - r0) * S, i + 1, r1);
-        gemm<T>(false, false, r1 - r0, D, r1, T(1), p, S, vg, ld_kv, T(0), oh + r0 * ld_q, ld_q);
+        // Key rows [lo, r1) are the ones this block's queries see; p's columns start at lo.
+        const int64_t lo = attention_internal::key_start(doc_starts, b, S, r0), width = r1 - lo;
+        gemm<T>(false, true, r1 - r0, width, D, scale, qh + r0 * ld_q, ld_q, kg + lo * ld_kv,
+                ld_kv, T(0), p, S);
+        for (int64_t i = r0; i < r1; ++i) {
+          T* row = p + (i - r0) * S;
+          const int64_t begin = attention_internal::key_start(doc_starts, b, S, i) - lo;
+          std::fill(row, row + begin, T(0));
+          lse_h[i] =
+              attention_internal::causal_softmax_row(row + begin, i + 1 - lo - begin, width - begin);
+        }
+        gemm<T>(false, false, r1 - r0, D, width, T(1), p, S, vg + lo * ld_kv, ld_kv, T(0),
+                oh + r0 * ld_q, ld_q);
       }
     }
   }
@@ -118,7 +140,8 @@ void attention_forward(const T* q, const T* k, const T* v, const AttentionShape&
 // on threading.
 template <typename T>
 void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const T* lse, const AttentionShape& s, T* dq, T* dk, T* dv) {
+                        const T* lse, const AttentionShape& s, T* dq, T* dk, T* dv,
+                        const int32_t* doc_starts = nullptr) {
   const int64_t S = s.seq, D = s.head_dim;
   const int64_t ld_q = s.heads * D, ld_kv = s.kv_heads * D;
   const int64_t group = s.heads / s.kv_heads;
@@ -146,18 +169,31 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
         T* dqh = dq + b * S * ld_q + h * D;
         for (int64_t r0 = 0; r0 < S; r0 += kAttentionBlock) {
           const int64_t r1 = std::min(S, r0 + kAttentionBlock), rows = r1 - r0;
-          gemm<T>(false, true, rows, r1, D, scale, qh + r0 * ld_q, ld_q, kg, ld_kv, T(0), p, S);
-          gemm<T>(false, true, rows, r1, D, T(1), doh + r0 * ld_q, ld_q, vg, ld_kv, T(0), ds, S);
+          // Key rows [lo, r1) are the ones this block's queries see; p's columns start at lo.
+          const int64_t lo = attention_internal::key_start(doc_starts, b, S, r0), width = r1 - lo;
+          const T* k_lo = kg + lo * ld_kv;
+          const T* v_lo = vg + lo * ld_kv;
+          gemm<T>(false, true, rows, width, D, scale, qh + r0 * ld_q, ld_q, k_lo, ld_kv, T(0), p, S);
+          gemm<T>(false, true, rows, width, D, T(1), doh + r0 * ld_q, ld_q, v_lo, ld_kv, T(0), ds,
+                  S);
           for (int64_t i = r0; i < r1; ++i) {
             T* p_row = p + (i - r0) * S;
-            attention_internal::probs_from_lse_row(p_row, lse_h[i], i + 1, r1);
+            T* ds_row = ds + (i - r0) * S;
+            const int64_t begin = attention_internal::key_start(doc_starts, b, S, i) - lo;
+            const int64_t len = i + 1 - lo - begin;
+            std::fill(p_row, p_row + begin, T(0));
+            std::fill(ds_row, ds_row + begin, T(0));
+            attention_internal::probs_from_lse_row(p_row + begin, lse_h[i], len, width - begin);
             const T row_dot = attention_internal::dot(doh + i * ld_q, oh + i * ld_q, D);
-            attention_internal::softmax_backward_row(p_row, ds + (i - r0) * S, row_dot, i + 1, r1);
+            attention_internal::softmax_backward_row(p_row + begin, ds_row + begin, row_dot, len,
+                                                     width - begin);
           }
-          gemm<T>(false, false, rows, D, r1, scale, ds, S, kg, ld_kv, T(0), dqh + r0 * ld_q, ld_q);
-          // Key rows [0, r1) are the ones this block's queries see.
-          gemm<T>(true, false, r1, D, rows, scale, ds, S, qh + r0 * ld_q, ld_q, T(1), dkg, ld_kv);
-          gemm<T>(true, false, r1, D, rows, T(1), p, S, doh + r0 * ld_q, ld_q, T(1), dvg, ld_kv);
+          gemm<T>(false, false, rows, D, width, scale, ds, S, k_lo, ld_kv, T(0), dqh + r0 * ld_q,
+                  ld_q);
+          gemm<T>(true, false, width, D, rows, scale, ds, S, qh + r0 * ld_q, ld_q, T(1),
+                  dkg + lo * ld_kv, ld_kv);
+          gemm<T>(true, false, width, D, rows, T(1), p, S, doh + r0 * ld_q, ld_q, T(1),
+                  dvg + lo * ld_kv, ld_kv);
         }
       }
     }

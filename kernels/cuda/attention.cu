@@ -179,6 +179,19 @@ __device__ float row_sum(float x) {
 
 __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The first key query i of window b reads: its document's start, or 0 without documents
+// (doc_starts null) and for rows past the sequence.
+__device__ inline int64_t key_start(const int32_t* doc_starts, int64_t b, int64_t seq, int64_t i) {
+  return doc_starts && i < seq ? doc_starts[b * seq + i] : 0;
+}
+
+// The first key tile (a multiple of R) that the query tile at q0 reads: starts do not
+// decrease along a window, so the tile's first row has the smallest.
+__device__ inline int64_t first_key_tile(const int32_t* doc_starts, int64_t b, int64_t seq,
+                                         int64_t q0, int R) {
+  return key_start(doc_starts, b, seq, q0) / R * R;
+}
+
 // head_dim rounded up to the tensor-core step: the products' inner length over q, k, v,
 // dout (the zero columns up to it add nothing).
 __device__ inline int inner_dim(const AttentionShape& s) {
@@ -191,8 +204,8 @@ __device__ inline int inner_dim(const AttentionShape& s) {
 // the max grows, in shared memory.
 template <typename T, int DP>
 __global__ void __launch_bounds__(kAttentionThreads)
-    attention_forward_kernel(const T* q, const T* k, const T* v, AttentionShape s, float scale,
-                             T* out, float* lse) {
+    attention_forward_kernel(const T* q, const T* k, const T* v, AttentionShape s,
+                             const int32_t* doc_starts, float scale, T* out, float* lse) {
   using G = Tile<T, DP>;
   using L = ForwardLayout<T, DP>;
   constexpr int R = G::kRows;
@@ -214,11 +227,12 @@ __global__ void __launch_bounds__(kAttentionThreads)
 
   const int row = threadIdx.x / G::kPerRow, part = threadIdx.x % G::kPerRow;
   const int64_t i = q0 + row;
+  const int64_t start_i = key_start(doc_starts, b, s.seq, i);
   float* score_row = scores + row * G::kLdScore;
   T* prob_row = probs + row * G::kLdProb;
   float* acc_row = acc + row * G::kLdAcc;
   float running_max = -INFINITY, running_sum = 0.0f;
-  for (int64_t k0 = 0; k0 <= q0; k0 += R) {
+  for (int64_t k0 = first_key_tile(doc_starts, b, s.seq, q0, R); k0 <= q0; k0 += R) {
     __syncthreads();  // the previous tile's k, v and probabilities are consumed
     load_rows<T, DP>(k_tile, G::kLdOperand, k, s, b, k0, g, s.kv_heads, R);
     load_rows<T, DP>(v_tile, G::kLdOperand, v, s, b, k0, g, s.kv_heads, R);
@@ -228,19 +242,22 @@ __global__ void __launch_bounds__(kAttentionThreads)
     __syncthreads();
     float tile_max = -INFINITY;
     for (int c = part; c < R; c += G::kPerRow) {
-      const float x = k0 + c <= i ? scale * score_row[c] : -INFINITY;
+      const float x = k0 + c <= i && k0 + c >= start_i ? scale * score_row[c] : -INFINITY;
       score_row[c] = x;
       tile_max = fmaxf(tile_max, x);
     }
-    // Key k0 <= q0 <= i is in every tile, so the new max is finite.
+    // Without documents key k0 <= q0 <= i is in every tile, so the new max is finite. A
+    // row whose document starts past this tile has no key yet: it shifts by 0, and its
+    // probabilities and sums stay 0.
     const float new_max = fmaxf(running_max, row_max<G::kPerRow>(tile_max));
+    const float shift = new_max == -INFINITY ? 0.0f : new_max;
     float tile_sum = 0.0f;
     for (int c = part; c < R; c += G::kPerRow) {
-      const float p = expf(score_row[c] - new_max);
+      const float p = expf(score_row[c] - shift);
       prob_row[c] = static_cast<T>(p);
       tile_sum += p;
     }
-    const float rescale = expf(running_max - new_max);  // 0 on the first tile
+    const float rescale = expf(running_max - shift);  // 0 on the row's first tile
     running_sum = running_sum * rescale + row_sum<G::kPerRow>(tile_sum);
     running_max = new_max;
     for (int c = part; c < DP; c += G::kPerRow) acc_row[c] *= rescale;
@@ -280,16 +297,18 @@ __global__ void attention_row_dots_kernel(const T* dout, const T* out, Attention
 }
 
 // p_ij = exp(scale * score_ij - lse_i) for the causal pairs of the tiles at q0 and k0 (zero
-// elsewhere, rows past the sequence included) and ds_ij = p_ij (dp_ij - row_dot_i), as
+// elsewhere: rows past the sequence, keys before the row's document start) and ds_ij = p_ij (dp_ij - row_dot_i), as
 // tiles of T for the products that follow. `probs` may be null (the dq pass needs only ds).
 template <typename T, int R>
 __device__ void probs_and_ds(const float* scores, const float* dp, int ld_score, const float* lse,
                              const float* row_dots, float scale, int64_t q0, int64_t k0,
-                             int64_t seq, T* probs, T* ds, int ld_prob) {
+                             int64_t seq, const int32_t* doc_starts, int64_t b, T* probs, T* ds,
+                             int ld_prob) {
   for (int e = threadIdx.x; e < R * R; e += blockDim.x) {
     const int r = e / R, c = e % R;
     const int64_t i = q0 + r, j = k0 + c;
-    const float p = i < seq && j <= i ? expf(scale * scores[r * ld_score + c] - lse[r]) : 0.0f;
+    const bool seen = i < seq && j <= i && j >= key_start(doc_starts, b, seq, i);
+    const float p = seen ? expf(scale * scores[r * ld_score + c] - lse[r]) : 0.0f;
     if (probs) probs[r * ld_prob + c] = static_cast<T>(p);
     ds[r * ld_prob + c] = static_cast<T>(p * (dp[r * ld_score + c] - row_dots[r]));
   }
@@ -301,7 +320,8 @@ __device__ void probs_and_ds(const float* scores, const float* dp, int ld_score,
 template <typename T, int DP>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_dkv_kernel(const T* dout, const T* q, const T* k, const T* v, const float* lse,
-                         const float* row_dots, AttentionShape s, float scale, T* dk, T* dv) {
+                         const float* row_dots, AttentionShape s, const int32_t* doc_starts,
+                         float scale, T* dk, T* dv) {
   using G = Tile<T, DP>;
   using L = DkvLayout<T, DP>;
   constexpr int R = G::kRows;
@@ -331,7 +351,9 @@ __global__ void __launch_bounds__(kAttentionThreads)
     dv_acc[e / DP * G::kLdAcc + e % DP] = 0.0f;
   }
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    for (int64_t q0 = k0; q0 < s.seq; q0 += R) {
+    // Query tiles whose first document starts past this key tile see none of it, nor
+    // do the ones after them.
+    for (int64_t q0 = k0; q0 < s.seq && key_start(doc_starts, b, s.seq, q0) < k0 + R; q0 += R) {
       __syncthreads();  // the previous query tile is consumed
       load_rows<T, DP>(q_tile, G::kLdOperand, q, s, b, q0, h, s.heads, R);
       load_rows<T, DP>(dout_tile, G::kLdOperand, dout, s, b, q0, h, s.heads, R);
@@ -343,8 +365,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
       block_mm<T, R, R, false, true, false>(dout_tile, G::kLdOperand, v_tile, G::kLdOperand, dp,
                                             G::kLdScore, inner);
       __syncthreads();
-      probs_and_ds<T, R>(scores, dp, G::kLdScore, lse_rows, dot_rows, scale, q0, k0, s.seq, probs,
-                         ds, G::kLdProb);
+      probs_and_ds<T, R>(scores, dp, G::kLdScore, lse_rows, dot_rows, scale, q0, k0, s.seq,
+                         doc_starts, b, probs, ds, G::kLdProb);
       __syncthreads();
       // Transposed tiles: rows are keys, the inner dimension the tile's queries.
       block_mm<T, R, DP, true, false, true>(probs, G::kLdProb, dout_tile, G::kLdOperand, dv_acc,
@@ -363,7 +385,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
 template <typename T, int DP>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_dq_kernel(const T* dout, const T* q, const T* k, const T* v, const float* lse,
-                        const float* row_dots, AttentionShape s, float scale, T* dq) {
+                        const float* row_dots, AttentionShape s, const int32_t* doc_starts,
+                        float scale, T* dq) {
   using G = Tile<T, DP>;
   using L = DqLayout<T, DP>;
   constexpr int R = G::kRows;
@@ -388,7 +411,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
   load_row_values(lse_rows, lse, s, b, h, q0, R);
   load_row_values(dot_rows, row_dots, s, b, h, q0, R);
   for (int e = threadIdx.x; e < R * DP; e += blockDim.x) dq_acc[e / DP * G::kLdAcc + e % DP] = 0.0f;
-  for (int64_t k0 = 0; k0 <= q0; k0 += R) {
+  for (int64_t k0 = first_key_tile(doc_starts, b, s.seq, q0, R); k0 <= q0; k0 += R) {
     __syncthreads();  // the previous key tile is consumed
     load_rows<T, DP>(k_tile, G::kLdOperand, k, s, b, k0, g, s.kv_heads, R);
     load_rows<T, DP>(v_tile, G::kLdOperand, v, s, b, k0, g, s.kv_heads, R);
@@ -399,7 +422,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
                                           G::kLdScore, inner);
     __syncthreads();
     probs_and_ds<T, R>(scores, dp, G::kLdScore, lse_rows, dot_rows, scale, q0, k0, s.seq,
-                       static_cast<T*>(nullptr), ds, G::kLdProb);
+                       doc_starts, b, static_cast<T*>(nullptr), ds, G::kLdProb);
     __syncthreads();
     block_mm<T, R, DP, false, false, true>(ds, G::kLdProb, k_tile, G::kLdOperand, dq_acc, G::kLdAcc,
                                            R);
@@ -437,26 +460,26 @@ void launch_tiles(Kernel kernel, size_t bytes, dim3 grid, cudaStream_t stream, A
 }
 
 template <typename T, int DP>
-void forward_tiles(const T* q, const T* k, const T* v, const AttentionShape& s, T* out, float* lse,
-                   cudaStream_t stream) {
+void forward_tiles(const T* q, const T* k, const T* v, const AttentionShape& s,
+                   const int32_t* doc_starts, T* out, float* lse, cudaStream_t stream) {
   const int64_t tiles = (s.seq + Tile<T, DP>::kRows - 1) / Tile<T, DP>::kRows;
   launch_tiles(attention_forward_kernel<T, DP>, ForwardLayout<T, DP>::kBytes,
-               attention_grid(tiles, s.heads, s.batch), stream, q, k, v, s, attention_scale(s), out,
-               lse);
+               attention_grid(tiles, s.heads, s.batch), stream, q, k, v, s, doc_starts,
+               attention_scale(s), out, lse);
 }
 
 template <typename T, int DP>
 void backward_tiles(const T* dout, const T* q, const T* k, const T* v, const float* lse,
-                    const float* row_dots, const AttentionShape& s, T* dq, T* dk, T* dv,
-                    cudaStream_t stream) {
+                    const float* row_dots, const AttentionShape& s, const int32_t* doc_starts,
+                    T* dq, T* dk, T* dv, cudaStream_t stream) {
   const int64_t tiles = (s.seq + Tile<T, DP>::kRows - 1) / Tile<T, DP>::kRows;
   const float scale = attention_scale(s);
   launch_tiles(attention_dkv_kernel<T, DP>, DkvLayout<T, DP>::kBytes,
                attention_grid(tiles, s.kv_heads, s.batch), stream, dout, q, k, v, lse, row_dots, s,
-               scale, dk, dv);
+               doc_starts, scale, dk, dv);
   launch_tiles(attention_dq_kernel<T, DP>, DqLayout<T, DP>::kBytes,
                attention_grid(tiles, s.heads, s.batch), stream, dout, q, k, v, lse, row_dots, s,
-               scale, dq);
+               doc_starts, scale, dq);
 }
 
 void check_head_dim(const AttentionShape& s) {
@@ -467,20 +490,20 @@ void check_head_dim(const AttentionShape& s) {
 }  // namespace
 
 template <typename T>
-void attention_forward(const T* q, const T* k, const T* v, const AttentionShape& s, T* out,
-                       float* lse, cudaStream_t stream) {
+void attention_forward(const T* q, const T* k, const T* v, const AttentionShape& s,
+                       const int32_t* doc_starts, T* out, float* lse, cudaStream_t stream) {
   if (s.batch * s.seq * s.heads == 0) return;
   check_head_dim(s);
   if (s.head_dim <= 64)
-    forward_tiles<T, 64>(q, k, v, s, out, lse, stream);
+    forward_tiles<T, 64>(q, k, v, s, doc_starts, out, lse, stream);
   else
-    forward_tiles<T, 128>(q, k, v, s, out, lse, stream);
+    forward_tiles<T, 128>(q, k, v, s, doc_starts, out, lse, stream);
 }
 
 template <typename T>
 void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const float* lse, const AttentionShape& s, T* dq, T* dk, T* dv,
-                        cudaStream_t stream) {
+                        const float* lse, const AttentionShape& s, const int32_t* doc_starts,
+                        T* dq, T* dk, T* dv, cudaStream_t stream) {
   if (s.batch * s.seq * s.heads == 0) return;
   check_head_dim(s);
   const int64_t rows = s.batch * s.seq * s.heads;
@@ -491,17 +514,17 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
       dout, out, s, row_dots.get());
   SY_CUDA_CHECK_LAUNCH();
   if (s.head_dim <= 64)
-    backward_tiles<T, 64>(dout, q, k, v, lse, row_dots.get(), s, dq, dk, dv, stream);
+    backward_tiles<T, 64>(dout, q, k, v, lse, row_dots.get(), s, doc_starts, dq, dk, dv, stream);
   else
-    backward_tiles<T, 128>(dout, q, k, v, lse, row_dots.get(), s, dq, dk, dv, stream);
+    backward_tiles<T, 128>(dout, q, k, v, lse, row_dots.get(), s, doc_starts, dq, dk, dv, stream);
 }
 
 #define SY_INSTANTIATE_ATTENTION(T)                                                           \
-  template void attention_forward<T>(const T*, const T*, const T*, const AttentionShape&, T*, \
-                                     float*, cudaStream_t);                                   \
+  template void attention_forward<T>(const T*, const T*, const T*, const AttentionShape&,     \
+                                     const int32_t*, T*, float*, cudaStream_t);               \
   template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*,       \
-                                      const float*, const AttentionShape&, T*, T*, T*,        \
-                                      cudaStream_t);
+                                      const float*, const AttentionShape&, const int32_t*, T*, \
+                                      T*, T*, cudaStream_t);
 SY_INSTANTIATE_ATTENTION(float)
 SY_INSTANTIATE_ATTENTION(__nv_bfloat16)
 #undef SY_INSTANTIATE_ATTENTION
