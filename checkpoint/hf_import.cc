@@ -28,7 +28,12 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-enum class Family { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe };
+enum class Family { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kLlama, kMistral, kQwen2 };
+
+// The dense families, read only to be upcycled (checkpoint/upcycle.h).
+bool is_dense(Family family) {
+  return family == Family::kLlama || family == Family::kMistral || family == Family::kQwen2;
+}
 
 // The widest value a config.json integer may have: the recipe stores most of them as
 // int32, and validate_recipe applies the engine's own limits after.
@@ -45,8 +50,12 @@ absl::StatusOr<Family> family_of(const JsonFields& c) {
   if (type == "qwen2_moe") return Family::kQwen2Moe;
   if (type == "qwen3_moe") return Family::kQwen3Moe;
   if (type == "olmoe") return Family::kOlmoe;
-  return absl::UnimplementedError(absl::StrCat(c.path(), ": model_type \"", type.substr(0, 64),
-                                               "\" is not one of mixtral, qwen2_moe, qwen3_moe, olmoe"));
+  if (type == "llama") return Family::kLlama;
+  if (type == "mistral") return Family::kMistral;
+  if (type == "qwen2") return Family::kQwen2;
+  return absl::UnimplementedError(
+      absl::StrCat(c.path(), ": model_type \"", type.substr(0, 64),
+                   "\" is not one of mixtral, qwen2_moe, qwen3_moe, olmoe, llama, mistral, qwen2"));
 }
 
 // A float field of the recipe: finite and within float's range.
@@ -152,6 +161,26 @@ absl::Status read_olmoe(const JsonFields& c, config::Recipe& recipe) {
   return absl::OkStatus();
 }
 
+// Llama, Mistral and Qwen2: every layer a dense SwiGLU FFN (model.moe_layer_interval 0).
+absl::Status read_dense(const JsonFields& c, Family family, config::Recipe& recipe) {
+  config::ModelConfig& model = *recipe.mutable_model();
+  if (family == Family::kMistral && c.has("sliding_window"))
+    return refuse(c, "sliding_window", "is set: the engine attends to the whole window");
+  if (family == Family::kQwen2) {
+    SY_ASSIGN_OR_RETURN(const bool sliding, c.boolean_or("use_sliding_window", false));
+    if (sliding) return refuse(c, "use_sliding_window", "is true: the engine attends to the whole window");
+  } else {
+    SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("attention_bias", false));
+    if (bias) return refuse(c, "attention_bias", "is true: its output projection bias has no engine counterpart");
+  }
+  SY_ASSIGN_OR_RETURN(const int64_t ffn, c.integer("intermediate_size", 1, kMaxInt32));
+  model.set_ffn_hidden_size(ffn);
+  model.set_moe_layer_interval(0);
+  // Qwen2's q, k and v projections always have biases.
+  model.set_attention_bias(family == Family::kQwen2);
+  return absl::OkStatus();
+}
+
 // The key of the routed experts' count: Mixtral's num_local_experts, the others'
 // num_experts, which transformers 5.x writes as num_local_experts for Qwen3-MoE.
 const char* experts_key(const JsonFields& c, Family family) {
@@ -161,9 +190,8 @@ const char* experts_key(const JsonFields& c, Family family) {
 }
 
 // The fields every family shares.
-absl::Status read_common(const JsonFields& c, Family family, config::Recipe& recipe) {
+absl::Status read_common(const JsonFields& c, config::Recipe& recipe) {
   config::ModelConfig& model = *recipe.mutable_model();
-  config::MoeConfig& moe = *recipe.mutable_moe();
   SY_ASSIGN_OR_RETURN(const std::string act, c.string_or("hidden_act", "silu"));
   if (act != "silu")
     return refuse(c, "hidden_act", absl::StrCat("\"", act.substr(0, 64), "\": the engine's FFNs are SwiGLU (silu)"));
@@ -182,9 +210,6 @@ absl::Status read_common(const JsonFields& c, Family family, config::Recipe& rec
   SY_ASSIGN_OR_RETURN(const float eps, float_or(c, "rms_norm_eps", 1e-6));
   SY_ASSIGN_OR_RETURN(const float init_std, float_or(c, "initializer_range", 0.02));
   SY_ASSIGN_OR_RETURN(const bool tie, c.boolean_or("tie_word_embeddings", false));
-  SY_ASSIGN_OR_RETURN(const int64_t experts, c.integer(experts_key(c, family), 1, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const int64_t top_k, c.integer("num_experts_per_tok", 1, experts));
-  SY_ASSIGN_OR_RETURN(const float aux_coef, float_or(c, "router_aux_loss_coef", 0.0));
   model.set_vocab_size(vocab);
   model.set_hidden_size(hidden);
   model.set_num_layers(static_cast<int32_t>(layers));
@@ -196,6 +221,14 @@ absl::Status read_common(const JsonFields& c, Family family, config::Recipe& rec
   model.set_init_std(init_std);
   model.set_tie_embeddings(tie);
   model.set_max_position_embeddings(max_positions);
+  return absl::OkStatus();
+}
+
+// The routed experts' count, top-k and aux loss weight of the MoE families.
+absl::Status read_routing(const JsonFields& c, Family family, config::MoeConfig& moe) {
+  SY_ASSIGN_OR_RETURN(const int64_t experts, c.integer(experts_key(c, family), 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t top_k, c.integer("num_experts_per_tok", 1, experts));
+  SY_ASSIGN_OR_RETURN(const float aux_coef, float_or(c, "router_aux_loss_coef", 0.0));
   moe.set_num_experts(static_cast<int32_t>(experts));
   moe.set_top_k(static_cast<int32_t>(top_k));
   moe.set_aux_loss_coef(aux_coef);
@@ -206,12 +239,16 @@ absl::StatusOr<config::Recipe> recipe_from_config(const JsonFields& c, Family fa
                                                   const std::string& name) {
   config::Recipe recipe;
   recipe.set_name(name);
-  SY_RETURN_IF_ERROR(read_common(c, family, recipe));
+  SY_RETURN_IF_ERROR(read_common(c, recipe));
+  if (!is_dense(family)) SY_RETURN_IF_ERROR(read_routing(c, family, *recipe.mutable_moe()));
   switch (family) {
     case Family::kMixtral: SY_RETURN_IF_ERROR(read_mixtral(c, recipe)); break;
     case Family::kQwen2Moe: SY_RETURN_IF_ERROR(read_qwen2_moe(c, recipe)); break;
     case Family::kQwen3Moe: SY_RETURN_IF_ERROR(read_qwen3_moe(c, recipe)); break;
     case Family::kOlmoe: SY_RETURN_IF_ERROR(read_olmoe(c, recipe)); break;
+    case Family::kLlama:
+    case Family::kMistral:
+    case Family::kQwen2: SY_RETURN_IF_ERROR(read_dense(c, family, recipe)); break;
   }
   // Training settings are placeholders that make the recipe valid for `sample` and
   // `eval`; training it starts from the imported weights beside it, once its data (and
@@ -488,12 +525,20 @@ struct HfConfig {
   Family family;
 };
 
+// Which families a reader takes: convert from-hf the MoE ones, convert upcycle the dense
+// ones, the config parser alone both.
+enum class Kind { kAny, kMoe, kDense };
+
 absl::StatusOr<HfConfig> parse_config(std::string_view json, const std::string& path,
-                                      const std::string& name) {
+                                      const std::string& name, Kind kind) {
   SY_ASSIGN_OR_RETURN(const Json j, parse_json_object(json, path));
   const JsonFields c(j, path);
   HfConfig out;
   SY_ASSIGN_OR_RETURN(out.family, family_of(c));
+  if (kind == Kind::kMoe && is_dense(out.family))
+    return refuse(c, "model_type", "is a dense model: `switchyard convert upcycle` makes a mixture of experts of it");
+  if (kind == Kind::kDense && !is_dense(out.family))
+    return refuse(c, "model_type", "is a mixture of experts: `switchyard convert from-hf` imports it");
   SY_ASSIGN_OR_RETURN(out.recipe, recipe_from_config(c, out.family, name));
   return out;
 }
@@ -510,12 +555,31 @@ absl::StatusOr<std::string> hf_tokenizer(const std::string& dir, const config::R
   return path;
 }
 
+// The directory's model, of a family of `kind`.
+absl::StatusOr<HfModel> read_hf_directory(const std::string& hf_dir, Kind kind) {
+  const std::string config_path = hf_dir + "/config.json";
+  SY_ASSIGN_OR_RETURN(const std::string text, read_file(config_path));
+  fs::path dir = fs::path(hf_dir).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();
+  SY_ASSIGN_OR_RETURN(const HfConfig config,
+                      parse_config(text, config_path, dir.filename().string(), kind));
+  SY_ASSIGN_OR_RETURN(const std::vector<std::string> files, hf_weight_files(hf_dir));
+  SY_RETURN_IF_ERROR(check_files_hold_model(config.recipe, files, config_path));
+  HfModel out;
+  out.recipe = config.recipe;
+  SY_ASSIGN_OR_RETURN(out.tokenizer_path, hf_tokenizer(hf_dir, config.recipe));
+  SY_ASSIGN_OR_RETURN(auto hf_tensors, read_hf_tensors(files));
+  TensorMapper mapper(std::move(hf_tensors), hf_dir);
+  SY_ASSIGN_OR_RETURN(out.tensors, map_tensors(config.recipe, config.family, mapper));
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<config::Recipe> recipe_from_hf_config_text(std::string_view json,
                                                           const std::string& path,
                                                           const std::string& name) {
-  SY_ASSIGN_OR_RETURN(HfConfig config, parse_config(json, path, name));
+  SY_ASSIGN_OR_RETURN(HfConfig config, parse_config(json, path, name, Kind::kAny));
   return std::move(config.recipe);
 }
 
@@ -532,21 +596,11 @@ absl::StatusOr<std::map<std::string, std::string>> parse_hf_weight_map(std::stri
 }
 
 absl::StatusOr<HfModel> read_hf_model(const std::string& hf_dir) {
-  const std::string config_path = hf_dir + "/config.json";
-  SY_ASSIGN_OR_RETURN(const std::string text, read_file(config_path));
-  fs::path dir = fs::path(hf_dir).lexically_normal();
-  if (!dir.has_filename()) dir = dir.parent_path();
-  SY_ASSIGN_OR_RETURN(const HfConfig config,
-                      parse_config(text, config_path, dir.filename().string()));
-  SY_ASSIGN_OR_RETURN(const std::vector<std::string> files, hf_weight_files(hf_dir));
-  SY_RETURN_IF_ERROR(check_files_hold_model(config.recipe, files, config_path));
-  HfModel out;
-  out.recipe = config.recipe;
-  SY_ASSIGN_OR_RETURN(out.tokenizer_path, hf_tokenizer(hf_dir, config.recipe));
-  SY_ASSIGN_OR_RETURN(auto hf_tensors, read_hf_tensors(files));
-  TensorMapper mapper(std::move(hf_tensors), hf_dir);
-  SY_ASSIGN_OR_RETURN(out.tensors, map_tensors(config.recipe, config.family, mapper));
-  return out;
+  return read_hf_directory(hf_dir, Kind::kMoe);
+}
+
+absl::StatusOr<HfModel> read_hf_dense_model(const std::string& hf_dir) {
+  return read_hf_directory(hf_dir, Kind::kDense);
 }
 
 }  // namespace switchyard

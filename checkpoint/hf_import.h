@@ -1,6 +1,7 @@
 // Import of a Hugging Face transformers MoE model directory (MixtralForCausalLM,
 // Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM) as a weights directory (checkpoint/weights.h)
-// that `switchyard sample` and `switchyard eval` load. Config fields the engine cannot
+// that `switchyard sample` and `switchyard eval` load, and of a dense one
+// (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) to be upcycled. Config fields the engine cannot
 // honour are refused by name before anything is written.
 #pragma once
 
@@ -33,8 +34,13 @@ struct HfModel {
 // weights are refused naming the tensor.
 absl::StatusOr<HfModel> read_hf_model(const std::string& hf_dir);
 
-// The recipe of a config.json's text (`path` names it in errors; the recipe is called
-// `name`). Wrong types, nulls, missing fields and out-of-range values are errors naming
+// Reads a dense Llama, Mistral or Qwen2 directory with the checks of read_hf_model: a
+// recipe with every layer a dense FFN (model.moe_layer_interval 0), which
+// checkpoint/upcycle.h makes a mixture of experts of.
+absl::StatusOr<HfModel> read_hf_dense_model(const std::string& hf_dir);
+
+// The recipe of a config.json's text, MoE or dense (`path` names it in errors; the recipe
+// is called `name`). Wrong types, nulls, missing fields and out-of-range values are errors naming
 // the field.
 absl::StatusOr<config::Recipe> recipe_from_hf_config_text(std::string_view json,
                                                           const std::string& path,

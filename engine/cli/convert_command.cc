@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_import.h"
+#include "checkpoint/upcycle.h"
 #include "checkpoint/weights.h"
 #include "engine/cli/load_model.h"
 #include "engine/model/transformer.h"
@@ -127,12 +128,26 @@ ConvertCommand::ConvertCommand(CLI::App& app) {
   from_hf_->add_option("out", out_, "output weights directory")->required();
   from_hf_->add_flag("--overwrite", overwrite_,
                      "replace an earlier import's files in a non-empty output directory");
+
+  upcycle_ = convert_->add_subcommand(
+      "upcycle", "make a dense transformers Llama, Mistral or Qwen2 directory a mixture of experts "
+      "whose first forward equals the dense model's (weights directory)");
+  upcycle_->add_option("hf_dir", in_, "dense transformers model directory")->required();
+  upcycle_->add_option("out", out_, "output weights directory")->required();
+  upcycle_->add_option("--experts", experts_, "number of experts E, a multiple of G")->required();
+  upcycle_->add_option("--top-k", top_k_, "experts per token K, a multiple of G")->required();
+  upcycle_->add_option("--granularity", granularity_,
+                       "split the dense FFN into G finer experts (its width / G each)");
+  upcycle_->add_option("--seed", seed_, "seed of the router's random initialisation");
+  upcycle_->add_flag("--overwrite", overwrite_,
+                     "replace an earlier conversion's files in a non-empty output directory");
 }
 
 bool ConvertCommand::parsed() const { return convert_->parsed(); }
 
 absl::Status ConvertCommand::run() {
   if (to_hf_->parsed()) return run_to_hf();
+  if (upcycle_->parsed()) return run_upcycle();
   return run_from_hf();
 }
 
@@ -156,6 +171,17 @@ absl::Status ConvertCommand::run_to_hf() {
 absl::Status ConvertCommand::run_from_hf() {
   SY_RETURN_IF_ERROR(check_output(in_, out_, overwrite_));
   SY_ASSIGN_OR_RETURN(const HfModel model, read_hf_model(in_));
+  SY_RETURN_IF_ERROR(remove_owned_files(out_, is_weights_file));
+  SY_RETURN_IF_ERROR(save_weights(out_, model.recipe, model.tensors, model.tokenizer_path));
+  std::printf("wrote %s\n", out_.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status ConvertCommand::run_upcycle() {
+  SY_RETURN_IF_ERROR(check_output(in_, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(const HfModel dense, read_hf_dense_model(in_));
+  const UpcycleOptions options{experts_, top_k_, granularity_, seed_};
+  SY_ASSIGN_OR_RETURN(const HfModel model, upcycle(dense, options));
   SY_RETURN_IF_ERROR(remove_owned_files(out_, is_weights_file));
   SY_RETURN_IF_ERROR(save_weights(out_, model.recipe, model.tensors, model.tokenizer_path));
   std::printf("wrote %s\n", out_.c_str());
