@@ -325,6 +325,48 @@ absl::Status validate_moe(const Recipe& recipe) {
   return moe.gating() == SIGMOID_TOPK ? validate_sigmoid_routing(moe) : refuse_sigmoid_fields(moe);
 }
 
+// The pipeline's stage and chunk counts and its layer split (docs/pipeline.md). What
+// depends on the world size (the micro-batches per step) is make_layout's to check.
+absl::Status validate_pipeline(const Recipe& recipe) {
+  const ParallelConfig& parallel = recipe.parallel();
+  SY_RETURN_IF_ERROR(
+      check_non_negative("parallel.pipeline_parallel_size", parallel.pipeline_parallel_size()));
+  SY_RETURN_IF_ERROR(
+      check_non_negative("parallel.virtual_pipeline_size", parallel.virtual_pipeline_size()));
+  if (!PipelineSchedule_IsValid(parallel.pipeline_schedule()))
+    return invalid(absl::StrCat("parallel.pipeline_schedule (", parallel.pipeline_schedule(),
+                                ") is not a schedule"));
+  if (effective_pipeline_size(parallel) > 1 && recipe.model().tie_embeddings())
+    return invalid(absl::StrCat("model.tie_embeddings needs parallel.pipeline_parallel_size 1 (not ",
+                                parallel.pipeline_parallel_size(),
+                                "): the embedding lives on the first stage, the LM head on the last"));
+  const int64_t chunks =
+      int64_t{effective_pipeline_size(parallel)} * effective_virtual_pipeline_size(parallel);
+  const int32_t layers = recipe.model().num_layers();
+  const auto& split = parallel.pipeline_layers();
+  if (split.empty()) {
+    if (chunks <= layers) return absl::OkStatus();
+    return invalid(absl::StrCat("parallel.pipeline_parallel_size x parallel.virtual_pipeline_size (",
+                                chunks, " chunks) must be <= model.num_layers (", layers,
+                                "): every chunk holds at least one layer"));
+  }
+  if (split.size() != chunks)
+    return invalid(absl::StrCat("parallel.pipeline_layers has ", split.size(),
+                                " entries; it needs one per chunk: parallel.pipeline_parallel_size "
+                                "x parallel.virtual_pipeline_size (", chunks, ")"));
+  int64_t sum = 0;
+  for (int i = 0; i < split.size(); ++i) {
+    if (split[i] < 1)
+      return invalid(absl::StrCat("parallel.pipeline_layers[", i, "] (", split[i],
+                                  ") must be >= 1: a chunk holds at least one layer"));
+    sum += split[i];
+  }
+  if (sum != layers)
+    return invalid(absl::StrCat("parallel.pipeline_layers sum to ", sum,
+                                " layers; they must sum to model.num_layers (", layers, ")"));
+  return absl::OkStatus();
+}
+
 absl::Status validate_parallel(const Recipe& recipe) {
   const ParallelConfig& parallel = recipe.parallel();
   SY_RETURN_IF_ERROR(
@@ -361,7 +403,7 @@ absl::Status validate_parallel(const Recipe& recipe) {
     return invalid(absl::StrCat("moe.num_experts (", recipe.moe().num_experts(),
                                 ") must be divisible by parallel.expert_parallel_size (", ep, ")"));
   }
-  return absl::OkStatus();
+  return validate_pipeline(recipe);
 }
 
 absl::Status validate_optimizer(const Recipe& recipe) {
@@ -609,6 +651,31 @@ int32_t effective_head_dim(const ModelConfig& model) {
   if (model.head_dim() > 0) return model.head_dim();
   if (model.num_heads() <= 0) return 0;
   return static_cast<int32_t>(model.hidden_size() / model.num_heads());
+}
+
+int32_t effective_pipeline_size(const ParallelConfig& parallel) {
+  return parallel.pipeline_parallel_size() > 0 ? parallel.pipeline_parallel_size() : 1;
+}
+
+int32_t effective_virtual_pipeline_size(const ParallelConfig& parallel) {
+  return parallel.virtual_pipeline_size() > 0 ? parallel.virtual_pipeline_size() : 1;
+}
+
+PipelineSchedule effective_pipeline_schedule(const ParallelConfig& parallel) {
+  if (parallel.pipeline_schedule() != PIPELINE_SCHEDULE_UNSPECIFIED)
+    return parallel.pipeline_schedule();
+  return effective_virtual_pipeline_size(parallel) > 1 ? INTERLEAVED_1F1B : ONE_F_ONE_B;
+}
+
+std::vector<int> pipeline_chunk_layers(const Recipe& recipe) {
+  const ParallelConfig& parallel = recipe.parallel();
+  if (!parallel.pipeline_layers().empty())
+    return {parallel.pipeline_layers().begin(), parallel.pipeline_layers().end()};
+  const int chunks = effective_pipeline_size(parallel) * effective_virtual_pipeline_size(parallel);
+  const int layers = recipe.model().num_layers();
+  std::vector<int> split(static_cast<size_t>(chunks), layers / chunks);
+  for (int i = 0; i < layers % chunks; ++i) ++split[i];
+  return split;
 }
 
 bool is_moe_layer(const Recipe& recipe, int layer) {

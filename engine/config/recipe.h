@@ -66,6 +66,17 @@ int32_t effective_kv_heads(const ModelConfig& model);
 // head_dim, or hidden_size / num_heads when it is 0.
 int32_t effective_head_dim(const ModelConfig& model);
 
+// Pipeline stages, model chunks per stage (0 means 1) and the schedule
+// (PIPELINE_SCHEDULE_UNSPECIFIED: ONE_F_ONE_B, or INTERLEAVED_1F1B with more than one
+// chunk per stage).
+int32_t effective_pipeline_size(const ParallelConfig& parallel);
+int32_t effective_virtual_pipeline_size(const ParallelConfig& parallel);
+PipelineSchedule effective_pipeline_schedule(const ParallelConfig& parallel);
+// Layers of each model chunk in depth order (pipeline size x virtual size entries):
+// parallel.pipeline_layers, or an even split whose first chunks take one more layer. For
+// a validated recipe.
+std::vector<int> pipeline_chunk_layers(const Recipe& recipe);
+
 // Whether decoder layer `layer` (0-based) is an MoE layer, per
 // model.moe_layer_interval and model.first_dense_layers.
 bool is_moe_layer(const Recipe& recipe, int layer);

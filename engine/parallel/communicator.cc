@@ -123,4 +123,17 @@ void Communicator::broadcast(Tensor& tensor, int root) {
   broadcast_impl(tensor, root);
 }
 
+void Communicator::exchange(std::vector<Message>& messages) {
+  for (const Message& message : messages) {
+    check_tensor(message.tensor);
+    SY_CHECK_MSG(message.peer >= 0 && message.peer < size() && message.peer != rank(),
+                 "point-to-point message to itself or outside the group");
+  }
+  if (!messages.empty()) exchange_impl(messages);
+}
+
+void Communicator::exchange_impl(std::vector<Message>&) {
+  SY_CHECK_MSG(false, "this communicator has no point-to-point messages");
+}
+
 }  // namespace switchyard

@@ -60,6 +60,20 @@ class Communicator {
   // Every rank's `tensor` gets the bytes of rank `root`'s tensor (same dtype, numel).
   void broadcast(Tensor& tensor, int root);
 
+  // Point-to-point messages (pipeline stages, docs/pipeline.md). A send's `tensor` goes
+  // to group rank `peer`; a receive's `tensor` gets the bytes of the message from `peer`
+  // (same byte count). The messages from one rank to another match in the order each
+  // side posts them, so both sides must post them in the same order. Any dtype.
+  struct Message {
+    bool send = false;
+    int peer = 0;
+    Tensor tensor;
+  };
+  // Posts every message at once and returns when all have moved (on a device
+  // communicator: once queued, as its collectives). Only the peers named take part; a
+  // group of one has no peer and refuses.
+  void exchange(std::vector<Message>& messages);
+
   // Returns once every rank of the group has called it.
   virtual void barrier() = 0;
 
@@ -84,6 +98,9 @@ class Communicator {
                                  Tensor& recv, const std::vector<int64_t>& recv_rows) = 0;
   virtual std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& send_counts) = 0;
   virtual void broadcast_impl(Tensor& tensor, int root) = 0;
+  // Communicators without point-to-point messages (the local one, whose group has no
+  // peer) keep this refusal.
+  virtual void exchange_impl(std::vector<Message>& messages);
   // The device whose memory the tensor collectives take: the CPU for the host
   // communicators; a device communicator returns its GPU.
   virtual const Device& tensor_device() const { return cpu_device(); }

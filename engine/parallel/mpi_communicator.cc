@@ -180,4 +180,20 @@ void MpiCommunicator::broadcast_impl(Tensor& tensor, int root) {
                          root, comm_));
 }
 
+void MpiCommunicator::exchange_impl(std::vector<Message>& messages) {
+  std::vector<MPI_Request> requests(messages.size());
+  for (size_t i = 0; i < messages.size(); ++i) {
+    Message& m = messages[i];
+    const int count = to_mpi_count(m.tensor.numel());
+    const MPI_Datatype type = mpi_type(m.tensor.dtype());
+    if (m.send) {
+      SY_MPI_CHECK(MPI_Isend(m.tensor.raw_data(), count, type, m.peer, 0, comm_, &requests[i]));
+    } else {
+      SY_MPI_CHECK(MPI_Irecv(m.tensor.raw_data(), count, type, m.peer, 0, comm_, &requests[i]));
+    }
+  }
+  SY_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
+                           MPI_STATUSES_IGNORE));
+}
+
 }  // namespace switchyard

@@ -44,6 +44,9 @@ class MpiCommunicator final : public Communicator {
                          const std::vector<int64_t>& recv_rows) override;
   std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& send_counts) override;
   void broadcast_impl(Tensor& tensor, int root) override;
+  // MPI_Isend and MPI_Irecv of every message (one tag: MPI matches them in order), then
+  // MPI_Waitall.
+  void exchange_impl(std::vector<Message>& messages) override;
 
  private:
   // Takes ownership of `comm`.

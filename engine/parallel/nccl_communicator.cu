@@ -314,6 +314,22 @@ std::vector<int64_t> NcclCommunicator::all_to_all_counts_impl(
   return cpu_.all_to_all_counts(send_counts);
 }
 
+void NcclCommunicator::exchange_impl(std::vector<Message>& messages) {
+  cudaStream_t stream = begin();
+  SY_NCCL_CHECK(ncclGroupStart());
+  for (Message& m : messages) {
+    const size_t bytes = m.tensor.nbytes();
+    if (bytes == 0) continue;
+    if (m.send) {
+      SY_NCCL_CHECK(ncclSend(m.tensor.raw_data(), bytes, ncclUint8, m.peer, comm_, stream));
+    } else {
+      SY_NCCL_CHECK(ncclRecv(m.tensor.raw_data(), bytes, ncclUint8, m.peer, comm_, stream));
+    }
+  }
+  SY_NCCL_CHECK(ncclGroupEnd());
+  end();
+}
+
 void NcclCommunicator::broadcast_impl(Tensor& tensor, int root) {
   if (tensor.nbytes() == 0) return;
   cudaStream_t stream = begin();

@@ -89,6 +89,8 @@ class NcclCommunicator final : public Communicator {
                          const std::vector<int64_t>& recv_rows) override;
   std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& send_counts) override;
   void broadcast_impl(Tensor& tensor, int root) override;
+  // One NCCL group of ncclSend and ncclRecv calls, in the order given.
+  void exchange_impl(std::vector<Message>& messages) override;
   const Device& tensor_device() const override { return device_; }
 
  private:

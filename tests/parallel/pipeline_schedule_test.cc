@@ -89,8 +89,9 @@ class Simulator {
     std::set<Payload> inbox;   // received, not yet consumed
     std::set<std::pair<int, int>> forwarded;  // (micro-batch, chunk) whose forward ran
     std::set<std::pair<int, int>> backwarded;
-    // Messages posted so far per (peer, kind, send?): their order in that stream.
-    std::map<std::tuple<int, TransferKind, bool>, int> posted;
+    // Messages posted so far per (peer, send?): their order in that stream. Kinds share
+    // a stream, as the messages of a device communicator (no tags) do.
+    std::map<std::pair<int, bool>, int> posted;
     std::vector<int> order;  // each current transfer's position in its stream
   };
 
@@ -145,13 +146,13 @@ class Simulator {
       if (other.kind != ActionKind::kExchange || peer.moved.empty()) continue;
       for (size_t j = 0; j < other.transfers.size(); ++j) {
         const Transfer& u = other.transfers[j];
-        if (peer.moved[j] || u.peer != r || u.kind != t.kind || u.send == t.send ||
-            peer.order[j] != rank.order[i])
+        if (peer.moved[j] || u.peer != r || u.send == t.send || peer.order[j] != rank.order[i])
           continue;
         const Transfer& send = t.send ? t : u;
         const int sender = t.send ? r : t.peer;
         const Transfer& recv = t.send ? u : t;
         const int receiver = t.send ? t.peer : r;
+        EXPECT_EQ(send.kind, recv.kind) << "messages matched out of order";
         EXPECT_EQ(send.micro_batch, recv.micro_batch) << "messages matched out of order";
         EXPECT_EQ(destination_chunk(sender, send), destination_chunk(receiver, recv))
             << "messages matched out of order";
@@ -172,7 +173,7 @@ class Simulator {
     rank.moved.assign(action.transfers.size(), false);
     rank.order.clear();
     for (const Transfer& t : action.transfers)
-      rank.order.push_back(rank.posted[{t.peer, t.kind, t.send}]++);
+      rank.order.push_back(rank.posted[{t.peer, t.send}]++);
     rank.exchange_end = rank.clock;
   }
 
