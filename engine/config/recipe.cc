@@ -182,6 +182,39 @@ bool has_dense_layer(const Recipe& recipe) {
   return false;
 }
 
+// Multi-head latent attention (model.mla), when kv_lora_rank turns it on.
+absl::Status validate_mla(const ModelConfig& model) {
+  const MlaConfig& mla = model.mla();
+  SY_RETURN_IF_ERROR(check_non_negative("model.mla.kv_lora_rank", mla.kv_lora_rank()));
+  if (mla.kv_lora_rank() == 0) {
+    if (mla.q_lora_rank() != 0 || mla.qk_nope_head_dim() != 0 || mla.qk_rope_head_dim() != 0 ||
+        mla.v_head_dim() != 0)
+      return invalid("model.mla needs kv_lora_rank > 0: its other fields apply only to latent attention");
+    return absl::OkStatus();
+  }
+  SY_RETURN_IF_ERROR(check_at_most("model.mla.kv_lora_rank", mla.kv_lora_rank(), kMaxHiddenSize));
+  SY_RETURN_IF_ERROR(check_non_negative("model.mla.q_lora_rank", mla.q_lora_rank()));
+  SY_RETURN_IF_ERROR(check_at_most("model.mla.q_lora_rank", mla.q_lora_rank(), kMaxHiddenSize));
+  SY_RETURN_IF_ERROR(check_positive("model.mla.qk_nope_head_dim", mla.qk_nope_head_dim()));
+  SY_RETURN_IF_ERROR(check_at_most("model.mla.qk_nope_head_dim", mla.qk_nope_head_dim(), kMaxHeadDim));
+  SY_RETURN_IF_ERROR(check_positive("model.mla.qk_rope_head_dim", mla.qk_rope_head_dim()));
+  SY_RETURN_IF_ERROR(check_at_most("model.mla.qk_rope_head_dim", mla.qk_rope_head_dim(), kMaxHeadDim));
+  if (mla.qk_rope_head_dim() % 2 != 0) {
+    return invalid(absl::StrCat("model.mla.qk_rope_head_dim (", mla.qk_rope_head_dim(),
+                                ") must be even: RoPE rotates pairs of dimensions"));
+  }
+  SY_RETURN_IF_ERROR(check_positive("model.mla.v_head_dim", mla.v_head_dim()));
+  SY_RETURN_IF_ERROR(check_at_most("model.mla.v_head_dim", mla.v_head_dim(), kMaxHeadDim));
+  if (model.qk_norm() || model.qk_head_norm() || model.attention_bias())
+    return invalid("model.qk_norm, model.qk_head_norm and model.attention_bias do not apply to "
+                   "latent attention (model.mla)");
+  if (effective_kv_heads(model) != model.num_heads())
+    return invalid(absl::StrCat("model.num_kv_heads (", effective_kv_heads(model),
+                                ") must equal model.num_heads with latent attention (model.mla): "
+                                "every head expands the one latent"));
+  return absl::OkStatus();
+}
+
 absl::Status validate_model(const Recipe& recipe) {
   const ModelConfig& model = recipe.model();
   SY_RETURN_IF_ERROR(check_positive("model.vocab_size", model.vocab_size()));
@@ -228,7 +261,7 @@ absl::Status validate_model(const Recipe& recipe) {
         effective_moe_layer_interval(recipe), ", model.first_dense_layers ",
         model.first_dense_layers(), ", model.num_layers ", model.num_layers(), ")"));
   }
-  return absl::OkStatus();
+  return validate_mla(model);
 }
 
 // The fields only the sigmoid router reads, refused with another gating.

@@ -19,11 +19,8 @@ namespace {
 Tensor activation(Device& dev, const Shape& shape, DType dtype) {
   return Tensor::empty(shape, dtype, MemoryKind::kActivations, dev);
 }
+}  // namespace
 
-// q: (n, heads, D), the queries of positions [past, past + n); k, v: (>= past + n,
-// kv_heads, D) the keys and values of positions from 0 -> out: (n, heads, D). The CPU
-// kernel's causal attention (kernels/cpu/attention.h) with the queries offset by `past`:
-// query i reads keys [0, past + i].
 void attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, int64_t past, Tensor& out) {
   const int64_t n = q.dim(0), heads = q.dim(1), D = q.dim(2), kv_heads = k.dim(1);
   const int64_t ld_q = heads * D, ld_kv = kv_heads * D, group = heads / kv_heads;
@@ -48,7 +45,19 @@ void attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pa
     }
   }
 }
-}  // namespace
+
+Tensor rope_table_for(const config::ModelConfig& model, int64_t seq) {
+  const bool latent = model.mla().kv_lora_rank() > 0;
+  return rope_table(seq, latent ? model.mla().qk_rope_head_dim() : model.head_dim(),
+                    model.rope_theta());
+}
+
+int64_t kv_cache_floats_per_position(const config::ModelConfig& model) {
+  if (model.mla().kv_lora_rank() == 0) return 2 * int64_t{model.num_kv_heads()} * model.head_dim();
+  const config::MlaConfig& mla = model.mla();
+  const int64_t width = std::max(mla.qk_nope_head_dim() + mla.qk_rope_head_dim(), mla.v_head_dim());
+  return 2 * int64_t{model.num_heads()} * width;
+}
 
 Attention::Attention(ParamStore& params, const std::string& prefix,
                      const config::ModelConfig& model, Communicator* tensor_parallel)
@@ -58,6 +67,10 @@ Attention::Attention(ParamStore& params, const std::string& prefix,
       head_dim_(model.head_dim()),
       norm_eps_(model.norm_eps()),
       per_head_norm_(model.qk_head_norm()) {
+  if (model.mla().kv_lora_rank() > 0) {
+    latent_ = std::make_unique<LatentAttention>(params, prefix, model, tp_);
+    return;
+  }
   const int64_t hidden = model.hidden_size();
   const float std = model.init_std();
   const ShardSpec column{.tensor_parallel_dim = 0};
@@ -143,6 +156,7 @@ Tensor Attention::project(Device& dev, const Tensor& x, Param* weight, Param* bi
 
 Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq,
                           const Tensor& rope) {
+  if (latent_) return latent_->forward(dev, x, batch, seq, rope);
   batch_ = batch;
   seq_ = seq;
   x_ = x;
@@ -165,12 +179,14 @@ Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t s
 }
 
 KvCache Attention::empty_cache(int64_t positions) const {
+  if (latent_) return latent_->empty_cache(positions);
   return {Tensor::zeros({positions, kv_heads_, head_dim_}),
           Tensor::zeros({positions, kv_heads_, head_dim_})};
 }
 
 Tensor Attention::decode(Device& dev, const Tensor& x, int64_t past, const Tensor& rope,
                          KvCache& cache) {
+  if (latent_) return latent_->decode(dev, x, past, rope, cache);
   SY_CHECK_MSG(!dev.is_cuda() && x.dtype() == DType::kF32 && !tp_,
                "attention decode runs on the CPU in f32 on one rank");
   const int64_t n = x.rows();
@@ -204,6 +220,7 @@ void Attention::project_backward(Device& dev, Tensor& dproj, Param* weight, Para
 }
 
 Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
+  if (latent_) return latent_->backward(dev, dy, rope);
   const int64_t n = dy.rows();
   const DType dtype = dy.dtype();
   matmul(dev, dy, true, attn_out_, false, wo_->grad, 1.0f, 1.0f);

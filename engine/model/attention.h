@@ -1,6 +1,7 @@
 // Causal self-attention with grouped KV heads, rotary embeddings, optional q/k/v
 // biases (Qwen2-MoE) and optional q/k RMSNorm, over the whole projection (OLMoE) or
-// per head (Qwen3-MoE).
+// per head (Qwen3-MoE); or, when the recipe sets model.mla, multi-head latent attention
+// (engine/model/mla.h), to which every call is handed.
 // Tensor parallelism (Megatron): each rank of the group holds heads / tp query heads
 // and kv_heads / tp key/value heads (q/k/v column-parallel), and its slice of the
 // output projection's columns (row-parallel); the partial outputs, and in backward the
@@ -10,9 +11,11 @@
 // per-head norm runs on the rank's heads and sums its weight gradient over the group.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "engine/config/recipe.pb.h"
+#include "engine/model/mla.h"
 #include "engine/parallel/communicator.h"
 #include "engine/runtime/param_store.h"
 #include "engine/runtime/tensor.h"
@@ -24,6 +27,18 @@ namespace switchyard {
 struct KvCache {
   Tensor k, v;
 };
+
+// The rotary table for `seq` positions of the recipe's attention: over head_dim, or
+// latent attention's qk_rope_head_dim.
+Tensor rope_table_for(const config::ModelConfig& model, int64_t seq);
+// The floats one position of a layer's KvCache holds.
+int64_t kv_cache_floats_per_position(const config::ModelConfig& model);
+
+// q: (n, heads, D), the queries of positions [past, past + n); k, v: (>= past + n,
+// kv_heads, D) the keys and values of positions from 0 -> out: (n, heads, D). The CPU
+// kernel's causal attention (kernels/cpu/attention.h) with the queries offset by `past`:
+// query i reads keys [0, past + i].
+void attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, int64_t past, Tensor& out);
 
 class Attention {
  public:
@@ -56,6 +71,7 @@ class Attention {
   void project_backward(Device& dev, Tensor& dproj, Param* weight, Param* bias, Param* norm,
                         const Tensor& pre_norm, const Tensor& rstd, Tensor& dx);
 
+  std::unique_ptr<LatentAttention> latent_;  // set: every call is its
   Communicator* tp_;  // null or of size 1: no reduction
   int64_t heads_, kv_heads_, head_dim_;  // heads of this rank
   float norm_eps_;

@@ -95,8 +95,7 @@ void Transformer::release(const std::vector<int>& units) {
 
 const Tensor& Transformer::rope_for(Device& dev, int64_t seq) {
   if (!rope_.defined() || rope_seq_ != seq || &rope_.device() != &dev) {
-    rope_ = rope_table(seq, recipe_.model().head_dim(), recipe_.model().rope_theta())
-                .to(dev, MemoryKind::kActivations);
+    rope_ = rope_table_for(recipe_.model(), seq).to(dev, MemoryKind::kActivations);
     rope_seq_ = seq;
   }
   return rope_;
@@ -391,9 +390,9 @@ DecodeCache Transformer::start_decoding(int64_t positions) const {
 }
 
 double Transformer::decode_cache_bytes(int64_t positions) const {
-  const auto& m = recipe_.model();
-  return 2.0 * sizeof(float) * static_cast<double>(blocks_.size()) *
-         static_cast<double>(positions) * m.num_kv_heads() * m.head_dim();
+  return static_cast<double>(sizeof(float)) * static_cast<double>(blocks_.size()) *
+         static_cast<double>(positions) *
+         static_cast<double>(kv_cache_floats_per_position(recipe_.model()));
 }
 
 Tensor Transformer::decode(Device& dev, const std::vector<int32_t>& ids, DecodeCache& cache) {

@@ -9,8 +9,10 @@
 
 #include "engine/runtime/rng.h"
 #include "kernels/adamw.h"
+#include "kernels/columns.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/adamw.h"
+#include "kernels/cpu/columns.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gemm.h"
@@ -823,6 +825,47 @@ OpEntry regroup() {
   return e;
 }
 
+// dims (rows, source columns, destination columns): the block of the narrower width less
+// one, from source column 1 to the destination's last columns, copied over and added
+// onto the destination (the other columns must stay as they were). The largest runs past
+// one grid of GPU blocks.
+struct ColumnBlock {
+  int64_t rows, src_cols, dst_cols, width, src_col, dst_col;
+};
+ColumnBlock column_block(const OpCase& c) {
+  const int64_t width = std::max<int64_t>(0, std::min(c.dims[1], c.dims[2]) - 1);
+  return {c.dims[0], c.dims[1], c.dims[2], width, 1, c.dims[2] - width};
+}
+
+OpEntry columns() {
+  OpEntry e;
+  e.name = "columns";
+  e.dims = {{0, 5, 7}, {1, 2, 9}, {37, 192, 128}, {3, 64, 576}, {70001, 130, 67}};
+  e.dtypes = kOneDtype;
+  e.integers = {false, true};
+  e.inputs = [](const OpCase& c) {
+    return std::vector<Tensor>{input({c.dims[0], c.dims[1]}, c.dtypes[0], 41, c),
+                               input({c.dims[0], c.dims[2]}, c.dtypes[0], 42, c)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    const ColumnBlock b = column_block(c);
+    Tensor copied = r.updated(1), added = r.updated(1);
+    copy_columns(r.device(), r.in(0), b.src_col, copied, b.dst_col, b.width);
+    add_columns(r.device(), r.in(0), b.src_col, added, b.dst_col, b.width);
+    return std::vector<OpResult>{result("copied", copied, Match::kExact), result("added", added)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    const ColumnBlock b = column_block(c);
+    std::vector<double> copied = copy(in[1]), added = copy(in[1]);
+    cpu::copy_columns<double>(in[0].data() + b.src_col, b.src_cols, copied.data() + b.dst_col,
+                              b.dst_cols, b.rows, b.width);
+    cpu::add_columns<double>(in[0].data() + b.src_col, b.src_cols, added.data() + b.dst_col,
+                             b.dst_cols, b.rows, b.width);
+    return Values{copied, added};
+  };
+  return e;
+}
+
 }  // namespace
 
 const std::vector<OpEntry>& op_table() {
@@ -830,6 +873,7 @@ const std::vector<OpEntry>& op_table() {
       add_and_scale(), bias(),           sigmoid_gate(), sum_squares_entry(), rmsnorm(),
       swiglu(),        rope(),           embedding(),    convert_entry(),     adamw(),
       matmul_entry(),  grouped_matmul(), permute(),      regroup(),
+      columns(),
   };
   return table;
 }

@@ -1,0 +1,84 @@
+// Multi-head latent attention (DeepSeek-V2/V3; recipe model.mla, docs/mla.md).
+//
+//   queries   q = W_qb rmsnorm(W_qa x)          (or q = W_q x without a query latent)
+//   latent    [c, k_rot] = W_kva x;  [k_nope, v] = W_kvb rmsnorm(c)
+//   per head  query [q_nope, rope(q_rot)], key [k_nope, rope(k_rot)] with one rotary key
+//             shared by every head, value v; causal softmax at scale 1/sqrt(nope + rope).
+//
+// The core runs the engine's attention kernel on per-head operands of one width D =
+// max(nope + rope, v), zero-padded (zero channels add nothing to a score, and a zero
+// value channel gives a zero output channel), with the queries scaled by sqrt(D) x the
+// softmax scale so that the kernel's 1/sqrt(D) gives that scale.
+//
+// Tensor parallelism over heads: q_b_proj (or q_proj) and kv_b_proj are column-parallel,
+// o_proj row-parallel; the down-projections and their norms are replicated, so each rank
+// computes the latents whole. In backward the latents' gradients (one buffer) are summed
+// over the group before the norms, so every rank finds the whole gradient of every
+// replicated parameter and of the input.
+#pragma once
+
+#include <string>
+
+#include "engine/config/recipe.pb.h"
+#include "engine/parallel/communicator.h"
+#include "engine/runtime/param_store.h"
+#include "engine/runtime/tensor.h"
+
+namespace switchyard {
+
+struct KvCache;
+
+// The softmax scale of the recipe's latent attention: 1 / sqrt(qk_nope + qk_rope).
+float mla_softmax_scale(const config::ModelConfig& model);
+
+class LatentAttention {
+ public:
+  // `tensor_parallel` may be null (one rank).
+  LatentAttention(ParamStore& params, const std::string& prefix, const config::ModelConfig& model,
+                  Communicator* tensor_parallel);
+  // x: (batch * seq, hidden) normalised input; rope: (>= seq, rope_dim / 2, 2) table.
+  Tensor forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
+  Tensor backward(Device& dev, const Tensor& dy, const Tensor& rope);
+  // As Attention::decode; the cache holds every head's padded key and value.
+  Tensor decode(Device& dev, const Tensor& x, int64_t past, const Tensor& rope, KvCache& cache);
+  KvCache empty_cache(int64_t positions) const;
+  // Selective recomputation: forward keeps the per-head operands but not the core's
+  // output and log-sum-exps; backward computes them again first.
+  void set_recompute_core(bool recompute) { recompute_core_ = recompute; }
+  // Drops everything forward saved for backward.
+  void discard();
+
+ private:
+  // The per-head operands q_full_, k_full_, v_full_ (batch, seq, heads, D) of x, saving
+  // the latents for backward.
+  void heads_forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
+  // The core: softmax(q k^T) v of the per-head operands into out_full_, lse_, attn_out_.
+  void core_forward(Device& dev);
+  // The query projection's gradient dq (n, heads * qk) into the latent gradient buffer
+  // (its first q_rank_ columns) or, without a query latent, into dx.
+  void query_backward(Device& dev, const Tensor& dq, Tensor& latent_grad, Tensor& dx);
+  // The latent gradients (n, q_rank + kv_rank + rope), summed over the group, through the
+  // norms and down-projections into dx (written by the query latent's part, else added).
+  void latent_backward(Device& dev, const Tensor& latent_grad, Tensor& dx);
+
+  Communicator* tp_;  // null or of size 1
+  int64_t heads_;     // of this rank
+  int64_t nope_, rope_, v_dim_, qk_, width_;  // width_: D above
+  int64_t q_rank_, kv_rank_;
+  float eps_;
+  float q_scale_;  // sqrt(D) x the softmax scale
+  bool recompute_core_ = false;
+  Param* wq_ = nullptr;  // without a query latent
+  Param *wq_a_ = nullptr, *q_norm_ = nullptr, *wq_b_ = nullptr;
+  Param *wkv_a_, *kv_norm_, *wkv_b_, *wo_;
+
+  int64_t batch_ = 0, seq_ = 0;
+  Tensor x_;                          // (n, hidden)
+  Tensor cq_, cq_rstd_, cq_normed_;   // query latent (n, q_rank) before and after its norm
+  Tensor c_, c_rstd_, c_normed_;      // key/value latent (n, kv_rank)
+  Tensor q_full_, k_full_, v_full_;   // (batch, seq, heads, D)
+  Tensor out_full_, lse_;             // the core's output (batch, seq, heads, D) and lse
+  Tensor attn_out_;                   // (n, heads * v_dim)
+};
+
+}  // namespace switchyard
