@@ -536,9 +536,9 @@ absl::StatusOr<HfConfig> parse_config(std::string_view json, const std::string& 
   HfConfig out;
   SY_ASSIGN_OR_RETURN(out.family, family_of(c));
   if (kind == Kind::kMoe && is_dense(out.family))
-    return refuse(c, "model_type", "is a dense model: `switchyard convert upcycle` makes a mixture of experts of it");
+    return refuse(c, "model_type", "is a dense model: switchyard convert upcycle makes a mixture of experts of it");
   if (kind == Kind::kDense && !is_dense(out.family))
-    return refuse(c, "model_type", "is a mixture of experts: `switchyard convert from-hf` imports it");
+    return refuse(c, "model_type", "is a mixture of experts: switchyard convert from-hf imports it");
   SY_ASSIGN_OR_RETURN(out.recipe, recipe_from_config(c, out.family, name));
   return out;
 }

@@ -17,11 +17,12 @@ import cases_hub
 import cases_instruction
 import cases_recipe
 import cases_sample
+import cases_upcycle
 from hostile import REPO, make_world, run_refused
 
 CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hdf5.CASES,
          *cases_hf.CASES, *cases_hub.CASES, *cases_sample.CASES,
-         *cases_eval.CASES, *cases_instruction.CASES]
+         *cases_eval.CASES, *cases_instruction.CASES, *cases_upcycle.CASES]
 
 
 @pytest.fixture(scope="session")
