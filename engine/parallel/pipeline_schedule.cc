@@ -159,9 +159,8 @@ std::vector<PipelineAction> pipeline_actions(const PipelineShape& shape, int ran
   std::vector<PipelineAction> actions;
   std::vector<Transfer> transfers;
   // Passes run in slots: one pass, or a forward and the backward paired with it. Each
-  // exchange carries the outputs of the slot before it and
-  // the inputs of the slot after it, posted together (docs/pipeline.md says why this
-  // cannot deadlock).
+  // exchange carries the outputs of the slot before it and the inputs of the slot after
+  // it, posted together (docs/pipeline.md says why this cannot deadlock).
   for (size_t i = 0; i < passes.size(); ++i) {
     const Pass& pass = passes[i];
     if (!pass.pairs) {

@@ -510,6 +510,12 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   const bool reporter = rank == 0;
   RankZeroSink sink(terminal, reporter);
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
+  // Every rank holds every layer: a pipeline layout would train its stages as replicas.
+  if (layout.pipeline_parallel_size > 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.pipeline_parallel_size (", layout.pipeline_parallel_size,
+                     ") must be 1: train runs every layer on every rank (the pipeline "
+                     "schedules: docs/pipeline.md)"));
   // Gathered while the world communicator is still the host one.
   const std::string rank_hosts = describe_hosts(gather_host_names(*groups.world));
 
