@@ -1,0 +1,137 @@
+// The pipeline executor (pipeline_executor.h) on a toy model of P x V chunks, the world
+// being the pipeline: every schedule's gradients equal one process's bit for bit, and
+// each rank holds no more micro-batches than its schedule promises.
+#include "engine/parallel/pipeline_executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/parallel/parallel_test_env.h"
+
+namespace switchyard {
+namespace {
+
+constexpr int kWidth = 4;
+
+// Chunk k computes y = tanh(w_k x) element-wise; the loss of a micro-batch is
+// sum(y^2) / 2 of the last chunk's output. Micro-batch i's input is fixed by i.
+float weight(int model_chunk, int j) { return 0.5f + 0.1f * model_chunk - 0.05f * j; }
+float input(int micro_batch, int j) { return 0.3f * micro_batch - 0.2f * j + 0.1f; }
+
+struct Saved {
+  std::vector<float> x, y;
+};
+
+std::vector<float> chunk_forward(int model_chunk, const std::vector<float>& x) {
+  std::vector<float> y(kWidth);
+  for (int j = 0; j < kWidth; ++j) y[j] = std::tanh(weight(model_chunk, j) * x[j]);
+  return y;
+}
+
+// Accumulates the weight gradient into `dw`; returns the input gradient.
+std::vector<float> chunk_backward(int model_chunk, const Saved& saved, const std::vector<float>& dy,
+                                  std::vector<float>& dw) {
+  std::vector<float> dx(kWidth);
+  for (int j = 0; j < kWidth; ++j) {
+    const float dz = dy[j] * (1.0f - saved.y[j] * saved.y[j]);
+    dw[j] += dz * saved.x[j];
+    dx[j] = dz * weight(model_chunk, j);
+  }
+  return dx;
+}
+
+class ToyStages final : public PipelineStages {
+ public:
+  ToyStages(const PipelineShape& shape, int rank)
+      : shape_(shape), rank_(rank), grads_(shape.virtual_chunks, std::vector<float>(kWidth)) {}
+
+  Tensor forward(int micro_batch, int chunk, const Tensor& in) override {
+    const int k = shape_.model_chunk(rank_, chunk);
+    Saved& saved = saved_[{micro_batch, chunk}];
+    if (k == 0) {
+      for (int j = 0; j < kWidth; ++j) saved.x.push_back(input(micro_batch, j));
+    } else {
+      saved.x = testing::values_of<float>(in);
+    }
+    saved.y = chunk_forward(k, saved.x);
+    return testing::tensor_of<float>(saved.y, {kWidth});
+  }
+
+  Tensor backward(int micro_batch, int chunk, const Tensor& output_grad) override {
+    const int k = shape_.model_chunk(rank_, chunk);
+    auto it = saved_.find({micro_batch, chunk});
+    EXPECT_NE(it, saved_.end());
+    const std::vector<float> dy =
+        k + 1 == shape_.num_chunks() ? it->second.y : testing::values_of<float>(output_grad);
+    const std::vector<float> dx = chunk_backward(k, it->second, dy, grads_[chunk]);
+    saved_.erase(it);
+    return testing::tensor_of<float>(dx, {kWidth});
+  }
+
+  Tensor receive_buffer(TransferKind, int, int) override {
+    return Tensor::empty({kWidth}, DType::kF32);
+  }
+
+  const std::vector<float>& grad(int chunk) const { return grads_[chunk]; }
+
+ private:
+  PipelineShape shape_;
+  int rank_;
+  std::map<std::pair<int, int>, Saved> saved_;
+  std::vector<std::vector<float>> grads_;  // per local chunk
+};
+
+// One process: every micro-batch through every chunk and back, in micro-batch order.
+std::vector<std::vector<float>> reference_grads(int chunks, int micro_batches) {
+  std::vector<std::vector<float>> grads(chunks, std::vector<float>(kWidth));
+  for (int i = 0; i < micro_batches; ++i) {
+    std::vector<Saved> saved(chunks);
+    std::vector<float> x(kWidth);
+    for (int j = 0; j < kWidth; ++j) x[j] = input(i, j);
+    for (int k = 0; k < chunks; ++k) {
+      saved[k].x = x;
+      saved[k].y = chunk_forward(k, x);
+      x = saved[k].y;
+    }
+    std::vector<float> dy = x;
+    for (int k = chunks - 1; k >= 0; --k) dy = chunk_backward(k, saved[k], dy, grads[k]);
+  }
+  return grads;
+}
+
+TEST(PipelineExecutorTest, EveryScheduleMatchesOneProcessAndBoundsItsMicroBatches) {
+  Communicator& world = testing::world();
+  const int p = world.size();
+  const int rank = world.rank();
+  std::vector<PipelineShape> shapes;
+  for (int m : {1, 3, 8}) {
+    shapes.push_back({p, 1, m, PipelineScheduleKind::kGpipe});
+    shapes.push_back({p, 1, m, PipelineScheduleKind::kOneFOneB});
+  }
+  if (p > 1)
+    for (int v : {2, 3}) shapes.push_back({p, v, 2 * p, PipelineScheduleKind::kInterleaved1F1B});
+  for (const PipelineShape& shape : shapes) {
+    SCOPED_TRACE(pipeline_schedule_name(shape.schedule) + " V=" +
+                 std::to_string(shape.virtual_chunks) + " m=" +
+                 std::to_string(shape.micro_batches));
+    ToyStages stages(shape, rank);
+    const PipelineStepStats stats = run_pipeline_step(shape, world, stages);
+    const auto reference = reference_grads(shape.num_chunks(), shape.micro_batches);
+    for (int c = 0; c < shape.virtual_chunks; ++c)
+      EXPECT_EQ(stages.grad(c), reference[shape.model_chunk(rank, c)]) << "chunk " << c;
+    if (shape.schedule == PipelineScheduleKind::kGpipe) {
+      EXPECT_EQ(stats.peak_in_flight, shape.micro_batches);
+    }
+    if (shape.schedule == PipelineScheduleKind::kOneFOneB) {
+      EXPECT_EQ(stats.peak_in_flight, std::min(shape.micro_batches, p - rank));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace switchyard
