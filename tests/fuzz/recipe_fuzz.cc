@@ -31,6 +31,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const absl::Status valid = sy::config::validate_recipe(*recipe);
   sy::fuzz::require_clean_refusal(valid, "");
-  if (valid.ok()) sy::config::summarize_recipe(*recipe);
+  if (!valid.ok()) return 0;
+  sy::config::summarize_recipe(*recipe);
+  // A valid recipe's pipeline split gives every chunk a layer and covers the model.
+  int64_t layers = 0;
+  for (const int chunk : sy::config::pipeline_chunk_layers(*recipe)) {
+    if (chunk < 1) __builtin_trap();
+    layers += chunk;
+  }
+  if (layers != recipe->model().num_layers()) __builtin_trap();
   return 0;
 }
