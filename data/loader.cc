@@ -44,6 +44,9 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::create(std::vector<LoaderSource>
     if (!(source.weight > 0) || !std::isfinite(source.weight))
       return absl::InvalidArgumentError(absl::StrCat(
           dataset.dir(), ": a blend weight must be positive and finite, not ", source.weight));
+    if (options.document_starts && !dataset.has_documents())
+      return absl::InvalidArgumentError(
+          absl::StrCat(dataset.dir(), ": opened without its documents, which the loader needs"));
     if (dataset.num_windows(options.seq_len) < 1)
       return absl::InvalidArgumentError(absl::StrCat(
           dataset.dir(), ": the ", dataset.split(), " split has ", dataset.num_tokens(),
@@ -123,6 +126,7 @@ absl::Status Loader::fill_block(Block& block, const std::vector<int64_t>& drawn)
   const int64_t seq = options_.seq_len;
   block.ids.resize(static_cast<size_t>(local_batch_ * seq));
   block.targets.resize(block.ids.size());
+  if (options_.document_starts) block.doc_starts.resize(block.ids.size());
   const std::vector<int64_t> bounds = schedule_.bounds(block.step_start / options_.global_batch);
   const int64_t first = options_.dp_rank * local_batch_;
   size_t source = 0;
@@ -132,8 +136,11 @@ absl::Status Loader::fill_block(Block& block, const std::vector<int64_t>& drawn)
     const int64_t windows = source_windows_[source];
     const int64_t drawn_here = drawn[source] + slot - bounds[source];
     const int64_t window = permutation(source, drawn_here / windows)[drawn_here % windows];
-    SY_RETURN_IF_ERROR(sources_[source].dataset.read_window(
-        window, seq, block.ids.data() + i * seq, block.targets.data() + i * seq));
+    const TokenDataset& dataset = sources_[source].dataset;
+    SY_RETURN_IF_ERROR(
+        dataset.read_window(window, seq, block.ids.data() + i * seq, block.targets.data() + i * seq));
+    if (options_.document_starts)
+      dataset.window_document_starts(window, seq, block.doc_starts.data() + i * seq);
   }
   return absl::OkStatus();
 }
@@ -164,7 +171,10 @@ void Loader::read_ahead(int64_t step_start) {
   }
 }
 
-absl::Status Loader::next_batch(int64_t micro_batch, int32_t* ids, int32_t* targets) {
+absl::Status Loader::next_batch(int64_t micro_batch, int32_t* ids, int32_t* targets,
+                                int32_t* doc_starts) {
+  SY_CHECK_MSG((doc_starts != nullptr) == options_.document_starts,
+               "next_batch: doc_starts must be given exactly when the loader hands them out");
   const int64_t seq = options_.seq_len;
   while (micro_batch > 0) {
     Block* block;
@@ -179,6 +189,10 @@ absl::Status Loader::next_batch(int64_t micro_batch, int32_t* ids, int32_t* targ
     const int64_t take = std::min(micro_batch, local_batch_ - consumed_);
     std::copy_n(block->ids.begin() + consumed_ * seq, take * seq, ids);
     std::copy_n(block->targets.begin() + consumed_ * seq, take * seq, targets);
+    if (doc_starts) {
+      std::copy_n(block->doc_starts.begin() + consumed_ * seq, take * seq, doc_starts);
+      doc_starts += take * seq;
+    }
     ids += take * seq;
     targets += take * seq;
     micro_batch -= take;

@@ -51,6 +51,9 @@ struct LoaderOptions {
   int dp_rank = 0;
   int dp_size = 1;
   int64_t prefetch_steps = 2;  // rank slices read ahead
+  // Also hand out each window's document starts (TokenDataset::window_document_starts;
+  // every source must be opened with_documents), for document-aware attention.
+  bool document_starts = false;
 };
 
 // The order in which epoch `epoch` visits windows 0..windows-1 (a seeded Fisher-Yates
@@ -74,9 +77,11 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   // Fills ids and targets (micro_batch x seq_len each, row-major) with this rank's next
-  // micro_batch windows. Errors (a shard that turned unreadable, an id at or above the
-  // vocabulary size) name the shard and position.
-  absl::Status next_batch(int64_t micro_batch, int32_t* ids, int32_t* targets);
+  // micro_batch windows, and doc_starts (the same shape) with their document starts when
+  // the loader was made with document_starts (else it must be null). Errors (a shard that
+  // turned unreadable, an id at or above the vocabulary size) name the shard and position.
+  absl::Status next_batch(int64_t micro_batch, int32_t* ids, int32_t* targets,
+                          int32_t* doc_starts = nullptr);
 
   LoaderState state() const;
   // Continues exactly where `state` was taken. A state in the middle of a step
@@ -98,6 +103,7 @@ class Loader {
     int64_t step_start = 0;  // global index of the step's first window
     std::vector<int32_t> ids;
     std::vector<int32_t> targets;
+    std::vector<int32_t> doc_starts;  // with options_.document_starts
     absl::Status status;
   };
 

@@ -38,6 +38,22 @@ absl::StatusOr<std::string> checked_tokenizer_path(const std::string& dir,
   return path;
 }
 
+// Appends the stream positions where the documents of `shard` (its first token at
+// stream position `first`) start. The offsets are checked again: they rise from 0 to the
+// shard's tokens.
+absl::Status append_document_starts(const ShardReader& shard, int64_t first,
+                                    std::vector<int64_t>& starts) {
+  SY_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets, shard.read_doc_offsets());
+  const bool rising = !offsets.empty() && offsets.front() == 0 &&
+                      offsets.back() == shard.num_tokens() &&
+                      std::is_sorted(offsets.begin(), offsets.end());
+  if (!rising)
+    return absl::DataLossError(
+        absl::StrCat(shard.path(), ": /doc_offsets changed since the shard was opened"));
+  for (size_t i = 0; i + 1 < offsets.size(); ++i) starts.push_back(first + offsets[i]);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TokenDataset> TokenDataset::open(const std::string& dir, std::string_view split,
@@ -98,11 +114,14 @@ absl::StatusOr<TokenDataset> TokenDataset::open(const std::string& dir, std::str
       return absl::DataLossError(absl::StrCat(path, ": holds ", shard->num_tokens(), " tokens in ",
                                               shard->num_documents(), " documents, the index says ",
                                               entry.tokens, " in ", entry.documents));
+    if (options.with_documents)
+      SY_RETURN_IF_ERROR(append_document_starts(*shard, d.shard_starts_.back(), d.document_starts_));
     d.num_documents_ += shard->num_documents();
     d.has_loss_mask_ = d.has_loss_mask_ || shard->has_loss_mask();
     d.shard_starts_.push_back(d.shard_starts_.back() + shard->num_tokens());
     d.shards_.push_back(std::move(shard));
   }
+  d.with_documents_ = options.with_documents;
   return d;
 }
 
@@ -157,6 +176,20 @@ absl::Status TokenDataset::read_window(int64_t window, int64_t seq_len, int32_t*
   for (int64_t i = 0; i < seq_len; ++i)
     if (mask[i] == 0) targets[i] = kIgnoredTarget;
   return absl::OkStatus();
+}
+
+void TokenDataset::window_document_starts(int64_t window, int64_t seq_len, int32_t* starts) const {
+  SY_CHECK_MSG(with_documents_, "window_document_starts: the dataset was opened without documents");
+  SY_CHECK(window >= 0 && window < num_windows(seq_len));
+  const int64_t first = window * seq_len;
+  // The first document start after the window's first position.
+  auto next = std::upper_bound(document_starts_.begin(), document_starts_.end(), first);
+  int32_t start = 0;
+  for (int64_t i = 0; i < seq_len; ++i) {
+    for (; next != document_starts_.end() && *next == first + i; ++next)
+      start = static_cast<int32_t>(i);
+    starts[i] = start;
+  }
 }
 
 }  // namespace switchyard

@@ -30,6 +30,9 @@ struct DatasetOpenOptions {
   // When set, the dataset must have been made with this tokenizer / vocabulary size.
   std::string expected_tokenizer_sha256;
   int64_t expected_vocab_size = 0;
+  // Keep where the split's documents start (8 bytes per document), for
+  // window_document_starts().
+  bool with_documents = false;
 };
 
 class TokenDataset {
@@ -70,6 +73,11 @@ class TokenDataset {
   // Fills ids and targets (seq_len each) with window `window`. A target whose loss mask
   // entry is 0 becomes kIgnoredTarget: the cross-entropy skips it. Thread-safe.
   absl::Status read_window(int64_t window, int64_t seq_len, int32_t* ids, int32_t* targets) const;
+  // Document-aware attention: fills starts (seq_len entries) with, for each position of
+  // window `window`, the window position where its document starts (0 for the document
+  // the window begins inside). The dataset must be opened with_documents. Thread-safe.
+  void window_document_starts(int64_t window, int64_t seq_len, int32_t* starts) const;
+  bool has_documents() const { return with_documents_; }
 
  private:
   // Calls visit(shard, first token in it, count) for the pieces of [start, start + count).
@@ -87,6 +95,10 @@ class TokenDataset {
   bool has_loss_mask_ = false;
   std::vector<std::shared_ptr<const ShardReader>> shards_;
   std::vector<int64_t> shard_starts_ = {0};  // shards + 1 entries
+  // With documents: the stream position where each document starts, non-decreasing (an
+  // empty document repeats its successor's start).
+  std::vector<int64_t> document_starts_;
+  bool with_documents_ = false;
 };
 
 }  // namespace switchyard

@@ -59,6 +59,25 @@ int64_t kv_cache_floats_per_position(const config::ModelConfig& model) {
   return 2 * int64_t{model.num_heads()} * width;
 }
 
+// q or k (batch, seq, heads, D) as the rotary kernels take it: with a row of the table
+// per position (documents), one sequence of batch * seq rows.
+Tensor rope_view(const Tensor& x, bool per_position) {
+  return per_position ? x.reshape({1, x.dim(0) * x.dim(1), x.dim(2), x.dim(3)}) : x;
+}
+
+Tensor document_rope_table(const Tensor& table, const Tensor& doc_starts) {
+  const int64_t batch = doc_starts.dim(0), seq = doc_starts.dim(1), row = table.row_size();
+  SY_CHECK_MSG(table.dim(0) >= seq, "document_rope_table: the table is shorter than a window");
+  Tensor rows = Tensor::empty({batch * seq, table.dim(1), table.dim(2)});
+  const int32_t* starts = doc_starts.data<int32_t>();
+  for (int64_t r = 0; r < batch * seq; ++r) {
+    const int64_t position = r % seq - starts[r];
+    SY_CHECK_MSG(position >= 0 && position < seq, "document_rope_table: a start past its position");
+    std::copy_n(table.data<float>() + position * row, row, rows.data<float>() + r * row);
+  }
+  return rows;
+}
+
 Attention::Attention(ParamStore& params, const std::string& prefix,
                      const config::ModelConfig& model, Communicator* tensor_parallel)
     : tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr),
@@ -155,7 +174,8 @@ Tensor Attention::project(Device& dev, const Tensor& x, Param* weight, Param* bi
 }
 
 Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq,
-                          const Tensor& rope) {
+                          const Tensor& rope, const Tensor& doc_starts) {
+  SY_CHECK_MSG(!latent_ || !doc_starts.defined(), "attention: latent attention takes no doc_starts");
   if (latent_) return latent_->forward(dev, x, batch, seq, rope);
   batch_ = batch;
   seq_ = seq;
@@ -166,11 +186,13 @@ Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t s
            .reshape({batch, seq, kv_heads_, head_dim_});
   v_ = project(dev, x, wv_, v_bias_, nullptr, nullptr, nullptr)
            .reshape({batch, seq, kv_heads_, head_dim_});
-  rope_forward(dev, rope, q_);
-  rope_forward(dev, rope, k_);
+  doc_starts_ = doc_starts;
+  Tensor q_rows = rope_view(q_, doc_starts_.defined()), k_rows = rope_view(k_, doc_starts_.defined());
+  rope_forward(dev, rope, q_rows);
+  rope_forward(dev, rope, k_rows);
   Tensor out4 = activation(dev, {batch, seq, heads_, head_dim_}, x.dtype());
   lse_ = activation(dev, {batch, heads_, seq}, DType::kF32);
-  attention_forward(dev, q_, k_, v_, out4, lse_);
+  attention_forward(dev, q_, k_, v_, out4, lse_, doc_starts_);
   attn_out_ = out4.reshape({batch * seq, heads_ * head_dim_});
   Tensor y = activation(dev, {batch * seq, wo_->shape[0]}, x.dtype());
   matmul(dev, attn_out_, false, wo_->work, true, y);
@@ -231,9 +253,10 @@ Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
   Tensor dk = activation(dev, k_.shape(), dtype);
   Tensor dv = activation(dev, v_.shape(), dtype);
   attention_backward(dev, dattn, q_, k_, v_, attn_out_.reshape({batch_, seq_, heads_, head_dim_}),
-                     lse_, dq, dk, dv);
-  rope_backward(dev, rope, dq);
-  rope_backward(dev, rope, dk);
+                     lse_, dq, dk, dv, doc_starts_);
+  Tensor dq_rows = rope_view(dq, doc_starts_.defined()), dk_rows = rope_view(dk, doc_starts_.defined());
+  rope_backward(dev, rope, dq_rows);
+  rope_backward(dev, rope, dk_rows);
 
   Tensor dx = Tensor::zeros({n, x_.row_size()}, dtype, MemoryKind::kActivations, dev);
   Tensor dq2 = dq.reshape({n, heads_ * head_dim_});
@@ -243,7 +266,7 @@ Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
   project_backward(dev, dk2, wk_, k_bias_, k_norm_, k_pre_norm_, k_rstd_, dx);
   project_backward(dev, dv2, wv_, v_bias_, nullptr, Tensor(), Tensor(), dx);
   if (tp_) tensor_parallel_sum(dev, *tp_, dx);
-  x_ = q_ = k_ = v_ = q_pre_norm_ = k_pre_norm_ = q_rstd_ = k_rstd_ = lse_ = attn_out_ = Tensor();
+  x_ = q_ = k_ = v_ = q_pre_norm_ = k_pre_norm_ = q_rstd_ = k_rstd_ = lse_ = attn_out_ = doc_starts_ = Tensor();
   return dx;
 }
 

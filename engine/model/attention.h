@@ -40,13 +40,21 @@ int64_t kv_cache_floats_per_position(const config::ModelConfig& model);
 // query i reads keys [0, past + i].
 void attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, int64_t past, Tensor& out);
 
+// Document-aware positions: for each position i of each window, the row of `table` (on
+// the host, (seq, head_dim/2, 2)) of its place in its document, i - doc_starts[b, i]
+// (host (batch, seq) i32) -> (batch * seq, head_dim/2, 2) on the host.
+Tensor document_rope_table(const Tensor& table, const Tensor& doc_starts);
+
 class Attention {
  public:
   // `tensor_parallel` may be null (one rank).
   Attention(ParamStore& params, const std::string& prefix, const config::ModelConfig& model,
             Communicator* tensor_parallel = nullptr);
-  // x: (batch * seq, hidden) normalised input; rope: table for `seq` positions.
-  Tensor forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
+  // x: (batch * seq, hidden) normalised input; rope: table for `seq` positions. With
+  // doc_starts ((batch, seq) i32 on `dev`, kernels/attention.h) each query attends
+  // within its document only, and rope has a row per position (document_rope_table).
+  Tensor forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope,
+                 const Tensor& doc_starts = Tensor());
   Tensor backward(Device& dev, const Tensor& dy, const Tensor& rope);
   // Generation on the CPU in f32, one rank: x (n, hidden), the normalised inputs of
   // positions [past, past + n); rope: a table covering them. Writes their keys and
@@ -85,6 +93,7 @@ class Attention {
   Tensor q_, k_, v_;          // (batch, seq, heads|kv_heads, head_dim), after RoPE
   Tensor q_pre_norm_, k_pre_norm_, q_rstd_, k_rstd_;
   Tensor lse_;                // (batch, heads, seq) softmax log-sum-exp, f32
+  Tensor doc_starts_;         // (batch, seq) i32, or undefined without documents
   Tensor attn_out_;           // (n, heads * head_dim), also read by the attention backward
 };
 

@@ -102,8 +102,14 @@ const Tensor& Transformer::rope_for(Device& dev, int64_t seq) {
 }
 
 LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& targets,
-                               bool training, Rng& rng, Tensor* logits_out) {
-  return run_forward(dev, ids, targets, training ? Pass::kTrain : Pass::kEval, rng, logits_out);
+                               bool training, Rng& rng, Tensor* logits_out,
+                               const Tensor& doc_starts) {
+  return run_forward(dev, ids, targets, training ? Pass::kTrain : Pass::kEval, rng, logits_out,
+                     doc_starts);
+}
+
+const Tensor& Transformer::forward_rope(Device& dev) {
+  return doc_starts_.defined() ? doc_rope_ : rope_for(dev, seq_);
 }
 
 Tensor Transformer::ffn(Device& dev, Block& block, const Tensor& in, Pass pass, Rng& rng) {
@@ -113,13 +119,18 @@ Tensor Transformer::ffn(Device& dev, Block& block, const Tensor& in, Pass pass, 
 }
 
 LossParts Transformer::run_forward(Device& dev, const Tensor& ids, const Tensor& targets,
-                                   Pass pass, Rng& rng, Tensor* logits_out) {
+                                   Pass pass, Rng& rng, Tensor* logits_out,
+                                   const Tensor& doc_starts) {
   batch_ = ids.dim(0);
   seq_ = ids.dim(1);
   const int64_t n = batch_ * seq_;
   const int64_t hidden = recipe_.model().hidden_size();
   const int64_t vocab = lm_head_->shape[0];  // this rank's vocabulary rows
-  const Tensor& rope = rope_for(dev, seq_);
+  doc_starts_ = doc_starts.defined() ? doc_starts.to(dev, MemoryKind::kActivations) : Tensor();
+  doc_rope_ = doc_starts.defined() ? document_rope_table(rope_for(dev, seq_).on_host(), doc_starts)
+                                         .to(dev, MemoryKind::kActivations)
+                                   : Tensor();
+  const Tensor& rope = forward_rope(dev);
   targets_host_ = targets.reshape({n}).on_host();
   if (&ids.device() == &dev && !tp_) {
     ids_ = ids.reshape({n});
@@ -153,7 +164,7 @@ LossParts Transformer::run_forward(Device& dev, const Tensor& ids, const Tensor&
     b->attn_in = activation(dev, {n, hidden}, dtype);
     b->attn_rstd = activation(dev, {n});
     rmsnorm_forward(dev, x, b->attn_norm->value, b->eps, b->attn_in, b->attn_rstd);
-    Tensor h = b->attention->forward(dev, b->attn_in, batch_, seq_, rope);
+    Tensor h = b->attention->forward(dev, b->attn_in, batch_, seq_, rope, doc_starts_);
     add_(dev, h, x);
     b->h = h;
     b->ffn_in = activation(dev, {n, hidden}, dtype);
@@ -281,7 +292,7 @@ std::vector<const MoeLayer*> Transformer::moe_layers() const {
 void Transformer::backward(Device& dev, float loss_scale, double ce_tokens) {
   const int64_t n = batch_ * seq_;
   const int64_t hidden = recipe_.model().hidden_size();
-  const Tensor& rope = rope_for(dev, seq_);
+  const Tensor& rope = forward_rope(dev);
 
   const std::vector<int> head = head_units();
   acquire(head);

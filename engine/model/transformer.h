@@ -54,8 +54,11 @@ class Transformer {
   // ids, targets: (batch, seq) i32 on the host or on `dev`; a negative target is not
   // scored. Returns the losses; when `logits_out` is given it receives the
   // (batch * seq, vocab) logits on `dev`.
+  // doc_starts: undefined, or (batch, seq) i32 on the host for document-aware attention
+  // (data.document_attention): where each position's document starts in its window;
+  // positions then restart at each document and attention stays inside it.
   LossParts forward(Device& dev, const Tensor& ids, const Tensor& targets, bool training,
-                    Rng& rng, Tensor* logits_out = nullptr);
+                    Rng& rng, Tensor* logits_out = nullptr, const Tensor& doc_starts = Tensor());
   // Backward of forward()'s total loss multiplied by `loss_scale` (e.g. 1 / micro-batches).
   // `ce_tokens`, when positive, replaces this batch's target count as the cross-entropy's
   // denominator: the mean count over a step's micro-batches, so that with loss-masked
@@ -90,7 +93,9 @@ class Transformer {
   enum class Pass { kTrain, kEval, kGenerate };
   // forward() and logits().
   LossParts run_forward(Device& dev, const Tensor& ids, const Tensor& targets, Pass pass,
-                        Rng& rng, Tensor* logits_out);
+                        Rng& rng, Tensor* logits_out, const Tensor& doc_starts = Tensor());
+  // The rotary rows of the current forward: rope_for(seq_), or with documents doc_rope_.
+  const Tensor& forward_rope(Device& dev);
   // A block's FFN (dense, or MoE routed as `pass` asks) on its normalised input.
   Tensor ffn(Device& dev, Block& block, const Tensor& in, Pass pass, Rng& rng);
   // The rotary table for `seq` positions on `dev`, kept between calls.
@@ -120,6 +125,7 @@ class Transformer {
   int num_moe_layers_ = 0;
   Tensor rope_;
   int64_t rope_seq_ = 0;
+  Tensor doc_starts_, doc_rope_;  // on the device, with documents (forward's doc_starts)
   RouterStats stats_;
 
   // Saved for backward.

@@ -39,11 +39,17 @@ absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
     const int64_t count = std::min(kEvalWindowsPerForward, windows - begin);
     Tensor ids = Tensor::empty({count, seq_len}, DType::kI32);
     Tensor targets = Tensor::empty({count, seq_len}, DType::kI32);
-    for (int64_t w = 0; w < count; ++w)
+    Tensor doc_starts =
+        data.has_documents() ? Tensor::empty({count, seq_len}, DType::kI32) : Tensor();
+    for (int64_t w = 0; w < count; ++w) {
       SY_RETURN_IF_ERROR(data.read_window(begin + w, seq_len, ids.data<int32_t>() + w * seq_len,
                                           targets.data<int32_t>() + w * seq_len));
+      if (data.has_documents())
+        data.window_document_starts(begin + w, seq_len, doc_starts.data<int32_t>() + w * seq_len);
+    }
     Rng rng(0);
-    const LossParts parts = model.forward(dev, ids, targets, /*training=*/false, rng);
+    const LossParts parts =
+        model.forward(dev, ids, targets, /*training=*/false, rng, nullptr, doc_starts);
     std::fill(losses.begin(), losses.end(), 0.0);
     std::fill(tokens.begin(), tokens.end(), 0);
     if (mine) {

@@ -27,7 +27,8 @@ struct EvalResult {
 // Evaluates windows [0, windows) of `data` in fixed batches of consecutive windows. The
 // data-parallel replicas (`replicas`, null for one) take the batches round-robin; each
 // round's losses are summed over them and added in batch order, so the figure is the
-// same for any number of replicas. Every rank of the model's groups must call it.
+// same for any number of replicas. Every rank of the model's groups must call it. A
+// dataset opened with_documents is evaluated with document-aware attention.
 absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
                                             const TokenDataset& data, int64_t seq_len,
                                             int64_t windows, Communicator* replicas);

@@ -54,10 +54,12 @@ namespace {
 
 struct Batch {
   Tensor ids, targets;  // (micro_batch, seq) i32
+  Tensor doc_starts;    // likewise with data.document_attention, else undefined
 };
 
-Batch make_batch(int64_t batch, int64_t seq) {
-  return {Tensor::empty({batch, seq}, DType::kI32), Tensor::empty({batch, seq}, DType::kI32)};
+Batch make_batch(int64_t batch, int64_t seq, bool documents) {
+  return {Tensor::empty({batch, seq}, DType::kI32), Tensor::empty({batch, seq}, DType::kI32),
+          documents ? Tensor::empty({batch, seq}, DType::kI32) : Tensor()};
 }
 
 // The targets that carry loss (the others are kIgnoredTarget).
@@ -533,6 +535,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   SY_ASSIGN_OR_RETURN(const std::vector<SourceDir> source_dirs, std::move(prepared));
   DatasetOpenOptions open_options;
   if (init) open_options.expected_tokenizer_sha256 = init->tokenizer_sha256;
+  open_options.with_documents = recipe.data().document_attention();
   SY_ASSIGN_OR_RETURN(const std::vector<TrainingSource> sources,
                       open_training_sources(source_dirs, open_options, tc.eval_interval() > 0,
                                             tc.seq_len(), recipe.model().vocab_size()));
@@ -543,6 +546,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   loader_options.global_batch = tc.global_batch_size();
   loader_options.dp_rank = layout.dp_index(rank);
   loader_options.dp_size = layout.data_parallel_size;
+  loader_options.document_starts = recipe.data().document_attention();
   SY_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader,
                       Loader::create(loader_sources(sources), loader_options));
 
@@ -774,7 +778,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   const int64_t global_micro_batches = accumulation * layout.data_parallel_size;
   const int64_t tokens_per_step = tc.global_batch_size() * tc.seq_len();
   std::vector<Batch> batches;
-  for (int64_t m = 0; m < accumulation; ++m) batches.push_back(make_batch(micro, tc.seq_len()));
+  for (int64_t m = 0; m < accumulation; ++m) batches.push_back(make_batch(micro, tc.seq_len(), recipe.data().document_attention()));
 
   auto window_start = clock::now();
   int64_t window_steps = 0;
@@ -835,7 +839,8 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     int64_t step_targets = 0;
     for (Batch& batch : batches) {
       SY_RETURN_IF_ERROR(
-          loader->next_batch(micro, batch.ids.data<int32_t>(), batch.targets.data<int32_t>()));
+          loader->next_batch(micro, batch.ids.data<int32_t>(), batch.targets.data<int32_t>(),
+                             batch.doc_starts.defined() ? batch.doc_starts.data<int32_t>() : nullptr));
       step_targets += count_targets(batch.targets);
     }
     groups.dp->all_reduce_sum(&step_targets, 1);
@@ -847,7 +852,8 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       // every parallel layout makes the same ones.
       const int64_t global_micro = layout.dp_index(rank) * accumulation + m;
       Rng routing_rng = Rng(tc.seed()).fork(0x6a7e0000ULL + step * 65537ULL + global_micro);
-      LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true, routing_rng);
+      LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true, routing_rng,
+                                      nullptr, batch.doc_starts);
       if (reducer) reducer->set_reducing(m == accumulation - 1);
       model.backward(dev, 1.0f / static_cast<float>(global_micro_batches), ce_tokens);
       step_loss.total += (parts.total - parts.cross_entropy) / accumulation;

@@ -1,8 +1,10 @@
 // CUDA flash attention (causal, grouped KV heads) against its CPU twin, with f32 and with
-// bf16 activations (f32 lse either way).
+// bf16 activations (f32 lse either way), without and with document starts.
 #include "kernels/attention.h"
 
 #include <gtest/gtest.h>
+
+#include <vector>
 
 #include "kernels/convert.h"
 #include "tests/bf16_test_util.h"
@@ -30,7 +32,26 @@ constexpr double kBf16Tol = 1.0 / 64;
 
 struct Case {
   int64_t batch, seq, heads, kv_heads, head_dim;
+  // Document-aware attention: each window packs documents of these lengths (cycling,
+  // window b starting at the b-th); empty: plain causal attention.
+  std::vector<int64_t> documents = {};
 };
+
+// The case's doc_starts on the host, or undefined without documents.
+Tensor doc_starts_of(const Case& c) {
+  if (c.documents.empty()) return Tensor();
+  Tensor t = Tensor::empty({c.batch, c.seq}, DType::kI32);
+  const size_t n = c.documents.size();
+  for (int64_t b = 0; b < c.batch; ++b) {
+    int64_t begin = 0;
+    size_t doc = static_cast<size_t>(b);
+    for (int64_t i = 0; i < c.seq; ++i) {
+      if (i == begin + c.documents[doc % n]) begin += c.documents[doc++ % n];
+      t.data<int32_t>()[b * c.seq + i] = static_cast<int32_t>(begin);
+    }
+  }
+  return t;
+}
 
 struct Shapes {
   Shape q, kv, lse;
@@ -56,22 +77,24 @@ void check_against_cpu(const Case& c, DType dtype, double tol) {
   const Tensor v = testing::to_dtype(random_tensor(sh.kv, 3), dtype);
   const Tensor dout = testing::to_dtype(random_tensor(sh.q, 4), dtype);
   const Tensor gq = to_device(gpu, q), gk = to_device(gpu, k), gv = to_device(gpu, v);
+  const Tensor starts = doc_starts_of(c);
+  const Tensor gstarts = starts.defined() ? to_device(gpu, starts) : Tensor();
 
   Tensor out = Tensor::empty(sh.q, dtype), lse = Tensor::empty(sh.lse);
-  attention_forward(cpu_device(), q, k, v, out, lse);
+  attention_forward(cpu_device(), q, k, v, out, lse, starts);
   Tensor gout = poisoned(gpu, sh.q, dtype), glse = poisoned(gpu, sh.lse);
-  attention_forward(gpu, gq, gk, gv, gout, glse);
+  attention_forward(gpu, gq, gk, gv, gout, glse, gstarts);
   EXPECT_TRUE(all_close(gout, out, tol));
   EXPECT_TRUE(all_close(glse, lse, kF32Tol));
 
   Tensor dq = Tensor::empty(sh.q, dtype), dk = Tensor::empty(sh.kv, dtype),
          dv = Tensor::empty(sh.kv, dtype);
-  attention_backward(cpu_device(), dout, q, k, v, out, lse, dq, dk, dv);
+  attention_backward(cpu_device(), dout, q, k, v, out, lse, dq, dk, dv, starts);
   const Tensor gdout = to_device(gpu, dout), gout_cpu = to_device(gpu, out);
   const Tensor glse_cpu = to_device(gpu, lse);
   Tensor gdq = poisoned(gpu, sh.q, dtype), gdk = poisoned(gpu, sh.kv, dtype),
          gdv = poisoned(gpu, sh.kv, dtype);
-  attention_backward(gpu, gdout, gq, gk, gv, gout_cpu, glse_cpu, gdq, gdk, gdv);
+  attention_backward(gpu, gdout, gq, gk, gv, gout_cpu, glse_cpu, gdq, gdk, gdv, gstarts);
   EXPECT_TRUE(all_close(gdq, dq, tol));
   EXPECT_TRUE(all_close(gdk, dk, tol));
   EXPECT_TRUE(all_close(gdv, dv, tol));
@@ -79,7 +102,7 @@ void check_against_cpu(const Case& c, DType dtype, double tol) {
   // No atomics: a second backward gives the same bits.
   Tensor gdq2 = poisoned(gpu, sh.q, dtype), gdk2 = poisoned(gpu, sh.kv, dtype),
          gdv2 = poisoned(gpu, sh.kv, dtype);
-  attention_backward(gpu, gdout, gq, gk, gv, gout_cpu, glse_cpu, gdq2, gdk2, gdv2);
+  attention_backward(gpu, gdout, gq, gk, gv, gout_cpu, glse_cpu, gdq2, gdk2, gdv2, gstarts);
   EXPECT_TRUE(all_equal(gdq2, gdq));
   EXPECT_TRUE(all_equal(gdk2, gdk));
   EXPECT_TRUE(all_equal(gdv2, gdv));
@@ -108,6 +131,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionGpu,
                                            Case{2, 300, 4, 2, 128}, Case{2, 300, 4, 1, 128},
                                            Case{1, 70, 6, 2, 40}, Case{3, 33, 2, 1, 8},
                                            Case{0, 5, 2, 1, 8}));
+
+// Documents that end inside a tile, one of a single position, ones spanning several tiles
+// (bf16 tiles are 64 rows, f32 tiles 32), so whole key tiles are skipped and rows of one
+// tile start in different documents.
+INSTANTIATE_TEST_SUITE_P(Documents, AttentionGpu,
+                         ::testing::Values(Case{2, 300, 4, 2, 64, {5, 1, 70, 3, 150}},
+                                           Case{2, 300, 4, 1, 128, {64, 1, 100, 31}},
+                                           Case{3, 33, 2, 1, 8, {1, 2, 3}}));
 
 }  // namespace
 }  // namespace switchyard

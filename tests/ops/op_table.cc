@@ -10,9 +10,11 @@
 #include "engine/runtime/rng.h"
 #include "kernels/adamw.h"
 #include "kernels/columns.h"
+#include "kernels/attention.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/columns.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gemm.h"
@@ -333,6 +335,63 @@ OpEntry rope() {
   e.loss_result = 0;
   e.upstream = 1;
   e.gradients = {{0, 1}};
+  return e;
+}
+
+// dims (batch, seq, heads, kv_heads, head_dim). Inputs q, k, v, dout and doc_starts: in
+// each window documents of 5, 1, 70, 3, 64, ... positions (cycling), so they end inside
+// and across the CPU's row blocks and the GPU's tiles. Results out, lse, dq, dk, dv.
+Tensor document_starts(int64_t batch, int64_t seq) {
+  const int64_t lengths[] = {5, 1, 70, 3, 64};
+  std::vector<int32_t> starts;
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t begin = 0, doc = b;  // each window starts at another length
+    for (int64_t i = 0; i < seq; ++i) {
+      if (i == begin + lengths[doc % 5]) begin += lengths[doc++ % 5];
+      starts.push_back(static_cast<int32_t>(begin));
+    }
+  }
+  return host_tensor({batch, seq}, starts);
+}
+
+OpEntry document_attention() {
+  OpEntry e;
+  e.name = "document_attention";
+  e.dims = {{2, 150, 4, 2, 6}, {1, 1, 2, 1, 8}, {2, 130, 4, 4, 128}, {0, 4, 2, 1, 8}};
+  e.dtypes = {{kF32}};
+  e.inputs = [](const OpCase& c) {
+    const int64_t b = c.dims[0], s = c.dims[1], h = c.dims[2], kv = c.dims[3], d = c.dims[4];
+    return std::vector<Tensor>{input({b, s, h, d}, c.dtypes[0], 60, c, -2, 2),
+                               input({b, s, kv, d}, c.dtypes[0], 61, c, -2, 2),
+                               input({b, s, kv, d}, c.dtypes[0], 62, c),
+                               input({b, s, h, d}, c.dtypes[0], 63, c), document_starts(b, s)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    const int64_t b = c.dims[0], s = c.dims[1], h = c.dims[2], kv = c.dims[3], d = c.dims[4];
+    Tensor out = r.written({b, s, h, d}), lse = r.written({b, h, s});
+    attention_forward(r.device(), r.in(0), r.in(1), r.in(2), out, lse, r.in(4));
+    Tensor dq = r.written({b, s, h, d}), dk = r.written({b, s, kv, d}), dv = r.written({b, s, kv, d});
+    attention_backward(r.device(), r.in(3), r.in(0), r.in(1), r.in(2), out, lse, dq, dk, dv,
+                       r.in(4));
+    return std::vector<OpResult>{result("out", out), result("lse", lse), result("dq", dq),
+                                 result("dk", dk), result("dv", dv)};
+  };
+  e.reference = [](const Values& in, const OpCase& c) {
+    const cpu::AttentionShape s{c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]};
+    const std::vector<int32_t> starts(in[4].begin(), in[4].end());
+    std::vector<double> out(in[0].size()), lse(s.batch * s.heads * s.seq), dq(in[0].size()),
+        dk(in[1].size()), dv(in[2].size());
+    cpu::attention_forward<double>(in[0].data(), in[1].data(), in[2].data(), s, out.data(),
+                                   lse.data(), starts.data());
+    cpu::attention_backward<double>(in[3].data(), in[0].data(), in[1].data(), in[2].data(),
+                                    out.data(), lse.data(), s, dq.data(), dk.data(), dv.data(),
+                                    starts.data());
+    return Values{out, lse, dq, dk, dv};
+  };
+  e.gradient_dims = {2, 9, 2, 1, 4};
+  e.loss_result = 0;
+  e.upstream = 3;
+  e.gradients = {{0, 2}, {1, 3}, {2, 4}};
   return e;
 }
 
@@ -872,7 +931,7 @@ const std::vector<OpEntry>& op_table() {
   static const std::vector<OpEntry> table = {
       add_and_scale(), bias(),           sigmoid_gate(), sum_squares_entry(), rmsnorm(),
       swiglu(),        rope(),           embedding(),    convert_entry(),     adamw(),
-      matmul_entry(),  grouped_matmul(), permute(),      regroup(),
+      matmul_entry(),  grouped_matmul(), permute(),      regroup(),           document_attention(),
       columns(),
   };
   return table;
