@@ -34,7 +34,9 @@ using Payload = std::tuple<TransferKind, int, int>;
 
 class Simulator {
  public:
-  explicit Simulator(const PipelineShape& shape) : shape_(shape) {
+  // Passes take `forward_time` and `backward_time`.
+  explicit Simulator(const PipelineShape& shape, double forward_time = 1, double backward_time = 1)
+      : shape_(shape), forward_time_(forward_time), backward_time_(backward_time) {
     for (int r = 0; r < shape.stages; ++r) add_rank(pipeline_actions(shape, r));
   }
   // Given lists instead of the schedule's, one per pipeline rank.
@@ -73,7 +75,8 @@ class Simulator {
     }
     double makespan = 0;
     for (const Rank& rank : ranks_) makespan = std::max(makespan, rank.clock);
-    const double busy = 2.0 * shape_.micro_batches * shape_.virtual_chunks;
+    const double busy =
+        (forward_time_ + backward_time_) * shape_.micro_batches * shape_.virtual_chunks;
     result.bubble = (makespan - busy) / makespan;
     check_all_delivered();
     return result;
@@ -120,7 +123,7 @@ class Simulator {
       if (k + 1 < shape_.num_chunks())
         consume(rank, {TransferKind::kGradient, action.micro_batch, k}, r);
     }
-    rank.clock += 1;
+    rank.clock += action.kind == ActionKind::kForward ? forward_time_ : backward_time_;
     ++rank.pc;
   }
 
@@ -197,6 +200,8 @@ class Simulator {
   }
 
   PipelineShape shape_;
+  double forward_time_ = 1;
+  double backward_time_ = 1;
   std::vector<Rank> ranks_;
 };
 
@@ -243,6 +248,20 @@ TEST(PipelineScheduleTest, GpipeHoldsEveryMicroBatchAndMeetsTheBubble) {
       EXPECT_EQ(result.first_stage_in_flight, m);
       EXPECT_NEAR(result.bubble, theoretical_bubble(shape), 1e-12);
     }
+}
+
+// A backward twice as long as a forward (a GEMM's two products against one) changes
+// neither: the fill and drain are P - 1 forwards and backwards either way.
+TEST(PipelineScheduleTest, BubbleHoldsWhenBackwardTakesTwiceTheForward) {
+  for (Kind kind : {Kind::kGpipe, Kind::kOneFOneB})
+    for (int p : {2, 4})
+      for (int m : {1, 4, 8}) {
+        const PipelineShape shape = shape_of(p, 1, m, kind);
+        SCOPED_TRACE(describe(shape));
+        const SimResult result = Simulator(shape, 1, 2).run();
+        ASSERT_FALSE(result.deadlock);
+        EXPECT_NEAR(result.bubble, theoretical_bubble(shape), 1e-12);
+      }
 }
 
 TEST(PipelineScheduleTest, InterleavedDividesTheBubbleByV) {
