@@ -204,6 +204,29 @@ TEST(NcclCommunicatorTest, AllToAllVMovesUnevenBlocksWithEmptyOnes) {
 // collectives would change their results early if the compute stream did not wait for
 // them. As one process both collectives are copies (Communicator's group of one), so
 // only a run of two ranks or more checks the NCCL side.
+// Around a ring: each rank sends an f32 and an i32 message to the next rank and receives
+// the previous rank's, in one exchange (a group of one has no peer).
+TEST(NcclCommunicatorTest, ExchangeMovesMessagesAroundARing) {
+  const int size = cpu().size();
+  if (size == 1) return;
+  const int next = (cpu().rank() + 1) % size;
+  const int previous = (cpu().rank() + size - 1) % size;
+  const Tensor f32 = host_tensor({129}, input<float>(129, 13));
+  const Tensor i32 = host_tensor({7}, input<int32_t>(7, 14));
+  std::vector<Communicator::Message> expected = {{true, next, f32},
+                                                 {true, next, i32},
+                                                 {false, previous, Tensor::empty({129}, DType::kF32)},
+                                                 {false, previous, Tensor::empty({7}, DType::kI32)}};
+  std::vector<Communicator::Message> actual = {{true, next, to_device(gpu(), f32)},
+                                               {true, next, to_device(gpu(), i32)},
+                                               {false, previous, poisoned(gpu(), {129}, DType::kF32)},
+                                               {false, previous, poisoned(gpu(), {7}, DType::kI32)}};
+  cpu().exchange(expected);
+  nccl().exchange(actual);
+  EXPECT_TRUE(same_bits(actual[2].tensor, expected[2].tensor));
+  EXPECT_TRUE(same_bits(actual[3].tensor, expected[3].tensor));
+}
+
 TEST(NcclCommunicatorTest, ComputeStreamOrdersAroundCollectivesWithoutHostSyncs) {
   const int size = cpu().size();
   const int64_t n = int64_t{1} << 20;
