@@ -1,10 +1,13 @@
 #include "engine/parallel/pipeline_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "nlohmann/json.hpp"
 
 namespace switchyard {
 namespace {
@@ -26,7 +29,10 @@ class StepRunner {
       : shape_(shape), pipeline_(pipeline), stages_(stages), rank_(pipeline.rank()) {}
 
   PipelineStepStats run() {
-    for (const PipelineAction& action : pipeline_actions(shape_, rank_)) {
+    const std::vector<PipelineAction> actions = pipeline_actions(shape_, rank_);
+    stats_.events.reserve(actions.size());
+    for (const PipelineAction& action : actions) {
+      PipelineEvent event = started(action);
       switch (action.kind) {
         case ActionKind::kExchange:
           exchange(action.transfers);
@@ -38,12 +44,38 @@ class StepRunner {
           backward(action.micro_batch, action.chunk);
           break;
       }
+      event.end_s = seconds();
+      stats_.events.push_back(event);
     }
     SY_CHECK_MSG(received_.empty() && to_send_.empty(), "pipeline step left messages behind");
     return stats_;
   }
 
  private:
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+  // The event of `action`, started now.
+  PipelineEvent started(const PipelineAction& action) const {
+    PipelineEvent event;
+    switch (action.kind) {
+      case ActionKind::kExchange:
+        event.kind = PipelineEventKind::kExchange;
+        for (const Transfer& t : action.transfers) ++(t.send ? event.sends : event.receives);
+        break;
+      case ActionKind::kForward:
+      case ActionKind::kBackward:
+        event.kind = action.kind == ActionKind::kForward ? PipelineEventKind::kForward
+                                                         : PipelineEventKind::kBackward;
+        event.micro_batch = action.micro_batch;
+        event.chunk = action.chunk;
+        break;
+    }
+    event.start_s = seconds();
+    return event;
+  }
+
   void exchange(const std::vector<Transfer>& transfers) {
     std::vector<Communicator::Message> messages;
     std::vector<Key> receives;
@@ -84,6 +116,7 @@ class StepRunner {
   Communicator& pipeline_;
   PipelineStages& stages_;
   const int rank_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::map<Key, Tensor> received_;  // inputs of passes still to run
   std::map<Key, Tensor> to_send_;   // outputs of passes run, for the next exchange
   int in_flight_ = 0;
@@ -91,6 +124,36 @@ class StepRunner {
 };
 
 }  // namespace
+
+std::string pipeline_event_kind_name(PipelineEventKind kind) {
+  switch (kind) {
+    case PipelineEventKind::kForward:
+      return "forward";
+    case PipelineEventKind::kBackward:
+      return "backward";
+    case PipelineEventKind::kExchange:
+      return "exchange";
+  }
+  return "unknown";
+}
+
+std::string pipeline_events_json_lines(int step, int rank,
+                                       const std::vector<PipelineEvent>& events) {
+  std::string lines;
+  for (const PipelineEvent& e : events) {
+    const nlohmann::ordered_json line = {{"step", step},
+                                         {"rank", rank},
+                                         {"kind", pipeline_event_kind_name(e.kind)},
+                                         {"micro_batch", e.micro_batch},
+                                         {"chunk", e.chunk},
+                                         {"sends", e.sends},
+                                         {"receives", e.receives},
+                                         {"start_s", e.start_s},
+                                         {"end_s", e.end_s}};
+    lines += line.dump() + "\n";
+  }
+  return lines;
+}
 
 PipelineStepStats run_pipeline_step(const PipelineShape& shape, Communicator& pipeline,
                                     PipelineStages& stages) {

@@ -3,6 +3,9 @@
 // group's messages; what a pass computes is the caller's (PipelineStages).
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/runtime/tensor.h"
@@ -29,11 +32,41 @@ class PipelineStages {
   virtual Tensor receive_buffer(TransferKind kind, int micro_batch, int chunk) = 0;
 };
 
+// One action of a step as it ran on this rank: a pass, or an exchange (posting its
+// messages and waiting for all of them: on a rank ahead of its peers, the wait is where
+// its share of the bubble shows). Times are seconds on the host's steady clock since
+// run_pipeline_step began on this rank; the time between events is the executor's own
+// bookkeeping. On a device communicator a span is the time to queue the work, not to run
+// it.
+enum class PipelineEventKind { kForward, kBackward, kExchange };
+
+struct PipelineEvent {
+  PipelineEventKind kind = PipelineEventKind::kForward;
+  int micro_batch = -1;  // forward, backward
+  int chunk = -1;        // local chunk; forward, backward
+  int sends = 0;         // exchange
+  int receives = 0;      // exchange
+  double start_s = 0;
+  double end_s = 0;
+};
+
 struct PipelineStepStats {
   // Most micro-batch passes whose forward had run and whose backward had not, on this
   // rank over all its chunks: the activations it held at its peak.
   int peak_in_flight = 0;
+  // One per action of pipeline_actions(shape, rank), in order.
+  std::vector<PipelineEvent> events;
 };
+
+std::string pipeline_event_kind_name(PipelineEventKind kind);
+
+// The events of one step on one pipeline rank as JSON lines, one object per event:
+//   {"step":S,"rank":R,"kind":"forward"|"backward"|"exchange","micro_batch":I,"chunk":C,
+//    "sends":N,"receives":N,"start_s":T0,"end_s":T1}
+// (micro_batch and chunk -1 on an exchange, sends and receives 0 on a pass).
+// Callers write them with write_file_atomically (engine/runtime/file_util.h).
+std::string pipeline_events_json_lines(int step, int rank,
+                                       const std::vector<PipelineEvent>& events);
 
 // Runs this rank's actions of `shape` for one step over `pipeline` (its rank is the
 // pipeline rank). Every rank of the group must call it with the same shape.

@@ -1,6 +1,7 @@
 // The pipeline executor (pipeline_executor.h) on a toy model of P x V chunks, the world
 // being the pipeline: every schedule's gradients equal one process's bit for bit, and
-// each rank holds no more micro-batches than its schedule promises.
+// each rank holds no more micro-batches than its schedule promises; the events recorded
+// are one ordered span per action.
 #include "engine/parallel/pipeline_executor.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/parallel/parallel_test_env.h"
 
 namespace switchyard {
@@ -104,10 +106,8 @@ std::vector<std::vector<float>> reference_grads(int chunks, int micro_batches) {
   return grads;
 }
 
-TEST(PipelineExecutorTest, EveryScheduleMatchesOneProcessAndBoundsItsMicroBatches) {
-  Communicator& world = testing::world();
-  const int p = world.size();
-  const int rank = world.rank();
+// The shapes every test runs on a pipeline of `p` ranks.
+std::vector<PipelineShape> shapes_for(int p) {
   std::vector<PipelineShape> shapes;
   for (int m : {1, 3, 8}) {
     shapes.push_back({p, 1, m, PipelineScheduleKind::kGpipe});
@@ -115,10 +115,17 @@ TEST(PipelineExecutorTest, EveryScheduleMatchesOneProcessAndBoundsItsMicroBatche
   }
   if (p > 1)
     for (int v : {2, 3}) shapes.push_back({p, v, 2 * p, PipelineScheduleKind::kInterleaved1F1B});
-  for (const PipelineShape& shape : shapes) {
-    SCOPED_TRACE(pipeline_schedule_name(shape.schedule) + " V=" +
-                 std::to_string(shape.virtual_chunks) + " m=" +
-                 std::to_string(shape.micro_batches));
+  return shapes;
+}
+
+TEST(PipelineExecutorTest, EveryScheduleMatchesOneProcessAndBoundsItsMicroBatches) {
+  Communicator& world = testing::world();
+  const int p = world.size();
+  const int rank = world.rank();
+  for (const PipelineShape& shape : shapes_for(p)) {
+    SCOPED_TRACE(pipeline_schedule_name(shape.schedule) +
+                 " V=" + std::to_string(shape.virtual_chunks) +
+                 " m=" + std::to_string(shape.micro_batches));
     ToyStages stages(shape, rank);
     const PipelineStepStats stats = run_pipeline_step(shape, world, stages);
     const auto reference = reference_grads(shape.num_chunks(), shape.micro_batches);
@@ -131,6 +138,63 @@ TEST(PipelineExecutorTest, EveryScheduleMatchesOneProcessAndBoundsItsMicroBatche
       EXPECT_EQ(stats.peak_in_flight, std::min(shape.micro_batches, p - rank));
     }
   }
+}
+
+TEST(PipelineExecutorTest, RecordsOneOrderedSpanPerAction) {
+  Communicator& world = testing::world();
+  for (const PipelineShape& shape : shapes_for(world.size())) {
+    SCOPED_TRACE(pipeline_schedule_name(shape.schedule) +
+                 " m=" + std::to_string(shape.micro_batches));
+    ToyStages stages(shape, world.rank());
+    const std::vector<PipelineEvent> events = run_pipeline_step(shape, world, stages).events;
+    const std::vector<PipelineAction> actions = pipeline_actions(shape, world.rank());
+    ASSERT_EQ(events.size(), actions.size());
+    double previous_end = 0;
+    for (size_t i = 0; i < events.size(); ++i) {
+      const PipelineEvent& e = events[i];
+      const PipelineAction& a = actions[i];
+      EXPECT_GE(e.start_s, previous_end) << "event " << i << " overlaps the one before";
+      EXPECT_LE(e.start_s, e.end_s) << "event " << i;
+      previous_end = e.end_s;
+      if (a.kind == ActionKind::kExchange) {
+        EXPECT_EQ(e.kind, PipelineEventKind::kExchange);
+        int sends = 0;
+        for (const Transfer& t : a.transfers) sends += t.send;
+        EXPECT_EQ(e.sends, sends);
+        EXPECT_EQ(e.receives, static_cast<int>(a.transfers.size()) - sends);
+        EXPECT_EQ(e.micro_batch, -1);
+      } else {
+        EXPECT_EQ(e.kind, a.kind == ActionKind::kForward ? PipelineEventKind::kForward
+                                                         : PipelineEventKind::kBackward);
+        EXPECT_EQ(e.micro_batch, a.micro_batch);
+        EXPECT_EQ(e.chunk, a.chunk);
+        EXPECT_EQ(e.sends + e.receives, 0);
+      }
+    }
+  }
+}
+
+TEST(PipelineExecutorTest, EventsAsJsonLinesRoundTrip) {
+  std::vector<PipelineEvent> events(2);
+  events[0] = {PipelineEventKind::kForward, 3, 1, 0, 0, 0.25, 0.5};
+  events[1] = {PipelineEventKind::kExchange, -1, -1, 1, 2, 0.5, 0.75};
+  const std::string lines = pipeline_events_json_lines(7, 2, events);
+  ASSERT_EQ(std::count(lines.begin(), lines.end(), '\n'), 2);
+  const std::string first = lines.substr(0, lines.find('\n'));
+  const std::string second = lines.substr(first.size() + 1);
+  const nlohmann::json f = nlohmann::json::parse(first);
+  EXPECT_EQ(f["step"], 7);
+  EXPECT_EQ(f["rank"], 2);
+  EXPECT_EQ(f["kind"], "forward");
+  EXPECT_EQ(f["micro_batch"], 3);
+  EXPECT_EQ(f["chunk"], 1);
+  EXPECT_EQ(f["start_s"], 0.25);
+  EXPECT_EQ(f["end_s"], 0.5);
+  const nlohmann::json x = nlohmann::json::parse(second);
+  EXPECT_EQ(x["kind"], "exchange");
+  EXPECT_EQ(x["sends"], 1);
+  EXPECT_EQ(x["receives"], 2);
+  EXPECT_EQ(x["micro_batch"], -1);
 }
 
 }  // namespace
