@@ -25,17 +25,23 @@ absl::Status check_options(const UpcycleOptions& o, int64_t ffn) {
       {"--experts", o.experts}, {"--top-k", o.top_k}, {"--granularity", o.granularity}};
   for (const auto& [name, value] : sizes) {
     if (value < 1 || value > kMaxOption)
-      return absl::InvalidArgumentError(absl::StrCat(name, " (", value, ") must be in [1, ", kMaxOption, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " (", value, ") must be in [1, ", kMaxOption, "]"));
   }
   const int64_t g = o.granularity;
   if (ffn % g != 0)
-    return absl::InvalidArgumentError(absl::StrCat("--granularity (", g, ") must divide the dense FFN's intermediate_size (", ffn, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--granularity (", g, ") must divide the dense FFN's intermediate_size (", ffn, ")"));
   if (o.experts % g != 0)
-    return absl::InvalidArgumentError(absl::StrCat("--experts (", o.experts, ") must be a multiple of --granularity (", g, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--experts (", o.experts, ") must be a multiple of --granularity (", g, ")"));
   if (o.top_k % g != 0)
-    return absl::InvalidArgumentError(absl::StrCat("--top-k (", o.top_k, ") must be a multiple of --granularity (", g, "): the chosen experts must be whole copies of the FFN"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--top-k (", o.top_k, ") must be a multiple of --granularity (", g,
+                     "): the chosen experts must be whole copies of the FFN"));
   if (o.top_k > o.experts)
-    return absl::InvalidArgumentError(absl::StrCat("--top-k (", o.top_k, ") must be at most --experts (", o.experts, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--top-k (", o.top_k, ") must be at most --experts (", o.experts, ")"));
   return absl::OkStatus();
 }
 
@@ -54,7 +60,8 @@ absl::StatusOr<config::Recipe> moe_recipe(const config::Recipe& dense, const Upc
   moe.set_aux_loss_coef(0.01f);
   const absl::Status valid = config::validate_recipe(recipe);
   if (!valid.ok())
-    return absl::InvalidArgumentError(absl::StrCat("the upcycled model is not a valid recipe: ", valid.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the upcycled model is not a valid recipe: ", valid.message()));
   return recipe;
 }
 

@@ -2,17 +2,17 @@
 // and its upcycled mixture of experts give the same logits, for copies of the whole FFN
 // and for finer experts; the dense families' config.json fields read as a dense recipe;
 // options that cannot give the dense model are refused naming the option.
+#include "checkpoint/upcycle.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
 
-#include <nlohmann/json.hpp>
-
-#include "checkpoint/upcycle.h"
 #include "engine/config/recipe.h"
 #include "engine/model/transformer.h"
 #include "engine/runtime/rng.h"
@@ -21,10 +21,11 @@ namespace switchyard {
 namespace {
 
 nlohmann::json llama_config() {
-  return {{"model_type", "llama"},     {"vocab_size", 64},         {"hidden_size", 32},
-          {"intermediate_size", 48},   {"num_hidden_layers", 2},   {"num_attention_heads", 4},
-          {"num_key_value_heads", 2},  {"max_position_embeddings", 64},
-          {"rms_norm_eps", 1e-5},      {"initializer_range", 0.2}};
+  return {{"model_type", "llama"},    {"vocab_size", 64},
+          {"hidden_size", 32},        {"intermediate_size", 48},
+          {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}, {"max_position_embeddings", 64},
+          {"rms_norm_eps", 1e-5},     {"initializer_range", 0.2}};
 }
 
 config::Recipe recipe_of(const nlohmann::json& config) {
