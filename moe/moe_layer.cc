@@ -133,7 +133,8 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
     xp_ = permuted;
     local_counts_ = group_sizes_for(dev, dtype, tokens_per_expert_);
   }
-  Tensor local_out = experts_forward(dev, xp_, local_counts_);
+  Tensor local_out = experts_forward(dev);
+  if (recompute_experts_) gate_up_out_ = act_ = Tensor();
   expert_out_ = ep_ ? gather_back(dev, local_out) : local_out;
   Tensor y_mine = activation(dev, {n, hidden}, dtype);
   unpermute_combine(dev, expert_out_, dest_rows_, weights_, y_mine);
@@ -214,16 +215,20 @@ int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t
   return rows;
 }
 
-Tensor MoeLayer::experts_forward(Device& dev, const Tensor& xe, const Tensor& counts) {
-  const int64_t rows = xe.rows();
-  const int64_t ffn = down_->shape[2];
-  gate_up_out_ = activation(dev, {rows, 2 * ffn}, xe.dtype());
-  grouped_matmul_nt(dev, xe, gate_up_->work, counts, gate_up_out_);
-  act_ = activation(dev, {rows, ffn}, xe.dtype());
-  swiglu_forward(dev, gate_up_out_, act_);
-  Tensor out = activation(dev, {rows, xe.row_size()}, xe.dtype());
-  grouped_matmul_nt(dev, act_, down_->work, counts, out);
+Tensor MoeLayer::experts_forward(Device& dev) {
+  experts_hidden(dev);
+  Tensor out = activation(dev, xp_.shape(), xp_.dtype());
+  grouped_matmul_nt(dev, act_, down_->work, local_counts_, out);
   return out;
+}
+
+void MoeLayer::experts_hidden(Device& dev) {
+  const int64_t rows = xp_.rows();
+  const int64_t ffn = down_->shape[2];
+  gate_up_out_ = activation(dev, {rows, 2 * ffn}, xp_.dtype());
+  grouped_matmul_nt(dev, xp_, gate_up_->work, local_counts_, gate_up_out_);
+  act_ = activation(dev, {rows, ffn}, xp_.dtype());
+  swiglu_forward(dev, gate_up_out_, act_);
 }
 
 Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
@@ -323,6 +328,7 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
     dlocal_out = activation(dev, {rows, hidden}, dtype);
     permute_gather(dev, received, regroup_rows_, dlocal_out);
   }
+  if (recompute_experts_) experts_hidden(dev);
   grouped_matmul_tn_accumulate(dev, dlocal_out, act_, local_counts_, down_->grad);
   Tensor dact = activation(dev, {rows, ffn}, dtype);
   grouped_matmul_nn(dev, dlocal_out, down_->work, local_counts_, dact);
@@ -381,11 +387,16 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
     add_(dev, dx, dx_routed);
   }
 
+  discard();
+  return dx;
+}
+
+void MoeLayer::discard() {
   x_whole_ = x_ = router_x_ = probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
   tokens_per_expert_ = dest_rows_ = xp_ = gate_up_out_ = act_ = expert_out_ = Tensor();
   regroup_rows_ = local_counts_ = Tensor();
   shared_out_ = shared_gate_logit_ = Tensor();
-  return dx;
+  if (shared_) shared_->discard();
 }
 
 }  // namespace switchyard

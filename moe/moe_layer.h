@@ -59,6 +59,11 @@ class MoeLayer {
   // with respect to each token's router probabilities, `z_loss_scale` the weight of this
   // layer's z-loss in the total loss.
   Tensor backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad, float z_loss_scale);
+  // Selective recomputation: forward keeps the experts' permuted input rows but not their
+  // gate/up and activation outputs; backward computes those again from the rows.
+  void set_recompute_experts(bool recompute) { recompute_experts_ = recompute; }
+  // Drops everything forward saved for backward (its routing included).
+  void discard();
 
   int num_experts() const { return num_experts_; }
   int top_k() const { return top_k_; }
@@ -75,8 +80,10 @@ class MoeLayer {
   // the way back. Both directions also serve the backward pass.
   Tensor dispatch(Device& dev, const Tensor& rows);
   Tensor gather_back(Device& dev, const Tensor& expert_rows);
-  // Runs the local experts on rows grouped by local expert.
-  Tensor experts_forward(Device& dev, const Tensor& xe, const Tensor& counts);
+  // Runs the local experts on xp_, rows grouped by local expert (local_counts_).
+  Tensor experts_forward(Device& dev);
+  // The experts' gate/up and activation outputs of xp_ into gate_up_out_ and act_.
+  void experts_hidden(Device& dev);
   // The dispatch plan of this rank's assignments (dispatch_ids: (n, k), -1 not sent):
   // fills tokens_per_expert_ and dest_rows_ on the device and returns the rows of the
   // permuted buffer. On one tensor-parallel rank that is every assignment, n * k, whatever
@@ -106,6 +113,7 @@ class MoeLayer {
   SigmoidGating sigmoid_;  // SIGMOID_TOPK's settings
   bool force_balance_;
   float capacity_factor_;
+  bool recompute_experts_ = false;
   Param* router_;      // (E, hidden)
   Param* expert_bias_ = nullptr;  // (E), SIGMOID_TOPK only
   Param* gate_up_;     // (E, 2 * ffn, hidden), gate rows first

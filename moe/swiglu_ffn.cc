@@ -41,8 +41,10 @@ Tensor SwigluFfn::backward(Device& dev, const Tensor& dy) {
   Tensor dx = Tensor::empty({n, x_.row_size()}, dy.dtype(), MemoryKind::kActivations, dev);
   matmul(dev, dgate_up, false, gate_up_->work, false, dx);
   if (tp_) tensor_parallel_sum(dev, *tp_, dx);
-  x_ = gate_up_out_ = act_ = Tensor();
+  discard();
   return dx;
 }
+
+void SwigluFfn::discard() { x_ = gate_up_out_ = act_ = Tensor(); }
 
 }  // namespace switchyard

@@ -23,6 +23,8 @@ class SwigluFfn {
   Tensor forward(Device& dev, const Tensor& x);
   // dy: (n, hidden) -> dx (n, hidden); parameter gradients accumulate.
   Tensor backward(Device& dev, const Tensor& dy);
+  // Drops what forward saved for backward.
+  void discard();
 
  private:
   Communicator* tp_;  // null or of size 1: no reduction

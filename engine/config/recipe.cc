@@ -464,6 +464,19 @@ absl::Status validate_optimizer(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
+absl::Status validate_recompute(const Recipe& recipe) {
+  const TrainConfig& train = recipe.train();
+  if (!Recompute_IsValid(train.recompute()))
+    return invalid(absl::StrCat("train.recompute (", static_cast<int>(train.recompute()),
+                                ") must be NONE, SELECTIVE or FULL"));
+  SY_RETURN_IF_ERROR(check_non_negative("train.recompute_layers", train.recompute_layers()));
+  SY_RETURN_IF_ERROR(check_at_most("train.recompute_layers", train.recompute_layers(),
+                                   recipe.model().num_layers()));
+  if (train.recompute_layers() != 0 && train.recompute() != FULL)
+    return invalid("train.recompute_layers needs train.recompute FULL");
+  return absl::OkStatus();
+}
+
 absl::Status validate_train(const Recipe& recipe) {
   const TrainConfig& train = recipe.train();
   SY_RETURN_IF_ERROR(check_positive("train.global_batch_size", train.global_batch_size()));
@@ -497,7 +510,7 @@ absl::Status validate_train(const Recipe& recipe) {
   SY_RETURN_IF_ERROR(check_at_most("train.eval_tokens", train.eval_tokens(), kMaxEvalTokens));
   for (const std::string& pattern : train.freeze())
     if (pattern.empty()) return invalid("train.freeze entries must not be empty");
-  return absl::OkStatus();
+  return validate_recompute(recipe);
 }
 
 // A source name goes into metric keys and TensorBoard tags as it is.

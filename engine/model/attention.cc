@@ -190,14 +190,29 @@ Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t s
   Tensor q_rows = rope_view(q_, doc_starts_.defined()), k_rows = rope_view(k_, doc_starts_.defined());
   rope_forward(dev, rope, q_rows);
   rope_forward(dev, rope, k_rows);
-  Tensor out4 = activation(dev, {batch, seq, heads_, head_dim_}, x.dtype());
-  lse_ = activation(dev, {batch, heads_, seq}, DType::kF32);
-  attention_forward(dev, q_, k_, v_, out4, lse_, doc_starts_);
-  attn_out_ = out4.reshape({batch * seq, heads_ * head_dim_});
+  core_forward(dev);
   Tensor y = activation(dev, {batch * seq, wo_->shape[0]}, x.dtype());
   matmul(dev, attn_out_, false, wo_->work, true, y);
+  if (recompute_core_) attn_out_ = lse_ = Tensor();
   if (tp_) tensor_parallel_sum(dev, *tp_, y);
   return y;
+}
+
+void Attention::core_forward(Device& dev) {
+  Tensor out4 = activation(dev, q_.shape(), q_.dtype());
+  lse_ = activation(dev, {batch_, heads_, seq_}, DType::kF32);
+  attention_forward(dev, q_, k_, v_, out4, lse_, doc_starts_);
+  attn_out_ = out4.reshape({batch_ * seq_, heads_ * head_dim_});
+}
+
+void Attention::set_recompute_core(bool recompute) {
+  recompute_core_ = recompute;
+  if (latent_) latent_->set_recompute_core(recompute);
+}
+
+void Attention::discard() {
+  if (latent_) latent_->discard();
+  x_ = q_ = k_ = v_ = q_pre_norm_ = k_pre_norm_ = q_rstd_ = k_rstd_ = lse_ = attn_out_ = doc_starts_ = Tensor();
 }
 
 KvCache Attention::empty_cache(int64_t positions) const {
@@ -245,6 +260,7 @@ Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
   if (latent_) return latent_->backward(dev, dy, rope);
   const int64_t n = dy.rows();
   const DType dtype = dy.dtype();
+  if (recompute_core_) core_forward(dev);
   matmul(dev, dy, true, attn_out_, false, wo_->grad, 1.0f, 1.0f);
   Tensor dattn = activation(dev, {batch_, seq_, heads_, head_dim_}, dtype);
   Tensor dattn2 = dattn.reshape({n, heads_ * head_dim_});
@@ -266,7 +282,7 @@ Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
   project_backward(dev, dk2, wk_, k_bias_, k_norm_, k_pre_norm_, k_rstd_, dx);
   project_backward(dev, dv2, wv_, v_bias_, nullptr, Tensor(), Tensor(), dx);
   if (tp_) tensor_parallel_sum(dev, *tp_, dx);
-  x_ = q_ = k_ = v_ = q_pre_norm_ = k_pre_norm_ = q_rstd_ = k_rstd_ = lse_ = attn_out_ = doc_starts_ = Tensor();
+  discard();
   return dx;
 }
 

@@ -56,6 +56,11 @@ class Attention {
   Tensor forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope,
                  const Tensor& doc_starts = Tensor());
   Tensor backward(Device& dev, const Tensor& dy, const Tensor& rope);
+  // Selective recomputation: forward keeps q, k and v but not the core's output and
+  // log-sum-exps; backward computes them again from q, k and v first.
+  void set_recompute_core(bool recompute);
+  // Drops everything forward saved for backward.
+  void discard();
   // Generation on the CPU in f32, one rank: x (n, hidden), the normalised inputs of
   // positions [past, past + n); rope: a table covering them. Writes their keys and
   // values into `cache` rows [past, past + n) and attends each position over the cached
@@ -75,6 +80,8 @@ class Attention {
   // norm weight's gradient.
   Tensor normalize_backward(Device& dev, const Tensor& dnormed, Param& norm,
                             const Tensor& pre_norm, const Tensor& rstd);
+  // The core: softmax(q k^T) v of q_, k_, v_ into attn_out_ and lse_.
+  void core_forward(Device& dev);
   // Backward of project(); accumulates the input gradient into dx.
   void project_backward(Device& dev, Tensor& dproj, Param* weight, Param* bias, Param* norm,
                         const Tensor& pre_norm, const Tensor& rstd, Tensor& dx);
@@ -84,6 +91,7 @@ class Attention {
   int64_t heads_, kv_heads_, head_dim_;  // heads of this rank
   float norm_eps_;
   bool per_head_norm_;  // q/k norm per head (else over the whole projection, if any)
+  bool recompute_core_ = false;
   Param *wq_, *wk_, *wv_, *wo_;
   Param *q_bias_ = nullptr, *k_bias_ = nullptr, *v_bias_ = nullptr;
   Param *q_norm_ = nullptr, *k_norm_ = nullptr;

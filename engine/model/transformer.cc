@@ -32,6 +32,16 @@ struct Transformer::Block {
   float eps;
   // Saved for backward.
   Tensor x, attn_rstd, attn_in, h, ffn_rstd, ffn_in;
+  // Full recomputation: the forward kept only x, and the random state it started from.
+  bool input_only = false;
+  Rng rng;
+  // Drops what the block and its modules saved, but its input.
+  void discard() {
+    attn_rstd = attn_in = h = ffn_rstd = ffn_in = Tensor();
+    attention->discard();
+    if (moe) moe->discard();
+    if (dense) dense->discard();
+  }
 };
 
 Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
@@ -56,9 +66,12 @@ Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
     block->attention = std::make_unique<Attention>(params, prefix + "self_attn.", m, tp_);
     block->ffn_norm = &params.add(prefix + "post_attention_layernorm.weight", {hidden},
                                   ShardSpec{}, ParamInit::kOnes);
+    const bool selective = recipe.train().recompute() == config::SELECTIVE;
+    block->attention->set_recompute_core(selective);
     if (config::is_moe_layer(recipe, i)) {
       block->moe = std::make_unique<MoeLayer>(params, prefix + "mlp.", m, recipe.moe(),
                                               parallel.expert_parallel, tp_);
+      block->moe->set_recompute_experts(selective);
       ++num_moe_layers_;
     } else {
       block->dense = std::make_unique<SwigluFfn>(params, prefix + "mlp.", hidden,
@@ -112,10 +125,43 @@ const Tensor& Transformer::forward_rope(Device& dev) {
   return doc_starts_.defined() ? doc_rope_ : rope_for(dev, seq_);
 }
 
-Tensor Transformer::ffn(Device& dev, Block& block, const Tensor& in, Pass pass, Rng& rng) {
+Tensor Transformer::ffn(Device& dev, Block& block, const Tensor& in, Pass pass, Rng& rng,
+                        RouterStats& stats) {
   if (!block.moe) return block.dense->forward(dev, in);
-  if (pass == Pass::kGenerate) return block.moe->infer(dev, in, stats_);
-  return block.moe->forward(dev, in, pass == Pass::kTrain, rng, stats_);
+  if (pass == Pass::kGenerate) return block.moe->infer(dev, in, stats);
+  return block.moe->forward(dev, in, pass == Pass::kTrain, rng, stats);
+}
+
+Tensor Transformer::block_forward(Device& dev, Block& b, const Tensor& x, Pass pass, Rng& rng,
+                                  const Tensor& rope, RouterStats& stats) {
+  const int64_t n = x.rows();
+  const int64_t hidden = x.row_size();
+  b.x = x;
+  b.attn_in = activation(dev, {n, hidden}, x.dtype());
+  b.attn_rstd = activation(dev, {n});
+  rmsnorm_forward(dev, x, b.attn_norm->value, b.eps, b.attn_in, b.attn_rstd);
+  Tensor h = b.attention->forward(dev, b.attn_in, batch_, seq_, rope, doc_starts_);
+  add_(dev, h, x);
+  b.h = h;
+  b.ffn_in = activation(dev, {n, hidden}, x.dtype());
+  b.ffn_rstd = activation(dev, {n});
+  rmsnorm_forward(dev, h, b.ffn_norm->value, b.eps, b.ffn_in, b.ffn_rstd);
+  Tensor f = ffn(dev, b, b.ffn_in, pass, rng, stats);
+  add_(dev, f, h);
+  return f;
+}
+
+bool Transformer::recomputes_layer(int layer) const {
+  const config::TrainConfig& train = recipe_.train();
+  return train.recompute() == config::FULL &&
+         (train.recompute_layers() == 0 || layer < train.recompute_layers());
+}
+
+void Transformer::recompute_block(Device& dev, Block& b, const Tensor& rope) {
+  RouterStats counted_apart;
+  counted_apart.begin(dev, recipe_.moe().num_experts(), recipe_.moe().top_k(), b.moe ? 1 : 0);
+  Rng replay = b.rng;
+  block_forward(dev, b, b.x, Pass::kTrain, replay, rope, counted_apart);
 }
 
 LossParts Transformer::run_forward(Device& dev, const Tensor& ids, const Tensor& targets,
@@ -160,19 +206,10 @@ LossParts Transformer::run_forward(Device& dev, const Tensor& ids, const Tensor&
   int unit = 0;
   for (auto& b : blocks_) {
     acquire({++unit});
-    b->x = x;
-    b->attn_in = activation(dev, {n, hidden}, dtype);
-    b->attn_rstd = activation(dev, {n});
-    rmsnorm_forward(dev, x, b->attn_norm->value, b->eps, b->attn_in, b->attn_rstd);
-    Tensor h = b->attention->forward(dev, b->attn_in, batch_, seq_, rope, doc_starts_);
-    add_(dev, h, x);
-    b->h = h;
-    b->ffn_in = activation(dev, {n, hidden}, dtype);
-    b->ffn_rstd = activation(dev, {n});
-    rmsnorm_forward(dev, h, b->ffn_norm->value, b->eps, b->ffn_in, b->ffn_rstd);
-    Tensor f = ffn(dev, *b, b->ffn_in, pass, rng);
-    add_(dev, f, h);
-    x = f;
+    b->input_only = pass == Pass::kTrain && recomputes_layer(unit - 1);
+    b->rng = rng;
+    x = block_forward(dev, *b, x, pass, rng, rope, stats_);
+    if (b->input_only) b->discard();
     release({unit});
   }
   const std::vector<int> head = head_units();
@@ -354,6 +391,7 @@ void Transformer::backward(Device& dev, float loss_scale, double ce_tokens) {
     --unit;
     acquire({unit});
     if (hooks_) hooks_->begin_grads(unit);
+    if (b.input_only) recompute_block(dev, b, rope);
     // dx is the gradient w.r.t. the block output f + h.
     Tensor dffn_in;
     if (b.moe) {
@@ -430,7 +468,7 @@ Tensor Transformer::decode(Device& dev, const std::vector<int32_t>& ids, DecodeC
     add_(dev, h, x);
     Tensor ffn_in = activation(dev, {n, hidden});
     rmsnorm_forward(dev, h, b.ffn_norm->value, b.eps, ffn_in, rstd);
-    x = ffn(dev, b, ffn_in, Pass::kGenerate, unused);
+    x = ffn(dev, b, ffn_in, Pass::kGenerate, unused, stats_);
     add_(dev, x, h);
   }
   cache.length += n;

@@ -96,8 +96,18 @@ class Transformer {
                         Rng& rng, Tensor* logits_out, const Tensor& doc_starts = Tensor());
   // The rotary rows of the current forward: rope_for(seq_), or with documents doc_rope_.
   const Tensor& forward_rope(Device& dev);
-  // A block's FFN (dense, or MoE routed as `pass` asks) on its normalised input.
-  Tensor ffn(Device& dev, Block& block, const Tensor& in, Pass pass, Rng& rng);
+  // A block's FFN (dense, or MoE routed as `pass` asks) on its normalised input; an MoE
+  // layer adds its routing to `stats`.
+  Tensor ffn(Device& dev, Block& block, const Tensor& in, Pass pass, Rng& rng, RouterStats& stats);
+  // A block's forward on its input x: saves what its backward reads in the block and its
+  // modules, and returns its output.
+  Tensor block_forward(Device& dev, Block& block, const Tensor& x, Pass pass, Rng& rng,
+                       const Tensor& rope, RouterStats& stats);
+  // Whether the training forward keeps only block `layer`'s input (train.recompute FULL).
+  bool recomputes_layer(int layer) const;
+  // Full recomputation: the block's forward again from its saved input and random state,
+  // with its routing counted apart, so that its backward finds what it reads.
+  void recompute_block(Device& dev, Block& block, const Tensor& rope);
   // The rotary table for `seq` positions on `dev`, kept between calls.
   const Tensor& rope_for(Device& dev, int64_t seq);
   // The units the final norm and LM head read (with tied embeddings, also unit 0).
