@@ -88,6 +88,7 @@ struct StepShape {
   bool gshard = false;
   bool qk_norm = false;
   bool qk_head_norm = false;
+  bool selective = false;  // train.recompute SELECTIVE
   double logit_rows = 0;
 };
 
@@ -133,6 +134,7 @@ StepShape step_shape(const config::Recipe& recipe, DType working, int tp, int ep
                  static_cast<double>(moe.shared_expert_ffn_hidden_size()) / tp;
   s.shared_gate = moe.num_shared_experts() > 0 && moe.shared_expert_gate();
   s.gshard = moe.gating() == config::GSHARD_TOP2;
+  s.selective = recipe.train().recompute() == config::SELECTIVE;
   const int64_t mb = recipe.runtime().max_logits_mb();
   const double budget = static_cast<double>((mb > 0 ? mb : kDefaultMaxLogitsMb) << 20);
   s.logit_rows = std::clamp(std::floor(budget / (s.vocab * 4)), 1.0, std::max(s.n, 1.0));
@@ -147,6 +149,9 @@ double attention_saved(const StepShape& s) {
     bytes += s.n * (s.tp > 1 ? s.full_q + s.full_kv : s.q + s.kv) * s.b + 2 * s.n * 4;
   return bytes;
 }
+
+// Attention's core output and log-sum-exps: what selective recomputation does not keep.
+double attention_core(const StepShape& s) { return s.n * s.q * s.b + s.n * s.heads * 4; }
 
 // Attention's backward: the output's gradient, dq, dk, dv and dx.
 double attention_backward(const StepShape& s) {
@@ -171,19 +176,24 @@ double moe_saved(const StepShape& s) {
   return bytes;
 }
 
+// The routed experts' gate/up and activation outputs: what selective recomputation does
+// not keep.
+double experts_hidden(const StepShape& s) { return s.expert_rows * 3 * s.expert_ffn * s.b; }
+
 // MoE backward, over the layer's saved tensors (moe/moe_layer.cc): first the shared
 // experts' backward (their gate's gradients and the FFN's), whose intermediates are then
 // freed; then the routed experts', whose gradients live until it returns while two
 // moments come and go: the exchange back to the routing ranks, then the router's
 // gradients (with, under tp, the routed input gradients gathered over the group).
-Live moe_backward(const StepShape& s) {
+// `recomputed`: the experts' intermediates computed again for the routed part.
+Live moe_backward(const StepShape& s, double recomputed) {
   const double t = s.moe_tokens, rows = s.expert_rows, h = s.hidden, x = s.n * h * s.b;
   const double shared = s.n * 3 * s.shared_ffn * s.b;
   const double shared_peak =
       s.shared_ffn > 0 ? x + (s.shared_gate ? x + s.n * s.b : 0) + shared + x : 0;
   const double routed = x - shared + (s.tp > 1 ? t * h * s.b : 0) + s.sent_rows * h * s.b +
                         t * s.slots * 4 + rows * (3 * s.expert_ffn + h) * s.b +
-                        (s.expert_parallel ? rows * h * s.b : 0);
+                        (s.expert_parallel ? rows * h * s.b : 0) + recomputed;
   const double sent_back = s.expert_parallel ? s.sent_rows * h * s.b : 0;
   const Live exchange{0, s.expert_parallel ? rows * h * s.b + sent_back : 0};
   const double router_input = std::max({s.tp > 1 ? s.experts * h * 4 : 0.0,
@@ -193,23 +203,38 @@ Live moe_backward(const StepShape& s) {
   return larger(Live{routed} + larger(exchange, router), {shared_peak});
 }
 
+// Whether the training forward keeps only layer `i`'s input (Transformer::recomputes_layer).
+bool recomputes_layer(const config::Recipe& recipe, int i) {
+  const config::TrainConfig& train = recipe.train();
+  return train.recompute() == config::FULL &&
+         (train.recompute_layers() == 0 || i < train.recompute_layers());
+}
+
 // The peak of one micro-batch: the end of forward at the head, the head's backward, or
 // a layer's backward while every earlier layer's saved tensors are still held (each
-// layer keeps its input; the last layer's output is the final norm's input).
+// layer keeps its input; the last layer's output is the final norm's input). Under
+// recomputation a layer holds less until its backward: only its input (FULL), whose
+// backward first runs its forward again and holds everything; or all but attention's
+// core and the experts' intermediates (SELECTIVE), each computed again just before
+// its backward reads it.
 Live activation_peak(const config::Recipe& recipe, const StepShape& s) {
   const int layers = recipe.model().num_layers();
   const double x = s.n * s.hidden * s.b;  // one (tokens, hidden) tensor
   const double block = 4 * x + 2 * s.n * 4 + attention_saved(s);
-  std::vector<double> saved(layers);
+  const double core_again = s.selective ? attention_core(s) : 0;
+  const double experts_again = s.selective ? experts_hidden(s) : 0;
+  std::vector<double> saved(layers), kept(layers);
   int moe_layers = 0;
   for (int i = 0; i < layers; ++i) {
     const bool moe = config::is_moe_layer(recipe, i);
     moe_layers += moe;
     saved[i] = block + (moe ? moe_saved(s) : dense_ffn_saved(s));
+    kept[i] = recomputes_layer(recipe, i) ? x
+                                          : saved[i] - core_again - (moe ? experts_again : 0);
   }
   // Token ids and targets, the rope table.
   double held = 8 * s.n + recipe.train().seq_len() * recipe.model().head_dim() * 4.0;
-  for (double bytes : saved) held += bytes;
+  for (double bytes : kept) held += bytes;
   const double chunk = s.logit_rows * s.vocab * 4;
   const double norm = 2 * x + s.n * 4;  // the final norm's input, output and rstd
   Live peak;
@@ -222,11 +247,15 @@ Live activation_peak(const config::Recipe& recipe, const StepShape& s) {
   held += 2 * x + moe_layers * s.experts * 4;
   for (int i = layers - 1; i >= 0; --i) {
     const bool moe = config::is_moe_layer(recipe, i);
-    const Live ffn = moe ? moe_backward(s) : Live{dense_ffn_backward(s)};
+    const bool whole = recomputes_layer(recipe, i);
+    if (whole) held += saved[i] - kept[i];
+    const double experts = moe && !whole ? experts_again : 0;
+    const Live ffn = moe ? moe_backward(s, experts) : Live{dense_ffn_backward(s)};
     peak = larger(peak, Live{held} + ffn);
-    const double ffn_saved = moe ? moe_saved(s) : dense_ffn_saved(s);
-    peak = larger(peak, {held - ffn_saved + 2 * x + attention_backward(s)});
-    held -= saved[i];
+    const double ffn_saved = (moe ? moe_saved(s) : dense_ffn_saved(s)) - experts;
+    peak = larger(peak, {held - ffn_saved + 2 * x + attention_backward(s) +
+                         (whole ? 0 : core_again)});
+    held -= whole ? saved[i] : kept[i];
   }
   return peak;
 }

@@ -62,6 +62,19 @@ CONFIGS = {  # name: (ranks, overrides)
                           "train.global_batch_size=16"] + BALANCED),
     "dp2 tp2 zero3": (4, ["parallel.tensor_parallel_size=2", "parallel.zero_stage=3",
                           "train.global_batch_size=16"]),
+    "1 rank, recompute SELECTIVE": (1, ["train.recompute=SELECTIVE"]),
+    "1 rank, recompute FULL": (1, ["train.recompute=FULL"]),
+    "1 rank, 4 layers, FULL first 2": (1, ["model.num_layers=4", "train.recompute=FULL",
+                                           "train.recompute_layers=2"]),
+    "tp2 ep2, recompute SELECTIVE": (2, ["parallel.tensor_parallel_size=2",
+                                         "parallel.expert_parallel_size=2",
+                                         "train.recompute=SELECTIVE"] + BALANCED),
+    "tp2 ep2, recompute FULL": (2, ["parallel.tensor_parallel_size=2",
+                                    "parallel.expert_parallel_size=2",
+                                    "train.recompute=FULL"] + BALANCED),
+    "dp2 tp2 zero3, recompute FULL": (4, ["parallel.tensor_parallel_size=2",
+                                          "parallel.zero_stage=3", "train.global_batch_size=16",
+                                          "train.recompute=FULL"]),
 }
 
 # Planned terms (ranks[0] of the dry run's JSON) and the measured categories they sum to.
