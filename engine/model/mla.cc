@@ -15,6 +15,10 @@
 namespace switchyard {
 
 namespace {
+// The latents' RMSNorm epsilon, DeepSeek's whatever model.norm_eps is (transformers builds
+// q_a_layernorm and kv_a_layernorm with their default, 1e-6).
+constexpr float kLatentNormEps = 1e-6f;
+
 Tensor activation(Device& dev, const Shape& shape, DType dtype) {
   return Tensor::empty(shape, dtype, MemoryKind::kActivations, dev);
 }
@@ -50,7 +54,7 @@ LatentAttention::LatentAttention(ParamStore& params, const std::string& prefix,
       width_(std::max(qk_, v_dim_)),
       q_rank_(model.mla().q_lora_rank()),
       kv_rank_(model.mla().kv_lora_rank()),
-      eps_(model.norm_eps()),
+      eps_(kLatentNormEps),
       q_scale_(std::sqrt(static_cast<float>(width_)) * mla_softmax_scale(model)) {
   const int64_t hidden = model.hidden_size(), heads = model.num_heads();
   const float std = model.init_std();

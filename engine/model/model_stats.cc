@@ -24,8 +24,12 @@ ModelStats compute_model_stats(const config::Recipe& recipe) {
   // The embedding lookup is a gather; with tied weights the same table is the LM head GEMM.
   const int64_t gemm_params = s.active_params - (recipe.model().tie_embeddings() ? 0 : embed_table);
   const auto& m = recipe.model();
-  const double attention = 4.0 * m.num_layers() * recipe.train().seq_len() *
-                           static_cast<double>(m.num_heads()) * m.head_dim();
+  // Scores over the query/key width, then the weighted sum over the value width.
+  const bool latent = m.mla().kv_lora_rank() > 0;
+  const double qk = latent ? m.mla().qk_nope_head_dim() + m.mla().qk_rope_head_dim() : m.head_dim();
+  const double v = latent ? m.mla().v_head_dim() : m.head_dim();
+  const double attention =
+      2.0 * m.num_layers() * recipe.train().seq_len() * static_cast<double>(m.num_heads()) * (qk + v);
   s.forward_flops_per_token = 2.0 * gemm_params + attention;
   s.train_flops_per_token = 3.0 * s.forward_flops_per_token;
   return s;

@@ -90,6 +90,12 @@ struct StepShape {
   bool qk_head_norm = false;
   bool selective = false;  // train.recompute SELECTIVE
   double logit_rows = 0;
+  double rope_dim = 0;     // channels the rotary table covers
+  // Latent attention (model.mla; engine/model/mla.cc): its latents' widths, and its
+  // per-head widths (query/key, value, the padded operands' D, rotary).
+  bool latent = false;
+  double q_latent = 0, kv_latent = 0;
+  double qk = 0, v_dim = 0, width = 0, rope = 0;
 };
 
 StepShape step_shape(const config::Recipe& recipe, DType working, int tp, int ep) {
@@ -138,11 +144,35 @@ StepShape step_shape(const config::Recipe& recipe, DType working, int tp, int ep
   const int64_t mb = recipe.runtime().max_logits_mb();
   const double budget = static_cast<double>((mb > 0 ? mb : kDefaultMaxLogitsMb) << 20);
   s.logit_rows = std::clamp(std::floor(budget / (s.vocab * 4)), 1.0, std::max(s.n, 1.0));
+  const config::MlaConfig& mla = m.mla();
+  s.latent = mla.kv_lora_rank() > 0;
+  s.rope_dim = s.latent ? mla.qk_rope_head_dim() : m.head_dim();
+  s.q_latent = static_cast<double>(mla.q_lora_rank());
+  s.kv_latent = static_cast<double>(mla.kv_lora_rank());
+  s.rope = mla.qk_rope_head_dim();
+  s.qk = static_cast<double>(mla.qk_nope_head_dim()) + mla.qk_rope_head_dim();
+  s.v_dim = mla.v_head_dim();
+  s.width = std::max(s.qk, s.v_dim);
   return s;
+}
+
+// Latent attention keeps its latents before and after their norms, the padded per-head
+// q, k, v and core output, the log-sum-exps and the heads' outputs.
+double latent_attention_saved(const StepShape& s) {
+  return s.n * (2 * (s.q_latent + s.kv_latent) + 4 * s.heads * s.width + s.heads * s.v_dim) * s.b +
+         s.n * (2 + s.heads) * 4;
+}
+
+// Its backward: the output's gradient (as the heads' and padded), the padded dq, dk, dv,
+// dq and its rotary part, kv_b_proj's output gradient, the latents' gradients and dx.
+double latent_attention_backward(const StepShape& s) {
+  const double per_head = s.v_dim + 4 * s.width + s.qk + s.rope + (s.qk - s.rope + s.v_dim);
+  return s.n * (s.heads * per_head + 2 * (s.q_latent + s.kv_latent + s.rope) + s.hidden) * s.b;
 }
 
 // Attention keeps q, k, v, its output and log-sum-exps (and a q/k norm's inputs).
 double attention_saved(const StepShape& s) {
+  if (s.latent) return latent_attention_saved(s);
   double bytes = s.n * (2 * s.q + 2 * s.kv) * s.b + s.n * s.heads * 4;
   if (s.qk_head_norm) bytes += s.n * (s.q + s.kv) * s.b + s.n * (s.heads * 2) * 4;
   if (s.qk_norm)
@@ -151,10 +181,14 @@ double attention_saved(const StepShape& s) {
 }
 
 // Attention's core output and log-sum-exps: what selective recomputation does not keep.
-double attention_core(const StepShape& s) { return s.n * s.q * s.b + s.n * s.heads * 4; }
+double attention_core(const StepShape& s) {
+  if (s.latent) return s.n * s.heads * (s.width + s.v_dim) * s.b + s.n * s.heads * 4;
+  return s.n * s.q * s.b + s.n * s.heads * 4;
+}
 
 // Attention's backward: the output's gradient, dq, dk, dv and dx.
 double attention_backward(const StepShape& s) {
+  if (s.latent) return latent_attention_backward(s);
   return s.n * (2 * s.q + 2 * s.kv) * s.b + s.n * s.hidden * s.b;
 }
 
@@ -233,7 +267,7 @@ Live activation_peak(const config::Recipe& recipe, const StepShape& s) {
                                           : saved[i] - core_again - (moe ? experts_again : 0);
   }
   // Token ids and targets, the rope table.
-  double held = 8 * s.n + recipe.train().seq_len() * recipe.model().head_dim() * 4.0;
+  double held = 8 * s.n + recipe.train().seq_len() * s.rope_dim * 4.0;
   for (double bytes : kept) held += bytes;
   const double chunk = s.logit_rows * s.vocab * 4;
   const double norm = 2 * x + s.n * 4;  // the final norm's input, output and rstd

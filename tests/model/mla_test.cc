@@ -102,7 +102,7 @@ std::vector<double> reference_layer(ParamStore& params, const std::string& prefi
   std::vector<double> q;
   if (qr > 0) {
     const auto cq = linear(x, values(params, prefix + "q_a_proj.weight"), seq, H, qr);
-    const auto normed = rmsnorm(cq, values(params, prefix + "q_a_layernorm.weight"), seq, qr, m.norm_eps());
+    const auto normed = rmsnorm(cq, values(params, prefix + "q_a_layernorm.weight"), seq, qr, 1e-6);
     q = linear(normed, values(params, prefix + "q_b_proj.weight"), seq, qr, heads * qk);
   } else {
     q = linear(x, values(params, prefix + "q_proj.weight"), seq, H, heads * qk);
@@ -111,7 +111,7 @@ std::vector<double> reference_layer(ParamStore& params, const std::string& prefi
   std::vector<double> c(seq * kr);
   for (int64_t t = 0; t < seq; ++t)
     for (int64_t i = 0; i < kr; ++i) c[t * kr + i] = latent[t * (kr + rope) + i];
-  const auto cn = rmsnorm(c, values(params, prefix + "kv_a_layernorm.weight"), seq, kr, m.norm_eps());
+  const auto cn = rmsnorm(c, values(params, prefix + "kv_a_layernorm.weight"), seq, kr, 1e-6);
   const auto kv = linear(cn, values(params, prefix + "kv_b_proj.weight"), seq, kr, heads * (nope + vd));
   for (int64_t t = 0; t < seq; ++t) {
     rotate(&latent[t * (kr + rope) + kr], rope, t);
@@ -223,7 +223,8 @@ TEST_P(MlaGradTest, BackwardMatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MlaGradTest,
                          ::testing::Values(GradCase{kWithQueryLatent, ""},
-                                           GradCase{kWideValues, ""}));
+                                           GradCase{kWideValues, ""},
+                                           GradCase{kWithQueryLatent, "recompute: SELECTIVE"}));
 
 TEST(MlaDecode, CachedGenerationEqualsRecomputingThePrefix) {
   const config::Recipe recipe = recipe_with(kWithQueryLatent);
