@@ -119,14 +119,13 @@ std::string pipeline_schedule_name(PipelineScheduleKind kind) {
 
 absl::Status validate_pipeline_shape(const PipelineShape& shape) {
   if (shape.stages < 1)
-    return invalid(absl::StrCat("parallel.pipeline_parallel_size (", shape.stages,
-                                ") must be >= 1"));
+    return invalid(
+        absl::StrCat("parallel.pipeline_parallel_size (", shape.stages, ") must be >= 1"));
   if (shape.virtual_chunks < 1)
-    return invalid(absl::StrCat("parallel.virtual_pipeline_size (", shape.virtual_chunks,
-                                ") must be >= 1"));
+    return invalid(
+        absl::StrCat("parallel.virtual_pipeline_size (", shape.virtual_chunks, ") must be >= 1"));
   if (shape.micro_batches < 1)
-    return invalid(absl::StrCat("micro-batches per step (", shape.micro_batches,
-                                ") must be >= 1"));
+    return invalid(absl::StrCat("micro-batches per step (", shape.micro_batches, ") must be >= 1"));
   if (int64_t{shape.micro_batches} * shape.virtual_chunks > kMaxPipelineChunkPasses)
     return invalid(absl::StrCat("micro-batches per step (", shape.micro_batches,
                                 ") x parallel.virtual_pipeline_size (", shape.virtual_chunks,
@@ -136,7 +135,8 @@ absl::Status validate_pipeline_shape(const PipelineShape& shape) {
     if (shape.virtual_chunks != 1)
       return invalid(absl::StrCat("parallel.pipeline_schedule ", name,
                                   " runs one chunk per rank: parallel.virtual_pipeline_size (",
-                                  shape.virtual_chunks, ") must be 1 (INTERLEAVED_1F1B runs more)"));
+                                  shape.virtual_chunks,
+                                  ") must be 1 (INTERLEAVED_1F1B runs more)"));
     return absl::OkStatus();
   }
   if (shape.stages < 2 || shape.virtual_chunks < 2)
@@ -179,6 +179,18 @@ std::vector<PipelineAction> pipeline_actions(const PipelineShape& shape, int ran
   }
   append_exchange(std::move(transfers), actions);
   return actions;
+}
+
+int pipeline_peak_chunk_passes(const PipelineShape& shape, int rank) {
+  SY_CHECK_MSG(validate_pipeline_shape(shape).ok() && rank >= 0 && rank < shape.stages,
+               "pipeline_peak_chunk_passes of an invalid shape or rank");
+  int held = 0;
+  int peak = 0;
+  for (const Pass& pass : passes_of(shape, rank)) {
+    held += pass.forward ? 1 : -1;
+    peak = std::max(peak, held);
+  }
+  return peak;
 }
 
 }  // namespace switchyard

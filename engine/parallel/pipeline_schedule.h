@@ -70,13 +70,21 @@ enum class ActionKind {
 
 struct PipelineAction {
   ActionKind kind = ActionKind::kForward;
-  int micro_batch = 0;  // forward, backward
-  int chunk = 0;        // local chunk; forward, backward
+  int micro_batch = 0;              // forward, backward
+  int chunk = 0;                    // local chunk; forward, backward
   std::vector<Transfer> transfers;  // exchange
 };
 
 // The actions of pipeline rank `rank` for one step, in order. `shape` must have passed
 // validate_pipeline_shape.
 std::vector<PipelineAction> pipeline_actions(const PipelineShape& shape, int rank);
+
+// Most chunk passes of pipeline rank `rank` whose forward has run and whose backward has
+// not, over one step of `shape` (which must be valid): the activations the rank holds at
+// its peak, in units of one micro-batch through one of its chunks (1/V of its layers).
+// GPipe holds all m; 1F1B min(m, P - rank); interleaved
+// min(mV, 2(P - rank - 1) + (V - 1)P + 1). A memory plan multiplies it by a chunk's
+// activation bytes per micro-batch.
+int pipeline_peak_chunk_passes(const PipelineShape& shape, int rank);
 
 }  // namespace switchyard

@@ -131,6 +131,7 @@ TEST(PipelineExecutorTest, EveryScheduleMatchesOneProcessAndBoundsItsMicroBatche
     const auto reference = reference_grads(shape.num_chunks(), shape.micro_batches);
     for (int c = 0; c < shape.virtual_chunks; ++c)
       EXPECT_EQ(stages.grad(c), reference[shape.model_chunk(rank, c)]) << "chunk " << c;
+    EXPECT_EQ(stats.peak_in_flight, pipeline_peak_chunk_passes(shape, rank));
     if (shape.schedule == PipelineScheduleKind::kGpipe) {
       EXPECT_EQ(stats.peak_in_flight, shape.micro_batches);
     }

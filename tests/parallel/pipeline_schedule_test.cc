@@ -25,7 +25,7 @@ using Kind = PipelineScheduleKind;
 
 struct SimResult {
   bool deadlock = false;
-  double bubble = 0;          // idle time / makespan, the same on every rank
+  double bubble = 0;              // idle time / makespan, the same on every rank
   int first_stage_in_flight = 0;  // most forwards without their backward on rank 0
 };
 
@@ -87,9 +87,9 @@ class Simulator {
     std::vector<PipelineAction> actions;
     size_t pc = 0;
     double clock = 0;
-    std::vector<bool> moved;   // per transfer of the current exchange
-    double exchange_end = 0;   // latest move of the current exchange
-    std::set<Payload> inbox;   // received, not yet consumed
+    std::vector<bool> moved;                  // per transfer of the current exchange
+    double exchange_end = 0;                  // latest move of the current exchange
+    std::set<Payload> inbox;                  // received, not yet consumed
     std::set<std::pair<int, int>> forwarded;  // (micro-batch, chunk) whose forward ran
     std::set<std::pair<int, int>> backwarded;
     // Messages posted so far per (peer, send?): their order in that stream. Kinds share
@@ -193,8 +193,8 @@ class Simulator {
     for (int r = 0; r < shape_.stages; ++r) {
       const Rank& rank = ranks_[r];
       EXPECT_TRUE(rank.inbox.empty()) << "rank " << r << " received data it never used";
-      EXPECT_EQ(rank.forwarded.size(), static_cast<size_t>(shape_.micro_batches) *
-                                           shape_.virtual_chunks);
+      EXPECT_EQ(rank.forwarded.size(),
+                static_cast<size_t>(shape_.micro_batches) * shape_.virtual_chunks);
       EXPECT_EQ(rank.backwarded.size(), rank.forwarded.size());
     }
   }
@@ -217,8 +217,8 @@ std::string describe(const PipelineShape& s) {
 // (P - 1) / (m V + P - 1): the bubble of P - 1 chunk passes' fill and drain, each pass
 // taking 1 / V of a stage's work.
 double theoretical_bubble(const PipelineShape& s) {
-  return (s.stages - 1.0) / (static_cast<double>(s.micro_batches) * s.virtual_chunks +
-                             s.stages - 1.0);
+  return (s.stages - 1.0) /
+         (static_cast<double>(s.micro_batches) * s.virtual_chunks + s.stages - 1.0);
 }
 
 SimResult simulate(const PipelineShape& shape) {
@@ -276,6 +276,29 @@ TEST(PipelineScheduleTest, InterleavedDividesTheBubbleByV) {
       }
 }
 
+// The activations each rank holds at its peak, the quantity a memory plan scales: GPipe
+// all m micro-batches, 1F1B at most P - r on rank r, interleaved its warm-up plus one
+// chunk passes (so rank 0 holds more of its layers' activations than under 1F1B).
+TEST(PipelineScheduleTest, PeakChunkPassesPerRank) {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 3, 8, 16})
+      for (int r = 0; r < p; ++r) {
+        SCOPED_TRACE(describe(shape_of(p, 1, m, Kind::kGpipe)) + " rank " + std::to_string(r));
+        EXPECT_EQ(pipeline_peak_chunk_passes(shape_of(p, 1, m, Kind::kGpipe), r), m);
+        EXPECT_EQ(pipeline_peak_chunk_passes(shape_of(p, 1, m, Kind::kOneFOneB), r),
+                  std::min(m, p - r));
+      }
+  for (int p : {2, 3, 4})
+    for (int v : {2, 3, 4})
+      for (int groups : {1, 2, 3})
+        for (int r = 0; r < p; ++r) {
+          const PipelineShape shape = shape_of(p, v, p * groups, Kind::kInterleaved1F1B);
+          SCOPED_TRACE(describe(shape) + " rank " + std::to_string(r));
+          EXPECT_EQ(pipeline_peak_chunk_passes(shape, r),
+                    std::min(p * groups * v, 2 * (p - r - 1) + (v - 1) * p + 1));
+        }
+}
+
 // Two stages that each send before receiving, in separate exchanges, wait for each
 // other forever under rendezvous semantics: the simulator must say so.
 TEST(PipelineScheduleTest, SimulatorDetectsDeadlock) {
@@ -292,7 +315,8 @@ TEST(PipelineScheduleTest, SimulatorDetectsDeadlock) {
 }
 
 TEST(PipelineScheduleTest, ActionsOfOneStageAreTheUnpipelinedLoop) {
-  const std::vector<PipelineAction> actions = pipeline_actions(shape_of(1, 1, 3, Kind::kOneFOneB), 0);
+  const std::vector<PipelineAction> actions =
+      pipeline_actions(shape_of(1, 1, 3, Kind::kOneFOneB), 0);
   ASSERT_EQ(actions.size(), 6u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(actions[2 * i].kind, ActionKind::kForward);
