@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <numeric>
 #include <type_traits>
 
+#include "engine/runtime/check.h"
 #include "engine/runtime/device.h"
 #include "engine/runtime/tensor.h"
 #include "kernels/permute.h"
+#include "moe/capacity.h"
 #include "moe/router_stats.h"
 
 namespace switchyard {
@@ -21,8 +24,8 @@ constexpr int64_t kBytesPerElement = 2;  // bf16 activations on the wire
 // ceil(capacity_factor * n * k / E), keeping the highest-weight ones as the layer does.
 int64_t dropped_assignments(const RoutingSample& s, int num_experts, int slots, int top_k,
                             double capacity_factor) {
-  const auto capacity =
-      static_cast<int64_t>(std::ceil(capacity_factor * s.tokens * top_k / num_experts));
+  const int64_t capacity =
+      expert_capacity(static_cast<float>(capacity_factor), s.tokens, top_k, num_experts);
   Tensor ids = Tensor::empty({s.tokens, slots}, DType::kI32);
   Tensor weights = Tensor::empty({s.tokens, slots});
   std::copy(s.expert_ids.begin(), s.expert_ids.end(), ids.data<int32_t>());
@@ -44,6 +47,17 @@ double max_over_mean(const std::vector<int64_t>& v) {
     max = std::max(max, static_cast<double>(x));
   }
   return sum > 0 ? max * static_cast<double>(v.size()) / sum : 0;
+}
+
+// Standard deviation / mean of the counts; 0 when they are all 0.
+double coefficient_of_variation(const std::vector<int64_t>& v) {
+  double sum = 0;
+  for (int64_t x : v) sum += static_cast<double>(x);
+  if (v.empty() || sum <= 0) return 0;
+  const double mean = sum / static_cast<double>(v.size());
+  double var = 0;
+  for (int64_t x : v) var += (static_cast<double>(x) - mean) * (static_cast<double>(x) - mean);
+  return std::sqrt(var / static_cast<double>(v.size())) / mean;
 }
 
 void merge(const BalanceCounts& from, BalanceCounts& into) {
@@ -92,15 +106,20 @@ LayerLoad layer_load(const std::vector<double>& selections_per_expert, int64_t t
   for (int e = 0; e < E && selected > 0; ++e)
     load.share[e] = static_cast<double>(load.tokens_per_expert[e]) / static_cast<double>(selected);
   load.imbalance = max_over_mean(load.tokens_per_expert);
+  load.cv = coefficient_of_variation(load.tokens_per_expert);
+  load.dead_experts = std::count(load.tokens_per_expert.begin(), load.tokens_per_expert.end(), 0);
   const int64_t assignments = tokens * top_k;
   if (capacity_factor > 0 && assignments > 0 && E > 0) {
-    const auto capacity =
-        static_cast<int64_t>(std::ceil(capacity_factor * tokens * top_k / E));
+    const int64_t capacity = expert_capacity(static_cast<float>(capacity_factor), tokens, top_k, E);
     int64_t dropped = 0;
     for (int64_t x : load.tokens_per_expert) dropped += std::max<int64_t>(0, x - capacity);
     load.dropped_fraction = static_cast<double>(dropped) / static_cast<double>(assignments);
   }
   return load;
+}
+
+LayerLoad layer_load(const RouterStats::Layer& layer) {
+  return layer_load(layer.selections_per_expert, layer.tokens, layer.top_k, layer.capacity_factor);
 }
 
 Rgb load_color(double share, int num_experts) {
@@ -133,6 +152,57 @@ RgbImage load_heatmap(const std::vector<std::vector<double>>& shares, int cell_p
     }
   }
   return image;
+}
+
+std::vector<int64_t> rank_loads(const std::vector<int64_t>& loads, const std::vector<int>& placement,
+                                int ranks) {
+  std::vector<int64_t> per_rank(ranks, 0);
+  const size_t per = placement.size() / static_cast<size_t>(ranks);
+  for (size_t s = 0; s < placement.size(); ++s) per_rank[s / per] += loads[placement[s]];
+  return per_rank;
+}
+
+PlacementAdvice advise_placement(const std::vector<int64_t>& loads, int ranks) {
+  const int E = static_cast<int>(loads.size());
+  SY_CHECK_MSG(E > 0 && ranks > 0 && E % ranks == 0,
+               "advise_placement: the ranks must divide the experts");
+  const int per = E / ranks;
+  PlacementAdvice a;
+  std::vector<int> contiguous(E);
+  std::iota(contiguous.begin(), contiguous.end(), 0);
+  a.contiguous_loads = rank_loads(loads, contiguous, ranks);
+  a.contiguous_max = *std::max_element(a.contiguous_loads.begin(), a.contiguous_loads.end());
+
+  std::vector<int> order = contiguous;
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return loads[x] > loads[y]; });
+  std::vector<std::vector<int>> held(ranks);
+  std::vector<int64_t> load(ranks, 0);
+  for (int e : order) {
+    int best = -1;
+    for (int p = 0; p < ranks; ++p)
+      if (static_cast<int>(held[p].size()) < per && (best < 0 || load[p] < load[best])) best = p;
+    held[best].push_back(e);
+    load[best] += loads[e];
+  }
+  for (std::vector<int>& experts : held) {
+    std::sort(experts.begin(), experts.end());
+    a.placement.insert(a.placement.end(), experts.begin(), experts.end());
+  }
+  a.advised_loads = rank_loads(loads, a.placement, ranks);
+  a.advised_max = *std::max_element(a.advised_loads.begin(), a.advised_loads.end());
+  if (a.advised_max >= a.contiguous_max) {
+    a.placement = contiguous;
+    a.advised_loads = a.contiguous_loads;
+    a.advised_max = a.contiguous_max;
+  }
+  // The rank holding the heaviest expert holds E/P - 1 others, at least the lightest ones.
+  std::vector<int64_t> ascending = loads;
+  std::sort(ascending.begin(), ascending.end());
+  const int64_t heaviest_rank =
+      ascending.back() + std::accumulate(ascending.begin(), ascending.begin() + (per - 1), int64_t{0});
+  const int64_t total = std::accumulate(loads.begin(), loads.end(), int64_t{0});
+  a.lower_bound = std::max((total + ranks - 1) / ranks, heaviest_rank);
+  return a;
 }
 
 BalanceCounts make_balance_counts(int num_experts, int top_k, int expert_parallel) {
@@ -199,16 +269,12 @@ BalanceSummary summarize_balance(const BalanceCounts& c, int64_t hidden) {
   for (int64_t x : c.selections) total += static_cast<double>(x);
   s.share.assign(E, 0.0);
   if (total > 0) {
-    const double mean = total / E;
-    double var = 0;
     for (int e = 0; e < E; ++e) {
       s.share[e] = static_cast<double>(c.selections[e]) / total;
-      const double d = static_cast<double>(c.selections[e]) - mean;
-      var += d * d;
       if (s.share[e] > 0) s.entropy -= s.share[e] * std::log(s.share[e]);
     }
-    s.cv = std::sqrt(var / E) / mean;
   }
+  s.cv = coefficient_of_variation(c.selections);
   s.imbalance = max_over_mean(c.selections);
   s.entropy_fraction = E > 1 ? s.entropy / std::log(static_cast<double>(E)) : 1.0;
 
@@ -217,7 +283,7 @@ BalanceSummary summarize_balance(const BalanceCounts& c, int64_t hidden) {
     s.dropped.push_back(assignments > 0 ? static_cast<double>(d) / assignments : 0.0);
 
   RouterStats router;
-  router.reset(E, c.top_k);
+  router.reset(E);
   for (int e = 0; e < E; ++e) {
     router.selections_per_expert[e] = static_cast<double>(c.selections[e]);
     router.prob_sum_per_expert[e] = c.prob_sums[e];

@@ -62,18 +62,22 @@ RoutingSample routing_sample(const MoeRouting& routing);
 
 // One MoE layer's load in one forward, from its routing counts (RouterStats::Layer:
 // top-k selections per expert and the tokens routed): the tokens per expert before
-// capacity, their shares and max/mean, and the share of the assignments that
-// `capacity_factor` drops (0 when it is <= 0, dropless). An expert over its capacity
+// capacity, their shares, max/mean, spread and idle experts, and the share of the
+// assignments that `capacity_factor` drops (0 when it is <= 0, dropless). An expert over its capacity
 // ceil(capacity_factor * tokens * k / E) drops exactly its excess, whichever assignments
 // it keeps, so the counts give the layer's drops.
 struct LayerLoad {
   std::vector<int64_t> tokens_per_expert;
   std::vector<double> share;  // each expert's fraction of the assignments
   double imbalance = 0;       // max / mean tokens per expert
+  double cv = 0;              // standard deviation / mean tokens per expert
+  int dead_experts = 0;       // experts given no token
   double dropped_fraction = 0;
 };
 LayerLoad layer_load(const std::vector<double>& selections_per_expert, int64_t tokens,
                      int top_k, double capacity_factor);
+// The same for a layer's routing in a forward, at that forward's top-k and capacity factor.
+LayerLoad layer_load(const RouterStats::Layer& layer);
 
 // The colour scale of load heatmaps (the HTML report, TensorBoard's image): white for no
 // load, light red (255, 128, 128) for the uniform share 1/E, dark red (155, 0, 0) for
@@ -91,6 +95,26 @@ struct RgbImage {
   std::vector<uint8_t> rgb;  // height * width * 3, row-major
 };
 RgbImage load_heatmap(const std::vector<std::vector<double>>& shares, int cell_pixels);
+
+// Expert placement over P expert-parallel ranks: placement[s] is the expert in slot s,
+// and rank p holds slots [p * E/P, (p+1) * E/P), so the identity is the contiguous
+// placement. `loads[e]`: tokens routed to expert e.
+std::vector<int64_t> rank_loads(const std::vector<int64_t>& loads, const std::vector<int>& placement,
+                                int ranks);
+
+// A placement that lowers the busiest rank's tokens: the experts, heaviest first, each go
+// to the least-loaded rank that still has room for one of its E/P (greedy LPT with equal
+// expert counts), kept only where it beats the contiguous placement. `lower_bound` is a
+// load no placement's busiest rank can be under: max(ceil(total / P), the heaviest expert
+// plus the E/P - 1 lightest others), so advised_max / lower_bound bounds how far the
+// advice is from the best placement.
+struct PlacementAdvice {
+  std::vector<int> placement;
+  std::vector<int64_t> contiguous_loads, advised_loads;  // tokens per rank
+  int64_t contiguous_max = 0, advised_max = 0, lower_bound = 0;
+};
+// `ranks` must divide the experts.
+PlacementAdvice advise_placement(const std::vector<int64_t>& loads, int ranks);
 
 BalanceCounts make_balance_counts(int num_experts, int top_k, int expert_parallel);
 

@@ -11,17 +11,13 @@
 #include "kernels/permute.h"
 #include "kernels/router_aux.h"
 #include "kernels/swiglu.h"
+#include "moe/capacity.h"
 
 namespace switchyard {
 
 namespace {
 Tensor activation(Device& dev, const Shape& shape, DType dtype = DType::kF32) {
   return Tensor::empty(shape, dtype, MemoryKind::kActivations, dev);
-}
-
-// Tokens per expert at capacity factor cf: ceil(cf x tokens x k / E).
-int64_t expert_capacity(float capacity_factor, int64_t tokens, int top_k, int num_experts) {
-  return static_cast<int64_t>(std::ceil(capacity_factor * tokens * top_k / num_experts));
 }
 }  // namespace
 
@@ -41,7 +37,8 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
                .num_groups = moe.num_groups(),
                .top_groups = moe.top_groups()},
       force_balance_(moe.router_force_balance()),
-      capacity_factor_(moe.capacity_factor()) {
+      capacity_factor_(moe.capacity_factor()),
+      dispatcher_(num_experts_, num_local_experts_, slots_, top_k_, ep_, tp_) {
   const int64_t hidden = model.hidden_size();
   const int64_t ffn = moe.expert_ffn_hidden_size();
   const float std = model.init_std();
@@ -104,7 +101,7 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
   weights_ = activation(dev, {n, slots_});
   // This layer's routing sums (selections, probability sums, z-loss, kept assignments)
   // stay on the device until the forward's end (RouterStats::collect).
-  Tensor row = stats.add_layer(total).reshape({3 * E + 1, 1});
+  Tensor row = stats.add_layer(total, E, top_k_, capacity_factor).reshape({3 * E + 1, 1});
   Tensor sums = row.slice_rows(0, 2 * E + 1).reshape({2 * E + 1});
   Tensor kept = row.slice_rows(2 * E + 1, 3 * E + 1).reshape({E});
   route(dev, member * n, capacity_factor, sums);
@@ -121,23 +118,13 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
   }
 
   // Expert choice's capacity is in its choice; its dispatch drops nothing more.
-  const int64_t rows = plan_dispatch(dev, dispatch_ids, total,
-                                     gating_ == config::EXPERT_CHOICE ? 0 : capacity_factor);
-  convert(dev, tokens_per_expert_, kept);
+  dispatcher_.plan(dev, dispatch_ids, weights_, total,
+                   gating_ == config::EXPERT_CHOICE ? 0 : capacity_factor);
+  convert(dev, dispatcher_.tokens_per_expert(), kept);
   if (tp_) tp_->all_reduce_sum(row);
-  Tensor permuted = activation(dev, {rows, hidden}, dtype);
-  permute_gather(dev, x_, dest_rows_, permuted);
-  if (ep_) {
-    xp_ = dispatch(dev, permuted);
-  } else {
-    xp_ = permuted;
-    local_counts_ = group_sizes_for(dev, dtype, tokens_per_expert_);
-  }
-  Tensor local_out = experts_forward(dev);
+  xp_ = dispatcher_.dispatch(dev, x_);
+  Tensor y_mine = dispatcher_.combine(dev, experts_forward(dev), weights_);
   if (recompute_experts_) gate_up_out_ = act_ = Tensor();
-  expert_out_ = ep_ ? gather_back(dev, local_out) : local_out;
-  Tensor y_mine = activation(dev, {n, hidden}, dtype);
-  unpermute_combine(dev, expert_out_, dest_rows_, weights_, y_mine);
   Tensor y = y_mine;
   if (tp_) {
     y = activation(dev, {total, hidden}, dtype);
@@ -161,10 +148,8 @@ void MoeLayer::route(Device& dev, int64_t first_token, float capacity_factor, Te
   if (gating_ == config::EXPERT_CHOICE) {
     // Capacity factor 0 (dropless elsewhere, and inference) takes k tokens per expert's
     // share: n k / E.
-    const int64_t n = router_logits_.dim(0);
-    const int64_t capacity = std::clamp<int64_t>(
-        expert_capacity(capacity_factor > 0 ? capacity_factor : 1.0f, n, top_k_, num_experts_),
-        1, std::max<int64_t>(n, 1));
+    const int64_t capacity =
+        expert_choice_capacity(capacity_factor, router_logits_.dim(0), top_k_, num_experts_);
     expert_choice_router_forward(dev, router_logits_, capacity, probs_, expert_ids_, weights_,
                                  sums);
   } else if (gating_ == config::SIGMOID_TOPK) {
@@ -178,47 +163,10 @@ void MoeLayer::route(Device& dev, int64_t first_token, float capacity_factor, Te
   if (force_balance_) round_robin_routing(dev, first_token, num_experts_, expert_ids_, weights_);
 }
 
-int64_t MoeLayer::plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens,
-                                float capacity_factor) {
-  const int E = num_experts_;
-  const int64_t n = dispatch_ids.dim(0);
-  tokens_per_expert_ = activation(dev, {E}, DType::kI32);
-  dest_rows_ = activation(dev, {n, slots_}, DType::kI32);
-  const int64_t capacity =
-      capacity_factor > 0 ? expert_capacity(capacity_factor, total_tokens, top_k_, E) : -1;
-  if (!tp_ || capacity < 0) {
-    permute_plan(dev, dispatch_ids, weights_, E, capacity, tokens_per_expert_, dest_rows_);
-    return n * slots_;
-  }
-  // Capacity keeps each expert's highest-weight assignments among all the group's
-  // tokens: every rank plans the whole group's assignments (a few bytes per token) and
-  // then sends only its own kept ones.
-  Tensor all_ids = activation(dev, {total_tokens, slots_}, DType::kI32);
-  Tensor all_weights = activation(dev, {total_tokens, slots_});
-  tp_->all_gather(dispatch_ids, all_ids);
-  tp_->all_gather(weights_, all_weights);
-  Tensor all_per_expert = activation(dev, {E}, DType::kI32);
-  Tensor all_dest = activation(dev, {total_tokens, slots_}, DType::kI32);
-  permute_plan(dev, all_ids, all_weights, E, capacity, all_per_expert, all_dest);
-  Tensor kept_ids = activation(cpu_device(), {n, slots_}, DType::kI32);
-  kept_ids.copy_from(dispatch_ids);
-  const Tensor mine = all_dest.slice_rows(tp_->rank() * n, (tp_->rank() + 1) * n).on_host();
-  int32_t* ids = kept_ids.data<int32_t>();
-  const int32_t* dest = mine.data<int32_t>();
-  int64_t rows = 0;
-  for (int64_t a = 0; a < n * slots_; ++a) {
-    if (dest[a] < 0) ids[a] = -1;
-    rows += ids[a] >= 0;
-  }
-  permute_plan(dev, kept_ids.to(dev, MemoryKind::kActivations), weights_, E, -1, tokens_per_expert_,
-               dest_rows_);
-  return rows;
-}
-
 Tensor MoeLayer::experts_forward(Device& dev) {
   experts_hidden(dev);
   Tensor out = activation(dev, xp_.shape(), xp_.dtype());
-  grouped_matmul_nt(dev, act_, down_->work, local_counts_, out);
+  grouped_matmul_nt(dev, act_, down_->work, dispatcher_.local_counts(), out);
   return out;
 }
 
@@ -226,65 +174,9 @@ void MoeLayer::experts_hidden(Device& dev) {
   const int64_t rows = xp_.rows();
   const int64_t ffn = down_->shape[2];
   gate_up_out_ = activation(dev, {rows, 2 * ffn}, xp_.dtype());
-  grouped_matmul_nt(dev, xp_, gate_up_->work, local_counts_, gate_up_out_);
+  grouped_matmul_nt(dev, xp_, gate_up_->work, dispatcher_.local_counts(), gate_up_out_);
   act_ = activation(dev, {rows, ffn}, xp_.dtype());
   swiglu_forward(dev, gate_up_out_, act_);
-}
-
-Tensor MoeLayer::dispatch(Device& dev, const Tensor& rows) {
-  const int P = ep_->size();
-  const int local = num_local_experts_;
-  const int E = num_experts_;
-  // Rows per (rank, its local expert), sent and then received, in one buffer: the counts
-  // travel first, and both come to the host in one copy to size the exchange of rows.
-  Tensor both_counts = activation(dev, {2 * E, 1}, DType::kI32);
-  Tensor sent_counts = both_counts.slice_rows(0, E);
-  Tensor recv_counts = both_counts.slice_rows(E, 2 * E);
-  sent_counts.copy_from(tokens_per_expert_.reshape({E, 1}));
-  const std::vector<int64_t> per_rank(P, local);
-  ep_->all_to_all_v(sent_counts, per_rank, recv_counts, per_rank);
-  const Tensor counts_host = both_counts.on_host();
-  const int32_t* per_expert = counts_host.data<int32_t>();
-  const int32_t* from = per_expert + E;  // from[i * local + e]
-
-  send_rows_.assign(P, 0);
-  recv_rows_.assign(P, 0);
-  local_counts_ = activation(cpu_device(), {local}, DType::kI32);
-  int32_t* counts = local_counts_.data<int32_t>();
-  std::fill(counts, counts + local, 0);
-  for (int j = 0; j < P; ++j)
-    for (int e = 0; e < local; ++e) {
-      send_rows_[j] += per_expert[j * local + e];
-      recv_rows_[j] += from[j * local + e];
-      counts[e] += from[j * local + e];
-    }
-  const int64_t sent_rows = std::accumulate(send_rows_.begin(), send_rows_.end(), int64_t{0});
-  SY_CHECK_MSG(sent_rows <= rows.rows(),
-               "MoE dispatch: the expert counts add up to more than the permuted rows");
-  const int64_t received_rows = std::accumulate(recv_rows_.begin(), recv_rows_.end(), int64_t{0});
-  Tensor received = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
-  // The kept rows lead the permuted buffer; the rest (dropped assignments) stay here.
-  ep_->all_to_all_v(rows.slice_rows(0, sent_rows), send_rows_, received, recv_rows_);
-
-  // Received rows come by source rank, then local expert; the grouped GEMMs want them
-  // by local expert, then source rank. Their places come from the received counts, on
-  // the device.
-  regroup_rows_ = activation(dev, {received_rows, 1}, DType::kI32);
-  regroup_received_rows(dev, recv_counts.reshape({P, local}), regroup_rows_);
-  Tensor grouped = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
-  permute_gather(dev, received, regroup_rows_, grouped);
-  return grouped;
-}
-
-Tensor MoeLayer::gather_back(Device& dev, const Tensor& expert_rows) {
-  // Back to source order: by_source[r] = expert_rows[regroup_rows_[r]], added to zeros.
-  Tensor by_source =
-      Tensor::zeros(expert_rows.shape(), expert_rows.dtype(), MemoryKind::kActivations, dev);
-  permute_gather_backward(dev, expert_rows, regroup_rows_, by_source);
-  const int64_t rows = std::accumulate(send_rows_.begin(), send_rows_.end(), int64_t{0});
-  Tensor out = activation(dev, {rows, expert_rows.row_size()}, expert_rows.dtype());
-  ep_->all_to_all_v(by_source, recv_rows_, out, send_rows_);
-  return out;
 }
 
 Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad,
@@ -316,36 +208,19 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   const Tensor dy_mine = tp_ ? dy.slice_rows(tp_->rank() * n, (tp_->rank() + 1) * n) : dy;
   Tensor dx_mine = tp_ ? Tensor::zeros({n, hidden}, dtype, MemoryKind::kActivations, dev)
                        : dx;
-  Tensor dexpert_out = activation(dev, {expert_out_.rows(), hidden}, dtype);
   Tensor dweights = activation(dev, {n, slots_});
-  unpermute_combine_backward(dev, dy_mine, expert_out_, dest_rows_, weights_, dexpert_out,
-                             dweights);
-  Tensor dlocal_out = dexpert_out;
-  if (ep_) {
-    // Backward of gather_back: the rows' gradients travel the dispatch direction.
-    Tensor received = activation(dev, {rows, hidden}, dtype);
-    ep_->all_to_all_v(dexpert_out, send_rows_, received, recv_rows_);
-    dlocal_out = activation(dev, {rows, hidden}, dtype);
-    permute_gather(dev, received, regroup_rows_, dlocal_out);
-  }
+  const Tensor dlocal_out = dispatcher_.combine_backward(dev, dy_mine, weights_, dweights);
+  const Tensor& local_counts = dispatcher_.local_counts();
   if (recompute_experts_) experts_hidden(dev);
-  grouped_matmul_tn_accumulate(dev, dlocal_out, act_, local_counts_, down_->grad);
+  grouped_matmul_tn_accumulate(dev, dlocal_out, act_, local_counts, down_->grad);
   Tensor dact = activation(dev, {rows, ffn}, dtype);
-  grouped_matmul_nn(dev, dlocal_out, down_->work, local_counts_, dact);
+  grouped_matmul_nn(dev, dlocal_out, down_->work, local_counts, dact);
   Tensor dgate_up = activation(dev, {rows, 2 * ffn}, dtype);
   swiglu_backward(dev, dact, gate_up_out_, dgate_up);
-  grouped_matmul_tn_accumulate(dev, dgate_up, xp_, local_counts_, gate_up_->grad);
+  grouped_matmul_tn_accumulate(dev, dgate_up, xp_, local_counts, gate_up_->grad);
   Tensor dxp = activation(dev, {rows, hidden}, dtype);
-  grouped_matmul_nn(dev, dgate_up, gate_up_->work, local_counts_, dxp);
-  Tensor dpermuted = dxp;
-  if (ep_) {
-    // Backward of dispatch: back to source order, then to the routing ranks.
-    Tensor by_source = Tensor::zeros({rows, hidden}, dtype, MemoryKind::kActivations, dev);
-    permute_gather_backward(dev, dxp, regroup_rows_, by_source);
-    dpermuted = activation(dev, {expert_out_.rows(), hidden}, dtype);
-    ep_->all_to_all_v(by_source, recv_rows_, dpermuted, send_rows_);
-  }
-  permute_gather_backward(dev, dpermuted, dest_rows_, dx_mine);
+  grouped_matmul_nn(dev, dgate_up, gate_up_->work, local_counts, dxp);
+  dispatcher_.dispatch_backward(dev, dxp, dx_mine);
 
   Tensor dlogits = activation(dev, {n, E});
   if (force_balance_) {
@@ -393,8 +268,8 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
 
 void MoeLayer::discard() {
   x_whole_ = x_ = router_x_ = probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
-  tokens_per_expert_ = dest_rows_ = xp_ = gate_up_out_ = act_ = expert_out_ = Tensor();
-  regroup_rows_ = local_counts_ = Tensor();
+  xp_ = gate_up_out_ = act_ = Tensor();
+  dispatcher_.release();
   shared_out_ = shared_gate_logit_ = Tensor();
   if (shared_) shared_->discard();
 }

@@ -1,11 +1,10 @@
-// One MoE FFN layer: router -> gating -> capacity -> permute -> (all-to-all over the
-// expert-parallel group) -> grouped SwiGLU experts -> (reverse all-to-all) ->
-// unpermute/combine, plus optional shared experts.
+// One MoE FFN layer: router -> gating -> the token dispatcher (capacity, permute,
+// all-to-all over the expert-parallel group; moe/token_dispatcher.h) -> grouped SwiGLU
+// experts -> the dispatcher's combine, plus optional shared experts.
 //
 // With an expert-parallel group of P ranks, rank p holds experts
-// [p * E/P, (p+1) * E/P) (the expert parameters are that shard), routes its own tokens
-// over all E experts, and sends each rank the rows for its experts; rows arrive
-// grouped by source rank and are regrouped by local expert for the grouped GEMMs.
+// [p * E/P, (p+1) * E/P) (the expert parameters are that shard) and routes its own
+// tokens over all E experts.
 //
 // With a tensor-parallel group of T ranks (parallel folding, DESIGN.md), the T ranks
 // hold the same n tokens; rank r routes rows [r n / T, (r + 1) n / T) and the routed
@@ -25,6 +24,7 @@
 #include "kernels/top_k_selection.h"
 #include "moe/router_stats.h"
 #include "moe/swiglu_ffn.h"
+#include "moe/token_dispatcher.h"
 
 namespace switchyard {
 
@@ -75,24 +75,11 @@ class MoeLayer {
   MoeRouting last_routing() const { return {router_logits_, probs_, expert_ids_, weights_}; }
 
  private:
-  // Expert parallelism: the forward exchange of permuted rows (grouped by global
-  // expert) to the ranks owning their experts, regrouped there by local expert; and
-  // the way back. Both directions also serve the backward pass.
-  Tensor dispatch(Device& dev, const Tensor& rows);
-  Tensor gather_back(Device& dev, const Tensor& expert_rows);
-  // Runs the local experts on xp_, rows grouped by local expert (local_counts_).
+  // Runs the local experts on xp_, rows grouped by local expert (the dispatcher's
+  // local_counts()).
   Tensor experts_forward(Device& dev);
   // The experts' gate/up and activation outputs of xp_ into gate_up_out_ and act_.
   void experts_hidden(Device& dev);
-  // The dispatch plan of this rank's assignments (dispatch_ids: (n, k), -1 not sent):
-  // fills tokens_per_expert_ and dest_rows_ on the device and returns the rows of the
-  // permuted buffer. On one tensor-parallel rank that is every assignment, n * k, whatever
-  // capacity and GShard drop (the kept ones come first, grouped by expert, and the grouped
-  // products skip the rest), so nothing waits for the host. A capacity over a
-  // tensor-parallel group plans the whole group's assignments and returns the kept rows.
-  // `capacity_factor` <= 0: dropless.
-  int64_t plan_dispatch(Device& dev, const Tensor& dispatch_ids, int64_t total_tokens,
-                        float capacity_factor);
   // The router: fills probs_, expert_ids_ and weights_ from router_logits_ and writes
   // the routing sums (2E + 1) of this rank's tokens. `first_token`: the group index of
   // this rank's first token (round-robin routing); `capacity_factor`: expert choice's.
@@ -120,6 +107,7 @@ class MoeLayer {
   Param* down_;        // (E, hidden, ffn)
   std::unique_ptr<SwigluFfn> shared_;
   Param* shared_gate_ = nullptr;  // (1, hidden)
+  TokenDispatcher dispatcher_;
 
   // Saved for backward.
   Tensor x_whole_;            // (n * tp, hidden) the group's tokens
@@ -129,17 +117,9 @@ class MoeLayer {
   Tensor router_logits_;      // (n, E)
   Tensor expert_ids_;         // (n, slots)
   Tensor weights_;            // (n, slots)
-  Tensor tokens_per_expert_;  // (E) i32 on the device
-  Tensor dest_rows_;          // (n, slots)
-  // Exchange plan (expert parallelism): rows sent to / received from each rank, the
-  // received rows' places in local-expert order, and the rows per local expert.
-  std::vector<int64_t> send_rows_, recv_rows_;
-  Tensor regroup_rows_;       // (received, 1) i32
-  Tensor local_counts_;       // (local experts) i32, where the grouped products want them
   Tensor xp_;                 // (rows, hidden) tokens in local-expert order
   Tensor gate_up_out_;        // (rows, 2 * ffn)
   Tensor act_;                // (rows, ffn)
-  Tensor expert_out_;         // (rows, hidden)
   Tensor shared_out_;         // (n, hidden)
   Tensor shared_gate_logit_;  // (n, 1)
 };

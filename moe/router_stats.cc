@@ -6,31 +6,41 @@
 
 namespace switchyard {
 
-void RouterStats::reset(int experts, int k) {
+void RouterStats::reset(int experts) {
   *this = RouterStats();
   num_experts = experts;
-  top_k = k;
   selections_per_expert.assign(experts, 0.0);
   prob_sum_per_expert.assign(experts, 0.0);
 }
 
-void RouterStats::begin(Device& dev, int experts, int k, int moe_layers) {
-  reset(experts, k);
-  device_sums = Tensor::empty({moe_layers, 3 * static_cast<int64_t>(experts) + 1}, DType::kF32,
-                              MemoryKind::kActivations, dev);
+void RouterStats::begin(Device& dev, int moe_layers) {
+  reset(0);
+  device_ = &dev;
+  room_ = moe_layers;
 }
 
-Tensor RouterStats::add_layer(int64_t tokens) {
+Tensor RouterStats::add_layer(int64_t tokens, int experts, int k, float capacity_factor) {
   const int64_t row = static_cast<int64_t>(layers.size());
-  SY_CHECK_MSG(device_sums.defined() && row < device_sums.rows(),
-               "RouterStats: more MoE layers than begin() made room for");
-  layers.emplace_back().tokens = tokens;
+  SY_CHECK_MSG(device_ && row < room_, "RouterStats: more MoE layers than begin() made room for");
+  if (row == 0) {
+    num_experts = experts;
+    selections_per_expert.assign(experts, 0.0);
+    prob_sum_per_expert.assign(experts, 0.0);
+    device_sums = Tensor::empty({room_, 3 * static_cast<int64_t>(experts) + 1}, DType::kF32,
+                                MemoryKind::kActivations, *device_);
+  }
+  SY_CHECK_MSG(experts == num_experts, "RouterStats: every MoE layer must route the same experts");
+  Layer& layer = layers.emplace_back();
+  layer.tokens = tokens;
+  layer.top_k = k;
+  layer.capacity_factor = capacity_factor;
   return device_sums.slice_rows(row, row + 1).reshape({device_sums.row_size()});
 }
 
 void RouterStats::collect() {
-  SY_CHECK_MSG(device_sums.defined() && static_cast<int64_t>(layers.size()) == device_sums.rows(),
+  SY_CHECK_MSG(static_cast<int64_t>(layers.size()) == room_,
                "RouterStats: collect() needs one row from every MoE layer");
+  if (layers.empty()) return;
   const Tensor host = device_sums.on_host();
   device_sums = Tensor();
   const int E = num_experts;
@@ -50,9 +60,9 @@ void RouterStats::collect() {
       kept_total += kept;
       max_kept = std::max(max_kept, kept);
     }
-    assignments += layer.tokens * top_k;
+    assignments += layer.tokens * layer.top_k;
     // Expert choice may keep more than k per token on average (a capacity factor above 1).
-    dropped_assignments += std::max<int64_t>(0, layer.tokens * top_k - kept_total);
+    dropped_assignments += std::max<int64_t>(0, layer.tokens * layer.top_k - kept_total);
     if (kept_total > 0)
       worst_load_ratio = std::max(worst_load_ratio, static_cast<double>(max_kept) * E / kept_total);
   }

@@ -1,6 +1,8 @@
 // Routing statistics gathered over every MoE layer of one forward pass: they define the
 // load-balancing aux loss (the formula transformers uses for Mixtral, Qwen2-MoE and
-// OLMoE, over all layers' router outputs together) and feed the progress report.
+// OLMoE, over all layers' router outputs together) and feed the progress report. The
+// MoE layers size and fill them: each says its experts, top-k and capacity factor as it
+// adds its row.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +15,6 @@ namespace switchyard {
 
 struct RouterStats {
   int num_experts = 0;
-  int top_k = 0;
   // Summed over layers: top-k selections per expert (before capacity) and router
   // probabilities per expert.
   std::vector<double> selections_per_expert;
@@ -24,11 +25,13 @@ struct RouterStats {
   int64_t dropped_assignments = 0;
   // Largest (max tokens per expert / mean tokens per expert) over layers, after capacity.
   double worst_load_ratio = 0;
-  // The same sums for each MoE layer, in forward order.
+  // The same sums for each MoE layer, in forward order, with the routing they came from.
   struct Layer {
     std::vector<double> selections_per_expert;
     std::vector<double> prob_sum_per_expert;
     int64_t tokens = 0;
+    int top_k = 0;
+    float capacity_factor = 0;  // the forward's; <= 0: dropless
   };
   std::vector<Layer> layers;
 
@@ -40,20 +43,26 @@ struct RouterStats {
   Tensor device_sums;
 
   // Starts one forward's statistics (reset) with room for `moe_layers` rows on `dev`.
-  void begin(Device& dev, int experts, int k, int moe_layers);
-  // Adds a layer of `tokens` tokens and returns its row of device_sums to fill.
-  Tensor add_layer(int64_t tokens);
+  void begin(Device& dev, int moe_layers);
+  // Adds a layer of `tokens` tokens routed over `experts` experts (the same for every
+  // layer; the first sizes device_sums) to `top_k` each at `capacity_factor`, and
+  // returns its row of device_sums to fill.
+  Tensor add_layer(int64_t tokens, int experts, int top_k, float capacity_factor);
   // Reads device_sums back (one host wait) and fills the per-layer and total sums.
   void collect();
-  void reset(int experts, int k);
+  void reset(int experts);
   // All layers together (transformers' formula): aux = E * sum_e (selections_e / T) *
   // (prob_sum_e / T), T = routed_tokens. Per layer: the mean over layers of the same
-  // formula on each layer's sums. A perfect balance gives top_k either way.
+  // formula on each layer's sums. A perfect balance gives the layers' top-k either way.
   double aux_loss(bool per_layer) const;
   // d(coef * aux) / d prob[t, e] for every token routed by MoE layer `layer`:
   // coef * E * selections_e / T^2 (all layers together), or
   // coef * E * selections_le / T_l^2 / layers (per layer).
   std::vector<float> aux_loss_prob_gradient(double coef, bool per_layer, size_t layer) const;
+
+ private:
+  Device* device_ = nullptr;  // where begin() makes the room
+  int room_ = 0;              // MoE layers begin() made room for
 };
 
 }  // namespace switchyard

@@ -159,7 +159,7 @@ bool Transformer::recomputes_layer(int layer) const {
 
 void Transformer::recompute_block(Device& dev, Block& b, const Tensor& rope) {
   RouterStats counted_apart;
-  counted_apart.begin(dev, recipe_.moe().num_experts(), recipe_.moe().top_k(), b.moe ? 1 : 0);
+  counted_apart.begin(dev, b.moe ? 1 : 0);
   Rng replay = b.rng;
   block_forward(dev, b, b.x, Pass::kTrain, replay, rope, counted_apart);
 }
@@ -192,8 +192,7 @@ LossParts Transformer::run_forward(Device& dev, const Tensor& ids, const Tensor&
     ids_ = both.slice_rows(0, 1).reshape({n});
     targets_ = both.slice_rows(1, 2).reshape({n});
   }
-  stats_.begin(dev, recipe_.moe().num_experts(), recipe_.moe().top_k(),
-               static_cast<int>(moe_layers().size()));
+  stats_.begin(dev, static_cast<int>(moe_layers().size()));
 
   acquire({0});
   // The compute dtype is the working copies' (ParamStore::allocate): bf16 activations
@@ -454,8 +453,7 @@ Tensor Transformer::decode(Device& dev, const std::vector<int32_t>& ids, DecodeC
   const Tensor& rope = rope_for(dev, positions);
   Tensor id_tensor = activation(dev, {n}, DType::kI32);
   std::copy(ids.begin(), ids.end(), id_tensor.data<int32_t>());
-  stats_.begin(dev, recipe_.moe().num_experts(), recipe_.moe().top_k(),
-               static_cast<int>(moe_layers().size()));
+  stats_.begin(dev, static_cast<int>(moe_layers().size()));
   Tensor x = activation(dev, {n, hidden});
   embedding_forward(dev, id_tensor, embed_->work, x);
   Rng unused;

@@ -12,6 +12,7 @@
 #include "engine/optim/zero.h"
 #include "engine/parallel/communicator.h"
 #include "engine/runtime/check.h"
+#include "moe/capacity.h"
 
 namespace switchyard {
 
@@ -124,12 +125,11 @@ StepShape step_shape(const config::Recipe& recipe, DType working, int tp, int ep
   // The permuted buffer has a row per routing entry. A capacity below one drops the
   // assignments past it; with tp the dropped ones are never gathered, without it they
   // keep their rows in the permuted buffer. Expert choice fills every expert to its
-  // capacity, ceil(cf x tokens x top_k / E) (cf 0 reads as 1), at most every token.
+  // capacity (moe/capacity.h).
   const double routed = s.moe_tokens * s.slots;
   const double cf = moe.capacity_factor();
-  const double choice_capacity = std::clamp(
-      std::ceil((cf > 0 ? cf : 1.0) * s.moe_tokens * moe.top_k() / s.experts), 1.0,
-      std::max(s.moe_tokens, 1.0));
+  const double choice_capacity = static_cast<double>(expert_choice_capacity(
+      moe.capacity_factor(), std::llround(s.moe_tokens), moe.top_k(), moe.num_experts()));
   const double kept = expert_choice ? choice_capacity * s.experts
                       : cf > 0      ? routed * std::min(1.0, cf)
                                     : routed;

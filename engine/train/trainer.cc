@@ -536,6 +536,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   DatasetOpenOptions open_options;
   if (init) open_options.expected_tokenizer_sha256 = init->tokenizer_sha256;
   open_options.with_documents = recipe.data().document_attention();
+  open_options.pad_documents = recipe.data().packing() == config::PAD;
   SY_ASSIGN_OR_RETURN(const std::vector<TrainingSource> sources,
                       open_training_sources(source_dirs, open_options, tc.eval_interval() > 0,
                                             tc.seq_len(), recipe.model().vocab_size()));
@@ -812,7 +813,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       const RouterStats& rs = model.router_stats();
       std::vector<std::vector<double>> shares;
       for (const RouterStats::Layer& layer : rs.layers)
-        shares.push_back(layer_load(layer.selections_per_expert, layer.tokens, rs.top_k, 0).share);
+        shares.push_back(layer_load(layer).share);
       if (!shares.empty()) {
         constexpr int kHeatmapCellPixels = 24;
         const RgbImage heatmap = load_heatmap(shares, kHeatmapCellPixels);
@@ -971,6 +972,12 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
           j["tokens_by_source"][sources[i].where.name] = tokens;
         }
       }
+      // Each MoE layer's max/mean tokens per expert in this step's last micro-batch
+      // (read back by `bench balance --run-dir`).
+      std::vector<double> layer_imbalance;
+      for (const RouterStats::Layer& layer : model.router_stats().layers)
+        layer_imbalance.push_back(layer_load(layer).imbalance);
+      if (!layer_imbalance.empty()) j["layer_imbalance"] = layer_imbalance;
       if (reporter) {
         metrics << j.dump() << "\n" << std::flush;
         for (const auto& [key, value] : j.items())
@@ -984,15 +991,18 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
           SY_RETURN_IF_ERROR(tensorboard->add_histogram("moe/selections_per_expert",
                                                         rs.selections_per_expert, step));
         // Each MoE layer's load in this step's last micro-batch: max/mean tokens per
-        // expert, the share dropped by moe.capacity_factor, and the tokens per expert.
+        // expert, the share dropped by moe.capacity_factor, the coefficient of variation,
+        // the experts given no token, and the tokens per expert.
         for (size_t l = 0; l < rs.layers.size(); ++l) {
           const RouterStats::Layer& layer = rs.layers[l];
-          const LayerLoad load = layer_load(layer.selections_per_expert, layer.tokens, rs.top_k,
-                                            recipe.moe().capacity_factor());
+          const LayerLoad load = layer_load(layer);
           const std::string prefix = absl::StrCat("moe/layer_", l, "/");
           SY_RETURN_IF_ERROR(tensorboard->add_scalar(prefix + "imbalance", load.imbalance, step));
           SY_RETURN_IF_ERROR(
               tensorboard->add_scalar(prefix + "dropped", load.dropped_fraction, step));
+          SY_RETURN_IF_ERROR(tensorboard->add_scalar(prefix + "cv", load.cv, step));
+          SY_RETURN_IF_ERROR(tensorboard->add_scalar(prefix + "dead_experts",
+                                                     static_cast<double>(load.dead_experts), step));
           SY_RETURN_IF_ERROR(tensorboard->add_histogram(prefix + "tokens_per_expert",
                                                         layer.selections_per_expert, step));
         }

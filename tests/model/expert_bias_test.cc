@@ -13,7 +13,7 @@ namespace {
 
 RouterStats stats_of(const std::vector<std::vector<double>>& layer_loads) {
   RouterStats stats;
-  stats.reset(static_cast<int>(layer_loads[0].size()), 2);
+  stats.reset(static_cast<int>(layer_loads[0].size()));
   for (const std::vector<double>& loads : layer_loads)
     stats.layers.push_back({.selections_per_expert = loads, .prob_sum_per_expert = loads});
   return stats;

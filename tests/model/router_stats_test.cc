@@ -18,16 +18,21 @@ void fill(Tensor row, const std::vector<float>& values) {
 
 TEST(RouterStatsTest, CollectSumsTheLayersRows) {
   RouterStats stats;
-  stats.begin(cpu_device(), /*experts=*/3, /*k=*/2, /*moe_layers=*/2);
+  stats.begin(cpu_device(), /*moe_layers=*/2);
   // Layer 0: 4 tokens, one assignment dropped (expert 0 kept 2 of 3); layer 1: 2 tokens.
-  fill(stats.add_layer(4), {3, 4, 1, 1.5f, 2.0f, 0.5f, 8.0f, 2, 4, 1});
-  fill(stats.add_layer(2), {2, 1, 1, 0.6f, 0.9f, 0.5f, 3.0f, 2, 1, 1});
+  // 3 experts, top-2; the layers say their capacity factors.
+  fill(stats.add_layer(4, 3, 2, 1.25f), {3, 4, 1, 1.5f, 2.0f, 0.5f, 8.0f, 2, 4, 1});
+  fill(stats.add_layer(2, 3, 2, 0.0f), {2, 1, 1, 0.6f, 0.9f, 0.5f, 3.0f, 2, 1, 1});
   stats.collect();
 
   ASSERT_EQ(stats.layers.size(), 2u);
   EXPECT_EQ(stats.layers[0].selections_per_expert, (std::vector<double>{3, 4, 1}));
   EXPECT_EQ(stats.layers[1].prob_sum_per_expert[1], 0.9f);
   EXPECT_EQ(stats.layers[1].tokens, 2);
+  EXPECT_EQ(stats.num_experts, 3);
+  EXPECT_EQ(stats.layers[0].top_k, 2);
+  EXPECT_EQ(stats.layers[0].capacity_factor, 1.25f);
+  EXPECT_EQ(stats.layers[1].capacity_factor, 0.0f);
   EXPECT_EQ(stats.selections_per_expert, (std::vector<double>{5, 5, 2}));
   EXPECT_NEAR(stats.prob_sum_per_expert[0], 2.1, 1e-6);
   EXPECT_EQ(stats.routed_tokens, 6);
@@ -43,15 +48,28 @@ TEST(RouterStatsTest, CollectSumsTheLayersRows) {
   EXPECT_FALSE(stats.device_sums.defined());  // read once, then released
 }
 
+TEST(RouterStatsTest, ADenseModelCollectsNothing) {
+  RouterStats stats;
+  stats.begin(cpu_device(), 0);
+  stats.collect();
+  EXPECT_TRUE(stats.layers.empty());
+  EXPECT_EQ(stats.routed_tokens, 0);
+  EXPECT_EQ(stats.aux_loss(false), 0.0);
+}
+
 TEST(RouterStatsTest, RefusesRowsThatDoNotMatchTheLayers) {
   RouterStats stats;
-  stats.begin(cpu_device(), 3, 2, 1);
-  stats.add_layer(4);
-  EXPECT_DEATH(stats.add_layer(4), "more MoE layers than begin");
+  stats.begin(cpu_device(), 1);
+  stats.add_layer(4, 3, 2, 0);
+  EXPECT_DEATH(stats.add_layer(4, 3, 2, 0), "more MoE layers than begin");
   RouterStats short_stats;
-  short_stats.begin(cpu_device(), 3, 2, 2);
-  short_stats.add_layer(4);
+  short_stats.begin(cpu_device(), 2);
+  short_stats.add_layer(4, 3, 2, 0);
   EXPECT_DEATH(short_stats.collect(), "one row from every MoE layer");
+  RouterStats mixed;
+  mixed.begin(cpu_device(), 2);
+  mixed.add_layer(4, 3, 2, 0);
+  EXPECT_DEATH(mixed.add_layer(4, 4, 2, 0), "the same experts");
 }
 
 }  // namespace

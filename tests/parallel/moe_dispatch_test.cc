@@ -119,7 +119,7 @@ Result run(Layer& l, const Tensor& x, const Tensor& dy, const Tensor& aux_prob_g
            int experts) {
   Result r;
   Rng rng(7);
-  r.stats.begin(cpu_device(), experts, kTopK, 1);
+  r.stats.begin(cpu_device(), 1);
   Tensor y = l.layer->forward(cpu_device(), x, /*training=*/false, rng, r.stats);
   r.stats.collect();
   r.y = values_of<float>(y);

@@ -1,0 +1,172 @@
+#include "moe/token_dispatcher.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "engine/runtime/check.h"
+#include "kernels/gemm.h"
+#include "kernels/permute.h"
+#include "moe/capacity.h"
+
+namespace switchyard {
+
+namespace {
+Tensor activation(Device& dev, const Shape& shape, DType dtype = DType::kF32) {
+  return Tensor::empty(shape, dtype, MemoryKind::kActivations, dev);
+}
+
+int64_t total(const std::vector<int64_t>& rows) {
+  return std::accumulate(rows.begin(), rows.end(), int64_t{0});
+}
+}  // namespace
+
+TokenDispatcher::TokenDispatcher(int num_experts, int num_local_experts, int slots, int top_k,
+                                 Communicator* expert_parallel, Communicator* tensor_parallel)
+    : num_experts_(num_experts),
+      num_local_experts_(num_local_experts),
+      slots_(slots),
+      top_k_(top_k),
+      ep_(expert_parallel && expert_parallel->size() > 1 ? expert_parallel : nullptr),
+      tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr) {}
+
+void TokenDispatcher::plan(Device& dev, const Tensor& ids, const Tensor& weights,
+                           int64_t total_tokens, float capacity_factor) {
+  const int E = num_experts_;
+  const int64_t n = ids.dim(0);
+  tokens_per_expert_ = activation(dev, {E}, DType::kI32);
+  dest_rows_ = activation(dev, {n, slots_}, DType::kI32);
+  const int64_t capacity =
+      capacity_factor > 0 ? expert_capacity(capacity_factor, total_tokens, top_k_, E) : -1;
+  if (!tp_ || capacity < 0) {
+    permute_plan(dev, ids, weights, E, capacity, tokens_per_expert_, dest_rows_);
+    permuted_rows_ = n * slots_;
+    return;
+  }
+  // Capacity keeps each expert's highest-weight assignments among all the group's
+  // tokens: every rank plans the whole group's assignments (a few bytes per token) and
+  // then sends only its own kept ones.
+  Tensor all_ids = activation(dev, {total_tokens, slots_}, DType::kI32);
+  Tensor all_weights = activation(dev, {total_tokens, slots_});
+  tp_->all_gather(ids, all_ids);
+  tp_->all_gather(weights, all_weights);
+  Tensor all_per_expert = activation(dev, {E}, DType::kI32);
+  Tensor all_dest = activation(dev, {total_tokens, slots_}, DType::kI32);
+  permute_plan(dev, all_ids, all_weights, E, capacity, all_per_expert, all_dest);
+  Tensor kept_ids = activation(cpu_device(), {n, slots_}, DType::kI32);
+  kept_ids.copy_from(ids);
+  const Tensor mine = all_dest.slice_rows(tp_->rank() * n, (tp_->rank() + 1) * n).on_host();
+  int32_t* kept = kept_ids.data<int32_t>();
+  const int32_t* dest = mine.data<int32_t>();
+  int64_t rows = 0;
+  for (int64_t a = 0; a < n * slots_; ++a) {
+    if (dest[a] < 0) kept[a] = -1;
+    rows += kept[a] >= 0;
+  }
+  permute_plan(dev, kept_ids.to(dev, MemoryKind::kActivations), weights, E, -1,
+               tokens_per_expert_, dest_rows_);
+  permuted_rows_ = rows;
+}
+
+Tensor TokenDispatcher::dispatch(Device& dev, const Tensor& x) {
+  Tensor permuted = activation(dev, {permuted_rows_, x.row_size()}, x.dtype());
+  permute_gather(dev, x, dest_rows_, permuted);
+  if (ep_) return exchange(dev, permuted);
+  local_counts_ = group_sizes_for(dev, x.dtype(), tokens_per_expert_);
+  return permuted;
+}
+
+Tensor TokenDispatcher::combine(Device& dev, const Tensor& local_out, const Tensor& weights) {
+  expert_out_ = ep_ ? return_rows(dev, local_out) : local_out;
+  Tensor y = activation(dev, {dest_rows_.dim(0), local_out.row_size()}, local_out.dtype());
+  unpermute_combine(dev, expert_out_, dest_rows_, weights, y);
+  return y;
+}
+
+Tensor TokenDispatcher::combine_backward(Device& dev, const Tensor& dy, const Tensor& weights,
+                                         Tensor& dweights) {
+  const int64_t hidden = dy.row_size();
+  Tensor dexpert_out = activation(dev, {expert_out_.rows(), hidden}, dy.dtype());
+  unpermute_combine_backward(dev, dy, expert_out_, dest_rows_, weights, dexpert_out, dweights);
+  if (!ep_) return dexpert_out;
+  // Backward of return_rows: the rows' gradients travel the dispatch direction.
+  const int64_t rows = regroup_rows_.rows();
+  Tensor received = activation(dev, {rows, hidden}, dy.dtype());
+  ep_->all_to_all_v(dexpert_out, send_rows_, received, recv_rows_);
+  Tensor dlocal_out = activation(dev, {rows, hidden}, dy.dtype());
+  permute_gather(dev, received, regroup_rows_, dlocal_out);
+  return dlocal_out;
+}
+
+void TokenDispatcher::dispatch_backward(Device& dev, const Tensor& dlocal_rows, Tensor& dx) {
+  Tensor dpermuted = dlocal_rows;
+  if (ep_) {
+    // Backward of exchange: back to source order, then to the routing ranks.
+    Tensor by_source = Tensor::zeros(dlocal_rows.shape(), dlocal_rows.dtype(),
+                                     MemoryKind::kActivations, dev);
+    permute_gather_backward(dev, dlocal_rows, regroup_rows_, by_source);
+    dpermuted = activation(dev, {expert_out_.rows(), dlocal_rows.row_size()}, dlocal_rows.dtype());
+    ep_->all_to_all_v(by_source, recv_rows_, dpermuted, send_rows_);
+  }
+  permute_gather_backward(dev, dpermuted, dest_rows_, dx);
+}
+
+void TokenDispatcher::release() {
+  tokens_per_expert_ = dest_rows_ = regroup_rows_ = local_counts_ = expert_out_ = Tensor();
+}
+
+Tensor TokenDispatcher::exchange(Device& dev, const Tensor& rows) {
+  const int P = ep_->size();
+  const int local = num_local_experts_;
+  const int E = num_experts_;
+  // Rows per (rank, its local expert), sent and then received, in one buffer: the counts
+  // travel first, and both come to the host in one copy to size the exchange of rows.
+  Tensor both_counts = activation(dev, {2 * E, 1}, DType::kI32);
+  Tensor sent_counts = both_counts.slice_rows(0, E);
+  Tensor recv_counts = both_counts.slice_rows(E, 2 * E);
+  sent_counts.copy_from(tokens_per_expert_.reshape({E, 1}));
+  const std::vector<int64_t> per_rank(P, local);
+  ep_->all_to_all_v(sent_counts, per_rank, recv_counts, per_rank);
+  const Tensor counts_host = both_counts.on_host();
+  const int32_t* per_expert = counts_host.data<int32_t>();
+  const int32_t* from = per_expert + E;  // from[i * local + e]
+
+  send_rows_.assign(P, 0);
+  recv_rows_.assign(P, 0);
+  local_counts_ = activation(cpu_device(), {local}, DType::kI32);
+  int32_t* counts = local_counts_.data<int32_t>();
+  std::fill(counts, counts + local, 0);
+  for (int j = 0; j < P; ++j)
+    for (int e = 0; e < local; ++e) {
+      send_rows_[j] += per_expert[j * local + e];
+      recv_rows_[j] += from[j * local + e];
+      counts[e] += from[j * local + e];
+    }
+  const int64_t sent_rows = total(send_rows_);
+  SY_CHECK_MSG(sent_rows <= rows.rows(),
+               "MoE dispatch: the expert counts add up to more than the permuted rows");
+  const int64_t received_rows = total(recv_rows_);
+  Tensor received = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
+  // The kept rows lead the permuted buffer; the rest (dropped assignments) stay here.
+  ep_->all_to_all_v(rows.slice_rows(0, sent_rows), send_rows_, received, recv_rows_);
+
+  // Received rows come by source rank, then local expert; the grouped GEMMs want them
+  // by local expert, then source rank. Their places come from the received counts, on
+  // the device.
+  regroup_rows_ = activation(dev, {received_rows, 1}, DType::kI32);
+  regroup_received_rows(dev, recv_counts.reshape({P, local}), regroup_rows_);
+  Tensor grouped = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
+  permute_gather(dev, received, regroup_rows_, grouped);
+  return grouped;
+}
+
+Tensor TokenDispatcher::return_rows(Device& dev, const Tensor& expert_rows) {
+  // Back to source order: by_source[r] = expert_rows[regroup_rows_[r]], added to zeros.
+  Tensor by_source =
+      Tensor::zeros(expert_rows.shape(), expert_rows.dtype(), MemoryKind::kActivations, dev);
+  permute_gather_backward(dev, expert_rows, regroup_rows_, by_source);
+  Tensor out = activation(dev, {total(send_rows_), expert_rows.row_size()}, expert_rows.dtype());
+  ep_->all_to_all_v(by_source, recv_rows_, out, send_rows_);
+  return out;
+}
+
+}  // namespace switchyard

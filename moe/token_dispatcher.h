@@ -1,0 +1,76 @@
+// The token dispatcher of one MoE layer: it plans where each of this rank's assignments
+// goes (the dispatch plan, capacity included), gathers their rows grouped by expert, sends
+// them over the expert-parallel group to the ranks owning their experts (regrouped there
+// by local expert for the grouped products), and brings the experts' outputs back to be
+// combined into token order. It owns the plan and its buffers for the backward pass.
+//
+// With an expert-parallel group of P ranks, rank p holds experts [p * E/P, (p+1) * E/P).
+// With a tensor-parallel group, each rank dispatches its own share of the group's tokens;
+// a capacity then keeps each expert's highest-weight assignments over the whole group.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/parallel/communicator.h"
+#include "engine/runtime/tensor.h"
+
+namespace switchyard {
+
+class TokenDispatcher {
+ public:
+  // `expert_parallel`, `tensor_parallel`: null or of size 1 for no exchange. `slots`:
+  // assignment slots per token (top-k, or E for expert choice).
+  TokenDispatcher(int num_experts, int num_local_experts, int slots, int top_k,
+                  Communicator* expert_parallel, Communicator* tensor_parallel);
+
+  // The dispatch plan of this rank's assignments (ids: (n, slots), -1 not sent) at
+  // `capacity_factor` over the group's `total_tokens` (<= 0: dropless). On one
+  // tensor-parallel rank every assignment keeps a row, n * slots, whatever capacity and
+  // GShard drop (the kept ones come first, grouped by expert, and the grouped products
+  // skip the rest), so nothing waits for the host. A capacity over a tensor-parallel
+  // group plans the whole group's assignments and keeps only this rank's kept rows.
+  void plan(Device& dev, const Tensor& ids, const Tensor& weights, int64_t total_tokens,
+            float capacity_factor);
+  // Kept assignments per expert (E) i32 on the device, for this rank's tokens.
+  const Tensor& tokens_per_expert() const { return tokens_per_expert_; }
+  // The planned rows of x (n, hidden), grouped by the local expert that takes them
+  // (rows per local expert: local_counts()).
+  Tensor dispatch(Device& dev, const Tensor& x);
+  const Tensor& local_counts() const { return local_counts_; }
+  // The local experts' outputs back in token order, each token's the sum of its kept
+  // assignments' rows times `weights` (n, slots).
+  Tensor combine(Device& dev, const Tensor& local_out, const Tensor& weights);
+  // Backward of combine: the gradient of the local experts' outputs, and `dweights`
+  // (n, slots) f32 written.
+  Tensor combine_backward(Device& dev, const Tensor& dy, const Tensor& weights, Tensor& dweights);
+  // Backward of dispatch: adds the rows' gradients (by local expert) into dx (n, hidden).
+  void dispatch_backward(Device& dev, const Tensor& dlocal_rows, Tensor& dx);
+  // Drops the plan and the saved rows.
+  void release();
+
+ private:
+  // Expert parallelism: the forward exchange of permuted rows (grouped by global expert)
+  // to the ranks owning their experts, regrouped there by local expert; and the way back.
+  Tensor exchange(Device& dev, const Tensor& rows);
+  Tensor return_rows(Device& dev, const Tensor& expert_rows);
+
+  int num_experts_;
+  int num_local_experts_;
+  int slots_;
+  int top_k_;
+  Communicator* ep_;  // null or of size 1: no exchange
+  Communicator* tp_;  // null or of size 1: every token dispatched here
+
+  Tensor tokens_per_expert_;  // (E) i32 on the device
+  Tensor dest_rows_;          // (n, slots) i32: each assignment's permuted row, -1 dropped
+  int64_t permuted_rows_ = 0;
+  // Exchange plan (expert parallelism): rows sent to / received from each rank, the
+  // received rows' places in local-expert order, and the rows per local expert.
+  std::vector<int64_t> send_rows_, recv_rows_;
+  Tensor regroup_rows_;   // (received, 1) i32
+  Tensor local_counts_;   // (local experts) i32, where the grouped products want them
+  Tensor expert_out_;     // (permuted rows, hidden) the experts' outputs in permuted order
+};
+
+}  // namespace switchyard
