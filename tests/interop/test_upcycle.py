@@ -130,6 +130,19 @@ def test_upcycled_forward_equals_dense(tmp_path, family, shape):
                      dense.logits.numpy())
 
 
+def test_bf16_checkpoint_upcycles_to_its_f32_values(tmp_path):
+    """Published dense checkpoints are bf16: the upcycled model holds their exact f32
+    values and gives the logits of the dense model with those weights."""
+    dense_model("qwen2").to(torch.bfloat16).save_pretrained(tmp_path / "hf")
+    # Loaded again in f32: the cast model's RoPE frequencies were rounded to bf16 too.
+    model = load_hf(tmp_path / "hf")
+    upcycle(tmp_path / "hf", tmp_path / "moe", 8, 4, 2)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        dense = model(input_ids=ids).logits.reshape(BATCH * SEQ, VOCAB).numpy()
+    assert_close("logits", engine_forward(tmp_path / "moe", ids.numpy(), tmp_path)["logits"], dense)
+
+
 def test_router_rows_repeat_per_slice_and_differ_between_copies(tmp_path):
     dense_model("llama").save_pretrained(tmp_path / "hf")
     upcycle(tmp_path / "hf", tmp_path / "moe", 6, 2, 2)
