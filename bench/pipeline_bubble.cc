@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_format.h"
 #include "engine/parallel/mpi_runtime.h"
 #include "engine/parallel/pipeline_executor.h"
 #include "engine/runtime/file_util.h"
@@ -189,7 +191,7 @@ void run_shape(const Options& options, const PipelineShape& shape, Communicator&
   std::vector<double> bubbles, steps;
   for (int s = 0; s < options.steps; ++s) {
     const StepTimes t = timed_step(options, shape, world, events);
-    bubbles.push_back(1.0 - t.busy_s / t.step_s);
+    bubbles.push_back(t.step_s > 0 ? 1.0 - t.busy_s / t.step_s : 0.0);
     steps.push_back(t.step_s);
   }
   if (!options.events_dir.empty()) write_events(options, shape, world.rank(), events);
@@ -218,9 +220,15 @@ int run(const Options& options) {
   MpiRuntime& runtime = MpiRuntime::get();
   set_cpu_threads(runtime.threads_per_rank());
   std::unique_ptr<Communicator> world = runtime.world_communicator();
+  if (world->size() < 2) {
+    std::fprintf(stderr,
+                 "pipeline_bubble: the pipeline is the job's ranks: run it under mpirun "
+                 "with 2 or more\n");
+    return 1;
+  }
   if (world->rank() == 0) {
     const std::string layer = options.cost == "sleep"
-                                  ? std::to_string(options.forward_ms) + " ms sleep"
+                                  ? absl::StrFormat("%g ms sleep", options.forward_ms)
                                   : std::to_string(options.size) + "^3 matmul";
     std::printf(
         "%d layers per stage, a layer's forward %s (backward twice that), %d threads "
@@ -256,6 +264,10 @@ int main(int argc, char** argv) {
                  "existing directory for each shape's last step's events (JSON lines)")
       ->check(CLI::ExistingDirectory);
   CLI11_PARSE(app, argc, argv);
+  if (!std::isfinite(options.forward_ms)) {
+    std::fprintf(stderr, "pipeline_bubble: --forward-ms must be a number of milliseconds\n");
+    return 1;
+  }
   // GPipe holds every micro-batch's layer inputs at once.
   const int most = *std::max_element(options.micro_batches.begin(), options.micro_batches.end());
   const double held = 4.0 * most * options.layers * options.size * options.size;

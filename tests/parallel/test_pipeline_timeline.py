@@ -1,6 +1,7 @@
-"""The pipeline bubble benchmark's events under mpirun, drawn by scripts/pipeline_timeline.py,
-and the drawing script's refusals of hostile event files (one line naming the file, line
-and field; no traceback, no picture left behind).
+"""The pipeline bubble benchmark under mpirun, its events drawn by
+scripts/pipeline_timeline.py; the benchmark's refusals of bad arguments and the drawing
+script's refusals of hostile event files (one line naming the file, line and field; no
+traceback, no picture left behind).
 
     PIPELINE_BUBBLE=build/bench/pipeline_bubble MPIEXEC=$(which mpiexec) \\
         python -m pytest -q tests/parallel/test_pipeline_timeline.py
@@ -113,3 +114,17 @@ def test_files_that_are_not_one_rank_each_are_refused(tmp_path):
         result = draw(*args, "--out", tmp_path / "t.png")
         assert result.returncode == 1 and reason in result.stderr, (args, result.stderr)
         assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, reason", [
+    (["--cost", "sleep", "--forward-ms", "nan"], "--forward-ms must be a number"),
+    (["--size", "4096", "--layers", "64", "--micro-batches", "256"], "at most 4 GiB"),
+    (["--micro-batches", "0"], "--micro-batches"),
+    (["--events", "/nonexistent/dir"], "--events"),
+    (["--cost", "sleep", "--forward-ms", "0"], "2 or more"),
+])
+def test_bad_benchmark_arguments_are_refused_in_one_line(args, reason):
+    run = subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0, run
+    out = run.stdout + run.stderr
+    assert reason in out, out
