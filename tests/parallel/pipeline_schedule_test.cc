@@ -251,17 +251,23 @@ TEST(PipelineScheduleTest, GpipeHoldsEveryMicroBatchAndMeetsTheBubble) {
 }
 
 // A backward twice as long as a forward (a GEMM's two products against one) changes
-// neither: the fill and drain are P - 1 forwards and backwards either way.
+// none of them: the fill and drain are P - 1 forwards and backwards either way (chunk
+// passes, interleaved).
 TEST(PipelineScheduleTest, BubbleHoldsWhenBackwardTakesTwiceTheForward) {
+  std::vector<PipelineShape> shapes;
   for (Kind kind : {Kind::kGpipe, Kind::kOneFOneB})
     for (int p : {2, 4})
-      for (int m : {1, 4, 8}) {
-        const PipelineShape shape = shape_of(p, 1, m, kind);
-        SCOPED_TRACE(describe(shape));
-        const SimResult result = Simulator(shape, 1, 2).run();
-        ASSERT_FALSE(result.deadlock);
-        EXPECT_NEAR(result.bubble, theoretical_bubble(shape), 1e-12);
-      }
+      for (int m : {1, 4, 8}) shapes.push_back(shape_of(p, 1, m, kind));
+  for (int p : {2, 4})
+    for (int v : {2, 3})
+      for (int groups : {1, 2})
+        shapes.push_back(shape_of(p, v, p * groups, Kind::kInterleaved1F1B));
+  for (const PipelineShape& shape : shapes) {
+    SCOPED_TRACE(describe(shape));
+    const SimResult result = Simulator(shape, 1, 2).run();
+    ASSERT_FALSE(result.deadlock);
+    EXPECT_NEAR(result.bubble, theoretical_bubble(shape), 1e-12);
+  }
 }
 
 TEST(PipelineScheduleTest, InterleavedDividesTheBubbleByV) {

@@ -128,3 +128,33 @@ def test_bad_benchmark_arguments_are_refused_in_one_line(args, reason):
     assert run.returncode != 0, run
     out = run.stdout + run.stderr
     assert reason in out, out
+
+
+def test_mutated_event_files_are_drawn_or_refused(tmp_path):
+    """A seeded fuzz of the reader: bytes of a valid file flipped, dropped or repeated give
+    a picture or BadInput, never another exception."""
+    import importlib.util
+    import random
+    spec = importlib.util.spec_from_file_location("pipeline_timeline", SCRIPT)
+    timeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timeline)
+    valid = (event() + "\n" + event(kind="exchange", micro_batch=-1, chunk=-1, sends=1,
+                                      start_s=0.5, end_s=0.75) + "\n").encode()
+    rng = random.Random(16)
+    path, out = tmp_path / "r0.jsonl", str(tmp_path / "t.png")
+    for _ in range(300):
+        data = bytearray(valid)
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(data))
+            choice = rng.randrange(3)
+            if choice == 0:
+                data[i] = rng.randrange(256)
+            elif choice == 1:
+                del data[i]
+            else:
+                data[i:i] = data[i:i + rng.randint(1, 8)]
+        path.write_bytes(bytes(data))
+        try:
+            timeline.render(timeline.read_ranks([str(path)], None), "fuzz", out)
+        except timeline.BadInput:
+            pass
