@@ -157,6 +157,24 @@ def _variable_length_string(shard, tmp):
         f.attrs["tokenizer_sha256"] = sha.decode() if isinstance(sha, bytes) else str(sha)
 
 
+def _falling_doc_offsets(shard, tmp):
+    with h5py_file(shard, "r+") as f:
+        offsets = f["doc_offsets"][:]
+        offsets[1] = offsets[-1] + 5
+        f["doc_offsets"][:] = offsets
+
+
+def _train_with_documents(damage):
+    """Trains with document-aware attention, which reads every shard's /doc_offsets."""
+    def make(world, tmp):
+        dataset = world.dataset(tmp)
+        shard = _first_train_shard(dataset)
+        damage(shard, tmp)
+        _reindex(dataset, shard)
+        return _train_on(world, tmp, dataset) + ["--set", "data.document_attention=true"]
+    return make
+
+
 def _tokenizer(damage):
     def make(world, tmp):
         dataset = world.dataset(tmp)
@@ -242,6 +260,9 @@ CASES = [
          "tokenizer_sha256 a variable-length string (read through libhdf5's global heap)",
          _damage_shard(_variable_length_string),
          "attribute tokenizer_sha256: is a variable-length type, which the engine refuses"),
+    Case("data-shard-doc-offsets-falling", "dataset shard (data.document_attention)",
+         "/doc_offsets past the token count, then falling, index sha256 updated to match",
+         _train_with_documents(_falling_doc_offsets), "/doc_offsets must rise from 0"),
     Case("data-tokenizer-garbage", "dataset tokenizer.model", "16 kB of binary garbage",
          _tokenizer(_garbage_model), "not a SentencePiece model"),
     Case("data-tokenizer-fifo", "dataset tokenizer.model", "a FIFO (would block a reader)",
