@@ -114,14 +114,15 @@ absl::StatusOr<TokenDataset> TokenDataset::open(const std::string& dir, std::str
       return absl::DataLossError(absl::StrCat(path, ": holds ", shard->num_tokens(), " tokens in ",
                                               shard->num_documents(), " documents, the index says ",
                                               entry.tokens, " in ", entry.documents));
-    if (options.with_documents)
+    if (options.with_documents || options.pad_documents)
       SY_RETURN_IF_ERROR(append_document_starts(*shard, d.shard_starts_.back(), d.document_starts_));
     d.num_documents_ += shard->num_documents();
     d.has_loss_mask_ = d.has_loss_mask_ || shard->has_loss_mask();
     d.shard_starts_.push_back(d.shard_starts_.back() + shard->num_tokens());
     d.shards_.push_back(std::move(shard));
   }
-  d.with_documents_ = options.with_documents;
+  d.with_documents_ = options.with_documents || options.pad_documents;
+  d.pad_documents_ = options.pad_documents;
   return d;
 }
 
@@ -164,23 +165,59 @@ absl::Status TokenDataset::for_each_shard_range(
 absl::Status TokenDataset::read_window(int64_t window, int64_t seq_len, int32_t* ids,
                                        int32_t* targets) const {
   SY_CHECK(window >= 0 && window < num_windows(seq_len));
+  return pad_documents_ ? read_padded_window(window, seq_len, ids, targets)
+                        : read_packed_window(window, seq_len, ids, targets);
+}
+
+absl::Status TokenDataset::read_packed_window(int64_t window, int64_t seq_len, int32_t* ids,
+                                              int32_t* targets) const {
   thread_local std::vector<int32_t> tokens;
   tokens.resize(static_cast<size_t>(seq_len + 1));
   SY_RETURN_IF_ERROR(read_tokens(window * seq_len, seq_len + 1, tokens.data()));
   std::copy(tokens.begin(), tokens.end() - 1, ids);
   std::copy(tokens.begin() + 1, tokens.end(), targets);
+  return mask_targets(window * seq_len + 1, seq_len, targets);
+}
+
+absl::Status TokenDataset::read_padded_window(int64_t window, int64_t seq_len, int32_t* ids,
+                                              int32_t* targets) const {
+  const size_t w = static_cast<size_t>(window);
+  const int64_t first = document_starts_[w];
+  const int64_t end = w + 1 < document_starts_.size() ? document_starts_[w + 1] : num_tokens();
+  const int64_t count = std::min(end - first, seq_len + 1);
+  std::fill(ids, ids + seq_len, pad_id());
+  std::fill(targets, targets + seq_len, kIgnoredTarget);
+  if (count == 0) return absl::OkStatus();
+  thread_local std::vector<int32_t> tokens;
+  tokens.resize(static_cast<size_t>(count));
+  SY_RETURN_IF_ERROR(read_tokens(first, count, tokens.data()));
+  std::copy(tokens.begin(), tokens.begin() + std::min(count, seq_len), ids);
+  std::copy(tokens.begin() + 1, tokens.end(), targets);
+  return mask_targets(first + 1, count - 1, targets);
+}
+
+absl::Status TokenDataset::mask_targets(int64_t first, int64_t count, int32_t* targets) const {
   if (!has_loss_mask_) return absl::OkStatus();
   thread_local std::vector<uint8_t> mask;
-  mask.resize(static_cast<size_t>(seq_len));
-  SY_RETURN_IF_ERROR(read_loss_mask(window * seq_len + 1, seq_len, mask.data()));
-  for (int64_t i = 0; i < seq_len; ++i)
+  mask.resize(static_cast<size_t>(count));
+  SY_RETURN_IF_ERROR(read_loss_mask(first, count, mask.data()));
+  for (int64_t i = 0; i < count; ++i)
     if (mask[i] == 0) targets[i] = kIgnoredTarget;
   return absl::OkStatus();
+}
+
+int32_t TokenDataset::pad_id() const {
+  if (special_ids_.pad >= 0) return static_cast<int32_t>(special_ids_.pad);
+  return static_cast<int32_t>(std::max<int64_t>(special_ids_.eos, 0));
 }
 
 void TokenDataset::window_document_starts(int64_t window, int64_t seq_len, int32_t* starts) const {
   SY_CHECK_MSG(with_documents_, "window_document_starts: the dataset was opened without documents");
   SY_CHECK(window >= 0 && window < num_windows(seq_len));
+  if (pad_documents_) {  // a window is one document
+    std::fill(starts, starts + seq_len, 0);
+    return;
+  }
   const int64_t first = window * seq_len;
   // The first document start after the window's first position.
   auto next = std::upper_bound(document_starts_.begin(), document_starts_.end(), first);

@@ -33,6 +33,9 @@ struct DatasetOpenOptions {
   // Keep where the split's documents start (8 bytes per document), for
   // window_document_starts().
   bool with_documents = false;
+  // One window per document, padded, instead of packed windows (data.packing PAD; see
+  // read_window). Keeps the documents as with_documents does.
+  bool pad_documents = false;
 };
 
 class TokenDataset {
@@ -67,12 +70,19 @@ class TokenDataset {
   // Packed windows: window w covers tokens [w * seq_len, w * seq_len + seq_len + 1);
   // ids are its first seq_len tokens and targets its last seq_len, so every token after
   // the first is a target exactly once. Windows may cross document and shard boundaries.
+  // Padded windows (pad_documents): window w is document w; ids are its first seq_len
+  // tokens and targets the ones after them, then pad_id() ids and kIgnoredTarget targets
+  // to the window's end. A document longer than seq_len + 1 tokens loses its tail.
   int64_t num_windows(int64_t seq_len) const {
+    if (pad_documents_) return num_documents_;
     return num_tokens() > 0 ? (num_tokens() - 1) / seq_len : 0;
   }
   // Fills ids and targets (seq_len each) with window `window`. A target whose loss mask
   // entry is 0 becomes kIgnoredTarget: the cross-entropy skips it. Thread-safe.
   absl::Status read_window(int64_t window, int64_t seq_len, int32_t* ids, int32_t* targets) const;
+  // The id of padded windows' pad positions: the tokenizer's pad, else its eos, else 0.
+  int32_t pad_id() const;
+  bool pads_documents() const { return pad_documents_; }
   // Document-aware attention: fills starts (seq_len entries) with, for each position of
   // window `window`, the window position where its document starts (0 for the document
   // the window begins inside). The dataset must be opened with_documents. Thread-safe.
@@ -81,6 +91,13 @@ class TokenDataset {
 
  private:
   // Calls visit(shard, first token in it, count) for the pieces of [start, start + count).
+  // read_window() of a padded window, and of a packed one.
+  absl::Status read_padded_window(int64_t window, int64_t seq_len, int32_t* ids,
+                                  int32_t* targets) const;
+  absl::Status read_packed_window(int64_t window, int64_t seq_len, int32_t* ids,
+                                  int32_t* targets) const;
+  // Marks the targets whose loss mask entries (the stream's from `first`) are 0.
+  absl::Status mask_targets(int64_t first, int64_t count, int32_t* targets) const;
   absl::Status for_each_shard_range(
       int64_t start, int64_t count,
       const std::function<absl::Status(const ShardReader&, int64_t, int64_t)>& visit) const;
@@ -99,6 +116,7 @@ class TokenDataset {
   // empty document repeats its successor's start).
   std::vector<int64_t> document_starts_;
   bool with_documents_ = false;
+  bool pad_documents_ = false;
 };
 
 }  // namespace switchyard

@@ -171,6 +171,7 @@ absl::Status run_eval(const std::string& dir, const std::string& data, const std
   open_options.expected_tokenizer_sha256 = lm.tokenizer->sha256();
   open_options.expected_vocab_size = lm.tokenizer->vocab_size();
   open_options.with_documents = lm.recipe.data().document_attention();
+  open_options.pad_documents = lm.recipe.data().packing() == config::PAD;
   SY_ASSIGN_OR_RETURN(const TokenDataset dataset, TokenDataset::open(data, split, open_options));
   const int64_t seq = lm.recipe.train().seq_len();
   const int64_t windows = max_windows > 0
