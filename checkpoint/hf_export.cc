@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/hf_import.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
 #include "data/tokenizer.h"
@@ -31,6 +33,7 @@ constexpr char kMixtral[] = "MixtralForCausalLM";
 constexpr char kQwen2Moe[] = "Qwen2MoeForCausalLM";
 constexpr char kQwen3Moe[] = "Qwen3MoeForCausalLM";
 constexpr char kOlmoe[] = "OlmoeForCausalLM";
+constexpr char kDeepseekV3[] = "DeepseekV3ForCausalLM";
 
 // The shortest decimal that reads back as the same float, as a double: the recipe holds
 // floats, and 1e-5f printed as a double would be 9.999999747378752e-06.
@@ -72,11 +75,40 @@ void write_layer_pattern(const config::ModelConfig& model, Json& j) {
   j["mlp_only_layers"] = dense;
 }
 
+// DeepSeek-V3's fields: latent attention (its rotary rows exported interleaved), dense
+// first layers, shared experts of the routed experts' width, group-limited sigmoid routing.
+void write_deepseek_v3_fields(const config::Recipe& recipe, Json& j) {
+  const config::ModelConfig& model = recipe.model();
+  const config::MoeConfig& moe = recipe.moe();
+  const config::MlaConfig& mla = model.mla();
+  j["n_routed_experts"] = moe.num_experts();
+  j["n_shared_experts"] = moe.num_shared_experts() * moe.shared_expert_ffn_hidden_size() /
+                          moe.expert_ffn_hidden_size();
+  j["moe_intermediate_size"] = moe.expert_ffn_hidden_size();
+  j["first_k_dense_replace"] = model.first_dense_layers();
+  j["n_group"] = std::max(1, moe.num_groups());
+  j["topk_group"] = moe.top_groups() > 0 ? moe.top_groups() : std::max(1, moe.num_groups());
+  j["routed_scaling_factor"] =
+      json_float(moe.routed_scaling_factor() > 0 ? moe.routed_scaling_factor() : 1.0f);
+  j["norm_topk_prob"] = moe.norm_topk_prob();
+  j["q_lora_rank"] = mla.q_lora_rank() > 0 ? Json(mla.q_lora_rank()) : Json(nullptr);
+  j["kv_lora_rank"] = mla.kv_lora_rank();
+  j["qk_nope_head_dim"] = mla.qk_nope_head_dim();
+  j["qk_rope_head_dim"] = mla.qk_rope_head_dim();
+  j["v_head_dim"] = mla.v_head_dim();
+  j["rope_interleave"] = true;
+  j["attention_bias"] = false;
+}
+
 // The fields only `architecture`'s config has.
 void write_family_fields(const config::Recipe& recipe, const std::string& architecture,
                          const std::map<std::string, Tensor>& weights, Json& j) {
   const config::ModelConfig& model = recipe.model();
   const config::MoeConfig& moe = recipe.moe();
+  if (architecture == kDeepseekV3) {
+    write_deepseek_v3_fields(recipe, j);
+    return;
+  }
   if (architecture == kMixtral) {
     j["num_local_experts"] = moe.num_experts();
     j["router_jitter_noise"] = 0.0;
@@ -113,6 +145,7 @@ std::string model_type_of(const std::string& architecture) {
   if (architecture == kMixtral) return "mixtral";
   if (architecture == kQwen2Moe) return "qwen2_moe";
   if (architecture == kQwen3Moe) return "qwen3_moe";
+  if (architecture == kDeepseekV3) return "deepseek_v3";
   return "olmoe";
 }
 
@@ -121,6 +154,7 @@ Json config_json(const config::Recipe& recipe, const std::string& architecture,
   const config::ModelConfig& model = recipe.model();
   const config::MoeConfig& moe = recipe.moe();
   // Mixtral and OLMoE have only MoE layers: their intermediate_size is the experts'.
+  // DeepSeek-V3's latent attention reads num_key_value_heads only as num_attention_heads.
   const bool all_moe = architecture == kMixtral || architecture == kOlmoe;
   Json j;
   j["architectures"] = {architecture};
@@ -150,6 +184,60 @@ Json config_json(const config::Recipe& recipe, const std::string& architecture,
   j["use_cache"] = true;
   j["torch_dtype"] = torch_dtype_name(dtype);
   return j;
+}
+
+// Takes a registry tensor out of those left to export.
+using TakeTensor = std::function<absl::StatusOr<Tensor>(const std::string&)>;
+
+// One layer's latent attention (names shared with transformers), its rotary rows
+// interleaved as DeepSeek-V3 checkpoints hold them (rope_interleave).
+absl::Status rename_latent_attention(const config::ModelConfig& model, const std::string& attn,
+                                     const TakeTensor& take, NamedTensors& out) {
+  const config::MlaConfig& mla = model.mla();
+  const int64_t nope = mla.qk_nope_head_dim(), rope = mla.qk_rope_head_dim(),
+                kv_rank = mla.kv_lora_rank();
+  auto move = [&](const std::string& name) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Tensor t, take(attn + name));
+    out.emplace_back(attn + name, t);
+    return absl::OkStatus();
+  };
+  auto rotary = [&](const std::string& name, int64_t block, int64_t offset) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Tensor t, take(attn + name));
+    out.emplace_back(attn + name, reorder_rope_rows(t, block, offset, rope, true));
+    return absl::OkStatus();
+  };
+  if (mla.q_lora_rank() > 0) {
+    SY_RETURN_IF_ERROR(move("q_a_proj.weight"));
+    SY_RETURN_IF_ERROR(move("q_a_layernorm.weight"));
+    SY_RETURN_IF_ERROR(rotary("q_b_proj.weight", nope + rope, nope));
+  } else {
+    SY_RETURN_IF_ERROR(rotary("q_proj.weight", nope + rope, nope));
+  }
+  SY_RETURN_IF_ERROR(rotary("kv_a_proj_with_mqa.weight", kv_rank + rope, kv_rank));
+  for (const char* name : {"kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"})
+    SY_RETURN_IF_ERROR(move(name));
+  return absl::OkStatus();
+}
+
+// One layer's grouped-query attention, its biases and q/k norms (names shared with
+// transformers).
+absl::Status rename_attention(const config::ModelConfig& model, const std::string& attn,
+                              const TakeTensor& take, NamedTensors& out) {
+  std::vector<std::string> names;
+  for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+    names.push_back(absl::StrCat(proj, ".weight"));
+    if (model.attention_bias() && std::string(proj) != "o_proj")
+      names.push_back(absl::StrCat(proj, ".bias"));
+  }
+  if (model.qk_norm() || model.qk_head_norm()) {
+    names.push_back("q_norm.weight");
+    names.push_back("k_norm.weight");
+  }
+  for (const std::string& name : names) {
+    SY_ASSIGN_OR_RETURN(Tensor t, take(attn + name));
+    out.emplace_back(attn + name, t);
+  }
+  return absl::OkStatus();
 }
 
 // Registry names -> transformers names, in the registry file's layer order.
@@ -185,16 +273,10 @@ absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
   for (int layer = 0; layer < recipe.model().num_layers(); ++layer) {
     const std::string p = absl::StrCat("model.layers.", layer, ".");
     SY_RETURN_IF_ERROR(move(p + "input_layernorm.weight", p + "input_layernorm.weight"));
-    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
-      const std::string name = absl::StrCat(p, "self_attn.", proj);
-      SY_RETURN_IF_ERROR(move(name + ".weight", name + ".weight"));
-      if (recipe.model().attention_bias() && std::string(proj) != "o_proj")
-        SY_RETURN_IF_ERROR(move(name + ".bias", name + ".bias"));
-    }
-    if (recipe.model().qk_norm() || recipe.model().qk_head_norm()) {
-      for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
-        SY_RETURN_IF_ERROR(move(p + norm, p + norm));
-    }
+    if (recipe.model().mla().kv_lora_rank() > 0)
+      SY_RETURN_IF_ERROR(rename_latent_attention(recipe.model(), p + "self_attn.", take, out));
+    else
+      SY_RETURN_IF_ERROR(rename_attention(recipe.model(), p + "self_attn.", take, out));
     SY_RETURN_IF_ERROR(
         move(p + "post_attention_layernorm.weight", p + "post_attention_layernorm.weight"));
     if (!config::is_moe_layer(recipe, layer)) {
@@ -205,6 +287,9 @@ absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
     }
     const std::string moe = mixtral ? p + "block_sparse_moe." : p + "mlp.";
     SY_RETURN_IF_ERROR(move(p + "mlp.gate.weight", moe + "gate.weight"));
+    if (recipe.moe().gating() == config::SIGMOID_TOPK)
+      SY_RETURN_IF_ERROR(
+          move(p + "mlp.gate.e_score_correction_bias", moe + "gate.e_score_correction_bias"));
     SY_ASSIGN_OR_RETURN(Tensor gate_up, take(p + "mlp.experts.gate_up_proj"));
     SY_ASSIGN_OR_RETURN(Tensor down, take(p + "mlp.experts.down_proj"));
     const int64_t experts = gate_up.shape()[0], ffn = gate_up.shape()[1] / 2,
@@ -220,13 +305,14 @@ absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
                        copy_range(down, e * hidden * ffn, {hidden, ffn}));
     }
     if (recipe.moe().num_shared_experts() > 0) {
+      const std::string shared =
+          p + (architecture == kDeepseekV3 ? "mlp.shared_experts." : "mlp.shared_expert.");
       SY_RETURN_IF_ERROR(split_gate_up(p + "mlp.shared_expert.gate_up_proj.weight",
-                                       p + "mlp.shared_expert.gate_proj.weight",
-                                       p + "mlp.shared_expert.up_proj.weight"));
-      SY_RETURN_IF_ERROR(move(p + "mlp.shared_expert.down_proj.weight",
-                              p + "mlp.shared_expert.down_proj.weight"));
-      SY_RETURN_IF_ERROR(
-          move(p + "mlp.shared_expert_gate.weight", p + "mlp.shared_expert_gate.weight"));
+                                       shared + "gate_proj.weight", shared + "up_proj.weight"));
+      SY_RETURN_IF_ERROR(move(p + "mlp.shared_expert.down_proj.weight", shared + "down_proj.weight"));
+      if (recipe.moe().shared_expert_gate())
+        SY_RETURN_IF_ERROR(
+            move(p + "mlp.shared_expert_gate.weight", p + "mlp.shared_expert_gate.weight"));
     }
   }
   SY_RETURN_IF_ERROR(move("model.norm.weight", "model.norm.weight"));
@@ -388,6 +474,28 @@ absl::StatusOr<std::string> qwen2_moe_architecture(const config::Recipe& recipe)
   return std::string(kQwen2Moe);
 }
 
+// DeepSeek-V3: latent attention, sigmoid routing, every layer past the dense first ones
+// MoE, shared experts (ungated) as whole experts of the routed experts' width.
+absl::StatusOr<std::string> deepseek_v3_architecture(const config::Recipe& recipe) {
+  const config::MoeConfig& moe = recipe.moe();
+  if (moe.gating() != config::SIGMOID_TOPK)
+    return refuse_export(absl::StrCat("moe.gating ", config::Gating_Name(moe.gating()),
+                                      ": DeepseekV3ForCausalLM (model.mla) routes by sigmoid "
+                                      "scores (SIGMOID_TOPK)"));
+  if (recipe.model().moe_layer_interval() != 1)
+    return refuse_export("model.moe_layer_interval must be 1: DeepseekV3ForCausalLM (model.mla) "
+                         "has MoE layers after its dense first layers");
+  if (moe.num_shared_experts() > 0 && moe.shared_expert_gate())
+    return refuse_export("moe.shared_expert_gate: DeepseekV3ForCausalLM (model.mla) does not gate "
+                         "its shared experts");
+  if (moe.num_shared_experts() * moe.shared_expert_ffn_hidden_size() %
+          moe.expert_ffn_hidden_size() != 0)
+    return refuse_export("moe.shared_expert_ffn_hidden_size x moe.num_shared_experts must be a "
+                         "multiple of moe.expert_ffn_hidden_size: DeepseekV3ForCausalLM's shared "
+                         "experts are as wide as its routed ones");
+  return std::string(kDeepseekV3);
+}
+
 absl::StatusOr<std::string> mixtral_architecture(const config::Recipe& recipe) {
   SY_RETURN_IF_ERROR(check_derived_head_dim(recipe.model()));
   SY_RETURN_IF_ERROR(check_only_moe_layers(recipe, "MixtralForCausalLM (no shared experts)"));
@@ -407,6 +515,7 @@ absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe) {
   const config::MoeConfig& moe = recipe.moe();
   if (model.moe_layer_interval() == 0 || moe.num_experts() == 0)
     return refuse_export("the model has no MoE layers (model.moe_layer_interval 0)");
+  if (model.mla().kv_lora_rank() > 0) return deepseek_v3_architecture(recipe);
   if (moe.gating() != config::TOPK_SOFTMAX && moe.gating() != config::SOFTMAX_TOPK)
     return refuse_export(absl::StrCat("moe.gating ", config::Gating_Name(moe.gating()),
                                       " exists in no transformers class this exports to (they "

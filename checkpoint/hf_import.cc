@@ -28,7 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-enum class Family { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kLlama, kMistral, kQwen2 };
+enum class Family { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV3, kLlama, kMistral, kQwen2 };
 
 // The dense families, read only to be upcycled (checkpoint/upcycle.h).
 bool is_dense(Family family) {
@@ -50,12 +50,14 @@ absl::StatusOr<Family> family_of(const JsonFields& c) {
   if (type == "qwen2_moe") return Family::kQwen2Moe;
   if (type == "qwen3_moe") return Family::kQwen3Moe;
   if (type == "olmoe") return Family::kOlmoe;
+  if (type == "deepseek_v3") return Family::kDeepseekV3;
   if (type == "llama") return Family::kLlama;
   if (type == "mistral") return Family::kMistral;
   if (type == "qwen2") return Family::kQwen2;
   return absl::UnimplementedError(
       absl::StrCat(c.path(), ": model_type \"", type.substr(0, 64),
-                   "\" is not one of mixtral, qwen2_moe, qwen3_moe, olmoe, llama, mistral, qwen2"));
+                   "\" is not one of mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, llama, "
+                   "mistral, qwen2"));
 }
 
 // A float field of the recipe: finite and within float's range.
@@ -181,10 +183,74 @@ absl::Status read_dense(const JsonFields& c, Family family, config::Recipe& reci
   return absl::OkStatus();
 }
 
-// The key of the routed experts' count: Mixtral's num_local_experts, the others'
-// num_experts, which transformers 5.x writes as num_local_experts for Qwen3-MoE.
+// A string field that, when present, must hold `expected`: a feature the engine has only
+// in that form.
+absl::Status require_string(const JsonFields& c, const char* key, const std::string& expected,
+                            const std::string& why) {
+  if (!c.has(key)) return absl::OkStatus();
+  SY_ASSIGN_OR_RETURN(const std::string value, c.string(key));
+  if (value == expected) return absl::OkStatus();
+  return refuse(c, key, absl::StrCat("\"", value.substr(0, 64), "\": ", why));
+}
+
+// DeepSeek-V3's latent attention (model.mla).
+absl::Status read_latent_attention(const JsonFields& c, config::MlaConfig& mla) {
+  SY_ASSIGN_OR_RETURN(const int64_t q_rank, c.integer_or("q_lora_rank", 0, 0, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t kv_rank, c.integer("kv_lora_rank", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t nope, c.integer("qk_nope_head_dim", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t rope, c.integer("qk_rope_head_dim", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t v, c.integer("v_head_dim", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("attention_bias", false));
+  if (bias) return refuse(c, "attention_bias", "is true: the engine's latent attention has no biases");
+  mla.set_q_lora_rank(q_rank);
+  mla.set_kv_lora_rank(kv_rank);
+  mla.set_qk_nope_head_dim(static_cast<int32_t>(nope));
+  mla.set_qk_rope_head_dim(static_cast<int32_t>(rope));
+  mla.set_v_head_dim(static_cast<int32_t>(v));
+  return absl::OkStatus();
+}
+
+// DeepSeek-V3: latent attention, first_k_dense_replace dense layers, shared experts of
+// the routed experts' width, sigmoid group-limited routing with the correction bias.
+absl::Status read_deepseek_v3(const JsonFields& c, config::Recipe& recipe) {
+  config::ModelConfig& model = *recipe.mutable_model();
+  config::MoeConfig& moe = *recipe.mutable_moe();
+  if (c.has("quantization_config"))
+    return refuse(c, "quantization_config", "is set: the engine reads F32, BF16 or F16 weights");
+  SY_RETURN_IF_ERROR(require_string(c, "topk_method", "noaux_tc",
+                                    "the engine routes by score + correction bias (noaux_tc)"));
+  SY_RETURN_IF_ERROR(require_string(c, "scoring_func", "sigmoid", "the engine's DeepSeek router is sigmoid"));
+  SY_ASSIGN_OR_RETURN(const int64_t freq, c.integer_or("moe_layer_freq", 1, 0, kMaxInt32));
+  if (freq != 1) return refuse(c, "moe_layer_freq", "is not 1: the engine's MoE layers follow the dense ones");
+  SY_RETURN_IF_ERROR(read_latent_attention(c, *model.mutable_mla()));
+  SY_ASSIGN_OR_RETURN(const int64_t dense, c.integer_or("first_k_dense_replace", 0, 0, model.num_layers()));
+  SY_ASSIGN_OR_RETURN(const int64_t dense_ffn, c.integer("intermediate_size", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t expert_ffn, c.integer("moe_intermediate_size", 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const int64_t shared, c.integer_or("n_shared_experts", 0, 0, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean_or("norm_topk_prob", true));
+  SY_ASSIGN_OR_RETURN(const float scaling, float_or(c, "routed_scaling_factor", 1.0));
+  SY_ASSIGN_OR_RETURN(const int64_t groups, c.integer_or("n_group", 1, 1, moe.num_experts()));
+  SY_ASSIGN_OR_RETURN(const int64_t top_groups, c.integer_or("topk_group", groups, 1, groups));
+  model.set_first_dense_layers(static_cast<int32_t>(dense));
+  model.set_moe_layer_interval(1);
+  model.set_ffn_hidden_size(dense_ffn);
+  moe.set_gating(config::SIGMOID_TOPK);
+  moe.set_expert_ffn_hidden_size(expert_ffn);
+  moe.set_num_shared_experts(static_cast<int32_t>(shared));
+  moe.set_shared_expert_ffn_hidden_size(shared > 0 ? expert_ffn : 0);
+  moe.set_norm_topk_prob(norm_topk);
+  moe.set_routed_scaling_factor(scaling);
+  moe.set_num_groups(static_cast<int32_t>(groups));
+  moe.set_top_groups(static_cast<int32_t>(top_groups));
+  return absl::OkStatus();
+}
+
+// The key of the routed experts' count: Mixtral's num_local_experts, DeepSeek-V3's
+// n_routed_experts, the others' num_experts, which transformers 5.x writes as
+// num_local_experts for Qwen3-MoE.
 const char* experts_key(const JsonFields& c, Family family) {
   if (family == Family::kMixtral) return "num_local_experts";
+  if (family == Family::kDeepseekV3) return "n_routed_experts";
   if (family == Family::kQwen3Moe && !c.has("num_experts")) return "num_local_experts";
   return "num_experts";
 }
@@ -246,6 +312,7 @@ absl::StatusOr<config::Recipe> recipe_from_config(const JsonFields& c, Family fa
     case Family::kQwen2Moe: SY_RETURN_IF_ERROR(read_qwen2_moe(c, recipe)); break;
     case Family::kQwen3Moe: SY_RETURN_IF_ERROR(read_qwen3_moe(c, recipe)); break;
     case Family::kOlmoe: SY_RETURN_IF_ERROR(read_olmoe(c, recipe)); break;
+    case Family::kDeepseekV3: SY_RETURN_IF_ERROR(read_deepseek_v3(c, recipe)); break;
     case Family::kLlama:
     case Family::kMistral:
     case Family::kQwen2: SY_RETURN_IF_ERROR(read_dense(c, family, recipe)); break;
@@ -338,9 +405,17 @@ double min_model_bytes(const config::Recipe& recipe) {
   const double q = model.num_heads() * hd, kv = config::effective_kv_heads(model) * hd;
   const double moe_ffn = moe.num_experts() * (H + 3.0 * moe.expert_ffn_hidden_size() * H) +
                          3.0 * moe.num_shared_experts() * moe.shared_expert_ffn_hidden_size() * H;
+  const config::MlaConfig& mla = model.mla();
+  const double heads = model.num_heads(), qk = mla.qk_nope_head_dim() + mla.qk_rope_head_dim();
+  const double q_rank = mla.q_lora_rank(), kv_rank = mla.kv_lora_rank();
+  const double latent = (q_rank > 0 ? q_rank * (H + heads * qk) : heads * qk * H) +
+                        (kv_rank + mla.qk_rope_head_dim()) * H +
+                        heads * kv_rank * (mla.qk_nope_head_dim() + mla.v_head_dim()) +
+                        H * heads * mla.v_head_dim();
+  const double attention = kv_rank > 0 ? latent : H * (2 * q + 2 * kv);
   double params = model.vocab_size() * H * (model.tie_embeddings() ? 1 : 2);
   for (int layer = 0; layer < model.num_layers(); ++layer)
-    params += H * (2 * q + 2 * kv) +
+    params += attention +
               (config::is_moe_layer(recipe, layer) ? moe_ffn : 3.0 * model.ffn_hidden_size() * H);
   return 2 * params;
 }
@@ -437,12 +512,61 @@ class TensorMapper {
   std::vector<std::pair<std::string, Tensor>> out_;
 };
 
+// One layer's latent attention; the rotary rows of q_b_proj (or q_proj) and
+// kv_a_proj_with_mqa reordered from interleaved pairs when `rope_interleave`.
+absl::Status map_latent_attention(const config::ModelConfig& model, bool rope_interleave,
+                                  const std::string& attn, TensorMapper& m) {
+  const config::MlaConfig& mla = model.mla();
+  const int64_t H = model.hidden_size(), heads = model.num_heads(), nope = mla.qk_nope_head_dim(),
+                rope = mla.qk_rope_head_dim(), qk = nope + rope, v = mla.v_head_dim(),
+                qr = mla.q_lora_rank(), kr = mla.kv_lora_rank();
+  auto rotary = [&](const std::string& name, const Shape& shape, int64_t block,
+                    int64_t offset) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Tensor w, m.take(attn + name, shape));
+    m.emit(attn + name, rope_interleave ? reorder_rope_rows(w, block, offset, rope, false) : w);
+    return absl::OkStatus();
+  };
+  if (qr > 0) {
+    SY_RETURN_IF_ERROR(m.move(attn + "q_a_proj.weight", attn + "q_a_proj.weight", {qr, H}));
+    SY_RETURN_IF_ERROR(m.move(attn + "q_a_layernorm.weight", attn + "q_a_layernorm.weight", {qr}));
+    SY_RETURN_IF_ERROR(rotary("q_b_proj.weight", {heads * qk, qr}, qk, nope));
+  } else {
+    SY_RETURN_IF_ERROR(rotary("q_proj.weight", {heads * qk, H}, qk, nope));
+  }
+  SY_RETURN_IF_ERROR(rotary("kv_a_proj_with_mqa.weight", {kr + rope, H}, kr + rope, kr));
+  SY_RETURN_IF_ERROR(m.move(attn + "kv_a_layernorm.weight", attn + "kv_a_layernorm.weight", {kr}));
+  SY_RETURN_IF_ERROR(
+      m.move(attn + "kv_b_proj.weight", attn + "kv_b_proj.weight", {heads * (nope + v), kr}));
+  return m.move(attn + "o_proj.weight", attn + "o_proj.weight", {H, heads * v});
+}
+
+// One layer's grouped-query attention, its biases and q/k norms.
+absl::Status map_attention(const config::ModelConfig& model, const std::string& attn,
+                           TensorMapper& m) {
+  const int64_t H = model.hidden_size(), hd = config::effective_head_dim(model);
+  const int64_t q = model.num_heads() * hd, kv = config::effective_kv_heads(model) * hd;
+  const std::vector<std::pair<std::string, int64_t>> projections = {
+      {"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}};
+  for (const auto& [proj, rows] : projections) {
+    SY_RETURN_IF_ERROR(m.move(attn + proj + ".weight", attn + proj + ".weight", {rows, H}));
+    if (model.attention_bias())
+      SY_RETURN_IF_ERROR(m.move(attn + proj + ".bias", attn + proj + ".bias", {rows}));
+  }
+  SY_RETURN_IF_ERROR(m.move(attn + "o_proj.weight", attn + "o_proj.weight", {H, q}));
+  if (model.qk_norm() || model.qk_head_norm()) {
+    SY_RETURN_IF_ERROR(m.move(attn + "q_norm.weight", attn + "q_norm.weight",
+                              {model.qk_head_norm() ? hd : q}));
+    SY_RETURN_IF_ERROR(m.move(attn + "k_norm.weight", attn + "k_norm.weight",
+                              {model.qk_head_norm() ? hd : kv}));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
-    const config::Recipe& recipe, Family family, TensorMapper& m) {
+    const config::Recipe& recipe, Family family, bool rope_interleave, TensorMapper& m) {
   const config::ModelConfig& model = recipe.model();
   const config::MoeConfig& moe = recipe.moe();
-  const int64_t V = model.vocab_size(), H = model.hidden_size(), hd = config::effective_head_dim(model);
-  const int64_t q = model.num_heads() * hd, kv = config::effective_kv_heads(model) * hd;
+  const int64_t V = model.vocab_size(), H = model.hidden_size();
   const int64_t E = moe.num_experts(), I = moe.expert_ffn_hidden_size();
   const char* gate_name = family == Family::kMixtral ? "w1" : "gate_proj";
   const char* up_name = family == Family::kMixtral ? "w3" : "up_proj";
@@ -453,20 +577,9 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
     const std::string p = absl::StrCat("model.layers.", layer, ".");
     const std::string attn = p + "self_attn.";
     SY_RETURN_IF_ERROR(m.move(p + "input_layernorm.weight", p + "input_layernorm.weight", {H}));
-    const std::vector<std::pair<std::string, int64_t>> projections = {
-        {"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}};
-    for (const auto& [proj, rows] : projections) {
-      SY_RETURN_IF_ERROR(m.move(attn + proj + ".weight", attn + proj + ".weight", {rows, H}));
-      if (model.attention_bias())
-        SY_RETURN_IF_ERROR(m.move(attn + proj + ".bias", attn + proj + ".bias", {rows}));
-    }
-    SY_RETURN_IF_ERROR(m.move(attn + "o_proj.weight", attn + "o_proj.weight", {H, q}));
-    if (model.qk_norm() || model.qk_head_norm()) {
-      SY_RETURN_IF_ERROR(m.move(attn + "q_norm.weight", attn + "q_norm.weight",
-                                {model.qk_head_norm() ? hd : q}));
-      SY_RETURN_IF_ERROR(m.move(attn + "k_norm.weight", attn + "k_norm.weight",
-                                {model.qk_head_norm() ? hd : kv}));
-    }
+    SY_RETURN_IF_ERROR(model.mla().kv_lora_rank() > 0
+                           ? map_latent_attention(model, rope_interleave, attn, m)
+                           : map_attention(model, attn, m));
     SY_RETURN_IF_ERROR(
         m.move(p + "post_attention_layernorm.weight", p + "post_attention_layernorm.weight", {H}));
     const std::string mlp = p + "mlp.";
@@ -479,6 +592,9 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
       continue;
     }
     SY_RETURN_IF_ERROR(m.move(mlp + "gate.weight", mlp + "gate.weight", {E, H}));
+    if (moe.gating() == config::SIGMOID_TOPK)
+      SY_RETURN_IF_ERROR(m.move(mlp + "gate.e_score_correction_bias",
+                                mlp + "gate.e_score_correction_bias", {E}));
     const std::string experts = mlp + "experts.";
     if (m.has(experts + "gate_up_proj")) {
       // transformers 5.x fused layout: already the registry's.
@@ -500,13 +616,18 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
       m.emit(experts + "down_proj", down);
     }
     if (moe.num_shared_experts() > 0) {
-      const int64_t S = moe.shared_expert_ffn_hidden_size();
-      const std::string shared = mlp + "shared_expert.";
+      // The engine runs its shared experts as one FFN of their summed width.
+      const int64_t S = moe.num_shared_experts() * moe.shared_expert_ffn_hidden_size();
+      const std::string shared =
+          mlp + (family == Family::kDeepseekV3 ? "shared_experts." : "shared_expert.");
+      const std::string ours = mlp + "shared_expert.";
       SY_ASSIGN_OR_RETURN(Tensor fused,
                           m.fuse({{shared + "gate_proj.weight", shared + "up_proj.weight"}}, S, H));
-      m.emit(shared + "gate_up_proj.weight", fused.reshape({2, S, H}));
-      SY_RETURN_IF_ERROR(m.move(shared + "down_proj.weight", shared + "down_proj.weight", {H, S}));
-      SY_RETURN_IF_ERROR(m.move(mlp + "shared_expert_gate.weight", mlp + "shared_expert_gate.weight", {1, H}));
+      m.emit(ours + "gate_up_proj.weight", fused.reshape({2, S, H}));
+      SY_RETURN_IF_ERROR(m.move(shared + "down_proj.weight", ours + "down_proj.weight", {H, S}));
+      if (moe.shared_expert_gate())
+        SY_RETURN_IF_ERROR(
+            m.move(mlp + "shared_expert_gate.weight", mlp + "shared_expert_gate.weight", {1, H}));
     }
   }
   SY_RETURN_IF_ERROR(m.move("model.norm.weight", "model.norm.weight", {H}));
@@ -523,6 +644,7 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
 struct HfConfig {
   config::Recipe recipe;
   Family family;
+  bool rope_interleave = false;  // DeepSeek-V3's rotary channels in interleaved pairs
 };
 
 // Which families a reader takes: convert from-hf the MoE ones, convert upcycle the dense
@@ -540,6 +662,9 @@ absl::StatusOr<HfConfig> parse_config(std::string_view json, const std::string& 
   if (kind == Kind::kDense && !is_dense(out.family))
     return refuse(c, "model_type", "is a mixture of experts: switchyard convert from-hf imports it");
   SY_ASSIGN_OR_RETURN(out.recipe, recipe_from_config(c, out.family, name));
+  if (out.family == Family::kDeepseekV3) {
+    SY_ASSIGN_OR_RETURN(out.rope_interleave, c.boolean_or("rope_interleave", true));
+  }
   return out;
 }
 
@@ -570,11 +695,33 @@ absl::StatusOr<HfModel> read_hf_directory(const std::string& hf_dir, Kind kind) 
   SY_ASSIGN_OR_RETURN(out.tokenizer_path, hf_tokenizer(hf_dir, config.recipe));
   SY_ASSIGN_OR_RETURN(auto hf_tensors, read_hf_tensors(files));
   TensorMapper mapper(std::move(hf_tensors), hf_dir);
-  SY_ASSIGN_OR_RETURN(out.tensors, map_tensors(config.recipe, config.family, mapper));
+  SY_ASSIGN_OR_RETURN(out.tensors, map_tensors(config.recipe, config.family, config.rope_interleave, mapper));
   return out;
 }
 
 }  // namespace
+
+Tensor reorder_rope_rows(const Tensor& weight, int64_t block, int64_t offset, int64_t rope,
+                         bool to_interleaved) {
+  SY_CHECK_MSG(weight.dtype() == DType::kF32 && weight.rank() == 2 && block > 0 &&
+                   weight.dim(0) % block == 0 && offset + rope <= block && rope % 2 == 0,
+               "reorder_rope_rows: rows do not form blocks holding the rotary rows");
+  Tensor out = Tensor::empty(weight.shape(), DType::kF32);
+  out.copy_from(weight);
+  const int64_t cols = weight.dim(1), half = rope / 2;
+  const size_t row_bytes = static_cast<size_t>(cols) * sizeof(float);
+  for (int64_t b = 0; b < weight.dim(0) / block; ++b) {
+    for (int64_t j = 0; j < rope; ++j) {
+      // The engine's row j (halves) is interleaved row 2j, or 2(j - half) + 1.
+      const int64_t paired = j < half ? 2 * j : 2 * (j - half) + 1;
+      const int64_t halves_row = b * block + offset + j, pairs_row = b * block + offset + paired;
+      const int64_t from = to_interleaved ? halves_row : pairs_row;
+      const int64_t to = to_interleaved ? pairs_row : halves_row;
+      std::memcpy(out.data<float>() + to * cols, weight.data<float>() + from * cols, row_bytes);
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<config::Recipe> recipe_from_hf_config_text(std::string_view json,
                                                           const std::string& path,

@@ -1,5 +1,5 @@
 // Import of a Hugging Face transformers MoE model directory (MixtralForCausalLM,
-// Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM) as a weights directory (checkpoint/weights.h)
+// Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM) as a weights directory (checkpoint/weights.h)
 // that `switchyard sample` and `switchyard eval` load, and of a dense one
 // (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) to be upcycled. Config fields the engine cannot
 // honour are refused by name before anything is written.
@@ -45,6 +45,14 @@ absl::StatusOr<HfModel> read_hf_dense_model(const std::string& hf_dir);
 absl::StatusOr<config::Recipe> recipe_from_hf_config_text(std::string_view json,
                                                           const std::string& path,
                                                           const std::string& name);
+
+// DeepSeek-V3 checkpoints (transformers' rope_interleave) lay each head's rotary
+// channels out in pairs (x0, x1), (x2, x3), ...; the engine rotates halves (x_i with
+// x_{i + rope/2}), which gives the same attention when the rows are reordered: rows
+// [offset, offset + rope) of every block of `block` rows of an f32 (rows, cols) weight,
+// from interleaved to halves, or back when `to_interleaved`.
+Tensor reorder_rope_rows(const Tensor& weight, int64_t block, int64_t offset, int64_t rope,
+                         bool to_interleaved);
 
 // The weight_map of a model.safetensors.index.json's text: tensor name -> shard file
 // name, as written (callers keep the names inside their directory).
