@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -27,6 +30,8 @@
 #include "engine/model/transformer.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
+#include "engine/train/balance_history.h"
+#include "engine/train/metrics_log.h"
 #include "kernels/threads.h"
 #include "moe/balance_stats.h"
 
@@ -81,13 +86,24 @@ absl::Status build_bench_model(const config::Recipe& recipe, const std::string& 
     out.params.initialize(recipe.train().seed());
     return absl::OkStatus();
   }
-  auto from = weights->params.params().begin();
+  // By name: a parameter that only one routing has (the sigmoid router's bias, which no
+  // gradient trains) keeps its initial value in a variant that adds it, and is unused in
+  // one that drops it; every trained parameter must be the weights'.
+  std::map<std::string, const Param*> loaded;
+  for (const Param& p : weights->params.params()) loaded[p.name] = &p;
   for (Param& p : out.params.params()) {
-    if (from == weights->params.params().end() || from->name != p.name || from->shape != p.shape)
+    const auto it = loaded.find(p.name);
+    if (it == loaded.end() && !p.trainable) continue;
+    if (it == loaded.end() || it->second->shape != p.shape)
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": the compared variant's parameter ", p.name, " is not the weights'"));
-    p.value.copy_from((from++)->value);
+    p.value.copy_from(it->second->value);
+    loaded.erase(it);
   }
+  for (const auto& [name, p] : loaded)
+    if (p->trainable)
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": the weights' parameter ", name, " has no place in the variant"));
   return absl::OkStatus();
 }
 
@@ -97,30 +113,67 @@ struct Variant {
   config::Recipe recipe;
 };
 
+// The routings the recipe schema defines, in its order ("TOPK_SOFTMAX", ...).
+std::vector<std::string> gating_names() {
+  std::vector<std::string> names;
+  const google::protobuf::EnumDescriptor* gating = config::Gating_descriptor();
+  for (int i = 0; i < gating->value_count(); ++i)
+    if (gating->value(i)->number() != config::GATING_UNSPECIFIED)
+      names.push_back(std::string(gating->value(i)->name()));
+  return names;
+}
+
+// `base` routing with `gating`: the settings that only the base's gating reads are cleared,
+// the aux loss too where the new gating refuses one (nothing is trained here: it only
+// weights a training loss), and the defaults are filled for the new gating, as loading a
+// recipe that named it would.
+absl::Status set_gating(const std::string& name, config::Recipe& recipe) {
+  SY_RETURN_IF_ERROR(config::apply_override(recipe, absl::StrCat("moe.gating=", name)));
+  config::MoeConfig& moe = *recipe.mutable_moe();
+  if (moe.gating() == config::SIGMOID_TOPK) {
+    moe.set_aux_loss_coef(0);
+  } else {
+    moe.clear_norm_topk_prob();
+    moe.clear_routed_scaling_factor();
+    moe.clear_bias_update_rate();
+    moe.clear_num_groups();
+    moe.clear_top_groups();
+  }
+  config::fill_defaults(recipe);
+  return absl::OkStatus();
+}
+
 // "top_k=1,2,4" or "gating=TOPK_SOFTMAX,SOFTMAX_TOPK" (a "moe." prefix is accepted, gating
-// names in any case) -> one validated recipe per value.
+// names in any case, "gating=all" for every one) -> one validated recipe per value.
 absl::StatusOr<std::vector<Variant>> parse_compare(const std::string& spec,
                                                    const config::Recipe& base) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--compare ", spec, ": ", why,
-        " (expected top_k=K1,K2,... or gating=NAME1,NAME2,... with NAME one of TOPK_SOFTMAX, "
-        "SOFTMAX_TOPK, GSHARD_TOP2)"));
+        " (expected top_k=K1,K2,... or gating=NAME1,NAME2,... with NAME one of ",
+        absl::StrJoin(gating_names(), ", "), ", or gating=all)"));
   };
   const size_t eq = spec.find('=');
   if (eq == std::string::npos) return bad("no '='");
   std::string key(absl::StripAsciiWhitespace(spec.substr(0, eq)));
   if (absl::StartsWith(key, "moe.")) key = key.substr(4);
   if (key != "top_k" && key != "gating") return bad(absl::StrCat("unknown setting '", key, "'"));
+  std::vector<std::string> values;
+  for (absl::string_view piece : absl::StrSplit(spec.substr(eq + 1), ','))
+    values.emplace_back(absl::StripAsciiWhitespace(piece));
+  if (key == "gating") {
+    for (std::string& value : values) absl::AsciiStrToUpper(&value);
+    if (values == std::vector<std::string>{"ALL"}) values = gating_names();
+  }
   std::vector<Variant> variants;
-  for (absl::string_view piece : absl::StrSplit(spec.substr(eq + 1), ',')) {
-    std::string value(absl::StripAsciiWhitespace(piece));
+  for (const std::string& value : values) {
     if (value.empty()) return bad("empty value");
-    if (key == "gating") absl::AsciiStrToUpper(&value);
     Variant v{absl::StrCat(key, "=", value), base};
     for (const Variant& seen : variants)
       if (seen.name == v.name) return bad(absl::StrCat(value, " is listed twice"));
-    absl::Status status = config::apply_override(v.recipe, absl::StrCat("moe.", key, "=", value));
+    absl::Status status = key == "gating"
+                              ? set_gating(value, v.recipe)
+                              : config::apply_override(v.recipe, absl::StrCat("moe.top_k=", value));
     if (status.ok()) status = config::validate_recipe(v.recipe);
     if (!status.ok()) return bad(status.message());
     variants.push_back(std::move(v));
@@ -268,10 +321,26 @@ nlohmann::ordered_json to_json(const BalanceSummary& s) {
 }
 
 // The statistics of one variant: per MoE layer in depth order, and all layers together.
+// With expert parallelism, the placement advice from all layers' tokens per expert
+// together (one placement serves every layer).
 struct BalanceRun {
   std::vector<BalanceSummary> layers;
   BalanceSummary overall;
+  std::optional<PlacementAdvice> placement;
 };
+
+// "busiest rank: 1234 tokens contiguous, 1100 advised (-10.9%), >= 1090 for any placement".
+std::string placement_line(const PlacementAdvice& a) {
+  const double change = a.contiguous_max > 0 ? 100.0 * (static_cast<double>(a.advised_max) /
+                                                            static_cast<double>(a.contiguous_max) -
+                                                        1.0)
+                                             : 0.0;
+  return absl::StrFormat("busiest rank %lld tokens contiguous, %lld advised (%+.1f%%), >= %lld for "
+                         "any placement; parallel.expert_placement: [%s]",
+                         static_cast<long long>(a.contiguous_max),
+                         static_cast<long long>(a.advised_max), change,
+                         static_cast<long long>(a.lower_bound), absl::StrJoin(a.placement, ", "));
+}
 
 // The variant's first table column: its name on the block's first row, blank below.
 void print_row(const std::string& variant, int variant_width, const std::string& layer,
@@ -309,9 +378,14 @@ void print_table(const std::vector<Variant>& variants, const std::vector<Balance
       const AllToAllStats& a = run.overall.all_to_all;
       for (size_t p = 0; p < a.sent_bytes.size(); ++p) {
         if (variant_width > 0) std::printf("%-*s ", variant_width, "");
-        std::printf("rank %zu: sent %.3f MB, received %.3f MB\n", p, a.sent_bytes[p] / 1e6,
-                    a.received_bytes[p] / 1e6);
+        std::printf("rank %zu: sent %.3f MB, received %.3f MB, %lld tokens (advised placement: "
+                    "%lld)\n",
+                    p, a.sent_bytes[p] / 1e6, a.received_bytes[p] / 1e6,
+                    static_cast<long long>(run.placement->contiguous_loads[p]),
+                    static_cast<long long>(run.placement->advised_loads[p]));
       }
+      if (variant_width > 0) std::printf("%-*s ", variant_width, "");
+      std::printf("%s\n", placement_line(*run.placement).c_str());
     }
   }
 }
@@ -349,6 +423,55 @@ std::string heatmap_svg(const std::vector<BalanceSummary>& layers) {
   return svg;
 }
 
+// The heatmap's colour scale under its key: load_color is linear in each channel between
+// no load, the uniform share and twice it, so a three-stop gradient draws it exactly.
+std::string legend_svg(int experts) {
+  constexpr int kLeft = 70, kWidth = 300;
+  const std::pair<double, std::string> stops[] = {
+      {0.0, "0"},
+      {0.5, absl::StrFormat("1/E = %.1f%% (uniform)", 100.0 / experts)},
+      {1.0, absl::StrFormat(">= 2/E = %.1f%%", 200.0 / experts)}};
+  std::string svg = absl::StrCat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"",
+                                 kLeft + kWidth + 60, "\" height=\"44\" font-size=\"11\">\n"
+                                 "<defs><linearGradient id=\"load-scale\">");
+  for (const auto& [at, label] : stops)
+    absl::StrAppend(&svg, "<stop offset=\"", at, "\" stop-color=\"",
+                    css_color(at * 2.0 / experts, experts), "\"/>");
+  absl::StrAppend(&svg, "</linearGradient></defs>\n<text x=\"4\" y=\"16\">share</text>"
+                  "<rect x=\"", kLeft, "\" y=\"4\" width=\"", kWidth, "\" height=\"16\" "
+                  "fill=\"url(#load-scale)\" stroke=\"#ccc\"/>\n");
+  for (const auto& [at, label] : stops)
+    absl::StrAppend(&svg, "<text x=\"", kLeft + static_cast<int>(at * kWidth), "\" y=\"36\" "
+                    "text-anchor=\"middle\">", html_escape(label), "</text>\n");
+  absl::StrAppend(&svg, "</svg>\n");
+  return svg;
+}
+
+// Bars of the tokens each expert-parallel rank's experts take, under the contiguous and
+// the advised placement.
+std::string rank_load_svg(const PlacementAdvice& a) {
+  const int64_t max_tokens = std::max<int64_t>(1, std::max(a.contiguous_max, a.advised_max));
+  constexpr int kLeft = 110, kBar = 300, kRow = 18;
+  const int ranks = static_cast<int>(a.contiguous_loads.size());
+  std::string svg = absl::StrCat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"",
+                                 kLeft + kBar + 120, "\" height=\"", ranks * 2 * kRow + 10,
+                                 "\" font-size=\"11\">\n");
+  for (int p = 0; p < ranks; ++p) {
+    const int64_t tokens[2] = {a.contiguous_loads[p], a.advised_loads[p]};
+    for (int d = 0; d < 2; ++d) {
+      const int y = (2 * p + d) * kRow;
+      const int w = static_cast<int>(kBar * tokens[d] / max_tokens);
+      absl::StrAppend(&svg, "<text x=\"4\" y=\"", y + 13, "\">rank ", p,
+                      d ? " advised" : " contiguous", "</text><rect x=\"", kLeft, "\" y=\"",
+                      y + 2, "\" width=\"", w, "\" height=\"", kRow - 4, "\" fill=\"",
+                      d ? "#4a7" : "#47a", "\"/><text x=\"", kLeft + w + 4, "\" y=\"", y + 13,
+                      "\">", tokens[d], " tokens</text>\n");
+    }
+  }
+  absl::StrAppend(&svg, "</svg>\n");
+  return svg;
+}
+
 // Bars of the bytes each rank sends and receives.
 std::string all_to_all_svg(const AllToAllStats& a) {
   const int64_t max_bytes = std::max(
@@ -375,6 +498,50 @@ std::string all_to_all_svg(const AllToAllStats& a) {
   return svg;
 }
 
+// Each layer's max/mean tokens per expert over a training run, one line per layer on
+// shared axes (steps across, imbalance up from 1), each line's colour named in a key.
+std::string history_svg(const ImbalanceHistory& h) {
+  constexpr int kLeft = 50, kTop = 10, kWidth = 480, kHeight = 200, kKeyRow = 16;
+  static constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
+                                            "#ff7f0e", "#17becf", "#8c564b", "#e377c2"};
+  const auto [lo, hi] = std::minmax_element(h.steps.begin(), h.steps.end());
+  const double steps = std::max<double>(1, static_cast<double>(*hi - *lo));
+  double top = 1.0;
+  for (const std::vector<double>& layer : h.layers)
+    top = std::max(top, *std::max_element(layer.begin(), layer.end()));
+  const double span = std::max(top - 1.0, 1e-9);
+  auto x = [&](int64_t step) { return kLeft + kWidth * static_cast<double>(step - *lo) / steps; };
+  auto y = [&](double v) { return kTop + kHeight * (1.0 - (std::max(v, 1.0) - 1.0) / span); };
+  const int layers = static_cast<int>(h.layers.size());
+  std::string svg = absl::StrCat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", kLeft + kWidth + 20, "\" height=\"",
+      kTop + kHeight + 30 + layers * kKeyRow, "\" font-size=\"11\">\n<rect x=\"", kLeft,
+      "\" y=\"", kTop, "\" width=\"", kWidth, "\" height=\"", kHeight,
+      "\" fill=\"none\" stroke=\"#999\"/>\n",
+      absl::StrFormat("<text x=\"4\" y=\"%d\">%.2f</text><text x=\"4\" y=\"%d\">1.00</text>"
+                      "<text x=\"%d\" y=\"%d\">step %lld</text>"
+                      "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">step %lld</text>\n",
+                      kTop + 10, top, kTop + kHeight, kLeft, kTop + kHeight + 14,
+                      static_cast<long long>(*lo), kLeft + kWidth, kTop + kHeight + 14,
+                      static_cast<long long>(*hi)));
+  for (int l = 0; l < layers; ++l) {
+    const char* color = kColors[l % std::size(kColors)];
+    std::string points;
+    for (size_t i = 0; i < h.steps.size(); ++i)
+      absl::StrAppend(&points, absl::StrFormat("%.1f,%.1f ", x(h.steps[i]), y(h.layers[l][i])));
+    const int key_y = kTop + kHeight + 30 + l * kKeyRow;
+    absl::StrAppend(&svg, "<polyline fill=\"none\" stroke=\"", color, "\" points=\"", points,
+                    "\"/>\n<rect x=\"", kLeft, "\" y=\"", key_y - 9, "\" width=\"20\" height=\"3\" "
+                    "fill=\"", color, "\"/><text x=\"", kLeft + 26, "\" y=\"", key_y, "\">layer ", l,
+                    absl::StrFormat(": %.2f at step %lld, %.2f at step %lld", h.layers[l].front(),
+                                    static_cast<long long>(h.steps.front()), h.layers[l].back(),
+                                    static_cast<long long>(h.steps.back())),
+                    "</text>\n");
+  }
+  absl::StrAppend(&svg, "</svg>\n");
+  return svg;
+}
+
 // One figure per variant, side by side (wrapping on narrow windows); a single figure
 // without a caption when there are no variants to compare.
 std::string side_by_side(const std::vector<Variant>& variants,
@@ -392,7 +559,8 @@ std::string side_by_side(const std::vector<Variant>& variants,
 // heatmaps, the statistics (a block of rows per variant, as on the terminal) and, with
 // expert parallelism, the all-to-all bytes.
 std::string html_report(const std::string& title, const std::vector<Variant>& variants,
-                        const std::vector<BalanceRun>& runs) {
+                        const std::vector<BalanceRun>& runs,
+                        const std::optional<ImbalanceHistory>& history) {
   const bool compare = !variants[0].name.empty();
   std::string html = absl::StrCat(
       "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>", html_escape(title),
@@ -406,6 +574,7 @@ std::string html_report(const std::string& title, const std::vector<Variant>& va
   std::vector<std::string> figures;
   for (const BalanceRun& run : runs) figures.push_back(heatmap_svg(run.layers));
   absl::StrAppend(&html, "<section>\n<h2>Share of assignments per expert</h2>\n",
+                  legend_svg(static_cast<int>(runs[0].overall.share.size())),
                   side_by_side(variants, figures), "</section>\n");
 
   absl::StrAppend(&html, "<section>\n<h2>Statistics</h2>\n<table><tr>",
@@ -439,9 +608,35 @@ std::string html_report(const std::string& title, const std::vector<Variant>& va
     for (const BalanceRun& run : runs) figures.push_back(all_to_all_svg(run.overall.all_to_all));
     absl::StrAppend(&html, "<section>\n<h2>All-to-all bytes per rank (sent, received)</h2>\n",
                     side_by_side(variants, figures), "</section>\n");
+    figures.clear();
+    for (const BalanceRun& run : runs) figures.push_back(rank_load_svg(*run.placement));
+    absl::StrAppend(&html, "<section>\n<h2>Tokens per expert-parallel rank, all layers</h2>\n",
+                    side_by_side(variants, figures));
+    for (size_t i = 0; i < runs.size(); ++i)
+      absl::StrAppend(&html, "<p>", compare ? html_escape(variants[i].name) + ": " : "",
+                      html_escape(placement_line(*runs[i].placement)), "</p>\n");
+    absl::StrAppend(&html, "</section>\n");
   }
+  if (history)
+    absl::StrAppend(&html, "<section>\n<h2>Max/mean tokens per expert over training, each "
+                    "layer</h2>\n", history_svg(*history), "</section>\n");
   absl::StrAppend(&html, "</body></html>\n");
   return html;
+}
+
+// Each MoE layer's imbalance over the run in `run_dir`, from its metrics.jsonl.
+absl::StatusOr<ImbalanceHistory> run_history(const std::string& run_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec))
+    return absl::NotFoundError(absl::StrCat("--run-dir ", run_dir, ": no such directory"));
+  SY_ASSIGN_OR_RETURN(const std::string path,
+                      path_in_directory(run_dir, "metrics.jsonl", "--run-dir"));
+  SY_ASSIGN_OR_RETURN(const std::string text, read_file(path, kMaxMetricsFileBytes));
+  SY_ASSIGN_OR_RETURN(ImbalanceHistory history, read_imbalance_history(text, path));
+  if (history.steps.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": no line has layer_imbalance (a run of an MoE model logs it)"));
+  return history;
 }
 
 // One batch of token ids and targets, (micro_batch, seq) i32 each.
@@ -469,6 +664,7 @@ absl::StatusOr<BalanceRun> measure(const config::Recipe& recipe, const std::stri
   BalanceRun run;
   for (const BalanceCounts& c : counts) run.layers.push_back(summarize_balance(c, hidden));
   run.overall = summarize_overall(counts, hidden);
+  if (ep > 1) run.placement = advise_placement(run.overall.tokens_per_expert, ep);
   return run;
 }
 
@@ -492,6 +688,9 @@ BenchCommand::BenchCommand(CLI::App& app) {
   balance_->add_option("--compare", compare_,
                        "routing variants on the same tokens: top_k=K1,K2,... or "
                        "gating=NAME1,NAME2,...");
+  balance_->add_option("--run-dir", run_dir_,
+                       "a training run directory: each layer's imbalance over the run, from its "
+                       "metrics.jsonl");
   balance_->add_option("--json", json_path_, "write the statistics as JSON");
   balance_->add_option("--report", report_path_, "write a self-contained HTML report");
 }
@@ -515,6 +714,10 @@ absl::Status BenchCommand::run_balance() {
   std::vector<Variant> variants = {{"", recipe}};
   if (!compare_.empty()) {
     SY_ASSIGN_OR_RETURN(variants, parse_compare(compare_, recipe));
+  }
+  std::optional<ImbalanceHistory> history;
+  if (!run_dir_.empty()) {
+    SY_ASSIGN_OR_RETURN(history, run_history(run_dir_));
   }
   set_cpu_threads(recipe.runtime().threads());
   SY_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source,
@@ -547,6 +750,14 @@ absl::Status BenchCommand::run_balance() {
   else
     std::printf(", compared: %s\n", compare_.c_str());
   print_table(variants, runs);
+  if (history) {
+    std::printf("run %s: %zu logged steps; each layer's max/mean at the first and the last:\n",
+                run_dir_.c_str(), history->steps.size());
+    for (size_t l = 0; l < history->layers.size(); ++l)
+      std::printf("  layer %zu: %.3f at step %lld, %.3f at step %lld\n", l,
+                  history->layers[l].front(), static_cast<long long>(history->steps.front()),
+                  history->layers[l].back(), static_cast<long long>(history->steps.back()));
+  }
 
   if (!json_path_.empty()) {
     nlohmann::ordered_json j;
@@ -558,6 +769,15 @@ absl::Status BenchCommand::run_balance() {
       into["layers"] = nlohmann::ordered_json::array();
       for (const BalanceSummary& s : run.layers) into["layers"].push_back(to_json(s));
       into["overall"] = to_json(run.overall);
+      if (run.placement) {
+        const PlacementAdvice& a = *run.placement;
+        into["placement"] = {{"advised", a.placement},
+                             {"contiguous_rank_tokens", a.contiguous_loads},
+                             {"advised_rank_tokens", a.advised_loads},
+                             {"contiguous_max", a.contiguous_max},
+                             {"advised_max", a.advised_max},
+                             {"lower_bound", a.lower_bound}};
+      }
     };
     if (compare_.empty()) {
       put_run(j, runs[0]);
@@ -577,7 +797,8 @@ absl::Status BenchCommand::run_balance() {
   if (!report_path_.empty())
     SY_RETURN_IF_ERROR(write_file_atomically(
         report_path_,
-        html_report(absl::StrCat("Expert load balance: ", recipe.name()), variants, runs)));
+        html_report(absl::StrCat("Expert load balance: ", recipe.name()), variants, runs,
+                    history)));
   return absl::OkStatus();
 }
 

@@ -1,7 +1,7 @@
 // The bench subcommands of the switchyard binary:
 //   switchyard bench balance RECIPE|WEIGHTS_DIR [--data DATASET_DIR | --synthetic zipf:S]
 //                            [--batches N] [--ep E] [--compare top_k=1,2,4 | gating=A,B]
-//                            [--json FILE] [--report FILE.html]
+//                            [--run-dir RUN_DIR] [--json FILE] [--report FILE.html]
 // Wiring in main(): construct BenchCommand on the app before parsing, then
 //   if (bench_command.parsed()) return report(bench_command.run());
 #pragma once
@@ -35,6 +35,7 @@ class BenchCommand {
   int64_t batches_ = 8;
   int ep_ = 1;
   std::string compare_;
+  std::string run_dir_;
   std::string json_path_;
   std::string report_path_;
 };

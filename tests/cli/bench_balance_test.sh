@@ -63,8 +63,8 @@ assert same["layers"] == b["layers"] and same["overall"] == b["overall"]
 # More experts per token spread the load: top-4 is more even than top-1.
 assert c["variants"][2]["overall"]["imbalance"] <= c["variants"][0]["overall"]["imbalance"]
 PY
-  # A heatmap and an all-to-all figure per variant.
-  [[ $(grep -c "<figure>" "$work/c.html") -eq 6 ]] || fail "compare report: expected 6 figures"
+  # A heatmap, an all-to-all and a rank-load figure per variant.
+  [[ $(grep -c "<figure>" "$work/c.html") -eq 9 ]] || fail "compare report: expected 9 figures"
   echo "ok   bench balance --compare top_k"
 else
   fail "bench balance --compare exited $?: $(cat "$work/err")"
@@ -83,9 +83,39 @@ else
   fail "bench balance --compare gating exited $?: $(cat "$work/err")"
 fi
 
+# gating=all: every gating of the recipe schema, in its order, on the same tokens, each
+# with the expert placement advice of --ep 2.
+if "$bin" bench balance "$root/recipes/tiny.textproto" --synthetic zipf:1.1 --batches 1 --ep 2 \
+    --compare gating=all --json "$work/a.json" --report "$work/a.html" >"$work/out" 2>"$work/err"; then
+  python3 - "$work/a.json" <<'PY' || fail "gating=all json"
+import json, sys
+v = json.load(open(sys.argv[1]))["variants"]
+assert [x["gating"] for x in v] == ["TOPK_SOFTMAX", "SOFTMAX_TOPK", "GSHARD_TOP2",
+                                    "SIGMOID_TOPK", "EXPERT_CHOICE"], v
+for x in v:
+    p = x["placement"]
+    assert sorted(p["advised"]) == list(range(8)), p
+    total = sum(x["overall"]["tokens_per_expert"])
+    assert sum(p["contiguous_rank_tokens"]) == total == sum(p["advised_rank_tokens"]), p
+    assert p["lower_bound"] <= p["advised_max"] <= p["contiguous_max"], p
+    assert p["advised_max"] == max(p["advised_rank_tokens"]), p
+    t = x["overall"]["tokens_per_expert"]
+    assert p["advised_rank_tokens"][0] == sum(t[e] for e in p["advised"][:4]), p
+# Every expert of expert choice takes its capacity: 8 x 128 x 2 / 8 tokens per layer.
+assert v[4]["layers"][0]["tokens_per_expert"] == [256] * 8, v[4]["layers"][0]
+PY
+  grep -q "parallel.expert_placement: \[" "$work/out" || fail "gating=all: no placement line"
+  grep -q "1/E = 12.5% (uniform)" "$work/a.html" || fail "gating=all report: no colour legend"
+  grep -q "Tokens per expert-parallel rank" "$work/a.html" || fail "gating=all report: no rank load"
+  echo "ok   bench balance --compare gating=all with placement advice"
+else
+  fail "bench balance --compare gating=all exited $?: $(cat "$work/err")"
+fi
+
 # A trained checkpoint: its router, routed with another top-k.
 if "$bin" train "$root/recipes/tiny.textproto" --run-dir "$work/run" --set train.steps=3 \
-    --set optimizer.warmup_steps=0 --set train.eval_interval=0 --dataset-cache "$work/cache" >/dev/null 2>"$work/err"; then
+    --set optimizer.warmup_steps=0 --set train.eval_interval=0 --set train.log_interval=1 \
+    --dataset-cache "$work/cache" >/dev/null 2>"$work/err"; then
   weights="$work/run/checkpoints/final"
   if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 --compare top_k=1,2 \
       --json "$work/t.json" >"$work/out" 2>"$work/err" &&
@@ -98,6 +128,30 @@ assert c["variants"][1]["layers"] == plain["layers"]
 assert sum(c["variants"][0]["layers"][0]["tokens_per_expert"]) == 8 * 128
 PY
     echo "ok   bench balance --compare on a checkpoint"
+    # The sigmoid router adds its bias (at 0) to the trained weights; softmax keeps them.
+    if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 \
+        --compare gating=SIGMOID_TOPK,TOPK_SOFTMAX --json "$work/s.json" >/dev/null 2>"$work/err"; then
+      python3 - "$work/s.json" "$work/t2.json" <<'PY' || fail "checkpoint sigmoid compare json"
+import json, sys
+c, plain = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert [v["gating"] for v in c["variants"]] == ["SIGMOID_TOPK", "TOPK_SOFTMAX"]
+assert c["variants"][1]["layers"] == plain["layers"]
+PY
+      echo "ok   bench balance --compare gating on a checkpoint"
+    else
+      fail "bench balance --compare gating on a checkpoint: $(cat "$work/err")"
+    fi
+    # --run-dir: each layer's imbalance over the run, from its metrics.jsonl.
+    if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 --run-dir "$work/run" \
+        --report "$work/r.html" >"$work/out" 2>"$work/err"; then
+      grep -q "^run .*: 3 logged steps" "$work/out" || fail "--run-dir: no history summary"
+      [[ $(grep -c "^  layer [0-3]: " "$work/out") -eq 4 ]] || fail "--run-dir: expected 4 layers"
+      grep -q "over training" "$work/r.html" || fail "--run-dir report: no history chart"
+      grep -c "<polyline" "$work/r.html" | grep -qx 4 || fail "--run-dir report: expected 4 lines"
+      echo "ok   bench balance --run-dir"
+    else
+      fail "bench balance --compare gating on a checkpoint: $(cat "$work/err")"
+    fi
   else
     fail "bench balance --compare on a checkpoint: $(cat "$work/err")"
   fi
@@ -118,7 +172,14 @@ expect_error() {
 }
 
 tiny="$root/recipes/tiny.textproto"
+mkdir -p "$work/badrun" "$work/emptyrun"
+printf '{"step":1,"layer_imbalance":[1.5,2]}\n{"step":2,"layer_imbalance":[1.5]}\n' >"$work/badrun/metrics.jsonl"
+printf '{"step":1,"loss":2}\n' >"$work/emptyrun/metrics.jsonl"
 expect_error "unknown path" "nope.textproto" -- "$bin" bench balance "$work/nope.textproto" --synthetic zipf:1.1
+expect_error "run dir that is not one" "no such directory" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --run-dir "$work/nope"
+expect_error "run dir without metrics" "metrics.jsonl" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --run-dir "$work/cache"
+expect_error "run dir with a short line" "line 2 lists 1 layers" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --run-dir "$work/badrun"
+expect_error "run dir without the field" "no line has layer_imbalance" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --run-dir "$work/emptyrun"
 expect_error "bad synthetic spec" "zipf:S" -- "$bin" bench balance "$tiny" --synthetic uniform
 expect_error "negative zipf exponent" "zipf:-1" -- "$bin" bench balance "$tiny" --synthetic zipf:-1
 expect_error "ep not dividing experts" "--ep 3" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --ep 3
@@ -128,6 +189,7 @@ expect_error "compare of an unknown setting" "unknown setting 'experts'" -- "$bi
 expect_error "compare with an empty value" "empty value" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=1,,2
 expect_error "compare top_k beyond the experts" "moe.top_k (9) must be <= moe.num_experts" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=1,9
 expect_error "compare top_k not a number" "moe.top_k" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=two
+expect_error "compare of an unknown gating names the schema's" "SIGMOID_TOPK, EXPERT_CHOICE, or gating=all" -- "$bin" bench balance "$tiny" "${z[@]}" --compare gating=sparsemax
 expect_error "compare of an unknown gating" "SPARSEMAX" -- "$bin" bench balance "$tiny" "${z[@]}" --compare gating=TOPK_SOFTMAX,sparsemax
 expect_error "compare with a value twice" "listed twice" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=2,2
 sed -e 's/top_k: 2/top_k: 1/' -e "s#corpus: .*#corpus: \"$root/data/corpus/tinyshakespeare.txt\"#" "$tiny" >"$work/top1.textproto"

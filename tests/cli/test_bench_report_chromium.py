@@ -68,7 +68,8 @@ def test_page_loads_without_errors(report, tmp_path):
     # Heatmaps and statistics (no all-to-all without --ep); a heatmap per variant.
     assert dom.count("<section>") == 2
     assert dom.count("<figure>") == len(stats["variants"]) == 2
-    assert dom.count("<rect ") == 2 * 4 * 8  # variants x layers x experts
+    assert dom.count("<rect ") == 2 * 4 * 8 + 1  # variants x layers x experts, the legend
+    assert "1/E = 12.5% (uniform)" in dom
     assert "<figcaption>top_k=1</figcaption>" in dom and "<figcaption>top_k=2</figcaption>" in dom
     for line in result.stderr.splitlines():
         assert "CONSOLE" not in line and "Uncaught" not in line, line
