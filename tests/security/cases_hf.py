@@ -5,7 +5,7 @@ import math
 import os
 import struct
 
-from hostile import Case
+from hostile import REPO, Case
 
 NAN_TENSOR = "model.norm.weight"
 EXPERTS = "model.layers.0.mlp.experts.gate_up_proj"
@@ -145,6 +145,18 @@ def _config_delete(key):
     return edit
 
 
+def _deepseek_config(key, value):
+    """An import of a directory whose config.json is DeepSeek-V3's (the hf_config fuzz
+    target's seed) with config[key] = value: refused before any weight is read."""
+    def make(world, tmp):
+        hf = world.hf(tmp)
+        config = json.loads((REPO / "tests/fuzz/corpus/hf_config/deepseek_v3.json").read_text())
+        config[key] = value
+        (hf / "config.json").write_text(json.dumps(config))
+        return _from_hf(hf, tmp)
+    return make
+
+
 def _sharded(shard_name, prepare=None):
     """An import whose model.safetensors.index.json names every tensor's shard
     `shard_name`; prepare(hf, tmp) makes that name's file."""
@@ -282,6 +294,36 @@ CASES = [
     Case("hf-config-model-beyond-files", "HF config.json",
          "intermediate_size 262144: a model of at least 3.2 GB in 7.7 MB of safetensors",
          _config(_config_set("intermediate_size", 262144)), "more than its safetensors files'"),
+    Case("hf-deepseek-kv-rank-2-40", "HF config.json", "DeepSeek-V3's kv_lora_rank 2^40",
+         _deepseek_config("kv_lora_rank", 1 << 40),
+         "field kv_lora_rank must be an integer in [1, 2147483647]"),
+    Case("hf-deepseek-kv-rank-0", "HF config.json", "DeepSeek-V3's kv_lora_rank 0",
+         _deepseek_config("kv_lora_rank", 0),
+         "field kv_lora_rank must be an integer in [1, 2147483647]"),
+    Case("hf-deepseek-q-rank-negative", "HF config.json", "DeepSeek-V3's q_lora_rank -1",
+         _deepseek_config("q_lora_rank", -1),
+         "field q_lora_rank must be an integer in [0, 2147483647]"),
+    Case("hf-deepseek-rope-odd", "HF config.json", "DeepSeek-V3's qk_rope_head_dim 5",
+         _deepseek_config("qk_rope_head_dim", 5), "model.mla.qk_rope_head_dim (5) must be even"),
+    Case("hf-deepseek-kv-rank-huge", "HF config.json", "DeepSeek-V3's kv_lora_rank 10^6",
+         _deepseek_config("kv_lora_rank", 10**6), "model.mla.kv_lora_rank (1000000)"),
+    Case("hf-deepseek-groups-0", "HF config.json", "DeepSeek-V3's n_group 0",
+         _deepseek_config("n_group", 0), "field n_group must be an integer in [1, 8]"),
+    Case("hf-deepseek-top-groups-beyond", "HF config.json",
+         "DeepSeek-V3's topk_group 3 of n_group 2",
+         _deepseek_config("topk_group", 3), "field topk_group must be an integer in [1, 2]"),
+    Case("hf-deepseek-dense-beyond", "HF config.json",
+         "DeepSeek-V3's first_k_dense_replace 10^9 (3 layers)",
+         _deepseek_config("first_k_dense_replace", 10**9),
+         "field first_k_dense_replace must be an integer in [0, 3]"),
+    Case("hf-deepseek-interleave-string", "HF config.json", "DeepSeek-V3's rope_interleave \"yes\"",
+         _deepseek_config("rope_interleave", "yes"), "field rope_interleave must be true or false"),
+    Case("hf-deepseek-kv-heads", "HF config.json",
+         "DeepSeek-V3's num_key_value_heads 2 of 4 heads",
+         _deepseek_config("num_key_value_heads", 2),
+         "model.num_kv_heads (2) must equal model.num_heads with latent attention"),
+    Case("hf-deepseek-topk-method", "HF config.json", "DeepSeek-V3's topk_method \"greedy\"",
+         _deepseek_config("topk_method", "greedy"), "topk_method \"greedy\""),
     Case("hf-index-dotdot", "HF model.safetensors.index.json", "every shard named \"../x.safetensors\"",
          _sharded("../x.safetensors"), "is not a plain file name inside"),
     Case("hf-index-absolute", "HF model.safetensors.index.json", "every shard named \"/etc/passwd\"",
