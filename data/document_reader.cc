@@ -69,6 +69,10 @@ absl::StatusOr<bool> DocumentReader::next_line(std::string* line) {
       ++line_number_;
       return true;
     }
+    if (static_cast<int64_t>(buffer_.size() - buffer_pos_) > kMaxDocumentBytes)
+      return absl::InvalidArgumentError(absl::StrCat(path_, ":", line_number_ + 1,
+                                                     ": a line longer than ", kMaxDocumentBytes,
+                                                     " bytes (64 MiB), the most a document holds"));
     if (eof_) {
       if (buffer_pos_ == buffer_.size()) return false;
       line->assign(buffer_, buffer_pos_, std::string::npos);
@@ -117,6 +121,11 @@ absl::StatusOr<bool> DocumentReader::next(std::string* text) {
     }
     if (!text->empty()) text->push_back('\n');
     text->append(line);
+    if (static_cast<int64_t>(text->size()) > kMaxDocumentBytes)
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ":", line_number_, ": a paragraph longer than ", kMaxDocumentBytes,
+                       " bytes (64 MiB), the most a document holds; separate documents by a "
+                       "blank line"));
   }
 }
 

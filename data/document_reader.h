@@ -19,6 +19,10 @@ enum class TextFormat { kPlainText, kJsonLines };
 
 TextFormat text_format_for_path(const std::string& path);
 
+// The longest line, and the longest document, a reader takes: longer ones are refused,
+// so that reading holds at most this much of one input at a time.
+inline constexpr int64_t kMaxDocumentBytes = int64_t{64} << 20;
+
 class DocumentReader {
  public:
   static absl::StatusOr<std::unique_ptr<DocumentReader>> open(const std::string& path,
