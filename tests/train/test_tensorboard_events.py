@@ -218,6 +218,21 @@ def test_per_layer_imbalance_and_drops_at_log_steps(training_run):
     assert f"moe/layer_{LAYERS}/imbalance" not in tags
 
 
+def test_per_layer_spread_and_dead_experts_follow_the_histogram(training_run):
+    for layer in range(LAYERS):
+        cv = training_run.Scalars(f"moe/layer_{layer}/cv")
+        dead = training_run.Scalars(f"moe/layer_{layer}/dead_experts")
+        hist = training_run.Histograms(f"moe/layer_{layer}/tokens_per_expert")
+        assert [s.step for s in cv] == [s.step for s in dead] == [h.step for h in hist]
+        for c, d, h in zip(cv, dead, hist):
+            v = h.histogram_value
+            mean = v.sum / v.num
+            std = max(0.0, v.sum_squares / v.num - mean * mean) ** 0.5
+            assert abs(c.value - std / mean) < 1e-4, (layer, c, std / mean)
+            assert 0 <= d.value <= EXPERTS - TOP_K and d.value == int(d.value)
+            assert (d.value > 0) <= (v.min == 0), (layer, d, v.min)
+
+
 def test_per_layer_tokens_per_expert_histograms(training_run):
     hist_tags = training_run.Tags()["histograms"]
     for layer in range(LAYERS):
