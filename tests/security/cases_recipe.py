@@ -67,6 +67,16 @@ CASES = [
          "model.hidden_size=65536, 64 heads, 64 layers: memory the machine does not have",
          _override("model.hidden_size=65536",
                    ("--set", "model.num_heads=64", "--set", "model.num_layers=64")), "GiB"),
+    Case("set-mla-negative-rank", "--set value", "model.mla.kv_lora_rank=-1",
+         _override("model.mla.kv_lora_rank=-1"), "model.mla.kv_lora_rank (-1) must be >= 0"),
+    Case("set-mla-odd-rope", "--set value",
+         "model.mla.qk_rope_head_dim=3 with a latent of 32 (and 4 key/value heads)",
+         _override("model.mla.kv_lora_rank=32",
+                   ("--set", "model.num_kv_heads=4", "--set", "model.mla.qk_nope_head_dim=16",
+                    "--set", "model.mla.qk_rope_head_dim=3", "--set", "model.mla.v_head_dim=16")),
+         "model.mla.qk_rope_head_dim (3) must be even"),
+    Case("set-mla-without-latent", "--set value", "model.mla.q_lora_rank=64 with no kv_lora_rank",
+         _override("model.mla.q_lora_rank=64"), "model.mla needs kv_lora_rank > 0"),
 ]
 
 
