@@ -792,6 +792,10 @@ absl::Status BenchCommand::run_balance() {
         j["variants"].push_back(std::move(v));
       }
     }
+    if (history)
+      j["run_history"] = {{"run_dir", run_dir_},
+                          {"steps", history->steps},
+                          {"layer_imbalance", history->layers}};
     SY_RETURN_IF_ERROR(write_file_atomically(json_path_, j.dump(2) + "\n"));
   }
   if (!report_path_.empty())

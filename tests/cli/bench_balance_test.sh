@@ -143,7 +143,14 @@ PY
     fi
     # --run-dir: each layer's imbalance over the run, from its metrics.jsonl.
     if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 --run-dir "$work/run" \
-        --report "$work/r.html" >"$work/out" 2>"$work/err"; then
+        --report "$work/r.html" --json "$work/r.json" >"$work/out" 2>"$work/err"; then
+      python3 - "$work/r.json" <<'PY' || fail "--run-dir json"
+import json, sys
+h = json.load(open(sys.argv[1]))["run_history"]
+assert h["steps"] == [1, 2, 3], h
+assert len(h["layer_imbalance"]) == 4 and all(len(l) == 3 for l in h["layer_imbalance"]), h
+assert all(1 <= v <= 8 for l in h["layer_imbalance"] for v in l), h
+PY
       grep -q "^run .*: 3 logged steps" "$work/out" || fail "--run-dir: no history summary"
       [[ $(grep -c "^  layer [0-3]: " "$work/out") -eq 4 ]] || fail "--run-dir: expected 4 layers"
       grep -q "over training" "$work/r.html" || fail "--run-dir report: no history chart"
