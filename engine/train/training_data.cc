@@ -143,11 +143,14 @@ std::string describe_training_data(const std::vector<TrainingSource>& sources) {
 
 namespace {
 
-// "3.07 epochs" of a source's train split over the run, with the columns before it.
+// "3.07 epochs" of a source's train split over the run, with the columns before it; its
+// windows are documents with data.packing PAD.
 std::string describe_dataset_source(const std::string& dir, double windows_per_step,
-                                    const config::TrainConfig& train) {
+                                    const config::Recipe& recipe) {
+  const config::TrainConfig& train = recipe.train();
   DatasetOpenOptions unverified;
   unverified.verify_checksums = false;
+  unverified.pad_documents = recipe.data().packing() == config::PAD;
   absl::StatusOr<TokenDataset> data = TokenDataset::open(dir, "train", unverified);
   if (!data.ok()) return absl::StrCat("cannot open: ", data.status().message());
   const int64_t windows = data->num_windows(train.seq_len());
@@ -186,7 +189,7 @@ absl::StatusOr<std::string> describe_blend(const config::Recipe& recipe) {
                           source.name(), source.weight(), 100.0 * share, per_step);
     if (source.corpus().empty())
       absl::StrAppendFormat(&text, "    dataset %s: %s\n", source.dataset(),
-                            describe_dataset_source(source.dataset(), per_step, train));
+                            describe_dataset_source(source.dataset(), per_step, recipe));
     else
       absl::StrAppendFormat(&text, "    corpus %s (prepared with the blend's tokenizer on first use)\n",
                             source.corpus());
