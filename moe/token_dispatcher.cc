@@ -62,8 +62,8 @@ void TokenDispatcher::plan(Device& dev, const Tensor& ids, const Tensor& weights
     if (dest[a] < 0) kept[a] = -1;
     rows += kept[a] >= 0;
   }
-  permute_plan(dev, kept_ids.to(dev, MemoryKind::kActivations), weights, E, -1,
-               tokens_per_expert_, dest_rows_);
+  permute_plan(dev, kept_ids.to(dev, MemoryKind::kActivations), weights, E, -1, tokens_per_expert_,
+               dest_rows_);
   permuted_rows_ = rows;
 }
 
@@ -101,8 +101,8 @@ void TokenDispatcher::dispatch_backward(Device& dev, const Tensor& dlocal_rows, 
   Tensor dpermuted = dlocal_rows;
   if (ep_) {
     // Backward of exchange: back to source order, then to the routing ranks.
-    Tensor by_source = Tensor::zeros(dlocal_rows.shape(), dlocal_rows.dtype(),
-                                     MemoryKind::kActivations, dev);
+    Tensor by_source =
+        Tensor::zeros(dlocal_rows.shape(), dlocal_rows.dtype(), MemoryKind::kActivations, dev);
     permute_gather_backward(dev, dlocal_rows, regroup_rows_, by_source);
     dpermuted = activation(dev, {expert_out_.rows(), dlocal_rows.row_size()}, dlocal_rows.dtype());
     ep_->all_to_all_v(by_source, recv_rows_, dpermuted, send_rows_);

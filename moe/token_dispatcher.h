@@ -68,9 +68,9 @@ class TokenDispatcher {
   // Exchange plan (expert parallelism): rows sent to / received from each rank, the
   // received rows' places in local-expert order, and the rows per local expert.
   std::vector<int64_t> send_rows_, recv_rows_;
-  Tensor regroup_rows_;   // (received, 1) i32
-  Tensor local_counts_;   // (local experts) i32, where the grouped products want them
-  Tensor expert_out_;     // (permuted rows, hidden) the experts' outputs in permuted order
+  Tensor regroup_rows_;  // (received, 1) i32
+  Tensor local_counts_;  // (local experts) i32, where the grouped products want them
+  Tensor expert_out_;    // (permuted rows, hidden) the experts' outputs in permuted order
 };
 
 }  // namespace switchyard

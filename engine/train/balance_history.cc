@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -22,9 +21,9 @@ absl::StatusOr<std::vector<double>> line_imbalance(const nlohmann::json& line, s
                                                    const std::string& path) {
   const auto it = line.find("layer_imbalance");
   if (it == line.end() || it->is_null()) return std::vector<double>();
-  const auto refuse = absl::DataLossError(absl::StrCat(
-      path, ": line ", number, " field layer_imbalance must be an array of 1 to ",
-      kMaxHistoryLayers, " finite numbers >= 0"));
+  const auto refuse = absl::DataLossError(
+      absl::StrCat(path, ": line ", number, " field layer_imbalance must be an array of 1 to ",
+                   kMaxHistoryLayers, " finite numbers >= 0"));
   if (!it->is_array() || it->empty() || static_cast<int64_t>(it->size()) > kMaxHistoryLayers)
     return refuse;
   std::vector<double> values;
@@ -44,9 +43,9 @@ absl::StatusOr<ImbalanceHistory> read_imbalance_history(std::string_view text,
   ImbalanceHistory history;
   for (size_t i = 0; i < lines.size(); ++i) {
     const size_t number = i + 1;
-    SY_ASSIGN_OR_RETURN(const nlohmann::json line,
-                        parse_json_object(lines[i], absl::StrCat(path, ": line ", number),
-                                          kMaxLineDepth));
+    SY_ASSIGN_OR_RETURN(
+        const nlohmann::json line,
+        parse_json_object(lines[i], absl::StrCat(path, ": line ", number), kMaxLineDepth));
     SY_ASSIGN_OR_RETURN(const std::vector<double> values, line_imbalance(line, number, path));
     if (values.empty()) continue;
     const auto step = line.find("step");

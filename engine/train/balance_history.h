@@ -16,7 +16,7 @@ namespace switchyard {
 inline constexpr int64_t kMaxHistoryLayers = 4096;
 
 struct ImbalanceHistory {
-  std::vector<int64_t> steps;              // of the lines with layer_imbalance, in file order
+  std::vector<int64_t> steps;               // of the lines with layer_imbalance, in file order
   std::vector<std::vector<double>> layers;  // layers[l][i]: layer l at steps[i]
 };
 

@@ -70,7 +70,10 @@ TEST(BalanceHistoryTest, MutatedFilesAreReadOrRefusedInOneLine) {
     for (int e = 0; e < edits; ++e) {
       const size_t at = static_cast<size_t>(rng.uniform() * static_cast<double>(text.size()));
       const char c = bytes[static_cast<size_t>(rng.uniform() * (sizeof(bytes) - 1))];
-      if (rng.uniform() < 0.5) text[at] = c; else text.insert(at, 1, c);
+      if (rng.uniform() < 0.5)
+        text[at] = c;
+      else
+        text.insert(at, 1, c);
     }
     const auto h = read_imbalance_history(text, "metrics.jsonl");
     if (h.ok()) {
