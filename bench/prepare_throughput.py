@@ -1,5 +1,6 @@
 """Data pipeline throughput: `switchyard data prepare` against the sentencepiece Python
-package encoding the same text in the same run, and the loader's tokens/s.
+package encoding the same text in the same run, the loader's tokens/s, and the tokens/s
+the trainer consumes from the prepared dataset.
 
 Runs, in order:
   1. `switchyard data tokenizer` trains a BPE model on data/corpus/tinyshakespeare.txt;
@@ -8,8 +9,12 @@ Runs, in order:
      writing, checksums);
   3. sentencepiece (Python) encodes the same documents (blank-line-separated paragraphs)
      with the same model and thread count, timing encode() alone (no file I/O, no output);
-  4. the loader reads shuffled windows of the prepared train split (tests/data token_tool).
-Prints MB/s for both encoders, their ratio, tokens/s of the loader; optionally writes JSON.
+  4. the loader reads shuffled windows of the prepared train split (tests/data token_tool);
+  5. `switchyard train` runs recipes/tiny.textproto (its vocabulary widened to the
+     tokenizer's) on the prepared dataset for --train-steps steps, and the mean tokens/s of
+     its logged steps after the first is taken as the trainer's consumption.
+Prints MB/s for both encoders, their ratio, tokens/s of prepare, the loader and the
+trainer; optionally writes JSON.
 Both encoders must produce the same ids, which the script checks (h5py reads the shards).
 
 Run with the project Python environment, e.g.
@@ -42,6 +47,7 @@ def parse_args():
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--seq", type=int, default=1024, help="loader window length")
     p.add_argument("--global-batch", type=int, default=32, help="loader windows per step")
+    p.add_argument("--train-steps", type=int, default=20, help="steps of the tiny recipe")
     p.add_argument("--json", help="also write the results here")
     return p.parse_args()
 
@@ -66,6 +72,19 @@ def run(*cmd):
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(map(str, cmd))} failed:\n{result.stderr}")
     return result.stdout
+
+
+def train_consumption(args, tmp):
+    """Tokens/s of the tiny recipe training on the prepared dataset: the mean over its
+    logged steps after the first (which includes start-up)."""
+    run(args.switchyard, "train", REPO / "recipes" / "tiny.textproto", "--run-dir", tmp / "run",
+        "--set", "data.corpus=", "--set", f"data.dataset={tmp / 'dataset'}",
+        "--set", f"model.vocab_size={args.vocab_size}", "--set", f"train.steps={args.train_steps}",
+        "--set", "train.eval_interval=0", "--set", "train.log_interval=1",
+        "--set", "checkpoint.interval_steps=0")
+    logged = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    rates = [m["tokens_per_s"] for m in logged if "tokens_per_s" in m][1:]
+    return sum(rates) / len(rates)
 
 
 def main():
@@ -105,6 +124,7 @@ def main():
         steps = max(1, (engine_tokens // args.seq) // args.global_batch)
         loader = json.loads(run(args.token_tool, "bench-loader", tmp / "dataset", args.seq,
                                 args.global_batch, steps))
+        trainer_tokens_per_s = train_consumption(args, tmp)
 
     results = {
         "megabytes": round(megabytes, 2),
@@ -119,6 +139,9 @@ def main():
         "loader_seq_len": args.seq,
         "loader_global_batch": args.global_batch,
         "loader_tokens_per_s": round(loader["tokens_per_s"]),
+        "engine_prepare_tokens_per_s": round(engine_tokens / engine_s),
+        "trainer_tokens_per_s": round(trainer_tokens_per_s),
+        "ratio_prepare_over_trainer": round(engine_tokens / engine_s / trainer_tokens_per_s, 1),
     }
     print(f"prepare {megabytes:.1f} MB, {engine_tokens} tokens, {args.threads} threads, "
           f"vocab {args.vocab_size}")
@@ -127,6 +150,9 @@ def main():
     print(f"  ratio engine / python:                    {results['ratio_engine_over_python']:8.3f}")
     print(f"loader (seq {args.seq}, global batch {args.global_batch}, shuffled windows): "
           f"{results['loader_tokens_per_s'] / 1e6:.1f}M tokens/s")
+    print(f"prepare {results['engine_prepare_tokens_per_s'] / 1e6:.2f}M tokens/s, the tiny "
+          f"recipe's training {results['trainer_tokens_per_s']} tokens/s: "
+          f"{results['ratio_prepare_over_trainer']}x")
     print(json.dumps(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
