@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -31,7 +32,15 @@ struct LayoutChoice {
   int tp = 1;
   int ep = 1;
   int zero = 0;
+  config::Recompute recompute = config::NONE;
 };
+
+// The recomputation modes from the cheapest in time to the cheapest in memory.
+constexpr config::Recompute kRecomputeModes[] = {config::NONE, config::SELECTIVE, config::FULL};
+
+std::string recompute_name(config::Recompute mode) {
+  return absl::AsciiStrToLower(config::Recompute_Name(mode));
+}
 
 struct Machine {
   double memory_bytes = 0;
@@ -46,11 +55,16 @@ struct LayoutPlan {
   RankMemory worst;
   double flops_per_rank = 0;
   double compute_s = 0;
+  double recompute_s = 0;
   double all_to_all_s = 0;
   double tensor_parallel_s = 0;
   double gradient_s = 0;
-  double step_s() const { return compute_s + all_to_all_s + tensor_parallel_s + gradient_s; }
+  double step_s() const {
+    return compute_s + recompute_s + all_to_all_s + tensor_parallel_s + gradient_s;
+  }
   bool fits = false;
+  // Fits but leaves less than a tenth of the device (train warns, tight_fit_warning).
+  bool tight = false;
 };
 
 // "80GB", "80GiB", "8.5e10": bytes. Decimal (k, M, G, T + B) and binary (KiB ... TiB)
@@ -78,26 +92,39 @@ absl::StatusOr<double> parse_bytes(const std::string& text) {
   return value * unit;
 }
 
-// "tp=2,ep=8,zero=1": every key at most once, each a small positive (zero: 0-3) integer.
-absl::StatusOr<LayoutChoice> parse_layout(const std::string& text) {
+// "tp=2,ep=8,zero=1,recompute=full": every key at most once, each a small positive (zero:
+// 0-3) integer, recompute none, selective or full. `*recompute_given`: whether it was named.
+absl::StatusOr<LayoutChoice> parse_layout(const std::string& text, bool* recompute_given) {
+  const auto refuse = [&text] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--layout: want tp=N,ep=N,zero=0..3,recompute=none|selective|full (each at most once), "
+        "not \"",
+        text, "\""));
+  };
   LayoutChoice c;
-  bool seen[3] = {false, false, false};
+  bool seen[4] = {false, false, false, false};
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     const std::vector<std::string> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
-    int value = 0;
-    const char* keys[] = {"tp", "ep", "zero"};
-    int* fields[] = {&c.tp, &c.ep, &c.zero};
+    const char* keys[] = {"tp", "ep", "zero", "recompute"};
     int key = -1;
-    for (int k = 0; k < 3; ++k)
+    for (int k = 0; k < 4; ++k)
       if (kv.size() == 2 && kv[0] == keys[k]) key = k;
-    const int low = key == 2 ? 0 : 1, high = key == 2 ? 3 : kMaxPlanWorld;
-    if (key < 0 || seen[key] || !absl::SimpleAtoi(kv[1], &value) || value < low ||
-        value > high)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--layout: want tp=N,ep=N,zero=0..3 (each at most once), not \"", text, "\""));
+    if (key < 0 || seen[key]) return refuse();
     seen[key] = true;
+    if (key == 3) {
+      const auto mode = std::find_if(std::begin(kRecomputeModes), std::end(kRecomputeModes),
+                                     [&](config::Recompute m) { return recompute_name(m) == kv[1]; });
+      if (mode == std::end(kRecomputeModes)) return refuse();
+      c.recompute = *mode;
+      continue;
+    }
+    int value = 0;
+    int* fields[] = {&c.tp, &c.ep, &c.zero};
+    const int low = key == 2 ? 0 : 1, high = key == 2 ? 3 : kMaxPlanWorld;
+    if (!absl::SimpleAtoi(kv[1], &value) || value < low || value > high) return refuse();
     *fields[key] = value;
   }
+  *recompute_given = seen[3];
   return c;
 }
 
@@ -126,6 +153,27 @@ double ring_s(double bytes, int p, const Machine& machine) {
   return p > 1 ? bytes * (p - 1) / p / machine.bandwidth_bytes : 0;
 }
 
+// The forward FLOPs per token that backward computes again under the recipe's
+// train.recompute: FULL, the recomputed layers' share of the forward without the LM head
+// (every layer taken alike); SELECTIVE, attention's score and value products (as
+// ModelStats counts them) and each MoE layer's experts' gate/up products.
+double recompute_flops_per_token(const config::Recipe& r, const ModelStats& stats) {
+  const config::ModelConfig& m = r.model();
+  const double layers = m.num_layers();
+  if (r.train().recompute() == config::FULL) {
+    const double head = 2.0 * static_cast<double>(m.vocab_size()) * m.hidden_size();
+    const double recomputed = r.train().recompute_layers() > 0 ? r.train().recompute_layers() : layers;
+    return (stats.forward_flops_per_token - head) * recomputed / layers;
+  }
+  if (r.train().recompute() != config::SELECTIVE) return 0;
+  int moe_layers = 0;
+  for (int i = 0; i < m.num_layers(); ++i) moe_layers += config::is_moe_layer(r, i);
+  const double attention = 4.0 * layers * r.train().seq_len() * m.num_heads() * m.head_dim();
+  const double experts = moe_layers * 2.0 * r.moe().top_k() * m.hidden_size() * 2.0 *
+                         static_cast<double>(r.moe().expert_ffn_hidden_size());
+  return attention + experts;
+}
+
 // The step-time model (docs/planning.md): FLOPs at the device's peak, then every
 // collective at the bandwidth, none overlapped.
 void estimate_step(const config::Recipe& recipe, const ModelStats& stats, const Machine& machine,
@@ -136,6 +184,7 @@ void estimate_step(const config::Recipe& recipe, const ModelStats& stats, const 
   const double tokens = static_cast<double>(l.global_batch_size) * r.train().seq_len();
   p.flops_per_rank = stats.train_flops_per_token * tokens / l.world_size;
   p.compute_s = p.flops_per_rank / machine.peak_flops;
+  p.recompute_s = recompute_flops_per_token(r, stats) * tokens / l.world_size / machine.peak_flops;
   // Per rank and micro-batch: its tokens and, routed, the rows leaving it.
   const double n = static_cast<double>(l.micro_batch_size) * r.train().seq_len();
   const double passes = static_cast<double>(l.micro_batches_per_step);
@@ -168,6 +217,8 @@ std::optional<LayoutPlan> plan_layout(const config::Recipe& base, const ModelSta
   recipe.mutable_parallel()->set_tensor_parallel_size(c.tp);
   recipe.mutable_parallel()->set_expert_parallel_size(c.ep);
   recipe.mutable_parallel()->set_zero_stage(c.zero);
+  if (c.recompute != base.train().recompute()) recipe.mutable_train()->set_recompute_layers(0);
+  recipe.mutable_train()->set_recompute(c.recompute);
   absl::Status valid = config::validate_recipe(recipe);
   absl::StatusOr<Layout> layout =
       valid.ok() ? make_layout(recipe, world) : absl::StatusOr<Layout>(valid);
@@ -182,13 +233,33 @@ std::optional<LayoutPlan> plan_layout(const config::Recipe& base, const ModelSta
   for (const RankMemory& m : plan_rank_memory(recipe, p.layout, working))
     if (m.total() > p.worst.total()) p.worst = m;
   p.fits = p.worst.total() <= machine.memory_bytes;
+  p.tight = !tight_fit_warning("", p.worst.total(), machine.memory_bytes).empty();
   estimate_step(recipe, stats, machine, p);
   return p;
 }
 
+// The plan of `c` with the least recomputation that fits with a tenth to spare, else the
+// least that fits, else the one that needs least memory; nullopt for a layout the recipe
+// refuses.
+std::optional<LayoutPlan> least_recompute(const config::Recipe& recipe, const ModelStats& stats,
+                                          const Machine& machine, int world, LayoutChoice c,
+                                          std::string* refusal) {
+  std::optional<LayoutPlan> plan, first_fit;
+  for (config::Recompute mode : kRecomputeModes) {
+    c.recompute = mode;
+    plan = plan_layout(recipe, stats, machine, world, c, refusal);
+    if (!plan || (plan->fits && !plan->tight)) return plan;
+    if (plan->fits && !first_fit) first_fit = plan;
+  }
+  return first_fit ? first_fit : plan;
+}
+
 std::string layout_name(const LayoutPlan& p) {
-  return absl::StrFormat("dp %d, tp %d, ep %d, zero %d", p.layout.data_parallel_size,
-                         p.choice.tp, p.choice.ep, p.choice.zero);
+  return absl::StrCat(absl::StrFormat("dp %d, tp %d, ep %d, zero %d", p.layout.data_parallel_size,
+                                      p.choice.tp, p.choice.ep, p.choice.zero),
+                      p.choice.recompute == config::NONE
+                          ? ""
+                          : absl::StrCat(", recompute ", recompute_name(p.choice.recompute)));
 }
 
 // The largest of the rank's terms: what to shrink first.
@@ -204,10 +275,12 @@ std::pair<std::string, double> largest_term(const RankMemory& m) {
 
 std::string fit_text(const LayoutPlan& p, const Machine& machine) {
   if (p.fits)
-    return absl::StrFormat("step %.4g s (compute %.4g, all-to-all %.4g, tp %.4g, gradients "
-                           "%.4g); %s on rank %d",
-                           p.step_s(), p.compute_s, p.all_to_all_s, p.tensor_parallel_s,
-                           p.gradient_s, size_text(p.worst.total()), p.worst.rank);
+    return absl::StrFormat("step %.4g s (compute %.4g, recompute %.4g, all-to-all %.4g, tp %.4g, "
+                           "gradients %.4g); %s on rank %d",
+                           p.step_s(), p.compute_s, p.recompute_s, p.all_to_all_s,
+                           p.tensor_parallel_s, p.gradient_s, size_text(p.worst.total()),
+                           p.worst.rank) +
+           (p.tight ? ", less than a tenth left" : "");
   const auto [term, bytes] = largest_term(p.worst);
   return absl::StrFormat("does not fit: rank %d needs %s of %s, the most for %s (%s)",
                          p.worst.rank, size_text(p.worst.total()),
@@ -219,11 +292,14 @@ nlohmann::ordered_json plan_json(const LayoutPlan& p) {
           {"tensor_parallel_size", p.choice.tp},
           {"expert_parallel_size", p.choice.ep},
           {"zero_stage", p.choice.zero},
+          {"recompute", recompute_name(p.choice.recompute)},
           {"fits", p.fits},
+          {"tight", p.tight},
           {"largest_rank", rank_memory_json(p.worst)},
           {"flops_per_rank", p.flops_per_rank},
           {"step_s", p.step_s()},
           {"compute_s", p.compute_s},
+          {"recompute_s", p.recompute_s},
           {"all_to_all_s", p.all_to_all_s},
           {"tensor_parallel_s", p.tensor_parallel_s},
           {"gradient_s", p.gradient_s}};
@@ -240,7 +316,8 @@ PlanCommand::PlanCommand(CLI::App& app) {
                     "memory of one device: bytes, or with a unit (80GB, 80GiB)")
       ->required();
   plan_->add_option("--layout", layout_,
-                    "one layout, tp=N,ep=N,zero=0..3 (unnamed: 1, 1, 0); default: every valid one");
+                    "one layout, tp=N,ep=N,zero=0..3,recompute=none|selective|full (unnamed: 1, "
+                    "1, 0, the least that fits); default: every valid one");
   plan_->add_option("--gpu", gpu_, "device whose dense bf16 peak sets the compute time");
   plan_->add_option("--peak-tflops", peak_tflops_, "one device's peak TFLOP/s, instead of --gpu's")
       ->check(finite_in(1e-3, 1e6));
@@ -264,8 +341,9 @@ absl::Status PlanCommand::run() {
         "--gpu: no known peak for \"", gpu_, "\"; give --peak-tflops"));
   machine.bandwidth_bytes = bandwidth_gbps_ * 1e9;
   std::vector<LayoutChoice> choices;
+  bool recompute_given = false;
   if (!layout_.empty()) {
-    SY_ASSIGN_OR_RETURN(const LayoutChoice c, parse_layout(layout_));
+    SY_ASSIGN_OR_RETURN(const LayoutChoice c, parse_layout(layout_, &recompute_given));
     choices.push_back(c);
   } else {
     for (int tp : divisors(world_))
@@ -276,16 +354,20 @@ absl::Status PlanCommand::run() {
   std::vector<LayoutPlan> plans;
   std::string refusal;
   for (const LayoutChoice& c : choices)
-    if (std::optional<LayoutPlan> p = plan_layout(recipe, stats, machine, world_, c, &refusal))
+    if (std::optional<LayoutPlan> p =
+            recompute_given ? plan_layout(recipe, stats, machine, world_, c, &refusal)
+                            : least_recompute(recipe, stats, machine, world_, c, &refusal))
       plans.push_back(*p);
   if (plans.empty())
     return absl::InvalidArgumentError(
         layout_.empty() ? absl::StrCat("no layout of ", world_, " ranks is valid for ",
                                        recipe.name(), " (", refusal, ")")
                         : refusal);
-  // Those that fit by step time (then by memory); the others after, by memory.
+  // Those that fit with a tenth to spare by step time (then by memory), then those that
+  // fit more tightly; the others after, by memory.
   std::stable_sort(plans.begin(), plans.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
     if (a.fits != b.fits) return a.fits;
+    if (a.fits && a.tight != b.tight) return b.tight;
     if (a.fits && a.step_s() != b.step_s()) return a.step_s() < b.step_s();
     return a.worst.total() < b.worst.total();
   });
@@ -296,7 +378,7 @@ absl::Status PlanCommand::run() {
               machine.peak_flops / 1e12, bandwidth_gbps_, fitting, plans.size());
   nlohmann::ordered_json all = nlohmann::ordered_json::array();
   for (size_t i = 0; i < plans.size(); ++i) {
-    std::printf("%3zu. %-28s %s\n", i + 1, layout_name(plans[i]).c_str(),
+    std::printf("%3zu. %-45s %s\n", i + 1, layout_name(plans[i]).c_str(),
                 fit_text(plans[i], machine).c_str());
     all.push_back(plan_json(plans[i]));
   }

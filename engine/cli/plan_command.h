@@ -1,9 +1,12 @@
-// `switchyard plan RECIPE --world N --device-memory BYTES [--layout tp=T,ep=E,zero=Z]
+// `switchyard plan RECIPE --world N --device-memory BYTES
+//                 [--layout tp=T,ep=E,zero=Z[,recompute=none|selective|full]]
 //                 [--gpu NAME | --peak-tflops T] [--bandwidth GB/s] [--set ...] [--json F]`:
 // the memory every rank of a layout needs (the trainer's own accounting,
 // engine/train/memory_plan.h), its FLOPs and an estimated step time, for one layout or
-// every valid layout of N ranks; the layouts that fit ranked by step time, and for each
-// that does not, the term that exceeds the device (docs/planning.md).
+// every valid layout of N ranks, each with the least activation recomputation that fits
+// (unless named); the layouts that fit with a tenth of the device to spare ranked by step
+// time, then those that fit more tightly, and for each that does not, the term that
+// exceeds the device (docs/planning.md).
 // Wiring in main(): construct PlanCommand on the app before parsing, then
 //   if (plan_command.parsed()) return report(plan_command.run());
 #pragma once
