@@ -537,7 +537,6 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   if (init) open_options.expected_tokenizer_sha256 = init->tokenizer_sha256;
   open_options.with_documents = recipe.data().document_attention();
   open_options.pad_documents = recipe.data().packing() == config::PAD;
-  open_options.pad_documents = recipe.data().packing() == config::PAD;
   SY_ASSIGN_OR_RETURN(const std::vector<TrainingSource> sources,
                       open_training_sources(source_dirs, open_options, tc.eval_interval() > 0,
                                             tc.seq_len(), recipe.model().vocab_size()));
