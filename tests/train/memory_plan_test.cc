@@ -62,6 +62,29 @@ TEST(MemoryPlanTest, ActivationPeakIsTheLastLayersMoeBackwardOverEverySavedTenso
   EXPECT_EQ(plan(tiny({}), 1)[0].activations, peak);
 }
 
+// Recomputation: SELECTIVE keeps every layer but attention's core and the experts'
+// intermediates, which the last layer's MoE backward holds again; FULL keeps each
+// recomputed layer's input, and the last layer's backward holds all of it again.
+TEST(MemoryPlanTest, RecomputationKeepsLessUntilEachLayersBackward) {
+  const double n = 8 * 128, x = n * 128 * 4, rows = n * 2;
+  const double attention = n * (2 * 128 + 2 * 64) * 4 + n * 4 * 4;
+  const double core = n * 128 * 4 + n * 4 * 4;
+  const double routing = 2 * n * 8 * 4 + 3 * n * 2 * 4 + 8 * 4;
+  const double hidden = rows * 3 * 256 * 4;
+  const double experts = rows * (128 + 3 * 256 + 128) * 4;
+  const double layer = 4 * x + 2 * n * 4 + attention + routing + experts;
+  const double stem = 8 * n + 128 * 32 * 4;
+  const double moe_backward = x + rows * 128 * 4 + n * 2 * 4 + rows * (3 * 256 + 128) * 4 +
+                              n * 8 * 4;
+  const double flowing = 2 * x + 4 * 8 * 4;
+  EXPECT_EQ(plan(tiny({"train.recompute=SELECTIVE"}), 1)[0].activations,
+            stem + 4 * (layer - core - hidden) + hidden + flowing + moe_backward);
+  EXPECT_EQ(plan(tiny({"train.recompute=FULL"}), 1)[0].activations,
+            stem + 3 * x + layer + flowing + moe_backward);
+  EXPECT_EQ(plan(tiny({"train.recompute=FULL", "train.recompute_layers=2"}), 1)[0].activations,
+            stem + 2 * x + 2 * layer + flowing + moe_backward);
+}
+
 TEST(MemoryPlanTest, ActivationsGrowWithTheMicroBatchAndShrinkUnderTensorParallelism) {
   const double one = plan(tiny({"train.micro_batch_size=4"}), 1)[0].activations;
   const double two = plan(tiny({"train.micro_batch_size=8"}), 1)[0].activations;
