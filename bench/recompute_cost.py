@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step import RECIPE, REPO, engine_overrides  # noqa: E402
+from train_step import RECIPE, REPO, add_shape_args, engine_overrides  # noqa: E402
 
 MODES = ["NONE", "SELECTIVE", "FULL"]
 
@@ -30,15 +30,7 @@ def parse_args():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed ones")
     p.add_argument("--steps", type=int, default=3, help="timed steps")
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--experts", type=int, default=8)
-    p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--ffn", type=int, default=1024, help="expert FFN hidden size")
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--batch", type=int, default=4, help="sequences per step")
+    add_shape_args(p)
     p.add_argument("--rounds", type=int, default=3, help="alternate the modes this many times")
     p.add_argument("--json", type=Path, help="also write the results to this file")
     return p.parse_args()

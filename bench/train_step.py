@@ -44,13 +44,8 @@ VOCAB = 1024  # the tiny recipe's tokenizer
 NON_SHAPE_ARGS = {"switchyard", "sgemm_peak", "json"}
 
 
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--switchyard", required=True, help="path to the switchyard binary")
-    p.add_argument("--sgemm-peak", required=True, help="path to the sgemm_peak binary")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for both")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed ones")
-    p.add_argument("--steps", type=int, default=5, help="timed steps")
+def add_shape_args(p):
+    """The model and batch shape that engine_overrides() turns into recipe overrides."""
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
@@ -60,6 +55,16 @@ def parse_args():
     p.add_argument("--ffn", type=int, default=1024, help="expert FFN hidden size")
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=4, help="sequences per step")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--switchyard", required=True, help="path to the switchyard binary")
+    p.add_argument("--sgemm-peak", required=True, help="path to the sgemm_peak binary")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for both")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed ones")
+    p.add_argument("--steps", type=int, default=5, help="timed steps")
+    add_shape_args(p)
     p.add_argument("--rounds", type=int, default=3,
                    help="alternate engine and PyTorch runs this many times; the best of each counts")
     p.add_argument("--json", type=Path, help="also write the results to this file")
