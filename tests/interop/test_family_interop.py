@@ -107,6 +107,16 @@ def assert_close(name, ours, ref, rtol):
     assert err < rtol, f"{name}: max error {err:.3g} relative to max |ref| {scale:.3g}"
 
 
+def assert_gradients_match(ours, reference, rtol=1e-3):
+    """The engine's gradients (the tool's "grad:NAME" outputs) against transformers' of the
+    same names, each nonzero: the same set of names, each within rtol."""
+    grads = {k[len("grad:"):]: v for k, v in ours.items() if k.startswith("grad:")}
+    assert set(grads) == set(reference), set(grads) ^ set(reference)
+    for name, ref in reference.items():
+        assert np.abs(ref).max() > 0, f"{name}: reference gradient is zero"
+        assert_close(name, grads[name], ref, rtol)
+
+
 def engine_forward_backward(weights_dir, ids, tmp):
     """Logits, losses and every gradient of the engine on the imported weights."""
     targets = np.full(ids.shape, -1, dtype=np.int32)
@@ -145,11 +155,7 @@ def test_import_matches_transformers_losses_and_gradients(tmp_path, family):
     assert total == pytest.approx(out.loss.item(), rel=1e-5)
 
     reference = to_engine_layout({k: p.grad.numpy() for k, p in model.named_parameters()})
-    grads = {k[len("grad:"):]: v for k, v in ours.items() if k.startswith("grad:")}
-    assert set(grads) == set(reference), set(grads) ^ set(reference)
-    for name, ref in reference.items():
-        assert np.abs(ref).max() > 0, f"{name}: reference gradient is zero"
-        assert_close(name, grads[name], ref, 1e-3)
+    assert_gradients_match(ours, reference)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
+
+from test_family_interop import assert_close, engine_forward_backward, load_hf
 
 SWITCHYARD = os.environ["SWITCHYARD"]
 TOOL = os.environ["MODEL_IO_TOOL"]
@@ -67,33 +69,6 @@ def dense_model(family):
     return model.float().eval()
 
 
-def assert_close(name, ours, ref, rtol=RTOL):
-    ours = np.asarray(ours, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert ours.shape == ref.shape, f"{name}: shape {ours.shape} vs {ref.shape}"
-    err = np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-12)
-    assert err < rtol, f"{name}: max error {err:.3g} relative to max |ref|"
-
-
-def engine_forward(weights_dir, ids, tmp):
-    targets = np.full(ids.shape, -1, dtype=np.int32)
-    targets[:, :-1] = ids[:, 1:]
-    save_file({"ids": ids.astype(np.int32), "targets": targets}, str(tmp / "batch.safetensors"))
-    run(TOOL, weights_dir / "recipe.textproto", weights_dir / "model.safetensors",
-        tmp / "batch.safetensors", tmp / "out.safetensors")
-    return load_file(str(tmp / "out.safetensors"))
-
-
-def load_hf(path):
-    # transformers 4.x names the argument torch_dtype; 5.x renamed it dtype.
-    dtype_arg = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(
-        path, output_loading_info=True, **{dtype_arg: torch.float32})
-    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-        assert not info.get(kind), f"{kind}: {info[kind]}"
-    return model.eval()
-
-
 def upcycle(hf_dir, out, experts, top_k, granularity, check=True):
     return run(SWITCHYARD, "convert", "upcycle", hf_dir, out, "--experts", experts,
                "--top-k", top_k, "--granularity", granularity, check=check)
@@ -113,8 +88,8 @@ def test_upcycled_forward_equals_dense(tmp_path, family, shape):
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         dense = model(input_ids=ids, labels=ids)
-    ours = engine_forward(tmp_path / "moe", ids.numpy(), tmp_path)
-    assert_close("logits", ours["logits"], dense.logits.reshape(BATCH * SEQ, VOCAB).numpy())
+    ours = engine_forward_backward(tmp_path / "moe", ids.numpy(), tmp_path)
+    assert_close("logits", ours["logits"], dense.logits.reshape(BATCH * SEQ, VOCAB).numpy(), RTOL)
     assert ours["losses"][1] == pytest.approx(dense.loss.item(), rel=RTOL)
 
     if family == "qwen2":
@@ -127,7 +102,7 @@ def test_upcycled_forward_equals_dense(tmp_path, family, shape):
     mixtral = load_hf(tmp_path / "back")
     with torch.no_grad():
         assert_close("transformers Mixtral logits", mixtral(input_ids=ids).logits.numpy(),
-                     dense.logits.numpy())
+                     dense.logits.numpy(), RTOL)
 
 
 def test_bf16_checkpoint_upcycles_to_its_f32_values(tmp_path):
@@ -140,7 +115,8 @@ def test_bf16_checkpoint_upcycles_to_its_f32_values(tmp_path):
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         dense = model(input_ids=ids).logits.reshape(BATCH * SEQ, VOCAB).numpy()
-    assert_close("logits", engine_forward(tmp_path / "moe", ids.numpy(), tmp_path)["logits"], dense)
+    ours = engine_forward_backward(tmp_path / "moe", ids.numpy(), tmp_path)
+    assert_close("logits", ours["logits"], dense, RTOL)
 
 
 def test_router_rows_repeat_per_slice_and_differ_between_copies(tmp_path):
