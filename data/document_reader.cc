@@ -32,6 +32,9 @@ absl::StatusOr<std::unique_ptr<DocumentReader>> DocumentReader::open(
   if (gz == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open the input file"));
   gzbuffer(gz, kReadBytes);
   reader->gz_ = gz;
+  // Address space for the longest line a document may hold, touched only as far as the
+  // input fills it: a long line grows in place instead of being copied to twice the size.
+  reader->buffer_.reserve(kMaxDocumentBytes + kReadBytes);
   return reader;
 }
 
