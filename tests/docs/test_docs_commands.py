@@ -337,6 +337,19 @@ BLOCKS = {
                "--set train.eval_interval=0",),
         command="switchyard bench balance runs/per-layer/checkpoints/final --batches 8 "
                 "| sed -n '/^layer/,$p' | sed '1s/^/per-layer /; 2s/^/aux       /'"),
+    ("docs/balance.md", "variant              layer"): Output(
+        "bench balance --compare gating=all with --ep 2: the header, each variant's overall "
+        "row (labelled with the variant, as the doc shows it) and its placement line",
+        command="switchyard bench balance recipes/tiny.textproto --batches 8 --ep 2 "
+                "--compare gating=all | awk '/^variant/ {print} /^gating=/ {v = substr($0, 1, 21)} "
+                "/ overall / {print v substr($0, 22)} /busiest rank/ {print}'"),
+    ("docs/balance.md", "run RUN: 4 logged steps"): Output(
+        "the end of bench balance --run-dir after the doc's 40-step run, its directory "
+        "named RUN as the doc names it",
+        setup=("switchyard train recipes/tiny.textproto --run-dir runs/history "
+               "--set train.steps=40 --set train.log_interval=10 --set train.eval_interval=0",),
+        command="switchyard bench balance runs/history/checkpoints/final --batches 2 "
+                "--run-dir runs/history --report r.html | sed 's#runs/history#RUN#'"),
     # docs/planning.md
     ("docs/planning.md", "switchyard plan RECIPE"): Synopsis(),
     ("docs/planning.md", "$ build/engine/cli/switchyard plan"): Session(),
