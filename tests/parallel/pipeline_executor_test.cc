@@ -22,22 +22,27 @@ constexpr int kWidth = 4;
 
 // Chunk k computes y = tanh(w_k x) element-wise; the loss of a micro-batch is
 // sum(y^2) / 2 of the last chunk's output. Micro-batch i's input is fixed by i.
-float weight(int model_chunk, int j) { return 0.5f + 0.1f * model_chunk - 0.05f * j; }
-float input(int micro_batch, int j) { return 0.3f * micro_batch - 0.2f * j + 0.1f; }
+// Each value one rounding of an exact integer: float sums of products would give the
+// compiler room to fuse a multiply and an add in one caller and not in another.
+float weight(int model_chunk, int j) { return (50 + 10 * model_chunk - 5 * j) / 100.0f; }
+float input(int micro_batch, int j) { return (30 * micro_batch - 20 * j + 10) / 100.0f; }
 
 struct Saved {
   std::vector<float> x, y;
 };
 
-std::vector<float> chunk_forward(int model_chunk, const std::vector<float>& x) {
+// Not inlined, here or in backward: one compiled body serves the executor and the
+// reference alike, fused multiply-adds or not.
+[[gnu::noinline]] std::vector<float> chunk_forward(int model_chunk, const std::vector<float>& x) {
   std::vector<float> y(kWidth);
   for (int j = 0; j < kWidth; ++j) y[j] = std::tanh(weight(model_chunk, j) * x[j]);
   return y;
 }
 
 // Accumulates the weight gradient into `dw`; returns the input gradient.
-std::vector<float> chunk_backward(int model_chunk, const Saved& saved, const std::vector<float>& dy,
-                                  std::vector<float>& dw) {
+[[gnu::noinline]] std::vector<float> chunk_backward(int model_chunk, const Saved& saved,
+                                                   const std::vector<float>& dy,
+                                                   std::vector<float>& dw) {
   std::vector<float> dx(kWidth);
   for (int j = 0; j < kWidth; ++j) {
     const float dz = dy[j] * (1.0f - saved.y[j] * saved.y[j]);
