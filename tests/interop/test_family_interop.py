@@ -117,6 +117,20 @@ def assert_gradients_match(ours, reference, rtol=1e-3):
         assert_close(name, grads[name], ref, rtol)
 
 
+def assert_import_refuses(model, tmp_path, field, value):
+    """`convert from-hf` of `model` saved with config.json's `field` set to `value` fails
+    in one line naming the field and writes nothing."""
+    model.save_pretrained(tmp_path / "hf")
+    config_path = tmp_path / "hf/config.json"
+    config = json.loads(config_path.read_text())
+    config[field] = value
+    config_path.write_text(json.dumps(config))
+    result = run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights", check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and field in lines[0], result.stderr
+    assert not (tmp_path / "weights").exists()
+
+
 def engine_forward_backward(weights_dir, ids, tmp):
     """Logits, losses and every gradient of the engine on the imported weights."""
     targets = np.full(ids.shape, -1, dtype=np.int32)
@@ -180,12 +194,4 @@ def test_import_export_round_trip_is_exact(tmp_path, family):
     ("attention_bias", True), ("use_sliding_window", True), ("mlp_only_layers", [1]),
     ("rope_scaling", {"rope_type": "yarn", "factor": 4.0})])
 def test_qwen3_import_refuses_what_the_engine_cannot_honour(tmp_path, field, value):
-    make_model("qwen3_moe").save_pretrained(tmp_path / "hf")
-    config_path = tmp_path / "hf/config.json"
-    config = json.loads(config_path.read_text())
-    config[field] = value
-    config_path.write_text(json.dumps(config))
-    result = run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights", check=False)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and len(lines) == 1 and field in lines[0], result.stderr
-    assert not (tmp_path / "weights").exists()
+    assert_import_refuses(make_model("qwen3_moe"), tmp_path, field, value)
