@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
@@ -272,6 +273,42 @@ void MoeLayer::discard() {
   dispatcher_.release();
   shared_out_ = shared_gate_logit_ = Tensor();
   if (shared_) shared_->discard();
+}
+
+MoeLayer::Saved MoeLayer::stash() {
+  Saved s;
+  s.x_whole = std::exchange(x_whole_, Tensor());
+  s.x = std::exchange(x_, Tensor());
+  s.router_x = std::exchange(router_x_, Tensor());
+  s.probs = std::exchange(probs_, Tensor());
+  s.router_logits = std::exchange(router_logits_, Tensor());
+  s.expert_ids = std::exchange(expert_ids_, Tensor());
+  s.weights = std::exchange(weights_, Tensor());
+  s.xp = std::exchange(xp_, Tensor());
+  s.gate_up_out = std::exchange(gate_up_out_, Tensor());
+  s.act = std::exchange(act_, Tensor());
+  s.shared_out = std::exchange(shared_out_, Tensor());
+  s.shared_gate_logit = std::exchange(shared_gate_logit_, Tensor());
+  s.dispatcher = dispatcher_.stash();
+  if (shared_) s.shared = shared_->stash();
+  return s;
+}
+
+void MoeLayer::restore(Saved&& s) {
+  x_whole_ = std::move(s.x_whole);
+  x_ = std::move(s.x);
+  router_x_ = std::move(s.router_x);
+  probs_ = std::move(s.probs);
+  router_logits_ = std::move(s.router_logits);
+  expert_ids_ = std::move(s.expert_ids);
+  weights_ = std::move(s.weights);
+  xp_ = std::move(s.xp);
+  gate_up_out_ = std::move(s.gate_up_out);
+  act_ = std::move(s.act);
+  shared_out_ = std::move(s.shared_out);
+  shared_gate_logit_ = std::move(s.shared_gate_logit);
+  dispatcher_.restore(std::move(s.dispatcher));
+  if (shared_) shared_->restore(std::move(s.shared));
 }
 
 }  // namespace switchyard

@@ -69,6 +69,17 @@ class MoeLayer {
   int top_k() const { return top_k_; }
   // The sigmoid router's per-expert selection bias (E) f32, a parameter that no gradient
   // trains (loss-free balancing moves it, ExpertBiasBalancer); null for other gatings.
+  // Everything forward saved (routing, dispatch plan, shared experts), moved out of the
+  // layer (left as after discard()) and back, so that several micro-batches can wait for
+  // their backward (pipeline schedules).
+  struct Saved {
+    Tensor x_whole, x, router_x, probs, router_logits, expert_ids, weights;
+    Tensor xp, gate_up_out, act, shared_out, shared_gate_logit;
+    TokenDispatcher::Saved dispatcher;
+    SwigluFfn::Saved shared;
+  };
+  Saved stash();
+  void restore(Saved&& saved);
   Param* expert_bias() const { return expert_bias_; }
   // The routing of the last forward (this rank's tokens), for load-balance analysis
   // (`bench balance`).

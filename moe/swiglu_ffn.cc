@@ -1,5 +1,7 @@
 #include "moe/swiglu_ffn.h"
 
+#include <utility>
+
 #include "kernels/gemm.h"
 #include "kernels/swiglu.h"
 #include "moe/tensor_parallel_sum.h"
@@ -46,5 +48,16 @@ Tensor SwigluFfn::backward(Device& dev, const Tensor& dy) {
 }
 
 void SwigluFfn::discard() { x_ = gate_up_out_ = act_ = Tensor(); }
+
+SwigluFfn::Saved SwigluFfn::stash() {
+  return {std::exchange(x_, Tensor()), std::exchange(gate_up_out_, Tensor()),
+          std::exchange(act_, Tensor())};
+}
+
+void SwigluFfn::restore(Saved&& saved) {
+  x_ = std::move(saved.x);
+  gate_up_out_ = std::move(saved.gate_up_out);
+  act_ = std::move(saved.act);
+}
 
 }  // namespace switchyard

@@ -25,6 +25,13 @@ class SwigluFfn {
   Tensor backward(Device& dev, const Tensor& dy);
   // Drops what forward saved for backward.
   void discard();
+  // What forward saved, moved out of the module (left as after discard()) and back, so
+  // that several micro-batches can wait for their backward (pipeline schedules).
+  struct Saved {
+    Tensor x, gate_up_out, act;
+  };
+  Saved stash();
+  void restore(Saved&& saved);
 
  private:
   Communicator* tp_;  // null or of size 1: no reduction

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "engine/runtime/check.h"
 #include "kernels/gemm.h"
@@ -112,6 +113,24 @@ void TokenDispatcher::dispatch_backward(Device& dev, const Tensor& dlocal_rows, 
 
 void TokenDispatcher::release() {
   tokens_per_expert_ = dest_rows_ = regroup_rows_ = local_counts_ = expert_out_ = Tensor();
+}
+
+TokenDispatcher::Saved TokenDispatcher::stash() {
+  return {std::exchange(tokens_per_expert_, Tensor()), std::exchange(dest_rows_, Tensor()),
+          std::exchange(regroup_rows_, Tensor()),      std::exchange(local_counts_, Tensor()),
+          std::exchange(expert_out_, Tensor()),        std::exchange(permuted_rows_, 0),
+          std::exchange(send_rows_, {}),               std::exchange(recv_rows_, {})};
+}
+
+void TokenDispatcher::restore(Saved&& saved) {
+  tokens_per_expert_ = std::move(saved.tokens_per_expert);
+  dest_rows_ = std::move(saved.dest_rows);
+  regroup_rows_ = std::move(saved.regroup_rows);
+  local_counts_ = std::move(saved.local_counts);
+  expert_out_ = std::move(saved.expert_out);
+  permuted_rows_ = saved.permuted_rows;
+  send_rows_ = std::move(saved.send_rows);
+  recv_rows_ = std::move(saved.recv_rows);
 }
 
 Tensor TokenDispatcher::exchange(Device& dev, const Tensor& rows) {

@@ -48,6 +48,15 @@ class TokenDispatcher {
   void dispatch_backward(Device& dev, const Tensor& dlocal_rows, Tensor& dx);
   // Drops the plan and the saved rows.
   void release();
+  // The plan and the saved rows, moved out (leaving the dispatcher as after release())
+  // and back: one micro-batch's, while others run (pipeline schedules).
+  struct Saved {
+    Tensor tokens_per_expert, dest_rows, regroup_rows, local_counts, expert_out;
+    int64_t permuted_rows = 0;
+    std::vector<int64_t> send_rows, recv_rows;
+  };
+  Saved stash();
+  void restore(Saved&& saved);
 
  private:
   // Expert parallelism: the forward exchange of permuted rows (grouped by global expert)

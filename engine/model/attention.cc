@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -213,6 +214,42 @@ void Attention::set_recompute_core(bool recompute) {
 void Attention::discard() {
   if (latent_) latent_->discard();
   x_ = q_ = k_ = v_ = q_pre_norm_ = k_pre_norm_ = q_rstd_ = k_rstd_ = lse_ = attn_out_ = doc_starts_ = Tensor();
+}
+
+Attention::Saved Attention::stash() {
+  Saved s;
+  s.batch = std::exchange(batch_, 0);
+  s.seq = std::exchange(seq_, 0);
+  s.x = std::exchange(x_, Tensor());
+  s.q = std::exchange(q_, Tensor());
+  s.k = std::exchange(k_, Tensor());
+  s.v = std::exchange(v_, Tensor());
+  s.q_pre_norm = std::exchange(q_pre_norm_, Tensor());
+  s.k_pre_norm = std::exchange(k_pre_norm_, Tensor());
+  s.q_rstd = std::exchange(q_rstd_, Tensor());
+  s.k_rstd = std::exchange(k_rstd_, Tensor());
+  s.lse = std::exchange(lse_, Tensor());
+  s.doc_starts = std::exchange(doc_starts_, Tensor());
+  s.attn_out = std::exchange(attn_out_, Tensor());
+  if (latent_) s.latent = latent_->stash();
+  return s;
+}
+
+void Attention::restore(Saved&& s) {
+  batch_ = s.batch;
+  seq_ = s.seq;
+  x_ = std::move(s.x);
+  q_ = std::move(s.q);
+  k_ = std::move(s.k);
+  v_ = std::move(s.v);
+  q_pre_norm_ = std::move(s.q_pre_norm);
+  k_pre_norm_ = std::move(s.k_pre_norm);
+  q_rstd_ = std::move(s.q_rstd);
+  k_rstd_ = std::move(s.k_rstd);
+  lse_ = std::move(s.lse);
+  doc_starts_ = std::move(s.doc_starts);
+  attn_out_ = std::move(s.attn_out);
+  if (latent_) latent_->restore(std::move(s.latent));
 }
 
 KvCache Attention::empty_cache(int64_t positions) const {

@@ -64,6 +64,16 @@ class Attention {
   // Generation on the CPU in f32, one rank: x (n, hidden), the normalised inputs of
   // positions [past, past + n); rope: a table covering them. Writes their keys and
   // values into `cache` rows [past, past + n) and attends each position over the cached
+  // What forward saved (latent attention's included), moved out of the module (left as
+  // after discard()) and back, so that several micro-batches can wait for their backward
+  // (pipeline schedules).
+  struct Saved {
+    int64_t batch = 0, seq = 0;
+    Tensor x, q, k, v, q_pre_norm, k_pre_norm, q_rstd, k_rstd, lse, doc_starts, attn_out;
+    LatentAttention::Saved latent;
+  };
+  Saved stash();
+  void restore(Saved&& saved);
   // positions up to itself. Saves nothing for backward.
   Tensor decode(Device& dev, const Tensor& x, int64_t past, const Tensor& rope, KvCache& cache);
   KvCache empty_cache(int64_t positions) const;

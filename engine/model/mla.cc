@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "engine/model/attention.h"
 #include "kernels/attention.h"
@@ -256,6 +257,44 @@ Tensor LatentAttention::decode(Device& dev, const Tensor& x, int64_t past, const
 void LatentAttention::discard() {
   x_ = cq_ = cq_rstd_ = cq_normed_ = c_ = c_rstd_ = c_normed_ = Tensor();
   q_full_ = k_full_ = v_full_ = out_full_ = lse_ = attn_out_ = Tensor();
+}
+
+LatentAttention::Saved LatentAttention::stash() {
+  Saved s;
+  s.batch = std::exchange(batch_, 0);
+  s.seq = std::exchange(seq_, 0);
+  s.x = std::exchange(x_, Tensor());
+  s.cq = std::exchange(cq_, Tensor());
+  s.cq_rstd = std::exchange(cq_rstd_, Tensor());
+  s.cq_normed = std::exchange(cq_normed_, Tensor());
+  s.c = std::exchange(c_, Tensor());
+  s.c_rstd = std::exchange(c_rstd_, Tensor());
+  s.c_normed = std::exchange(c_normed_, Tensor());
+  s.q_full = std::exchange(q_full_, Tensor());
+  s.k_full = std::exchange(k_full_, Tensor());
+  s.v_full = std::exchange(v_full_, Tensor());
+  s.out_full = std::exchange(out_full_, Tensor());
+  s.lse = std::exchange(lse_, Tensor());
+  s.attn_out = std::exchange(attn_out_, Tensor());
+  return s;
+}
+
+void LatentAttention::restore(Saved&& s) {
+  batch_ = s.batch;
+  seq_ = s.seq;
+  x_ = std::move(s.x);
+  cq_ = std::move(s.cq);
+  cq_rstd_ = std::move(s.cq_rstd);
+  cq_normed_ = std::move(s.cq_normed);
+  c_ = std::move(s.c);
+  c_rstd_ = std::move(s.c_rstd);
+  c_normed_ = std::move(s.c_normed);
+  q_full_ = std::move(s.q_full);
+  k_full_ = std::move(s.k_full);
+  v_full_ = std::move(s.v_full);
+  out_full_ = std::move(s.out_full);
+  lse_ = std::move(s.lse);
+  attn_out_ = std::move(s.attn_out);
 }
 
 }  // namespace switchyard

@@ -48,6 +48,15 @@ class LatentAttention {
   // Drops everything forward saved for backward.
   void discard();
 
+  // What forward saved, moved out (leaving the module as after discard()) and back, so
+  // that several micro-batches can wait for their backward (pipeline schedules).
+  struct Saved {
+    int64_t batch = 0, seq = 0;
+    Tensor x, cq, cq_rstd, cq_normed, c, c_rstd, c_normed;
+    Tensor q_full, k_full, v_full, out_full, lse, attn_out;
+  };
+  Saved stash();
+  void restore(Saved&& saved);
  private:
   // The per-head operands q_full_, k_full_, v_full_ (batch, seq, heads, D) of x, saving
   // the latents for backward.

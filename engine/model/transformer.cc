@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "engine/config/recipe.h"
 #include "engine/parallel/tensor_shards.h"
@@ -42,7 +43,105 @@ struct Transformer::Block {
     if (moe) moe->discard();
     if (dense) dense->discard();
   }
+  // Everything the block and its modules saved, moved out (leaving the block as after a
+  // backward) and back.
+  struct Saved {
+    Tensor x, attn_rstd, attn_in, h, ffn_rstd, ffn_in;
+    bool input_only = false;
+    Rng rng;
+    Attention::Saved attention;
+    MoeLayer::Saved moe;
+    SwigluFfn::Saved dense;
+  };
+  Saved stash() {
+    Saved s;
+    s.x = std::exchange(x, Tensor());
+    s.attn_rstd = std::exchange(attn_rstd, Tensor());
+    s.attn_in = std::exchange(attn_in, Tensor());
+    s.h = std::exchange(h, Tensor());
+    s.ffn_rstd = std::exchange(ffn_rstd, Tensor());
+    s.ffn_in = std::exchange(ffn_in, Tensor());
+    s.input_only = std::exchange(input_only, false);
+    s.rng = std::exchange(rng, Rng());
+    s.attention = attention->stash();
+    if (moe) s.moe = moe->stash();
+    if (dense) s.dense = dense->stash();
+    return s;
+  }
+  void restore(Saved&& s) {
+    x = std::move(s.x);
+    attn_rstd = std::move(s.attn_rstd);
+    attn_in = std::move(s.attn_in);
+    h = std::move(s.h);
+    ffn_rstd = std::move(s.ffn_rstd);
+    ffn_in = std::move(s.ffn_in);
+    input_only = s.input_only;
+    rng = s.rng;
+    attention->restore(std::move(s.attention));
+    if (moe) moe->restore(std::move(s.moe));
+    if (dense) dense->restore(std::move(s.dense));
+  }
 };
+
+// The model's own saved state and its blocks', in block order.
+struct Transformer::Activations::State {
+  int64_t batch = 0, seq = 0;
+  Tensor ids, targets, targets_host;
+  Tensor final_in, final_rstd, final_out, logits, lse;
+  int64_t target_tokens = 0;
+  Tensor doc_starts, doc_rope;
+  RouterStats stats;
+  std::vector<Block::Saved> blocks;
+};
+
+Transformer::Activations::Activations() = default;
+Transformer::Activations::~Activations() = default;
+Transformer::Activations::Activations(Activations&&) noexcept = default;
+Transformer::Activations& Transformer::Activations::operator=(Activations&&) noexcept = default;
+
+Transformer::Activations Transformer::stash_activations() {
+  auto s = std::make_unique<Activations::State>();
+  s->batch = std::exchange(batch_, 0);
+  s->seq = std::exchange(seq_, 0);
+  s->ids = std::exchange(ids_, Tensor());
+  s->targets = std::exchange(targets_, Tensor());
+  s->targets_host = std::exchange(targets_host_, Tensor());
+  s->final_in = std::exchange(final_in_, Tensor());
+  s->final_rstd = std::exchange(final_rstd_, Tensor());
+  s->final_out = std::exchange(final_out_, Tensor());
+  s->logits = std::exchange(logits_, Tensor());
+  s->lse = std::exchange(lse_, Tensor());
+  s->target_tokens = std::exchange(target_tokens_, 0);
+  s->doc_starts = std::exchange(doc_starts_, Tensor());
+  s->doc_rope = std::exchange(doc_rope_, Tensor());
+  s->stats = std::exchange(stats_, RouterStats());
+  for (auto& b : blocks_) s->blocks.push_back(b->stash());
+  Activations saved;
+  saved.state_ = std::move(s);
+  return saved;
+}
+
+void Transformer::restore_activations(Activations&& saved) {
+  SY_CHECK_MSG(saved.state_ && saved.state_->blocks.size() == blocks_.size(),
+               "restore_activations: not a stash of this model");
+  Activations::State& s = *saved.state_;
+  batch_ = s.batch;
+  seq_ = s.seq;
+  ids_ = std::move(s.ids);
+  targets_ = std::move(s.targets);
+  targets_host_ = std::move(s.targets_host);
+  final_in_ = std::move(s.final_in);
+  final_rstd_ = std::move(s.final_rstd);
+  final_out_ = std::move(s.final_out);
+  logits_ = std::move(s.logits);
+  lse_ = std::move(s.lse);
+  target_tokens_ = s.target_tokens;
+  doc_starts_ = std::move(s.doc_starts);
+  doc_rope_ = std::move(s.doc_rope);
+  stats_ = std::move(s.stats);
+  for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i]->restore(std::move(s.blocks[i]));
+  saved.state_.reset();
+}
 
 Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
                          ModelParallel parallel)

@@ -67,6 +67,26 @@ class Transformer {
 
   // Logits only, for generation: ids (batch, seq) -> (batch * seq, vocab). MoE layers
   // route every token to all of its top-k experts (MoeLayer::infer).
+  // One micro-batch's activations: everything a training forward saved for its backward,
+  // routing statistics included. Opaque; movable.
+  struct Activations {
+    Activations();
+    ~Activations();
+    Activations(Activations&&) noexcept;
+    Activations& operator=(Activations&&) noexcept;
+
+   private:
+    friend class Transformer;
+    struct State;
+    std::unique_ptr<State> state_;
+  };
+  // Moves what the last forward saved out of the model, leaving it as before a forward,
+  // so that a pipeline stage can hold several micro-batches between their forward and
+  // backward.
+  Activations stash_activations();
+  // Puts a stash back in place of what the model holds; backward() then runs on it.
+  void restore_activations(Activations&& saved);
+
   Tensor logits(Device& dev, const Tensor& ids);
 
   // Generation with a KV cache, one sequence on the CPU in f32 and one rank: a cache
