@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+import cases_balance
 import cases_checkpoint
 import cases_data
 import cases_eval
@@ -22,7 +23,7 @@ from hostile import REPO, make_world, run_refused
 
 CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hdf5.CASES,
          *cases_hf.CASES, *cases_hub.CASES, *cases_sample.CASES,
-         *cases_eval.CASES, *cases_instruction.CASES, *cases_upcycle.CASES]
+         *cases_eval.CASES, *cases_instruction.CASES, *cases_upcycle.CASES, *cases_balance.CASES]
 
 
 @pytest.fixture(scope="session")
