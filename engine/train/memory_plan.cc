@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -50,13 +51,14 @@ class PlacementOnly final : public Communicator {
 };
 
 // Bytes alive at one moment of a step: activations, and of them the buffers of an
-// expert-parallel exchange.
+// expert-parallel exchange and of the messages between pipeline stages.
 struct Live {
   double activations = 0;
   double all_to_all = 0;
-  double total() const { return activations + all_to_all; }
+  double pipeline = 0;
+  double total() const { return activations + all_to_all + pipeline; }
   Live operator+(const Live& o) const {
-    return {activations + o.activations, all_to_all + o.all_to_all};
+    return {activations + o.activations, all_to_all + o.all_to_all, pipeline + o.pipeline};
   }
 };
 
@@ -244,54 +246,129 @@ bool recomputes_layer(const config::Recipe& recipe, int i) {
          (train.recompute_layers() == 0 || i < train.recompute_layers());
 }
 
-// The peak of one micro-batch: the end of forward at the head, the head's backward, or
-// a layer's backward while every earlier layer's saved tensors are still held (each
-// layer keeps its input; the last layer's output is the final norm's input). Under
-// recomputation a layer holds less until its backward: only its input (FULL), whose
-// backward first runs its forward again and holds everything; or all but attention's
-// core and the experts' intermediates (SELECTIVE), each computed again just before
-// its backward reads it.
-Live activation_peak(const config::Recipe& recipe, const StepShape& s) {
-  const int layers = recipe.model().num_layers();
+// The layers [first, first + layers) of one model chunk, and whether it embeds the
+// tokens (the first chunk) and ends in the final norm, head and loss (the last).
+struct ChunkSpan {
+  int first = 0;
+  int layers = 0;
+  bool embedding = true;
+  bool head = true;
+};
+
+// One micro-batch through one chunk: what it keeps from its forward until its backward
+// (its stash while other micro-batches run), and the peak of its own forward and
+// backward.
+struct ChunkPass {
+  double stash = 0;
+  Live peak;
+};
+
+// The peak of one micro-batch through `span`: the end of forward at the head (or the
+// output leaving for the next stage), the head's backward, or a layer's backward while
+// every earlier layer's saved tensors are still held (each layer keeps its input; the
+// last layer's output is the final norm's input). Under recomputation a layer holds
+// less until its backward: only its input (FULL), whose backward first runs its forward
+// again and holds everything; or all but attention's core and the experts'
+// intermediates (SELECTIVE), each computed again just before its backward reads it.
+// Below the last chunk, backward starts from the gradient the next stage sent.
+ChunkPass chunk_pass(const config::Recipe& recipe, const StepShape& s, const ChunkSpan& span) {
+  const int end = span.first + span.layers;
   const double x = s.n * s.hidden * s.b;  // one (tokens, hidden) tensor
   const double block = 4 * x + 2 * s.n * 4 + attention_saved(s);
   const double core_again = s.selective ? attention_core(s) : 0;
   const double experts_again = s.selective ? experts_hidden(s) : 0;
-  std::vector<double> saved(layers), kept(layers);
+  std::vector<double> saved(span.layers), kept(span.layers);
   int moe_layers = 0;
-  for (int i = 0; i < layers; ++i) {
+  for (int i = span.first; i < end; ++i) {
     const bool moe = config::is_moe_layer(recipe, i);
     moe_layers += moe;
-    saved[i] = block + (moe ? moe_saved(s) : dense_ffn_saved(s));
-    kept[i] = recomputes_layer(recipe, i) ? x
-                                          : saved[i] - core_again - (moe ? experts_again : 0);
+    saved[i - span.first] = block + (moe ? moe_saved(s) : dense_ffn_saved(s));
+    kept[i - span.first] = recomputes_layer(recipe, i)
+                               ? x
+                               : saved[i - span.first] - core_again - (moe ? experts_again : 0);
   }
+  ChunkPass pass;
+  for (double bytes : kept) pass.stash += bytes;
   // Token ids and targets, the rope table.
-  double held = 8 * s.n + recipe.train().seq_len() * s.rope_dim * 4.0;
-  for (double bytes : kept) held += bytes;
-  const double chunk = s.logit_rows * s.vocab * 4;
+  double held = 8 * s.n + recipe.train().seq_len() * s.rope_dim * 4.0 + pass.stash;
   const double norm = 2 * x + s.n * 4;  // the final norm's input, output and rstd
-  Live peak;
-  peak.activations = held + norm + 2 * s.n * 4 + chunk + (s.tp > 1 ? 2 * s.n * 4 : 0) +
-                     moe_layers * (3 * s.experts + 1) * 4;
-  const double dchunk = s.b == 2 ? s.logit_rows * s.vocab * s.b : 0;
-  peak = larger(peak, {held + norm + s.n * 4 + x + std::max(chunk + dchunk, x)});
-  // Through the layers: the head's input gradient, the gradient flowing down and the
-  // aux-loss gradients stay.
-  held += 2 * x + moe_layers * s.experts * 4;
-  for (int i = layers - 1; i >= 0; --i) {
+  if (span.head) {
+    const double chunk = s.logit_rows * s.vocab * 4;
+    pass.peak.activations = held + norm + 2 * s.n * 4 + chunk + (s.tp > 1 ? 2 * s.n * 4 : 0) +
+                            moe_layers * (3 * s.experts + 1) * 4;
+    const double dchunk = s.b == 2 ? s.logit_rows * s.vocab * s.b : 0;
+    pass.peak = larger(pass.peak, {held + norm + s.n * 4 + x + std::max(chunk + dchunk, x)});
+    pass.stash += norm + s.n * 4;  // and the log-sum-exps
+  } else {
+    pass.peak = {held, 0, x};  // the output, sent to the next stage
+  }
+  // Through the layers: the head's input gradient (or the one received), the gradient
+  // flowing down and the aux-loss gradients stay.
+  const Live received{0, 0, span.head ? 0 : x};
+  held += (span.head ? 2 * x : x) + moe_layers * s.experts * 4;
+  for (int i = end - 1; i >= span.first; --i) {
     const bool moe = config::is_moe_layer(recipe, i);
     const bool whole = recomputes_layer(recipe, i);
-    if (whole) held += saved[i] - kept[i];
+    const int j = i - span.first;
+    if (whole) held += saved[j] - kept[j];
     const double experts = moe && !whole ? experts_again : 0;
     const Live ffn = moe ? moe_backward(s, experts) : Live{dense_ffn_backward(s)};
-    peak = larger(peak, Live{held} + ffn);
+    pass.peak = larger(pass.peak, Live{held} + received + ffn);
     const double ffn_saved = (moe ? moe_saved(s) : dense_ffn_saved(s)) - experts;
-    peak = larger(peak, {held - ffn_saved + 2 * x + attention_backward(s) +
-                         (whole ? 0 : core_again)});
-    held -= whole ? saved[i] : kept[i];
+    pass.peak = larger(pass.peak, Live{held - ffn_saved + 2 * x + attention_backward(s) +
+                                       (whole ? 0 : core_again)} +
+                                      received);
+    held -= whole ? saved[j] : kept[j];
   }
-  return peak;
+  return pass;
+}
+
+// The model chunks pipeline rank `rank` holds (pipeline_schedule.h: local chunk c is
+// model chunk c x P + rank), with the recipe's layer split.
+std::vector<ChunkSpan> stage_chunks(const config::Recipe& recipe, const PipelineShape& shape,
+                                    int rank) {
+  const std::vector<int> split = config::pipeline_chunk_layers(recipe);
+  std::vector<int> first(split.size() + 1, 0);
+  for (size_t k = 0; k < split.size(); ++k) first[k + 1] = first[k] + split[k];
+  std::vector<ChunkSpan> chunks;
+  for (int c = 0; c < shape.virtual_chunks; ++c) {
+    const int k = shape.model_chunk(rank, c);
+    chunks.push_back({first[k], split[k], k == 0, k + 1 == shape.num_chunks()});
+  }
+  return chunks;
+}
+
+// The peak of pipeline rank `rank` over a step: one chunk pass at its own peak while the
+// schedule holds its other passes whose forward has run and backward has not
+// (pipeline_peak_chunk_passes; with V chunks, each counted as the rank's largest stash).
+// One stage runs its micro-batches one after another.
+Live stage_activation_peak(const config::Recipe& recipe, const StepShape& s,
+                           const PipelineShape& shape, int rank) {
+  double stash = 0;
+  Live peak;
+  for (const ChunkSpan& span : stage_chunks(recipe, shape, rank)) {
+    const ChunkPass pass = chunk_pass(recipe, s, span);
+    stash = std::max(stash, pass.stash);
+    peak = larger(peak, pass.peak);
+  }
+  const int passes = shape.stages > 1 ? pipeline_peak_chunk_passes(shape, rank) : 1;
+  return Live{(passes - 1) * stash} + peak;
+}
+
+// Which units (ParamStore::begin_unit: 0 the embedding, 1 + i layer i, then the head)
+// pipeline rank `rank` holds.
+std::vector<bool> stage_units(const config::Recipe& recipe, const PipelineShape& shape, int rank) {
+  std::vector<bool> held(static_cast<size_t>(recipe.model().num_layers()) + 2, false);
+  for (const ChunkSpan& span : stage_chunks(recipe, shape, rank)) {
+    held[0] = held[0] || span.embedding;
+    for (int i = span.first; i < span.first + span.layers; ++i) held[1 + i] = true;
+    held.back() = held.back() || span.head;
+  }
+  return held;
+}
+
+bool holds(const std::vector<bool>& units, int unit) {
+  return unit >= 0 && unit < static_cast<int>(units.size()) && units[unit];
 }
 
 // The rows of dimension 0 each data-parallel replica takes under ZeRO-2/3.
@@ -302,13 +379,14 @@ double row_bytes(const Param& p) { return 4.0 * shape_numel(p.shape) / p.shape[0
 // ZeRO-2/3's whole-layer buffers: a layer's gradients reduce-scattered (with the rows
 // this rank receives) while the next layer's are computed; under ZeRO-3 also the values
 // of the layer (or, at the head, layers) being used, gathered, and their bf16 copies.
-void add_zero_buffers(const ParamStore& params, DType working, int dp_size, int stage,
-                      int layers, bool tied, bool accumulating, RankMemory& m) {
+void add_zero_buffers(const ParamStore& params, const std::vector<bool>& held, DType working,
+                      int dp_size, int stage, int layers, bool tied, bool accumulating,
+                      RankMemory& m) {
   const int last = layers + 1;
   std::vector<double> padded(last + 1), mine(last + 1), gathered(last + 1);
   double largest = 0;
   for (const Param& p : params.params()) {
-    if (p.spec.expert || p.unit < 0 || p.unit > last) continue;
+    if (p.spec.expert || p.unit > last || !holds(held, p.unit)) continue;
     const double whole = chunk_rows(p, dp_size) * dp_size * row_bytes(p);
     largest = std::max(largest, whole);
     gathered[p.unit] += whole + (working == DType::kBF16 && p.shape.size() >= 2
@@ -340,15 +418,17 @@ void add_zero_buffers(const ParamStore& params, DType working, int dp_size, int 
   m.gradient_buckets = peak;
 }
 
-// The shards the rank at (tp_index, ep_index) of `layout` registers, ZeRO residency
-// marked.
+// The shards the rank at (pp_index, tp_index, ep_index) of `layout` registers: those of
+// the stage's units, ZeRO residency marked.
 std::unique_ptr<ParamStore> placement_params(const config::Recipe& recipe, const Layout& layout,
-                                             int tp_index, int ep_index) {
+                                             int pp_index, int tp_index, int ep_index) {
   PlacementOnly tp(tp_index, layout.tensor_parallel_size);
   PlacementOnly ep(ep_index, layout.expert_parallel_size);
   auto params = std::make_unique<ParamStore>(ShardPlacement{
       tp_index, layout.tensor_parallel_size, ep_index, layout.expert_parallel_size});
-  const Transformer model(recipe, *params, {&tp, &ep});
+  { const Transformer model(recipe, *params, {&tp, &ep}); }
+  const std::vector<bool> held = stage_units(recipe, layout.pipeline_shape(), pp_index);
+  std::erase_if(params->params(), [&](const Param& p) { return !holds(held, p.unit); });
   const int zero_stage = recipe.parallel().zero_stage();
   if (zero_stage >= 2)
     for (Param& p : params->params()) mark_zero_residency(p, zero_stage);
@@ -367,15 +447,34 @@ std::vector<int> zero_owners(const config::Recipe& recipe, const ParamStore& par
   return assign_owners(params, dp_size, expert_replica_count(params, dp_size));
 }
 
+// The pipeline's shape with `dp_size` data-parallel replicas per stage.
+PipelineShape recipe_pipeline_shape(const config::Recipe& recipe, int dp_size) {
+  Layout layout;
+  layout.pipeline_parallel_size = config::effective_pipeline_size(recipe.parallel());
+  layout.virtual_pipeline_size = config::effective_virtual_pipeline_size(recipe.parallel());
+  layout.pipeline_schedule = config::effective_pipeline_schedule(recipe.parallel());
+  const int64_t global = recipe.train().global_batch_size();
+  const int64_t micro = recipe.train().micro_batch_size() > 0 ? recipe.train().micro_batch_size()
+                                                              : global;
+  layout.micro_batches_per_step = std::max<int64_t>(1, global / (int64_t{dp_size} * micro));
+  return layout.pipeline_shape();
+}
+
 // What the rank needs; `owners` as zero_owners gives them, or empty for an even share.
+// `params` may hold more units than pipeline rank `pp_index` does: only its own count.
 RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, DType working,
-                       int dp_size, ReplicaIndex replica, const std::vector<int>& owners) {
+                       int dp_size, ReplicaIndex replica, const std::vector<int>& owners,
+                       int pp_index) {
   const int stage = recipe.parallel().zero_stage();
   const int expert_replicas = expert_replica_count(params, dp_size);
   const int dense_index = std::max(replica.dense, 0);
+  const PipelineShape shape = recipe_pipeline_shape(recipe, dp_size);
+  const std::vector<bool> held = stage_units(recipe, shape, pp_index);
   RankMemory m;
-  size_t i = 0;
-  for (const Param& p : params.params()) {
+  m.pp_index = pp_index;
+  for (size_t i = 0; i < params.params().size(); ++i) {
+    const Param& p = params.params()[i];
+    if (!holds(held, p.unit)) continue;
     const double numel = static_cast<double>(shape_numel(p.shape));
     const double copy = working == DType::kBF16 && p.shape.size() >= 2 ? 2 * numel : 0;
     if (stage >= 2 && !p.spec.expert) {
@@ -398,56 +497,59 @@ RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, D
                              : owners[i] < 0 || owners[i] == index ? 8 * numel
                                                                    : 0;
     }
-    ++i;
   }
   if (stage >= 2)
-    add_zero_buffers(params, working, dp_size, stage, recipe.model().num_layers(),
+    add_zero_buffers(params, held, working, dp_size, stage, recipe.model().num_layers(),
                      recipe.model().tie_embeddings(),
                      recipe.train().global_batch_size() >
                          static_cast<int64_t>(dp_size) * recipe.train().micro_batch_size(),
                      m);
   const ShardPlacement& place = params.placement();
-  const Live peak = activation_peak(
-      recipe, step_shape(recipe, working, place.tensor_parallel_size, place.expert_parallel_size));
+  const Live peak = stage_activation_peak(
+      recipe, step_shape(recipe, working, place.tensor_parallel_size, place.expert_parallel_size),
+      shape, pp_index);
   m.activations = peak.activations;
   m.all_to_all = peak.all_to_all;
+  m.pipeline_buffers = peak.pipeline;
   return m;
 }
 
 }  // namespace
 
 RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStore& params,
-                                   DType working, int dp_size, ReplicaIndex replica) {
+                                   DType working, int dp_size, ReplicaIndex replica,
+                                   int pp_index) {
   const std::vector<int> owners =
       replica.dense >= 0 ? zero_owners(recipe, params, dp_size) : std::vector<int>();
-  return rank_memory(recipe, params, working, dp_size, replica, owners);
+  return rank_memory(recipe, params, working, dp_size, replica, owners, pp_index);
 }
 
 std::vector<RankMemory> plan_rank_memory(const config::Recipe& recipe, const Layout& layout,
                                          DType working) {
-  // Ranks differ by their shards and, under ZeRO, by the parameters they own: each
-  // placement's shards and owners are found once.
+  // Ranks differ by their stage, their shards and, under ZeRO, by the parameters they
+  // own: each placement's shards and owners are found once.
   struct Placement {
     std::unique_ptr<ParamStore> params;
     std::vector<int> owners;
   };
-  std::map<std::pair<int, int>, Placement> placements;
+  std::map<std::tuple<int, int, int>, Placement> placements;
   std::vector<RankMemory> ranks;
   for (int rank = 0; rank < layout.world_size; ++rank) {
-    const std::pair<int, int> shards{layout.tp_index(rank), layout.ep_index(rank)};
-    auto it = placements.find(shards);
+    const auto [pp, tp, ep] = std::tuple(layout.pp_index(rank), layout.tp_index(rank),
+                                         layout.ep_index(rank));
+    auto it = placements.find({pp, tp, ep});
     if (it == placements.end()) {
       Placement p;
-      p.params = placement_params(recipe, layout, shards.first, shards.second);
+      p.params = placement_params(recipe, layout, pp, tp, ep);
       p.owners = zero_owners(recipe, *p.params, layout.data_parallel_size);
-      it = placements.emplace(shards, std::move(p)).first;
+      it = placements.emplace(std::tuple(pp, tp, ep), std::move(p)).first;
     }
     RankMemory m = rank_memory(recipe, *it->second.params, working, layout.data_parallel_size,
                                {layout.dp_index(rank), layout.expert_dp_index(rank)},
-                               it->second.owners);
+                               it->second.owners, pp);
     m.rank = rank;
-    m.tp_index = shards.first;
-    m.ep_index = shards.second;
+    m.tp_index = tp;
+    m.ep_index = ep;
     ranks.push_back(m);
   }
   return ranks;
@@ -462,17 +564,20 @@ std::string size_text(double bytes) {
 
 std::string describe_rank_memory(const RankMemory& m) {
   return absl::StrFormat(
-      "rank %d (tp %d, ep %d): at least %s: parameters %s, working copies %s, gradients %s, gradient "
-      "buckets %s, optimizer state %s, activations %s, all-to-all buffers %s",
-      m.rank, m.tp_index, m.ep_index, size_text(m.total()), size_text(m.parameters),
+      "rank %d (stage %d, tp %d, ep %d): at least %s: parameters %s, working copies %s, gradients "
+      "%s, gradient buckets %s, optimizer state %s, activations %s, all-to-all buffers %s, "
+      "pipeline buffers %s",
+      m.rank, m.pp_index, m.tp_index, m.ep_index, size_text(m.total()), size_text(m.parameters),
       size_text(m.working_copies), size_text(m.gradients), size_text(m.gradient_buckets),
-      size_text(m.optimizer_state), size_text(m.activations), size_text(m.all_to_all));
+      size_text(m.optimizer_state), size_text(m.activations), size_text(m.all_to_all),
+      size_text(m.pipeline_buffers));
 }
 
 nlohmann::ordered_json rank_memory_json(const RankMemory& m) {
   return {{"rank", m.rank},
           {"tp_index", m.tp_index},
           {"ep_index", m.ep_index},
+          {"pp_index", m.pp_index},
           {"total", m.total()},
           {"parameters", m.parameters},
           {"working_copies", m.working_copies},
@@ -480,7 +585,8 @@ nlohmann::ordered_json rank_memory_json(const RankMemory& m) {
           {"gradient_buckets", m.gradient_buckets},
           {"optimizer_state", m.optimizer_state},
           {"activations", m.activations},
-          {"all_to_all", m.all_to_all}};
+          {"all_to_all", m.all_to_all},
+          {"pipeline_buffers", m.pipeline_buffers}};
 }
 
 std::string tight_fit_warning(const std::string& device, double bytes, double available) {

@@ -22,6 +22,7 @@ struct RankMemory {
   int rank = 0;
   int tp_index = 0;
   int ep_index = 0;
+  int pp_index = 0;            // pipeline stage
   double parameters = 0;       // fp32 values this rank keeps (ZeRO-3: its rows)
   double working_copies = 0;   // bf16 copies of the matrices; ZeRO-3's gathered layer
   double gradients = 0;        // fp32 gradients this rank keeps (ZeRO-2/3: its rows)
@@ -29,9 +30,10 @@ struct RankMemory {
   double optimizer_state = 0;  // AdamW's two moments of the parameters this rank updates
   double activations = 0;      // peak of one micro-batch's forward and backward, beyond:
   double all_to_all = 0;       // the expert-parallel send and receive buffers at that peak
+  double pipeline_buffers = 0; // the messages from and to the neighbouring stages at it
   double total() const {
     return parameters + working_copies + gradients + gradient_buckets + optimizer_state +
-           activations + all_to_all;
+           activations + all_to_all + pipeline_buffers;
   }
 };
 
@@ -42,21 +44,25 @@ struct ReplicaIndex {
   int expert = -1;
 };
 
-// What a rank holding `params` (its shards, ZeRO residency marked) needs at least, with
-// `dp_size` data-parallel replicas, for one micro-batch of the recipe's shape: at least,
-// since activations assume balanced routing (each rank's experts receive top_k rows per
-// routed token) and kernels' workspaces and fragmentation come on top.
-RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStore& params, DType working,
-                       int dp_size, ReplicaIndex replica = {});
+// What a rank of pipeline stage `pp_index` holding `params` (its shards, ZeRO residency
+// marked; only the stage's units count) needs at least, with `dp_size` data-parallel
+// replicas per stage, for the recipe's micro-batch shape: one micro-batch's activations
+// at their peak, on top of what the stage holds from the micro-batches the pipeline
+// schedule keeps in flight. At least, since activations assume balanced routing (each
+// rank's experts receive top_k rows per routed token) and kernels' workspaces and
+// fragmentation come on top.
+RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStore& params,
+                                   DType working, int dp_size, ReplicaIndex replica = {},
+                                   int pp_index = 0);
 
 // Every rank of `layout`, from the parameters it would register.
 std::vector<RankMemory> plan_rank_memory(const config::Recipe& recipe, const Layout& layout,
                                          DType working);
 
-// One line for `m`: "rank 3 (tp 0, ep 3): at least 12.3 GiB: parameters ...".
+// One line for `m`: "rank 3 (stage 0, tp 0, ep 3): at least 12.3 GiB: parameters ...".
 std::string describe_rank_memory(const RankMemory& m);
 
-// `m` as a JSON object of bytes: rank, tp_index, ep_index, total and every term.
+// `m` as a JSON object of bytes: rank, tp_index, ep_index, pp_index, total and every term.
 nlohmann::ordered_json rank_memory_json(const RankMemory& m);
 
 // "76.20 GiB", or "13.8 MiB" below a GiB.

@@ -19,7 +19,7 @@ check_plan() {
     echo "FAIL $name: exit status $?"; cat "$work/err"; failures=$((failures + 1)); return
   fi
   local lines world
-  lines=$(grep -cE '^  rank [0-9]+ \(tp [0-9]+, ep [0-9]+\): at least [0-9.]+ [MG]iB: ' "$work/out")
+  lines=$(grep -cE '^  rank [0-9]+ \(stage [0-9]+, tp [0-9]+, ep [0-9]+\): at least [0-9.]+ [MG]iB: ' "$work/out")
   world=$(tail -n 1 "$work/out" | python3 -c 'import json, sys; print(json.load(sys.stdin)["world_size"])')
   if ! grep -q '^memory per rank before the first step, ' "$work/out" || [[ $lines -ne $ranks ]] ||
      [[ $world -ne $ranks ]]; then

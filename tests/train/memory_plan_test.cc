@@ -158,6 +158,77 @@ TEST(MemoryPlanTest, FrozenParameterHasNoStateOrGradientRows) {
   }
 }
 
+// Pipeline stages hold their own layers: the first the embedding, the last the final
+// norm and head (the tiny model's 4 layers, 2 a stage, or as parallel.pipeline_layers
+// splits them), with their gradients and AdamW moments; together the whole model.
+TEST(MemoryPlanTest, PipelineStagesHoldTheirOwnLayers) {
+  const std::vector<RankMemory> even = plan(tiny({"parallel.pipeline_parallel_size=2"}), 2);
+  ASSERT_EQ(even.size(), 2u);
+  EXPECT_EQ(even[0].pp_index, 0);
+  EXPECT_EQ(even[1].pp_index, 1);
+  EXPECT_EQ(even[0].parameters + even[1].parameters, 3609728.0 * 4);
+  EXPECT_EQ(even[1].parameters - even[0].parameters, 128.0 * 4);  // the final norm
+  EXPECT_EQ(even[0].optimizer_state + even[1].optimizer_state, 3609728.0 * 8);
+  config::Recipe three_one = tiny({"parallel.pipeline_parallel_size=2"});
+  three_one.mutable_parallel()->add_pipeline_layers(3);
+  three_one.mutable_parallel()->add_pipeline_layers(1);
+  const std::vector<RankMemory> uneven = plan(three_one, 2);
+  ASSERT_EQ(uneven.size(), 2u);
+  const double layer = (3609728.0 - 2 * 131072 - 128) / 4;
+  EXPECT_EQ(uneven[0].parameters, (131072 + 3 * layer) * 4);
+  EXPECT_EQ(uneven[1].parameters, (layer + 128 + 131072) * 4);
+}
+
+// 1F1B holds at most P micro-batches' activations on the first stage where GPipe holds
+// all m: the tiny model on 4 stages of one layer each, 8 micro-batches of 2 x 128
+// tokens. Stage 0's peak is its last micro-batch's backward over the stashes of the
+// others in flight (3 under 1F1B, 7 under GPipe), each the layer's saved tensors as
+// counted by hand above; the last stage holds one micro-batch under 1F1B.
+TEST(MemoryPlanTest, OneFOneBHoldsAtMostPMicroBatchesOnTheFirstStage) {
+  const std::vector<std::string> four = {"parallel.pipeline_parallel_size=4",
+                                         "train.micro_batch_size=2"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), four.begin(), four.end());
+    return plan(tiny(more), 4);
+  };
+  const std::vector<RankMemory> one_f_one_b = with({});
+  const std::vector<RankMemory> gpipe = with({"parallel.pipeline_schedule=GPIPE"});
+  const std::vector<RankMemory> single = with({"train.global_batch_size=2"});
+  ASSERT_EQ(one_f_one_b.size(), 4u);
+  const double n = 2 * 128, x = n * 128 * 4, rows = n * 2;
+  const double attention = n * (2 * 128 + 2 * 64) * 4 + n * 4 * 4;
+  const double routing = 2 * n * 8 * 4 + 3 * n * 2 * 4 + 8 * 4;
+  const double experts = rows * (128 + 3 * 256 + 128) * 4;
+  const double layer = 4 * x + 2 * n * 4 + attention + routing + experts;
+  EXPECT_EQ(one_f_one_b[0].activations, single[0].activations + 3 * layer);
+  EXPECT_EQ(gpipe[0].activations, single[0].activations + 7 * layer);
+  EXPECT_EQ(one_f_one_b[3].activations, single[3].activations);
+  // Below the last stage, backward starts from the gradient the next stage sent.
+  EXPECT_EQ(one_f_one_b[0].pipeline_buffers, x);
+  EXPECT_EQ(one_f_one_b[3].pipeline_buffers, 0);
+}
+
+// Interleaved 1F1B (4 stages, 2 chunks of one layer each) holds its warm-up's chunk
+// passes plus one on stage 0: 2(P - 1) + (V - 1)P + 1 = 11 of the 16 over a step.
+TEST(MemoryPlanTest, InterleavedStagesHoldTheirWarmUpChunkPasses) {
+  const std::vector<RankMemory> ranks =
+      plan(tiny({"parallel.pipeline_parallel_size=4", "parallel.virtual_pipeline_size=2",
+                 "model.num_layers=8", "train.micro_batch_size=2"}),
+           4);
+  const std::vector<RankMemory> single =
+      plan(tiny({"parallel.pipeline_parallel_size=4", "parallel.virtual_pipeline_size=2",
+                 "model.num_layers=8", "train.micro_batch_size=2",
+                 "train.global_batch_size=8"}),
+           4);
+  const double n = 2 * 128, x = n * 128 * 4, rows = n * 2;
+  const double attention = n * (2 * 128 + 2 * 64) * 4 + n * 4 * 4;
+  const double routing = 2 * n * 8 * 4 + 3 * n * 2 * 4 + 8 * 4;
+  const double experts = rows * (128 + 3 * 256 + 128) * 4;
+  const double layer = 4 * x + 2 * n * 4 + attention + routing + experts;
+  // 4 micro-batches hold min(4 x 2, 11) = 8 chunk passes; 8 hold 11.
+  EXPECT_EQ(ranks[0].activations - single[0].activations, 3 * layer);
+}
+
 TEST(MemoryPlanTest, BfloatAddsWorkingCopiesAndHalvesActivations) {
   const RankMemory f32 = plan(tiny({}), 1)[0];
   absl::StatusOr<Layout> layout = make_layout(tiny({}), 1);
@@ -176,9 +247,9 @@ TEST(MemoryPlanTest, DescribesARankInOneLine) {
   m.optimizer_state = 8 * kMiB;
   m.activations = 2 * kMiB;
   EXPECT_EQ(describe_rank_memory(m),
-            "rank 3 (tp 0, ep 3): at least 64.01 GiB: parameters 64.00 GiB, working copies "
-            "0.0 MiB, gradients 0.0 MiB, gradient buckets 0.0 MiB, optimizer state 8.0 MiB, "
-            "activations 2.0 MiB, all-to-all buffers 0.0 MiB");
+            "rank 3 (stage 0, tp 0, ep 3): at least 64.01 GiB: parameters 64.00 GiB, working "
+            "copies 0.0 MiB, gradients 0.0 MiB, gradient buckets 0.0 MiB, optimizer state 8.0 "
+            "MiB, activations 2.0 MiB, all-to-all buffers 0.0 MiB, pipeline buffers 0.0 MiB");
 }
 
 TEST(MemoryPlanTest, WarnsOnlyWhenTheNeedFitsWithLessThanATenthToSpare) {

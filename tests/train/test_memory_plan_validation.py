@@ -82,7 +82,7 @@ TERMS = {
     "parameters": (["parameters", "working_copies"], ["parameters", "expert_parameters"]),
     "gradients": (["gradients", "gradient_buckets"], ["gradients", "expert_gradients"]),
     "optimizer state": (["optimizer_state"], ["optimizer_state", "expert_optimizer_state"]),
-    "activations": (["activations", "all_to_all"], ["activations"]),
+    "activations": (["activations", "all_to_all", "pipeline_buffers"], ["activations"]),
 }
 
 
