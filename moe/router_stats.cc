@@ -85,7 +85,11 @@ double RouterStats::aux_loss(bool per_layer) const {
   double sum = 0;
   for (const Layer& l : layers)
     sum += balance_loss(l.selections_per_expert, l.prob_sum_per_expert, l.tokens);
-  return sum / static_cast<double>(layers.size());
+  return sum / mean_layers();
+}
+
+double RouterStats::mean_layers() const {
+  return static_cast<double>(model_layers > 0 ? static_cast<size_t>(model_layers) : layers.size());
 }
 
 std::vector<float> RouterStats::aux_loss_prob_gradient(double coef, bool per_layer,
@@ -96,7 +100,7 @@ std::vector<float> RouterStats::aux_loss_prob_gradient(double coef, bool per_lay
   const int64_t tokens = per_layer ? layers[layer].tokens : routed_tokens;
   if (tokens == 0) return g;
   const double t = static_cast<double>(tokens);
-  const double scale = per_layer ? coef / static_cast<double>(layers.size()) : coef;
+  const double scale = per_layer ? coef / mean_layers() : coef;
   for (int e = 0; e < num_experts; ++e)
     g[e] = static_cast<float>(scale * num_experts * selections[e] / (t * t));
   return g;

@@ -34,6 +34,10 @@ struct RouterStats {
     float capacity_factor = 0;  // the forward's; <= 0: dropless
   };
   std::vector<Layer> layers;
+  // The whole model's MoE layers when these statistics cover a pipeline chunk's (set
+  // after begin()); 0: the layers above are all. The per-layer aux loss is a mean over
+  // the whole model's layers, so that the chunks' losses and gradients add up to it.
+  int model_layers = 0;
 
   // The routing sums of the forward under way, on its device: one row per MoE layer,
   // (layers, 3E + 1) f32 = selections, probability sums and the z-loss sum over the
@@ -59,6 +63,8 @@ struct RouterStats {
   // coef * E * selections_e / T^2 (all layers together), or
   // coef * E * selections_le / T_l^2 / layers (per layer).
   std::vector<float> aux_loss_prob_gradient(double coef, bool per_layer, size_t layer) const;
+  // The layers the per-layer aux loss averages over: model_layers, or layers.size().
+  double mean_layers() const;
 
  private:
   Device* device_ = nullptr;  // where begin() makes the room

@@ -21,6 +21,13 @@ namespace {
 Tensor activation(Device& dev, const Shape& shape, DType dtype = DType::kF32) {
   return Tensor::empty(shape, dtype, MemoryKind::kActivations, dev);
 }
+
+// Registers the parameters that follow in `unit` of the whole model's numbering (the
+// units of layers another chunk holds stay empty here).
+void enter_unit(ParamStore& params, int unit) {
+  SY_CHECK_MSG(params.num_units() <= unit, "ModelChunk: units must be registered in order");
+  while (params.num_units() <= unit) params.begin_unit();
+}
 }  // namespace
 
 // Pre-norm block: x + attn(norm(x)), then h + ffn(norm(h)).
@@ -144,20 +151,31 @@ void Transformer::restore_activations(Activations&& saved) {
 }
 
 Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
-                         ModelParallel parallel)
+                         ModelParallel parallel, ModelChunk chunk)
     : recipe_(recipe),
       tp_(parallel.tensor_parallel && parallel.tensor_parallel->size() > 1
               ? parallel.tensor_parallel
-              : nullptr) {
+              : nullptr),
+      first_layer_(chunk.first_layer) {
   const auto& m = recipe.model();
   const int64_t hidden = m.hidden_size();
-  params.begin_unit();
-  embed_ = &params.add("model.embed_tokens.weight", {m.vocab_size(), hidden},
-                       ShardSpec{.tensor_parallel_dim = 0}, ParamInit::kNormal, m.init_std());
-  vocab_start_ = embed_->origin[0];
-  for (int i = 0; i < m.num_layers(); ++i) {
+  const int end = chunk.num_layers < 0 ? m.num_layers() : chunk.first_layer + chunk.num_layers;
+  SY_CHECK_MSG(first_layer_ >= 0 && first_layer_ <= end && end <= m.num_layers(),
+               "ModelChunk: layers outside the model");
+  const bool whole = first_layer_ == 0 && end == m.num_layers();
+  SY_CHECK_MSG(whole || !m.tie_embeddings(), "ModelChunk: tied embeddings need the whole model");
+  SY_CHECK_MSG(whole || recipe.moe().aux_loss_per_layer() || recipe.moe().aux_loss_coef() == 0,
+               "ModelChunk: the all-layer aux loss needs the whole model");
+  for (int i = 0; i < m.num_layers(); ++i) model_moe_layers_ += config::is_moe_layer(recipe, i);
+  if (first_layer_ == 0) {
+    enter_unit(params, 0);
+    embed_ = &params.add("model.embed_tokens.weight", {m.vocab_size(), hidden},
+                         ShardSpec{.tensor_parallel_dim = 0}, ParamInit::kNormal, m.init_std());
+    vocab_start_ = embed_->origin[0];
+  }
+  for (int i = first_layer_; i < end; ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    params.begin_unit();
+    enter_unit(params, 1 + i);
     auto block = std::make_unique<Block>();
     block->eps = m.norm_eps();
     block->attn_norm = &params.add(prefix + "input_layernorm.weight", {hidden}, ShardSpec{},
@@ -178,13 +196,15 @@ Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
     }
     blocks_.push_back(std::move(block));
   }
-  params.begin_unit();
+  if (end < m.num_layers()) return;
+  enter_unit(params, m.num_layers() + 1);
   final_norm_ = &params.add("model.norm.weight", {hidden}, ShardSpec{}, ParamInit::kOnes);
   lm_head_ = m.tie_embeddings()
                  ? embed_
                  : &params.add("lm_head.weight", {m.vocab_size(), hidden},
                                ShardSpec{.tensor_parallel_dim = 0}, ParamInit::kNormal,
                                m.init_std());
+  vocab_start_ = lm_head_->origin[0];
 }
 
 Transformer::~Transformer() = default;
@@ -214,10 +234,18 @@ const Tensor& Transformer::rope_for(Device& dev, int64_t seq) {
 }
 
 LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& targets,
-                               bool training, Rng& rng, Tensor* logits_out,
+                               bool training, const Rng& rng, Tensor* logits_out,
                                const Tensor& doc_starts) {
-  return run_forward(dev, ids, targets, training ? Pass::kTrain : Pass::kEval, rng, logits_out,
-                     doc_starts);
+  SY_CHECK_MSG(has_embedding() && has_head(), "forward: the whole model (a chunk: forward_chunk)");
+  return run_chunk(dev, Tensor(), ids, targets, training ? Pass::kTrain : Pass::kEval, rng,
+                   logits_out, doc_starts)
+      .losses;
+}
+
+Transformer::ChunkOutput Transformer::forward_chunk(Device& dev, const Tensor& input,
+                                                    const Tensor& ids, const Tensor& targets,
+                                                    const Rng& rng, const Tensor& doc_starts) {
+  return run_chunk(dev, input, ids, targets, Pass::kTrain, rng, nullptr, doc_starts);
 }
 
 const Tensor& Transformer::forward_rope(Device& dev) {
@@ -263,19 +291,15 @@ void Transformer::recompute_block(Device& dev, Block& b, const Tensor& rope) {
   block_forward(dev, b, b.x, Pass::kTrain, replay, rope, counted_apart);
 }
 
-LossParts Transformer::run_forward(Device& dev, const Tensor& ids, const Tensor& targets,
-                                   Pass pass, Rng& rng, Tensor* logits_out,
-                                   const Tensor& doc_starts) {
+void Transformer::begin_forward(Device& dev, const Tensor& ids, const Tensor& targets,
+                                const Tensor& doc_starts) {
   batch_ = ids.dim(0);
   seq_ = ids.dim(1);
   const int64_t n = batch_ * seq_;
-  const int64_t hidden = recipe_.model().hidden_size();
-  const int64_t vocab = lm_head_->shape[0];  // this rank's vocabulary rows
   doc_starts_ = doc_starts.defined() ? doc_starts.to(dev, MemoryKind::kActivations) : Tensor();
   doc_rope_ = doc_starts.defined() ? document_rope_table(rope_for(dev, seq_).on_host(), doc_starts)
                                          .to(dev, MemoryKind::kActivations)
                                    : Tensor();
-  const Tensor& rope = forward_rope(dev);
   targets_host_ = targets.reshape({n}).on_host();
   if (&ids.device() == &dev && !tp_) {
     ids_ = ids.reshape({n});
@@ -291,29 +315,62 @@ LossParts Transformer::run_forward(Device& dev, const Tensor& ids, const Tensor&
     ids_ = both.slice_rows(0, 1).reshape({n});
     targets_ = both.slice_rows(1, 2).reshape({n});
   }
-  stats_.begin(dev, static_cast<int>(moe_layers().size()));
+  stats_.begin(dev, num_moe_layers_);
+  stats_.model_layers = model_moe_layers_;
+}
 
+Tensor Transformer::embed(Device& dev) {
   acquire({0});
   // The compute dtype is the working copies' (ParamStore::allocate): bf16 activations
   // with bf16 weights, f32 otherwise.
-  const DType dtype = embed_->work.dtype();
-  Tensor x = activation(dev, {n, hidden}, dtype);
+  Tensor x = activation(dev, {ids_.numel(), recipe_.model().hidden_size()}, embed_->work.dtype());
   embedding_forward(dev, ids_, embed_->work, x);
   release({0});
   if (tp_) tensor_parallel_sum(dev, *tp_, x);
-  int unit = 0;
-  for (auto& b : blocks_) {
-    acquire({++unit});
-    b->input_only = pass == Pass::kTrain && recomputes_layer(unit - 1);
-    b->rng = rng;
-    x = block_forward(dev, *b, x, pass, rng, rope, stats_);
-    if (b->input_only) b->discard();
-    release({unit});
+  return x;
+}
+
+Tensor Transformer::blocks_forward(Device& dev, Tensor x, Pass pass, const Rng& rng) {
+  const Tensor& rope = forward_rope(dev);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    Block& b = *blocks_[i];
+    const int layer = first_layer_ + static_cast<int>(i);
+    acquire({1 + layer});
+    b.input_only = pass == Pass::kTrain && recomputes_layer(layer);
+    // Each layer's own stream of the micro-batch's, whichever chunk runs it.
+    b.rng = rng.fork(static_cast<uint64_t>(layer));
+    Rng stream = b.rng;
+    x = block_forward(dev, b, x, pass, stream, rope, stats_);
+    if (b.input_only) b.discard();
+    release({1 + layer});
   }
+  return x;
+}
+
+Transformer::ChunkOutput Transformer::run_chunk(Device& dev, const Tensor& input,
+                                                const Tensor& ids, const Tensor& targets,
+                                                Pass pass, const Rng& rng, Tensor* logits_out,
+                                                const Tensor& doc_starts) {
+  begin_forward(dev, ids, targets, doc_starts);
+  Tensor x = blocks_forward(dev, has_embedding() ? embed(dev) : input, pass, rng);
+  ChunkOutput out;
+  if (has_head()) {
+    out.losses = head_forward(dev, x, logits_out);
+  } else {
+    out.hidden = x;
+    stats_.collect();
+  }
+  add_routing_losses(out.losses);
+  return out;
+}
+
+LossParts Transformer::head_forward(Device& dev, const Tensor& x, Tensor* logits_out) {
+  const int64_t n = x.rows();
+  const int64_t vocab = lm_head_->shape[0];  // this rank's vocabulary rows
   const std::vector<int> head = head_units();
   acquire(head);
   final_in_ = x;
-  final_out_ = activation(dev, {n, hidden}, dtype);
+  final_out_ = activation(dev, {n, x.row_size()}, x.dtype());
   final_rstd_ = activation(dev, {n});
   rmsnorm_forward(dev, x, final_norm_->value, recipe_.model().norm_eps(), final_out_, final_rstd_);
   Tensor losses = activation(dev, {n});
@@ -361,11 +418,14 @@ LossParts Transformer::run_forward(Device& dev, const Tensor& ids, const Tensor&
   LossParts parts;
   parts.target_tokens = target_tokens_;
   parts.cross_entropy = target_tokens_ ? sum / target_tokens_ : 0.0;
+  return parts;
+}
+
+void Transformer::add_routing_losses(LossParts& parts) const {
   parts.aux_loss = stats_.aux_loss(recipe_.moe().aux_loss_per_layer());
   parts.z_loss = stats_.z_loss;
   parts.total = parts.cross_entropy + recipe_.moe().aux_loss_coef() * parts.aux_loss +
                 recipe_.moe().z_loss_coef() * parts.z_loss;
-  return parts;
 }
 
 Tensor Transformer::shard_ids(const Tensor& ids) const {
@@ -425,10 +485,27 @@ std::vector<const MoeLayer*> Transformer::moe_layers() const {
 }
 
 void Transformer::backward(Device& dev, float loss_scale, double ce_tokens) {
+  SY_CHECK_MSG(has_embedding() && has_head(), "backward: the whole model (a chunk: backward_chunk)");
+  backward_chunk(dev, Tensor(), loss_scale, ce_tokens);
+}
+
+Tensor Transformer::backward_chunk(Device& dev, const Tensor& output_grad, float loss_scale,
+                                   double ce_tokens) {
+  Tensor dx = blocks_backward(
+      dev, has_head() ? head_backward(dev, loss_scale, ce_tokens) : output_grad, loss_scale);
+  if (has_embedding()) {
+    if (hooks_) hooks_->begin_grads(0);
+    embedding_backward(dev, ids_, dx, embed_->grad);
+    if (hooks_) hooks_->end_grads(0);
+    dx = Tensor();
+  }
+  ids_ = targets_ = targets_host_ = Tensor();
+  return dx;
+}
+
+Tensor Transformer::head_backward(Device& dev, float loss_scale, double ce_tokens) {
   const int64_t n = batch_ * seq_;
   const int64_t hidden = recipe_.model().hidden_size();
-  const Tensor& rope = forward_rope(dev);
-
   const std::vector<int> head = head_units();
   acquire(head);
   if (hooks_)
@@ -469,7 +546,14 @@ void Transformer::backward(Device& dev, float loss_scale, double ce_tokens) {
   release(head);
   // A tied embedding's gradient is complete only after the embedding's backward.
   if (hooks_) hooks_->end_grads(head.back());
+  return dx;
+}
 
+Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
+  const int64_t n = batch_ * seq_;
+  const int64_t hidden = recipe_.model().hidden_size();
+  const DType dtype = dx.dtype();
+  const Tensor& rope = forward_rope(dev);
   const bool per_layer = recipe_.moe().aux_loss_per_layer();
   const double aux_scale = recipe_.moe().aux_loss_coef() * loss_scale;
   const float z_scale = recipe_.moe().z_loss_coef() * loss_scale;
@@ -483,10 +567,9 @@ void Transformer::backward(Device& dev, float loss_scale, double ce_tokens) {
   const Tensor aux_grads = aux_grads_host.to(dev, MemoryKind::kActivations);
   int64_t moe_index = num_moe;
 
-  int unit = static_cast<int>(blocks_.size()) + 1;
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
-    Block& b = **it;
-    --unit;
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    Block& b = *blocks_[i];
+    const int unit = 1 + first_layer_ + static_cast<int>(i);
     acquire({unit});
     if (hooks_) hooks_->begin_grads(unit);
     if (b.input_only) recompute_block(dev, b, rope);
@@ -513,19 +596,16 @@ void Transformer::backward(Device& dev, float loss_scale, double ce_tokens) {
     release({unit});
     if (hooks_) hooks_->end_grads(unit);
   }
-  if (hooks_) hooks_->begin_grads(0);
-  embedding_backward(dev, ids_, dx, embed_->grad);
-  if (hooks_) hooks_->end_grads(0);
-  ids_ = targets_ = targets_host_ = Tensor();
+  return dx;
 }
 
 Tensor Transformer::logits(Device& dev, const Tensor& ids) {
   Tensor targets = Tensor::empty(ids.shape(), DType::kI32, MemoryKind::kActivations);
   int32_t* t = targets.data<int32_t>();
   for (int64_t i = 0; i < targets.numel(); ++i) t[i] = -1;
-  Rng rng(0);
+  SY_CHECK_MSG(has_embedding() && has_head(), "logits: the whole model, not a chunk");
   Tensor out;
-  run_forward(dev, ids, targets, Pass::kGenerate, rng, &out);
+  run_chunk(dev, Tensor(), ids, targets, Pass::kGenerate, Rng(0), &out, Tensor());
   logits_ = lse_ = final_in_ = final_out_ = final_rstd_ = Tensor();
   return out;
 }
@@ -543,6 +623,7 @@ double Transformer::decode_cache_bytes(int64_t positions) const {
 }
 
 Tensor Transformer::decode(Device& dev, const std::vector<int32_t>& ids, DecodeCache& cache) {
+  SY_CHECK_MSG(has_embedding() && has_head(), "decode: the whole model, not a chunk");
   SY_CHECK_MSG(!dev.is_cuda() && !tp_ && !hooks_ && embed_->work.dtype() == DType::kF32,
                "decode runs on the CPU in f32 on one rank");
   const int64_t n = static_cast<int64_t>(ids.size());

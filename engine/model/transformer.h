@@ -45,10 +45,22 @@ struct DecodeCache {
 // runtime.max_logits_mb when the recipe leaves it 0.
 inline constexpr int64_t kDefaultMaxLogitsMb = 256;
 
+// The layers one pipeline chunk holds: [first_layer, first_layer + num_layers) of the
+// model (num_layers -1: to the last). The first chunk also holds the embedding, the last
+// the final norm, the LM head and the loss.
+struct ModelChunk {
+  int first_layer = 0;
+  int num_layers = -1;
+};
+
 class Transformer {
  public:
-  // Registers every parameter in `params` (allocation is the caller's).
-  Transformer(const config::Recipe& recipe, ParamStore& params, ModelParallel parallel = {});
+  // Registers every parameter of `chunk` in `params` (allocation is the caller's), under
+  // the whole model's names and ZeRO units (set_param_hooks). A chunk of part of the model
+  // needs untied embeddings and, with an aux-loss coefficient, moe.aux_loss_per_layer:
+  // the all-layer formula couples every layer's routing (recipe validation refuses both).
+  Transformer(const config::Recipe& recipe, ParamStore& params, ModelParallel parallel = {},
+              ModelChunk chunk = {});
   ~Transformer();
 
   // ids, targets: (batch, seq) i32 on the host or on `dev`; a negative target is not
@@ -57,16 +69,43 @@ class Transformer {
   // doc_starts: undefined, or (batch, seq) i32 on the host for document-aware attention
   // (data.document_attention): where each position's document starts in its window;
   // positions then restart at each document and attention stays inside it.
+  // rng: the micro-batch's stream (GShard's random dispatch), left as it was: layer i
+  // draws from rng.fork(i), whichever chunk holds it.
+  // The whole model only (a chunk runs forward_chunk, backward_chunk).
   LossParts forward(Device& dev, const Tensor& ids, const Tensor& targets, bool training,
-                    Rng& rng, Tensor* logits_out = nullptr, const Tensor& doc_starts = Tensor());
+                    const Rng& rng, Tensor* logits_out = nullptr,
+                    const Tensor& doc_starts = Tensor());
   // Backward of forward()'s total loss multiplied by `loss_scale` (e.g. 1 / micro-batches).
   // `ce_tokens`, when positive, replaces this batch's target count as the cross-entropy's
   // denominator: the mean count over a step's micro-batches, so that with loss-masked
   // targets the step's loss is the mean over all its targets, in every layout.
   void backward(Device& dev, float loss_scale, double ce_tokens = 0);
 
-  // Logits only, for generation: ids (batch, seq) -> (batch * seq, vocab). MoE layers
-  // route every token to all of its top-k experts (MoeLayer::infer).
+  // Pipeline passes: a training forward and backward of this chunk (forward() and
+  // backward() are the whole model's). Every chunk of a micro-batch takes the same ids,
+  // targets, rng and doc_starts as forward().
+  struct ChunkOutput {
+    // The chunk's output hidden states, (batch * seq, hidden) in the compute dtype;
+    // undefined on the last chunk.
+    Tensor hidden;
+    // The cross-entropy parts on the last chunk only; aux_loss and z_loss of this chunk's
+    // MoE layers (per-layer aux losses are means over the whole model's MoE layers, so
+    // the chunks' add up to the model's).
+    LossParts losses;
+  };
+  // input: the previous chunk's output hidden states; undefined on the first chunk, which
+  // embeds `ids`.
+  ChunkOutput forward_chunk(Device& dev, const Tensor& input, const Tensor& ids,
+                            const Tensor& targets, const Rng& rng,
+                            const Tensor& doc_starts = Tensor());
+  // output_grad: the gradient of the chunk's output (undefined on the last chunk, which
+  // starts from the loss). Returns the gradient of its input (undefined on the first
+  // chunk). loss_scale and ce_tokens as backward()'s.
+  Tensor backward_chunk(Device& dev, const Tensor& output_grad, float loss_scale,
+                        double ce_tokens = 0);
+  bool has_embedding() const { return embed_ != nullptr; }
+  bool has_head() const { return lm_head_ != nullptr; }
+
   // One micro-batch's activations: everything a training forward saved for its backward,
   // routing statistics included. Opaque; movable.
   struct Activations {
@@ -87,6 +126,8 @@ class Transformer {
   // Puts a stash back in place of what the model holds; backward() then runs on it.
   void restore_activations(Activations&& saved);
 
+  // Logits only, for generation: ids (batch, seq) -> (batch * seq, vocab). MoE layers
+  // route every token to all of its top-k experts (MoeLayer::infer).
   Tensor logits(Device& dev, const Tensor& ids);
 
   // Generation with a KV cache, one sequence on the CPU in f32 and one rank: a cache
@@ -111,9 +152,26 @@ class Transformer {
  private:
   struct Block;
   enum class Pass { kTrain, kEval, kGenerate };
-  // forward() and logits().
-  LossParts run_forward(Device& dev, const Tensor& ids, const Tensor& targets, Pass pass,
-                        Rng& rng, Tensor* logits_out, const Tensor& doc_starts = Tensor());
+  // forward(), forward_chunk() and logits().
+  ChunkOutput run_chunk(Device& dev, const Tensor& input, const Tensor& ids,
+                        const Tensor& targets, Pass pass, const Rng& rng, Tensor* logits_out,
+                        const Tensor& doc_starts);
+  // A forward's inputs on `dev` (ids, targets, documents) and its routing statistics' start.
+  void begin_forward(Device& dev, const Tensor& ids, const Tensor& targets,
+                     const Tensor& doc_starts);
+  // The embedding of ids_: (batch * seq, hidden) in the compute dtype.
+  Tensor embed(Device& dev);
+  // The chunk's blocks on x, block i drawing from rng.fork(its layer).
+  Tensor blocks_forward(Device& dev, Tensor x, Pass pass, const Rng& rng);
+  // Final norm, LM head and cross-entropy of the last block's output; collects the
+  // routing statistics. Returns the cross-entropy parts.
+  LossParts head_forward(Device& dev, const Tensor& x, Tensor* logits_out);
+  // The aux and z losses of the collected statistics, and the total.
+  void add_routing_losses(LossParts& parts) const;
+  // Backward of head_forward: the gradient of the last block's output.
+  Tensor head_backward(Device& dev, float loss_scale, double ce_tokens);
+  // Backward of blocks_forward: dx, the gradient of the chunk's output -> its input's.
+  Tensor blocks_backward(Device& dev, Tensor dx, float loss_scale);
   // The rotary rows of the current forward: rope_for(seq_), or with documents doc_rope_.
   const Tensor& forward_rope(Device& dev);
   // A block's FFN (dense, or MoE routed as `pass` asks) on its normalised input; an MoE
@@ -148,11 +206,13 @@ class Transformer {
   Communicator* tp_;  // null or of size 1
   ParamHooks* hooks_ = nullptr;
   int64_t vocab_start_ = 0;  // this rank's first vocabulary row
-  Param* embed_;
-  Param* final_norm_;
-  Param* lm_head_;  // aliases embed_ when tied
+  int first_layer_;  // the model layer of blocks_[0]
+  Param* embed_ = nullptr;       // null: not the first chunk
+  Param* final_norm_ = nullptr;  // null: not the last chunk
+  Param* lm_head_ = nullptr;     // aliases embed_ when tied; null: not the last chunk
   std::vector<std::unique_ptr<Block>> blocks_;
-  int num_moe_layers_ = 0;
+  int num_moe_layers_ = 0;    // this chunk's
+  int model_moe_layers_ = 0;  // the whole model's
   Tensor rope_;
   int64_t rope_seq_ = 0;
   Tensor doc_starts_, doc_rope_;  // on the device, with documents (forward's doc_starts)

@@ -39,8 +39,9 @@ config::Recipe recipe_for(const Case& c, const std::string& recompute) {
   return *recipe;
 }
 
-// Two micro-batches' forward and backward, gradients accumulating: the second forward's
-// draws follow the first's, so a recomputation that drew again would show.
+// Two micro-batches' forward and backward, gradients accumulating, each micro-batch with
+// its own random stream: a recomputation that drew other numbers than its forward would
+// show.
 struct Outcome {
   std::vector<LossParts> losses;
   std::vector<std::vector<double>> selections;  // router_stats() after each backward
@@ -55,8 +56,8 @@ void run(const config::Recipe& recipe, DType compute, Outcome& out) {
   out.params.initialize(5);
   refresh_working_copies(cpu_device(), out.params);
   const int kind = static_cast<int>(MemoryKind::kActivations);
-  Rng rng(11);
   for (int micro = 0; micro < 2; ++micro) {
+    const Rng rng = Rng(11).fork(micro);
     Tensor ids = Tensor::empty({2, 16}, DType::kI32), targets = Tensor::empty({2, 16}, DType::kI32);
     Rng data(9 + micro);
     for (int64_t i = 0; i < ids.numel(); ++i) {

@@ -1,0 +1,175 @@
+// Pipeline chunks (ModelChunk, forward_chunk / backward_chunk): a model split into chunks
+// of uneven layers, each with its own ParamStore holding the same weights, run chunk
+// after chunk with the hidden states and their gradients passed by hand, gives the whole
+// model's cross-entropy and every gradient bit for bit, and its aux and z losses as the
+// sum of the chunks'.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "engine/model/transformer.h"
+#include "engine/optim/optimizer.h"
+#include "tests/model/pipeline_test_util.h"
+
+namespace switchyard {
+namespace {
+
+using pipeline_test::Case;
+
+constexpr int kLayers = 5;
+const std::vector<ModelChunk> kChunks = {{0, 2}, {2, 1}, {3, 2}};
+
+struct Built {
+  std::unique_ptr<ParamStore> params = std::make_unique<ParamStore>();
+  std::unique_ptr<Transformer> model;
+};
+
+Built build(const config::Recipe& recipe, ModelChunk chunk) {
+  Built b;
+  b.model = std::make_unique<Transformer>(recipe, *b.params, ModelParallel{}, chunk);
+  b.params->allocate(cpu_device());
+  b.params->initialize(5);
+  pipeline_test::perturb_norms(*b.params);
+  refresh_working_copies(cpu_device(), *b.params);
+  return b;
+}
+
+config::Recipe recipe_of(const Case& c) {
+  config::Recipe recipe = pipeline_test::recipe_for(c, kLayers);
+  recipe.mutable_data()->set_document_attention(c.documents);
+  return recipe;
+}
+
+class ModelChunkTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ModelChunkTest, ChunksGiveTheWholeModelBitForBit) {
+  const config::Recipe recipe = recipe_of(GetParam());
+  const pipeline_test::MicroBatch mb = pipeline_test::micro_batch(7, GetParam().documents);
+  const Rng rng(21);
+
+  Built whole = build(recipe, {});
+  const LossParts expected =
+      whole.model->forward(cpu_device(), mb.ids, mb.targets, /*training=*/true, rng, nullptr,
+                           mb.doc_starts);
+  whole.model->backward(cpu_device(), 0.5f);
+
+  std::vector<Built> chunks;
+  for (const ModelChunk& c : kChunks) chunks.push_back(build(recipe, c));
+  Tensor hidden;
+  LossParts sum;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Transformer& m = *chunks[i].model;
+    EXPECT_EQ(m.has_embedding(), i == 0);
+    EXPECT_EQ(m.has_head(), i + 1 == chunks.size());
+    const Transformer::ChunkOutput out =
+        m.forward_chunk(cpu_device(), hidden, mb.ids, mb.targets, rng, mb.doc_starts);
+    EXPECT_EQ(out.hidden.defined(), !m.has_head());
+    hidden = out.hidden;
+    sum.cross_entropy += out.losses.cross_entropy;
+    sum.target_tokens += out.losses.target_tokens;
+    sum.aux_loss += out.losses.aux_loss;
+    sum.z_loss += out.losses.z_loss;
+    sum.total += out.losses.total;
+  }
+  EXPECT_EQ(sum.cross_entropy, expected.cross_entropy);
+  EXPECT_EQ(sum.target_tokens, expected.target_tokens);
+  EXPECT_NEAR(sum.aux_loss, expected.aux_loss, 1e-12 * (1 + std::abs(expected.aux_loss)));
+  EXPECT_NEAR(sum.z_loss, expected.z_loss, 1e-12 * (1 + std::abs(expected.z_loss)));
+  EXPECT_NEAR(sum.total, expected.total, 1e-12 * (1 + std::abs(expected.total)));
+
+  Tensor grad;
+  for (size_t i = chunks.size(); i-- > 0;) {
+    grad = chunks[i].model->backward_chunk(cpu_device(), grad, 0.5f);
+    EXPECT_EQ(grad.defined(), i > 0);
+  }
+
+  // Every parameter in exactly one chunk, under its name and unit in the whole model,
+  // with the whole model's gradient.
+  std::map<std::string, int> held;
+  for (const Built& c : chunks) {
+    for (const Param& p : c.params->params()) {
+      ++held[p.name];
+      Param* w = whole.params->find(p.name);
+      ASSERT_NE(w, nullptr) << p.name;
+      EXPECT_EQ(p.unit, w->unit) << p.name;
+      EXPECT_TRUE(pipeline_test::same_bits(p.grad, w->grad)) << p.name;
+    }
+  }
+  EXPECT_EQ(held.size(), whole.params->params().size());
+  for (const auto& [name, count] : held) EXPECT_EQ(count, 1) << name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ModelChunkTest,
+    ::testing::ValuesIn(std::begin(pipeline_test::kCases), std::end(pipeline_test::kCases)),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// A stage holding two micro-batches of a middle chunk (1F1B) gives the in-order gradients.
+TEST(ModelChunk, StashedMicroBatchesOfAChunk) {
+  const config::Recipe recipe = recipe_of(pipeline_test::kCases[2]);
+  const auto run = [&](bool interleave) {
+    std::vector<Built> chunks;
+    for (const ModelChunk& c : kChunks) chunks.push_back(build(recipe, c));
+    Transformer& middle = *chunks[1].model;
+    std::vector<Transformer::Activations> held;
+    std::vector<Tensor> outputs;
+    for (int micro = 0; micro < 2; ++micro) {
+      const pipeline_test::MicroBatch mb = pipeline_test::micro_batch(3 + micro, false);
+      const Rng rng = Rng(8).fork(micro);
+      const Tensor h0 =
+          chunks[0].model->forward_chunk(cpu_device(), Tensor(), mb.ids, mb.targets, rng).hidden;
+      const Tensor h1 = middle.forward_chunk(cpu_device(), h0, mb.ids, mb.targets, rng).hidden;
+      chunks[2].model->forward_chunk(cpu_device(), h1, mb.ids, mb.targets, rng);
+      const Tensor g2 = chunks[2].model->backward_chunk(cpu_device(), Tensor(), 0.5f);
+      if (interleave) {
+        held.push_back(middle.stash_activations());
+        outputs.push_back(g2);
+        continue;
+      }
+      outputs.push_back(middle.backward_chunk(cpu_device(), g2, 0.5f));
+    }
+    for (size_t m = 0; m < held.size(); ++m) {
+      middle.restore_activations(std::move(held[m]));
+      outputs[m] = middle.backward_chunk(cpu_device(), outputs[m], 0.5f);
+    }
+    std::vector<Tensor> grads = outputs;
+    for (const Param& p : chunks[1].params->params()) grads.push_back(p.grad);
+    return grads;
+  };
+  const std::vector<Tensor> in_order = run(false);
+  const std::vector<Tensor> interleaved = run(true);
+  ASSERT_EQ(in_order.size(), interleaved.size());
+  for (size_t i = 0; i < in_order.size(); ++i)
+    EXPECT_TRUE(pipeline_test::same_bits(in_order[i], interleaved[i])) << i;
+}
+
+// The all-layer aux loss couples every stage's routing: recipes refuse it with stages.
+TEST(ModelChunk, RecipesRefuseTheAllLayerAuxLossWithStages) {
+  const auto validate = [](const std::string& moe) {
+    const auto recipe = config::parse_recipe(R"(
+      name: "stages"
+      model { vocab_size: 64 hidden_size: 16 num_layers: 4 num_heads: 4 }
+      moe { num_experts: 4 top_k: 2 expert_ffn_hidden_size: 12 )" + moe + R"( }
+      optimizer { lr: 1e-3 }
+      train { global_batch_size: 4 micro_batch_size: 1 seq_len: 12 steps: 1 }
+      data { dataset: "dataset" }
+      parallel { pipeline_parallel_size: 2 }
+    )", "stages");
+    return recipe.ok() ? config::validate_recipe(*recipe) : recipe.status();
+  };
+  EXPECT_TRUE(validate("aux_loss_coef: 0.01 aux_loss_per_layer: true").ok())
+      << validate("aux_loss_coef: 0.01 aux_loss_per_layer: true");
+  EXPECT_TRUE(validate("").ok());
+  const absl::Status refused = validate("aux_loss_coef: 0.01");
+  EXPECT_NE(std::string(refused.message())
+                .find("moe.aux_loss_per_layer false needs parallel.pipeline_parallel_size 1 (not 2)"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(std::string(refused.message()).find('\n'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace switchyard
