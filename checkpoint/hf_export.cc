@@ -149,6 +149,18 @@ std::string model_type_of(const std::string& architecture) {
   return "olmoe";
 }
 
+// transformers' rope_scaling: null for plain RoPE, else YaRN's fields.
+Json rope_scaling_json(const config::RopeScaling& scaling) {
+  if (scaling.type() != config::YARN) return nullptr;
+  return {{"rope_type", "yarn"},
+          {"factor", json_float(scaling.factor())},
+          {"original_max_position_embeddings", scaling.original_max_position_embeddings()},
+          {"beta_fast", json_float(scaling.beta_fast())},
+          {"beta_slow", json_float(scaling.beta_slow())},
+          {"mscale", json_float(scaling.mscale())},
+          {"mscale_all_dim", json_float(scaling.mscale_all_dim())}};
+}
+
 Json config_json(const config::Recipe& recipe, const std::string& architecture,
                  const std::map<std::string, Tensor>& weights, DType dtype) {
   const config::ModelConfig& model = recipe.model();
@@ -171,7 +183,7 @@ Json config_json(const config::Recipe& recipe, const std::string& architecture,
   j["initializer_range"] = json_float(model.init_std());
   j["rms_norm_eps"] = json_float(model.norm_eps());
   j["rope_theta"] = json_float(model.rope_theta());
-  j["rope_scaling"] = nullptr;
+  j["rope_scaling"] = rope_scaling_json(model.rope_scaling());
   j["attention_dropout"] = 0.0;
   j["num_experts_per_tok"] = moe.top_k();
   j["router_aux_loss_coef"] = json_float(moe.aux_loss_coef());
@@ -516,6 +528,9 @@ absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe) {
   if (model.moe_layer_interval() == 0 || moe.num_experts() == 0)
     return refuse_export("the model has no MoE layers (model.moe_layer_interval 0)");
   if (model.mla().kv_lora_rank() > 0) return deepseek_v3_architecture(recipe);
+  if (model.rope_scaling().type() != config::ROPE_SCALING_NONE)
+    return refuse_export("model.rope_scaling: only DeepseekV3ForCausalLM (model.mla) is exported "
+                         "with YaRN");
   if (moe.gating() != config::TOPK_SOFTMAX && moe.gating() != config::SOFTMAX_TOPK)
     return refuse_export(absl::StrCat("moe.gating ", config::Gating_Name(moe.gating()),
                                       " exists in no transformers class this exports to (they "

@@ -66,18 +66,55 @@ absl::StatusOr<float> float_or(const JsonFields& c, const char* key, double fall
   return static_cast<float>(value);
 }
 
-// RoPE base from the 4.x top-level field or 5.x rope_parameters; only plain RoPE.
-absl::StatusOr<float> rope_theta(const JsonFields& c) {
-  if (c.has("rope_scaling")) return refuse(c, "rope_scaling", "is set: the engine has plain RoPE only");
-  if (c.has("rope_parameters")) {
-    SY_ASSIGN_OR_RETURN(const JsonFields rope, c.object("rope_parameters"));
-    SY_ASSIGN_OR_RETURN(const std::string type, rope.string_or("rope_type", "default"));
-    if (type != "default")
-      return refuse(c, "rope_parameters.rope_type",
-                    absl::StrCat("\"", type.substr(0, 64), "\": the engine has plain RoPE only"));
-    if (rope.has("rope_theta")) return float_or(rope, "rope_theta", 0);
+// YaRN's fields of a rope_scaling or rope_parameters object (model.rope_scaling); the
+// original context defaults to max_position_embeddings, as transformers 4.x has it.
+absl::Status read_yarn(const JsonFields& rope, const std::string& key, config::ModelConfig& model) {
+  constexpr double kMaxFactor = 65536;  // validate_recipe's bound on every factor
+  if (rope.has("attention_factor"))
+    return refuse(rope, key + ".attention_factor", "is set: the engine derives YaRN's attention factor "
+                                            "from factor, mscale and mscale_all_dim");
+  SY_ASSIGN_OR_RETURN(const bool truncate, rope.boolean_or("truncate", true));
+  if (!truncate) return refuse(rope, key + ".truncate", "is false: the engine rounds YaRN's ramp ends");
+  if (!rope.has("factor")) return rope.error("factor", "must be set for YaRN");
+  SY_ASSIGN_OR_RETURN(const double factor, rope.number_or("factor", 0, 0, kMaxFactor));
+  SY_ASSIGN_OR_RETURN(const int64_t original,
+                      rope.integer_or("original_max_position_embeddings",
+                                      model.max_position_embeddings(), 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const double beta_fast, rope.number_or("beta_fast", 0, 0, kMaxFactor));
+  SY_ASSIGN_OR_RETURN(const double beta_slow, rope.number_or("beta_slow", 0, 0, kMaxFactor));
+  SY_ASSIGN_OR_RETURN(const double mscale, rope.number_or("mscale", 0, 0, kMaxFactor));
+  SY_ASSIGN_OR_RETURN(const double mscale_all_dim, rope.number_or("mscale_all_dim", 0, 0, kMaxFactor));
+  config::RopeScaling& scaling = *model.mutable_rope_scaling();
+  scaling.set_type(config::YARN);
+  scaling.set_factor(static_cast<float>(factor));
+  scaling.set_original_max_position_embeddings(original);
+  scaling.set_beta_fast(static_cast<float>(beta_fast));
+  scaling.set_beta_slow(static_cast<float>(beta_slow));
+  scaling.set_mscale(static_cast<float>(mscale));
+  scaling.set_mscale_all_dim(static_cast<float>(mscale_all_dim));
+  return absl::OkStatus();
+}
+
+// RoPE from the 4.x top-level rope_theta and rope_scaling or 5.x rope_parameters: plain
+// RoPE, or YaRN for DeepSeek-V3. Reads max_position_embeddings first.
+absl::Status read_rope(const JsonFields& c, Family family, config::ModelConfig& model) {
+  SY_ASSIGN_OR_RETURN(const float theta, float_or(c, "rope_theta", 10000.0));
+  const char* key = c.has("rope_scaling") ? "rope_scaling"
+                    : c.has("rope_parameters") ? "rope_parameters"
+                                                : nullptr;
+  if (!key) return absl::OkStatus();
+  SY_ASSIGN_OR_RETURN(const JsonFields rope, c.object(key));
+  if (rope.has("rope_theta")) {
+    SY_ASSIGN_OR_RETURN(const float rope_theta, float_or(rope, "rope_theta", 0));
+    model.set_rope_theta(rope_theta);
   }
-  return float_or(c, "rope_theta", 10000.0);
+  SY_ASSIGN_OR_RETURN(const std::string legacy_type, rope.string_or("type", "default"));
+  SY_ASSIGN_OR_RETURN(const std::string type, rope.string_or("rope_type", legacy_type));
+  if (type == "default") return absl::OkStatus();
+  if (type == "yarn" && family == Family::kDeepseekV3) return read_yarn(rope, key, model);
+  return refuse(c, absl::StrCat(key, ".rope_type"),
+                absl::StrCat("\"", type.substr(0, 64), "\": the engine has plain RoPE, and YaRN "
+                             "for DeepSeek-V3"));
 }
 
 // The engine's dense layers can only be a prefix of the stack (first_dense_layers).
@@ -256,7 +293,7 @@ const char* experts_key(const JsonFields& c, Family family) {
 }
 
 // The fields every family shares.
-absl::Status read_common(const JsonFields& c, config::Recipe& recipe) {
+absl::Status read_common(const JsonFields& c, Family family, config::Recipe& recipe) {
   config::ModelConfig& model = *recipe.mutable_model();
   SY_ASSIGN_OR_RETURN(const std::string act, c.string_or("hidden_act", "silu"));
   if (act != "silu")
@@ -272,7 +309,6 @@ absl::Status read_common(const JsonFields& c, config::Recipe& recipe) {
   SY_ASSIGN_OR_RETURN(const int64_t head_dim, c.integer_or("head_dim", 0, 0, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t max_positions,
                       c.integer("max_position_embeddings", 1, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const float theta, rope_theta(c));
   SY_ASSIGN_OR_RETURN(const float eps, float_or(c, "rms_norm_eps", 1e-6));
   SY_ASSIGN_OR_RETURN(const float init_std, float_or(c, "initializer_range", 0.02));
   SY_ASSIGN_OR_RETURN(const bool tie, c.boolean_or("tie_word_embeddings", false));
@@ -282,12 +318,11 @@ absl::Status read_common(const JsonFields& c, config::Recipe& recipe) {
   model.set_num_heads(static_cast<int32_t>(heads));
   model.set_num_kv_heads(static_cast<int32_t>(kv_heads));
   model.set_head_dim(static_cast<int32_t>(head_dim));
-  model.set_rope_theta(theta);
   model.set_norm_eps(eps);
   model.set_init_std(init_std);
   model.set_tie_embeddings(tie);
   model.set_max_position_embeddings(max_positions);
-  return absl::OkStatus();
+  return read_rope(c, family, model);
 }
 
 // The routed experts' count, top-k and aux loss weight of the MoE families.
@@ -305,7 +340,7 @@ absl::StatusOr<config::Recipe> recipe_from_config(const JsonFields& c, Family fa
                                                   const std::string& name) {
   config::Recipe recipe;
   recipe.set_name(name);
-  SY_RETURN_IF_ERROR(read_common(c, recipe));
+  SY_RETURN_IF_ERROR(read_common(c, family, recipe));
   if (!is_dense(family)) SY_RETURN_IF_ERROR(read_routing(c, family, *recipe.mutable_moe()));
   switch (family) {
     case Family::kMixtral: SY_RETURN_IF_ERROR(read_mixtral(c, recipe)); break;

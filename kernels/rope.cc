@@ -1,5 +1,10 @@
 #include "kernels/rope.h"
 
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <vector>
+
 #include "kernels/convert.h"
 #include "kernels/cpu/rope.h"
 #ifdef SWITCHYARD_WITH_CUDA
@@ -38,6 +43,60 @@ Tensor rope_table(int64_t seq, int64_t head_dim, float theta) {
                "rope_table: head_dim must be positive and even");
   Tensor table = Tensor::empty({seq, head_dim / 2, 2});
   cpu::rope_table<float>(seq, head_dim, theta, table.data<float>());
+  return table;
+}
+
+double yarn_mscale(double scale, double k) {
+  return scale <= 1 ? 1.0 : 0.1 * k * std::log(scale) + 1.0;
+}
+
+namespace {
+
+// The (fractional) channel pair whose wavelength fits `rotations` times into the
+// original context: d ln(original / (2 pi rotations)) / (2 ln theta).
+double yarn_correction_dim(const YarnScaling& yarn, double rotations, int64_t head_dim,
+                           double theta) {
+  return static_cast<double>(head_dim) *
+         std::log(static_cast<double>(yarn.original_max_positions) /
+                  (rotations * 2 * std::numbers::pi)) /
+         (2 * std::log(theta));
+}
+
+std::vector<float> yarn_inv_freq(int64_t head_dim, float theta, const YarnScaling& yarn) {
+  const double low =
+      std::max(std::floor(yarn_correction_dim(yarn, yarn.beta_fast, head_dim, theta)), 0.0);
+  double high = std::min(std::ceil(yarn_correction_dim(yarn, yarn.beta_slow, head_dim, theta)),
+                         static_cast<double>(head_dim - 1));
+  if (low == high) high += 0.001;  // as transformers does, against a zero-width ramp
+  const float factor = static_cast<float>(yarn.factor);
+  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const float scale = cpu::rope_wavelength_scale(static_cast<int64_t>(i), head_dim, theta);
+    const float extrapolation = 1.0f / scale, interpolation = 1.0f / (factor * scale);
+    const float ramp = std::clamp(
+        (static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low), 0.0f,
+        1.0f);
+    const float keep = 1.0f - ramp;  // the share of the unscaled frequency
+    inv_freq[i] = interpolation * (1.0f - keep) + extrapolation * keep;
+  }
+  return inv_freq;
+}
+
+float yarn_attention_factor(const YarnScaling& yarn) {
+  if (yarn.mscale != 0 && yarn.mscale_all_dim != 0)
+    return static_cast<float>(yarn_mscale(yarn.factor, yarn.mscale) /
+                              yarn_mscale(yarn.factor, yarn.mscale_all_dim));
+  return static_cast<float>(yarn_mscale(yarn.factor, 1.0));
+}
+
+}  // namespace
+
+Tensor yarn_rope_table(int64_t seq, int64_t head_dim, float theta, const YarnScaling& yarn) {
+  SY_CHECK_MSG(seq >= 0 && head_dim > 0 && head_dim % 2 == 0,
+               "yarn_rope_table: head_dim must be positive and even");
+  Tensor table = Tensor::empty({seq, head_dim / 2, 2});
+  cpu::rope_table<float>(seq, yarn_inv_freq(head_dim, theta, yarn), yarn_attention_factor(yarn),
+                         table.data<float>());
   return table;
 }
 

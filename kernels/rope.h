@@ -10,6 +10,21 @@ namespace switchyard {
 // transformers does (fp32 inverse frequencies, fp32 angles).
 Tensor rope_table(int64_t seq, int64_t head_dim, float theta);
 
+// YaRN's parameters (the recipe's model.rope_scaling, engine/config/recipe.proto, where
+// the formulas are), beta_fast and beta_slow resolved.
+struct YarnScaling {
+  double factor;
+  int64_t original_max_positions;
+  double beta_fast, beta_slow;
+  double mscale, mscale_all_dim;
+};
+
+// YaRN's m(scale, k): 0.1 k ln(scale) + 1 for scale > 1, else 1.
+double yarn_mscale(double scale, double k);
+// The (seq, head_dim/2, 2) table of YaRN's blended inverse frequencies, cos and sin
+// multiplied by its attention factor, as transformers computes them.
+Tensor yarn_rope_table(int64_t seq, int64_t head_dim, float theta, const YarnScaling& yarn);
+
 // x: (batch, seq, heads, head_dim), f32 or bf16, rotated in place; the table stays f32. A
 // bf16 x is rotated in f32 and rounded once per element.
 void rope_forward(Device& dev, const Tensor& table, Tensor& x);

@@ -215,6 +215,38 @@ absl::Status validate_mla(const ModelConfig& model) {
   return absl::OkStatus();
 }
 
+// model.rope_scaling: YaRN's factors far beyond any published extension are refused, so
+// that no product of them leaves float's range.
+constexpr int64_t kMaxRopeScalingFactor = 65536;
+absl::Status validate_rope_scaling(const RopeScaling& scaling) {
+  const std::pair<const char*, float> factors[] = {
+      {"model.rope_scaling.factor", scaling.factor()},
+      {"model.rope_scaling.beta_fast", scaling.beta_fast()},
+      {"model.rope_scaling.beta_slow", scaling.beta_slow()},
+      {"model.rope_scaling.mscale", scaling.mscale()},
+      {"model.rope_scaling.mscale_all_dim", scaling.mscale_all_dim()}};
+  if (scaling.type() == ROPE_SCALING_NONE) {
+    for (const auto& [path, value] : factors)
+      if (value != 0)
+        return invalid(absl::StrCat(path, " is set but model.rope_scaling.type is not YARN"));
+    if (scaling.original_max_position_embeddings() != 0)
+      return invalid("model.rope_scaling.original_max_position_embeddings is set but "
+                     "model.rope_scaling.type is not YARN");
+    return absl::OkStatus();
+  }
+  if (scaling.type() != YARN)
+    return invalid(absl::StrCat("model.rope_scaling.type (", scaling.type(), ") is not YARN"));
+  for (const auto& [path, value] : factors) {
+    SY_RETURN_IF_ERROR(check_non_negative(path, value));
+    SY_RETURN_IF_ERROR(check_at_most(path, value, kMaxRopeScalingFactor));
+  }
+  SY_RETURN_IF_ERROR(check_positive("model.rope_scaling.factor", scaling.factor()));
+  SY_RETURN_IF_ERROR(check_positive("model.rope_scaling.original_max_position_embeddings",
+                                    scaling.original_max_position_embeddings()));
+  return check_at_most("model.rope_scaling.original_max_position_embeddings",
+                       scaling.original_max_position_embeddings(), kMaxTokensPerSequence);
+}
+
 absl::Status validate_model(const Recipe& recipe) {
   const ModelConfig& model = recipe.model();
   SY_RETURN_IF_ERROR(check_positive("model.vocab_size", model.vocab_size()));
@@ -248,6 +280,7 @@ absl::Status validate_model(const Recipe& recipe) {
     return invalid("model.qk_norm and model.qk_head_norm are exclusive: q and k are normalised "
                    "over the whole projection or per head, not both");
   SY_RETURN_IF_ERROR(check_positive("model.rope_theta", model.rope_theta()));
+  SY_RETURN_IF_ERROR(validate_rope_scaling(model.rope_scaling()));
   SY_RETURN_IF_ERROR(check_positive("model.norm_eps", model.norm_eps()));
   SY_RETURN_IF_ERROR(check_positive("model.init_std", model.init_std()));
   SY_RETURN_IF_ERROR(check_non_negative("model.ffn_hidden_size", model.ffn_hidden_size()));
@@ -754,6 +787,11 @@ void fill_defaults(Recipe& recipe) {
   }
   if (model.max_position_embeddings() == 0) {
     model.set_max_position_embeddings(recipe.train().seq_len());
+  }
+  if (model.rope_scaling().type() == YARN) {
+    RopeScaling& scaling = *model.mutable_rope_scaling();
+    if (scaling.beta_fast() == 0) scaling.set_beta_fast(32.0f);
+    if (scaling.beta_slow() == 0) scaling.set_beta_slow(1.0f);
   }
 
   MoeConfig& moe = *recipe.mutable_moe();

@@ -47,10 +47,21 @@ void attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pa
   }
 }
 
+YarnScaling yarn_scaling(const config::RopeScaling& scaling) {
+  return {.factor = scaling.factor(),
+          .original_max_positions = scaling.original_max_position_embeddings(),
+          .beta_fast = scaling.beta_fast(),
+          .beta_slow = scaling.beta_slow(),
+          .mscale = scaling.mscale(),
+          .mscale_all_dim = scaling.mscale_all_dim()};
+}
+
 Tensor rope_table_for(const config::ModelConfig& model, int64_t seq) {
   const bool latent = model.mla().kv_lora_rank() > 0;
-  return rope_table(seq, latent ? model.mla().qk_rope_head_dim() : model.head_dim(),
-                    model.rope_theta());
+  const int64_t dim = latent ? model.mla().qk_rope_head_dim() : model.head_dim();
+  if (model.rope_scaling().type() == config::YARN)
+    return yarn_rope_table(seq, dim, model.rope_theta(), yarn_scaling(model.rope_scaling()));
+  return rope_table(seq, dim, model.rope_theta());
 }
 
 int64_t kv_cache_floats_per_position(const config::ModelConfig& model) {

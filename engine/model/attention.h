@@ -19,6 +19,7 @@
 #include "engine/parallel/communicator.h"
 #include "engine/runtime/param_store.h"
 #include "engine/runtime/tensor.h"
+#include "kernels/rope.h"
 
 namespace switchyard {
 
@@ -29,8 +30,10 @@ struct KvCache {
 };
 
 // The rotary table for `seq` positions of the recipe's attention: over head_dim, or
-// latent attention's qk_rope_head_dim.
+// latent attention's qk_rope_head_dim, scaled by model.rope_scaling.
 Tensor rope_table_for(const config::ModelConfig& model, int64_t seq);
+// The recipe's model.rope_scaling as the rotary kernels take it.
+YarnScaling yarn_scaling(const config::RopeScaling& scaling);
 // The floats one position of a layer's KvCache holds.
 int64_t kv_cache_floats_per_position(const config::ModelConfig& model);
 

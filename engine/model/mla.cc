@@ -42,7 +42,11 @@ void project_backward(Device& dev, const Tensor& dy, const Tensor& x, Param& w, 
 
 float mla_softmax_scale(const config::ModelConfig& model) {
   const int64_t qk = model.mla().qk_nope_head_dim() + model.mla().qk_rope_head_dim();
-  return 1.0f / std::sqrt(static_cast<float>(qk));
+  const config::RopeScaling& scaling = model.rope_scaling();
+  const double mscale = scaling.type() == config::YARN && scaling.mscale_all_dim() != 0
+                            ? yarn_mscale(scaling.factor(), scaling.mscale_all_dim())
+                            : 1.0;
+  return static_cast<float>(mscale * mscale) / std::sqrt(static_cast<float>(qk));
 }
 
 LatentAttention::LatentAttention(ParamStore& params, const std::string& prefix,

@@ -28,7 +28,8 @@ namespace switchyard {
 
 struct KvCache;
 
-// The softmax scale of the recipe's latent attention: 1 / sqrt(qk_nope + qk_rope).
+// The softmax scale of the recipe's latent attention: 1 / sqrt(qk_nope + qk_rope), times
+// YaRN's m(factor, mscale_all_dim)^2 when model.rope_scaling sets mscale_all_dim.
 float mla_softmax_scale(const config::ModelConfig& model);
 
 class LatentAttention {

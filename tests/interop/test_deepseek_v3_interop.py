@@ -1,11 +1,13 @@
 """The engine against transformers' DeepSeek-V3 (DeepseekV3ForCausalLM, an implementation
 nobody here wrote), as test_family_interop.py does for the other families: a transformers
-model of random weights (and a random correction bias in every router), saved and
+model of random weights (and a random correction bias in every router, and in one shape
+YaRN rope scaling), saved and
 imported with `switchyard convert from-hf`, gives in the engine the same logits,
 cross-entropy and gradient for every parameter; the import exported again with `convert
 to-hf` loads with no missing or unexpected keys and holds exactly the original weights
 (fp32), the rotary rows interleaved back as DeepSeek lays them out. Config features the
-engine does not implement are refused in one line naming the field.
+engine does not implement, and hostile rope_scaling values, are refused in one line
+naming the field.
 
 Run by ctest with the interop environment's Python under transformers 5.x and 4.x (4.57).
 SWITCHYARD names the binary and MODEL_IO_TOOL the tool that runs the engine's forward and
@@ -37,6 +39,15 @@ SHAPES = {
                             kv_lora_rank=12, qk_nope_head_dim=4, qk_rope_head_dim=6,
                             v_head_dim=12, n_shared_experts=2, n_group=4, topk_group=2,
                             norm_topk_prob=False),
+    # YaRN: positions past the 8 the model was pretrained at, a cos/sin factor off one
+    # (mscale 0.7 against mscale_all_dim 1) and the softmax scale times m(8, 1)^2; the
+    # ramp interpolates the rotary pairs from the second on.
+    "yarn": dict(num_hidden_layers=2, first_k_dense_replace=1, q_lora_rank=12,
+                 kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=8, v_head_dim=8,
+                 n_shared_experts=1, n_group=2, topk_group=1,
+                 rope_scaling={"rope_type": "yarn", "factor": 8.0,
+                               "original_max_position_embeddings": 8, "beta_fast": 32.0,
+                               "beta_slow": 1.0, "mscale": 0.7, "mscale_all_dim": 1.0}),
 }
 BIAS = "e_score_correction_bias"
 
@@ -62,7 +73,8 @@ def make_model(shape):
     if not hasattr(transformers, "DeepseekV3ForCausalLM"):
         pytest.skip(f"transformers {transformers.__version__} has no DeepseekV3ForCausalLM")
     torch.manual_seed(5)
-    config = transformers.DeepseekV3Config(**{**BASE, **SHAPES[shape]})
+    settings = {k: dict(v) if isinstance(v, dict) else v for k, v in SHAPES[shape].items()}
+    config = transformers.DeepseekV3Config(**{**BASE, **settings})
     model = transformers.DeepseekV3ForCausalLM(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -108,6 +120,8 @@ def test_import_export_round_trip_is_exact(tmp_path, shape):
     run(SWITCHYARD, "convert", "to-hf", tmp_path / "weights", tmp_path / "back")
     config = json.loads((tmp_path / "back/config.json").read_text())
     assert config["architectures"] == ["DeepseekV3ForCausalLM"]
+    yarn = SHAPES[shape].get("rope_scaling")
+    assert config["rope_scaling"] == (yarn and {**yarn, "mscale": pytest.approx(yarn["mscale"])})
     back = load_hf(tmp_path / "back")
     original, exported = model.state_dict(), back.state_dict()
     assert set(exported) == set(original), set(exported) ^ set(original)
@@ -122,7 +136,18 @@ def test_import_export_round_trip_is_exact(tmp_path, shape):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("rope_scaling", {"rope_type": "yarn", "factor": 40.0}),
+    ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0}),
+    ("rope_scaling", {"type": "linear", "factor": 2.0}),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "attention_factor": 1.5}),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "truncate": False}),
+    ("rope_scaling", {"rope_type": "yarn"}),
+    ("rope_scaling", {"rope_type": "yarn", "factor": -1.0}),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 1e30}),
+    ("rope_scaling", {"rope_type": "yarn", "factor": "4"}),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 0.0}),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 0}),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": -1.0}),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "beta_fast": 1e300}),
     ("topk_method", "greedy"),
     ("scoring_func", "softmax"),
     ("moe_layer_freq", 2),

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -112,6 +113,36 @@ TEST(RopeTest, Bf16OperandsComputeInF32) {
   rope_backward(cpu_device(), table, expected);
   rope_backward(cpu_device(), table, x);
   EXPECT_TRUE(stores(x, expected));
+}
+
+// YaRN's table against its definition (engine/config/recipe.proto) in double, at
+// DeepSeek-V3's published factor and context: pairs 0-1 keep their frequency, 2-6 are
+// on the ramp, 7 is divided by the factor.
+TEST(RopeTest, YarnTableMatchesItsDefinition) {
+  const YarnScaling yarn{.factor = 40, .original_max_positions = 4096, .beta_fast = 32,
+                         .beta_slow = 1, .mscale = 0.7, .mscale_all_dim = 1};
+  const int64_t seq = 40, d = 16;
+  const Tensor table = yarn_rope_table(seq, d, kTheta, yarn);
+  auto correction = [&](double rotations) {
+    return d * std::log(4096 / (rotations * 2 * M_PI)) / (2 * std::log(double{kTheta}));
+  };
+  const double low = std::max(std::floor(correction(32)), 0.0);
+  const double high = std::min(std::ceil(correction(1)), d - 1.0);
+  ASSERT_EQ(low, 2);
+  ASSERT_EQ(high, 6);
+  const double attention = (0.07 * std::log(40.0) + 1) / (0.1 * std::log(40.0) + 1);
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const double e = std::pow(double{kTheta}, -2.0 * i / d);
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    const double freq = e * (1 - ramp) + e / 40 * ramp;
+    for (int64_t p = 0; p < seq; ++p) {
+      const float* cs = table.data<float>() + (p * d / 2 + i) * 2;
+      EXPECT_NEAR(cs[0], std::cos(p * freq) * attention, 2e-6) << "pair " << i << " position " << p;
+      EXPECT_NEAR(cs[1], std::sin(p * freq) * attention, 2e-6) << "pair " << i << " position " << p;
+    }
+  }
+  EXPECT_DOUBLE_EQ(yarn_mscale(1.0, 5.0), 1.0);
+  EXPECT_DOUBLE_EQ(yarn_mscale(std::exp(2.0), 0.5), 1.1);
 }
 
 TEST(RopeDeathTest, RejectsABf16Table) {
