@@ -38,6 +38,7 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
                .num_groups = moe.num_groups(),
                .top_groups = moe.top_groups()},
       force_balance_(moe.router_force_balance()),
+      sequence_aux_(moe.seq_aux_loss_coef() > 0),
       capacity_factor_(moe.capacity_factor()),
       dispatcher_(num_experts_, num_local_experts_, slots_, top_k_, ep_, tp_) {
   const int64_t hidden = model.hidden_size();
@@ -71,17 +72,17 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
 }
 
 Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
-                         RouterStats& stats) {
-  return run(dev, x, training, rng, stats, capacity_factor_);
+                         RouterStats& stats, int64_t seq_len) {
+  return run(dev, x, training, rng, stats, capacity_factor_, sequence_aux_ ? seq_len : 0);
 }
 
 Tensor MoeLayer::infer(Device& dev, const Tensor& x, RouterStats& stats) {
   Rng unused;
-  return run(dev, x, /*training=*/false, unused, stats, /*capacity_factor=*/0);
+  return run(dev, x, /*training=*/false, unused, stats, /*capacity_factor=*/0, /*seq_len=*/0);
 }
 
 Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
-                     float capacity_factor) {
+                     float capacity_factor, int64_t seq_len) {
   const int group = tp_ ? tp_->size() : 1;
   const int member = tp_ ? tp_->rank() : 0;
   const int64_t total = x.rows();
@@ -105,7 +106,14 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
   Tensor row = stats.add_layer(total, E, top_k_, capacity_factor).reshape({3 * E + 1, 1});
   Tensor sums = row.slice_rows(0, 2 * E + 1).reshape({2 * E + 1});
   Tensor kept = row.slice_rows(2 * E + 1, 3 * E + 1).reshape({E});
+  sequence_sums_ = Tensor();
+  if (seq_len > 0) {
+    SY_CHECK_MSG(total % seq_len == 0, "MoE tokens are not whole sequences");
+    sequence_sums_ = stats.add_sequence_sums(total / seq_len, seq_len);
+    sequence_rows_ = {.first_token = member * n, .seq_len = seq_len};
+  }
   route(dev, member * n, capacity_factor, sums);
+  if (tp_ && sequence_sums_.defined()) tp_->all_reduce_sum(sequence_sums_);
 
   // GShard: the second expert takes the token with probability min(1, 2 * weight); an
   // unsent assignment has expert id -1 in the dispatch plan (the gating backward keeps
@@ -160,6 +168,9 @@ void MoeLayer::route(Device& dev, int64_t first_token, float capacity_factor, Te
     router_forward(dev, router_logits_, top_k_, gating_ != config::SOFTMAX_TOPK, probs_,
                    expert_ids_, weights_, sums);
   }
+  if (sequence_sums_.defined())
+    sequence_routing_sums(dev, probs_, expert_ids_, gating_ == config::SIGMOID_TOPK,
+                          sequence_rows_, sequence_sums_);
   // The sums keep the router's own choice: the balance it would have had.
   if (force_balance_) round_robin_routing(dev, first_token, num_experts_, expert_ids_, weights_);
 }
@@ -181,7 +192,7 @@ void MoeLayer::experts_hidden(Device& dev) {
 }
 
 Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad,
-                          float z_loss_scale) {
+                          float z_loss_scale, float seq_aux_loss_scale) {
   const int group = tp_ ? tp_->size() : 1;
   const int64_t total = dy.rows();
   const int64_t n = x_.rows();
@@ -238,6 +249,14 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   if (z_loss_scale != 0.0f)
     router_z_loss_backward(dev, router_logits_, z_loss_scale / static_cast<float>(group), dlogits);
   aux_loss_backward(dev, probs_, aux_prob_grad, dlogits);
+  if (sequence_sums_.defined() && seq_aux_loss_scale != 0.0f) {
+    // d(scale * loss) / d(q[t, e]) = scale * E / (k T) * selections_se / T / sequences.
+    const double seq_len = static_cast<double>(sequence_rows_.seq_len);
+    const double per_selection = static_cast<double>(seq_aux_loss_scale) * E /
+                                 (top_k_ * seq_len * seq_len * sequence_sums_.dim(0));
+    sequence_aux_backward(dev, probs_, sequence_sums_, gating_ == config::SIGMOID_TOPK,
+                          sequence_rows_, static_cast<float>(per_selection), dlogits);
+  }
   if (tp_) {
     // The router is replicated over the group but saw only this rank's tokens.
     Tensor drouter = Tensor::zeros(router_->grad.shape(), DType::kF32, MemoryKind::kActivations, dev);
@@ -269,6 +288,7 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
 
 void MoeLayer::discard() {
   x_whole_ = x_ = router_x_ = probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
+  sequence_sums_ = Tensor();
   xp_ = gate_up_out_ = act_ = Tensor();
   dispatcher_.release();
   shared_out_ = shared_gate_logit_ = Tensor();
@@ -284,6 +304,8 @@ MoeLayer::Saved MoeLayer::stash() {
   s.router_logits = std::exchange(router_logits_, Tensor());
   s.expert_ids = std::exchange(expert_ids_, Tensor());
   s.weights = std::exchange(weights_, Tensor());
+  s.sequence_sums = std::exchange(sequence_sums_, Tensor());
+  s.sequence_rows = sequence_rows_;
   s.xp = std::exchange(xp_, Tensor());
   s.gate_up_out = std::exchange(gate_up_out_, Tensor());
   s.act = std::exchange(act_, Tensor());
@@ -302,6 +324,8 @@ void MoeLayer::restore(Saved&& s) {
   router_logits_ = std::move(s.router_logits);
   expert_ids_ = std::move(s.expert_ids);
   weights_ = std::move(s.weights);
+  sequence_sums_ = std::move(s.sequence_sums);
+  sequence_rows_ = s.sequence_rows;
   xp_ = std::move(s.xp);
   gate_up_out_ = std::move(s.gate_up_out);
   act_ = std::move(s.act);

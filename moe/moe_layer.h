@@ -21,6 +21,7 @@
 #include "engine/runtime/param_store.h"
 #include "engine/runtime/rng.h"
 #include "engine/runtime/tensor.h"
+#include "kernels/sequence_aux.h"
 #include "kernels/top_k_selection.h"
 #include "moe/router_stats.h"
 #include "moe/swiglu_ffn.h"
@@ -45,20 +46,24 @@ class MoeLayer {
            const config::MoeConfig& moe, Communicator* expert_parallel,
            Communicator* tensor_parallel = nullptr);
 
-  // x: (n, hidden) -> (n, hidden). Adds this layer's routing to `stats` (a row of its
-  // device sums, RouterStats::add_layer). `rng` drives GShard's random second-expert
-  // dispatch during training. Nothing waits for the host, except that expert parallelism
-  // reads the exchanged expert counts back (they size the all-to-all), a capacity under
-  // tensor parallelism reads the group's plan back, and f32 products on CUDA read the
-  // counts back once (group_sizes_for).
-  Tensor forward(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats);
+  // x: (n, hidden) -> (n, hidden), the n tokens being `seq_len`-token sequences. Adds
+  // this layer's routing to `stats` (a row of its device sums, RouterStats::add_layer,
+  // and with moe.seq_aux_loss_coef each sequence's sums, add_sequence_sums). `rng` drives
+  // GShard's random second-expert dispatch during training. Nothing waits for the host,
+  // except that expert parallelism reads the exchanged expert counts back (they size the
+  // all-to-all), a capacity under tensor parallelism reads the group's plan back, and f32
+  // products on CUDA read the counts back once (group_sizes_for).
+  Tensor forward(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
+                 int64_t seq_len);
   // The inference forward (generation): every token goes to all of its top-k experts,
   // with no capacity and no GShard drop, as transformers routes.
   Tensor infer(Device& dev, const Tensor& x, RouterStats& stats);
   // dy: (n, hidden) -> dx. `aux_prob_grad` (E) is the gradient of the weighted aux loss
-  // with respect to each token's router probabilities, `z_loss_scale` the weight of this
-  // layer's z-loss in the total loss.
-  Tensor backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad, float z_loss_scale);
+  // with respect to each token's router probabilities, `z_loss_scale` and
+  // `seq_aux_loss_scale` the weights of this layer's z-loss and sequence-wise aux loss in
+  // the total loss.
+  Tensor backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad, float z_loss_scale,
+                  float seq_aux_loss_scale = 0);
   // Selective recomputation: forward keeps the experts' permuted input rows but not their
   // gate/up and activation outputs; backward computes those again from the rows.
   void set_recompute_experts(bool recompute) { recompute_experts_ = recompute; }
@@ -75,6 +80,8 @@ class MoeLayer {
   struct Saved {
     Tensor x_whole, x, router_x, probs, router_logits, expert_ids, weights;
     Tensor xp, gate_up_out, act, shared_out, shared_gate_logit;
+    Tensor sequence_sums;
+    SequenceRows sequence_rows;
     TokenDispatcher::Saved dispatcher;
     SwigluFfn::Saved shared;
   };
@@ -92,12 +99,14 @@ class MoeLayer {
   // The experts' gate/up and activation outputs of xp_ into gate_up_out_ and act_.
   void experts_hidden(Device& dev);
   // The router: fills probs_, expert_ids_ and weights_ from router_logits_ and writes
-  // the routing sums (2E + 1) of this rank's tokens. `first_token`: the group index of
+  // the routing sums (2E + 1) of this rank's tokens, and with sequence sums
+  // (sequence_sums_ defined) those of its sequences. `first_token`: the group index of
   // this rank's first token (round-robin routing); `capacity_factor`: expert choice's.
   void route(Device& dev, int64_t first_token, float capacity_factor, Tensor& sums);
-  // forward() and infer(): the routed and shared experts at this capacity factor.
+  // forward() and infer(): the routed and shared experts at this capacity factor;
+  // seq_len 0: no sequence-wise aux loss.
   Tensor run(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
-             float capacity_factor);
+             float capacity_factor, int64_t seq_len);
 
   int num_experts_;
   int num_local_experts_;
@@ -110,6 +119,7 @@ class MoeLayer {
   config::Gating gating_;
   SigmoidGating sigmoid_;  // SIGMOID_TOPK's settings
   bool force_balance_;
+  bool sequence_aux_;  // moe.seq_aux_loss_coef > 0
   float capacity_factor_;
   bool recompute_experts_ = false;
   Param* router_;      // (E, hidden)
@@ -128,6 +138,8 @@ class MoeLayer {
   Tensor router_logits_;      // (n, E)
   Tensor expert_ids_;         // (n, slots)
   Tensor weights_;            // (n, slots)
+  Tensor sequence_sums_;      // (sequences, 2E) the group's, with the sequence-wise aux loss
+  SequenceRows sequence_rows_;  // where this rank's rows lie in those sequences
   Tensor xp_;                 // (rows, hidden) tokens in local-expert order
   Tensor gate_up_out_;        // (rows, 2 * ffn)
   Tensor act_;                // (rows, ffn)

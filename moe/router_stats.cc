@@ -37,12 +37,42 @@ Tensor RouterStats::add_layer(int64_t tokens, int experts, int k, float capacity
   return device_sums.slice_rows(row, row + 1).reshape({device_sums.row_size()});
 }
 
+Tensor RouterStats::add_sequence_sums(int64_t sequences, int64_t seq_len) {
+  SY_CHECK_MSG(!layers.empty(), "RouterStats: add_sequence_sums() before add_layer()");
+  const int64_t row = static_cast<int64_t>(layers.size()) - 1;
+  const int64_t width = sequences * 2 * num_experts;
+  if (!sequence_sums.defined())
+    sequence_sums = Tensor::empty({room_, width}, DType::kF32, MemoryKind::kActivations, *device_);
+  SY_CHECK_MSG(sequence_sums.row_size() == width,
+               "RouterStats: every MoE layer must see the same sequences");
+  layers.back().seq_len = seq_len;
+  return sequence_sums.slice_rows(row, row + 1).reshape({sequences, 2 * int64_t{num_experts}});
+}
+
+namespace {
+// A layer's sequence-wise aux loss from its (sequences x 2E) sums.
+double sequence_aux_loss(const float* sums, int64_t width, int experts, int top_k,
+                         int64_t seq_len) {
+  const int64_t sequences = width / (2 * experts);
+  if (sequences == 0) return 0.0;
+  const double t = static_cast<double>(seq_len);
+  double sum = 0;
+  for (int64_t s = 0; s < sequences; ++s) {
+    const float* row = sums + s * 2 * experts;
+    for (int e = 0; e < experts; ++e) sum += row[e] * (row[experts + e] / t);
+  }
+  return static_cast<double>(experts) / (top_k * t) * sum / static_cast<double>(sequences);
+}
+}  // namespace
+
 void RouterStats::collect() {
   SY_CHECK_MSG(static_cast<int64_t>(layers.size()) == room_,
                "RouterStats: collect() needs one row from every MoE layer");
   if (layers.empty()) return;
   const Tensor host = device_sums.on_host();
   device_sums = Tensor();
+  const Tensor sequence_host = sequence_sums.defined() ? sequence_sums.on_host() : Tensor();
+  sequence_sums = Tensor();
   const int E = num_experts;
   for (size_t l = 0; l < layers.size(); ++l) {
     Layer& layer = layers[l];
@@ -59,6 +89,12 @@ void RouterStats::collect() {
       const auto kept = static_cast<int64_t>(kept_row[e]);
       kept_total += kept;
       max_kept = std::max(max_kept, kept);
+    }
+    if (layer.seq_len > 0) {
+      const int64_t width = sequence_host.row_size();
+      layer.sequence_aux_loss = sequence_aux_loss(sequence_host.data<float>() + l * width, width,
+                                                  E, layer.top_k, layer.seq_len);
+      seq_aux_loss += layer.sequence_aux_loss;
     }
     assignments += layer.tokens * layer.top_k;
     // Expert choice may keep more than k per token on average (a capacity factor above 1).

@@ -25,6 +25,9 @@ struct RouterStats {
   int64_t dropped_assignments = 0;
   // Largest (max tokens per expert / mean tokens per expert) over layers, after capacity.
   double worst_load_ratio = 0;
+  // The sequence-wise aux loss (moe.seq_aux_loss_coef), unweighted: the sum over MoE
+  // layers of each layer's sequence_aux_loss.
+  double seq_aux_loss = 0;
   // The same sums for each MoE layer, in forward order, with the routing they came from.
   struct Layer {
     std::vector<double> selections_per_expert;
@@ -32,6 +35,10 @@ struct RouterStats {
     int64_t tokens = 0;
     int top_k = 0;
     float capacity_factor = 0;  // the forward's; <= 0: dropless
+    // The mean over the layer's sequences of E / (k T) * sum_e selections_se *
+    // (normalised score sum_se / T), T = seq_len; 0 without sequence sums.
+    double sequence_aux_loss = 0;
+    int64_t seq_len = 0;  // 0: the layer added no sequence sums
   };
   std::vector<Layer> layers;
   // The whole model's MoE layers when these statistics cover a pipeline chunk's (set
@@ -45,6 +52,10 @@ struct RouterStats {
   // capacity and GShard's dispatch), all added over the tensor-parallel group. The layers
   // write their rows without waiting for the host; collect() reads them all at once.
   Tensor device_sums;
+  // With the sequence-wise aux loss: (layers, sequences x 2E) f32, each layer's
+  // kernels/sequence_aux.h sums of every sequence of the batch, added over the
+  // tensor-parallel group; collect() reads them with device_sums.
+  Tensor sequence_sums;
 
   // Starts one forward's statistics (reset) with room for `moe_layers` rows on `dev`.
   void begin(Device& dev, int moe_layers);
@@ -52,6 +63,9 @@ struct RouterStats {
   // layer; the first sizes device_sums) to `top_k` each at `capacity_factor`, and
   // returns its row of device_sums to fill.
   Tensor add_layer(int64_t tokens, int experts, int top_k, float capacity_factor);
+  // Gives the layer added last a (sequences, 2E) row of sequence_sums to fill, for a
+  // batch of `sequences` sequences of `seq_len` tokens (the same for every layer).
+  Tensor add_sequence_sums(int64_t sequences, int64_t seq_len);
   // Reads device_sums back (one host wait) and fills the per-layer and total sums.
   void collect();
   void reset(int experts);

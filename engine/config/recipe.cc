@@ -351,6 +351,7 @@ absl::Status validate_moe(const Recipe& recipe) {
   SY_RETURN_IF_ERROR(check_non_negative("moe.capacity_factor", moe.capacity_factor()));
   SY_RETURN_IF_ERROR(check_non_negative("moe.aux_loss_coef", moe.aux_loss_coef()));
   SY_RETURN_IF_ERROR(check_non_negative("moe.z_loss_coef", moe.z_loss_coef()));
+  SY_RETURN_IF_ERROR(check_non_negative("moe.seq_aux_loss_coef", moe.seq_aux_loss_coef()));
   SY_RETURN_IF_ERROR(check_non_negative("moe.num_shared_experts", moe.num_shared_experts()));
   SY_RETURN_IF_ERROR(
       check_at_most("moe.num_shared_experts", moe.num_shared_experts(), kMaxSharedExperts));

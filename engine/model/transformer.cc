@@ -256,7 +256,7 @@ Tensor Transformer::ffn(Device& dev, Block& block, const Tensor& in, Pass pass, 
                         RouterStats& stats) {
   if (!block.moe) return block.dense->forward(dev, in);
   if (pass == Pass::kGenerate) return block.moe->infer(dev, in, stats);
-  return block.moe->forward(dev, in, pass == Pass::kTrain, rng, stats);
+  return block.moe->forward(dev, in, pass == Pass::kTrain, rng, stats, seq_);
 }
 
 Tensor Transformer::block_forward(Device& dev, Block& b, const Tensor& x, Pass pass, Rng& rng,
@@ -424,8 +424,10 @@ LossParts Transformer::head_forward(Device& dev, const Tensor& x, Tensor* logits
 void Transformer::add_routing_losses(LossParts& parts) const {
   parts.aux_loss = stats_.aux_loss(recipe_.moe().aux_loss_per_layer());
   parts.z_loss = stats_.z_loss;
+  parts.seq_aux_loss = stats_.seq_aux_loss;
   parts.total = parts.cross_entropy + recipe_.moe().aux_loss_coef() * parts.aux_loss +
-                recipe_.moe().z_loss_coef() * parts.z_loss;
+                recipe_.moe().z_loss_coef() * parts.z_loss +
+                recipe_.moe().seq_aux_loss_coef() * parts.seq_aux_loss;
 }
 
 Tensor Transformer::shard_ids(const Tensor& ids) const {
@@ -557,6 +559,7 @@ Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
   const bool per_layer = recipe_.moe().aux_loss_per_layer();
   const double aux_scale = recipe_.moe().aux_loss_coef() * loss_scale;
   const float z_scale = recipe_.moe().z_loss_coef() * loss_scale;
+  const float seq_aux_scale = recipe_.moe().seq_aux_loss_coef() * loss_scale;
   // Every MoE layer's aux-loss gradient (E values), one upload for the whole backward.
   const int64_t num_moe = static_cast<int64_t>(stats_.layers.size());
   Tensor aux_grads_host = activation(cpu_device(), {num_moe, recipe_.moe().num_experts()});
@@ -579,7 +582,7 @@ Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
       --moe_index;
       const Tensor aux_prob_grad =
           aux_grads.slice_rows(moe_index, moe_index + 1).reshape({aux_grads.row_size()});
-      dffn_in = b.moe->backward(dev, dx, aux_prob_grad, z_scale);
+      dffn_in = b.moe->backward(dev, dx, aux_prob_grad, z_scale, seq_aux_scale);
     } else {
       dffn_in = b.dense->backward(dev, dx);
     }

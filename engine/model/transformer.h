@@ -22,7 +22,9 @@ struct LossParts {
   double cross_entropy = 0;  // mean over target tokens
   double aux_loss = 0;       // unweighted load-balancing loss
   double z_loss = 0;         // unweighted router z-loss (sum over MoE layers)
-  double total = 0;          // cross_entropy + aux_coef * aux_loss + z_coef * z_loss
+  double seq_aux_loss = 0;   // unweighted sequence-wise aux loss (sum over MoE layers)
+  // cross_entropy + aux_coef * aux_loss + z_coef * z_loss + seq_aux_coef * seq_aux_loss
+  double total = 0;
   int64_t target_tokens = 0;
 };
 

@@ -120,7 +120,7 @@ Result run(Layer& l, const Tensor& x, const Tensor& dy, const Tensor& aux_prob_g
   Result r;
   Rng rng(7);
   r.stats.begin(cpu_device(), 1);
-  Tensor y = l.layer->forward(cpu_device(), x, /*training=*/false, rng, r.stats);
+  Tensor y = l.layer->forward(cpu_device(), x, /*training=*/false, rng, r.stats, /*seq_len=*/1);
   r.stats.collect();
   r.y = values_of<float>(y);
   Tensor dx = l.layer->backward(cpu_device(), dy, aux_prob_grad, /*z_loss_scale=*/1e-2f);
