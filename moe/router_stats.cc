@@ -80,28 +80,52 @@ void RouterStats::collect() {
     const float* kept_row = row + 2 * E + 1;
     layer.selections_per_expert.assign(row, row + E);
     layer.prob_sum_per_expert.assign(row + E, row + 2 * E);
-    if (layer.tokens > 0) z_loss += row[2 * E] / static_cast<double>(layer.tokens);
-    routed_tokens += layer.tokens;
-    int64_t kept_total = 0, max_kept = 0;
-    for (int e = 0; e < E; ++e) {
-      selections_per_expert[e] += layer.selections_per_expert[e];
-      prob_sum_per_expert[e] += layer.prob_sum_per_expert[e];
-      const auto kept = static_cast<int64_t>(kept_row[e]);
-      kept_total += kept;
-      max_kept = std::max(max_kept, kept);
-    }
+    if (layer.tokens > 0) layer.z_loss = row[2 * E] / static_cast<double>(layer.tokens);
     if (layer.seq_len > 0) {
       const int64_t width = sequence_host.row_size();
       layer.sequence_aux_loss = sequence_aux_loss(sequence_host.data<float>() + l * width, width,
                                                   E, layer.top_k, layer.seq_len);
-      seq_aux_loss += layer.sequence_aux_loss;
     }
-    assignments += layer.tokens * layer.top_k;
+    add_to_totals(layer);
+    int64_t kept_total = 0, max_kept = 0;
+    for (int e = 0; e < E; ++e) {
+      const auto kept = static_cast<int64_t>(kept_row[e]);
+      kept_total += kept;
+      max_kept = std::max(max_kept, kept);
+    }
     // Expert choice may keep more than k per token on average (a capacity factor above 1).
     dropped_assignments += std::max<int64_t>(0, layer.tokens * layer.top_k - kept_total);
     if (kept_total > 0)
       worst_load_ratio = std::max(worst_load_ratio, static_cast<double>(max_kept) * E / kept_total);
   }
+}
+
+void RouterStats::add_to_totals(const Layer& layer) {
+  z_loss += layer.z_loss;
+  seq_aux_loss += layer.sequence_aux_loss;
+  routed_tokens += layer.tokens;
+  assignments += layer.tokens * layer.top_k;
+  for (int e = 0; e < num_experts; ++e) {
+    selections_per_expert[e] += layer.selections_per_expert[e];
+    prob_sum_per_expert[e] += layer.prob_sum_per_expert[e];
+  }
+}
+
+RouterStats RouterStats::merge(const std::vector<RouterStats>& chunks) {
+  RouterStats whole;
+  for (const RouterStats& chunk : chunks) {
+    if (chunk.layers.empty()) continue;
+    if (whole.layers.empty()) whole.reset(chunk.num_experts);
+    SY_CHECK_MSG(chunk.num_experts == whole.num_experts,
+                 "RouterStats: every MoE layer must route the same experts");
+    for (const Layer& layer : chunk.layers) {
+      whole.layers.push_back(layer);
+      whole.add_to_totals(layer);
+    }
+    whole.dropped_assignments += chunk.dropped_assignments;
+    whole.worst_load_ratio = std::max(whole.worst_load_ratio, chunk.worst_load_ratio);
+  }
+  return whole;
 }
 
 namespace {

@@ -35,6 +35,7 @@ struct RouterStats {
     int64_t tokens = 0;
     int top_k = 0;
     float capacity_factor = 0;  // the forward's; <= 0: dropless
+    double z_loss = 0;          // the mean z-loss over the layer's tokens
     // The mean over the layer's sequences of E / (k T) * sum_e selections_se *
     // (normalised score sum_se / T), T = seq_len; 0 without sequence sums.
     double sequence_aux_loss = 0;
@@ -68,6 +69,10 @@ struct RouterStats {
   Tensor add_sequence_sums(int64_t sequences, int64_t seq_len);
   // Reads device_sums back (one host wait) and fills the per-layer and total sums.
   void collect();
+  // The statistics of one micro-batch's pipeline chunks (each collected), in depth order,
+  // as one forward of the whole model collects them: the layers in order, the sums over
+  // them added as collect() adds them, so every total and loss is the whole model's.
+  static RouterStats merge(const std::vector<RouterStats>& chunks);
   void reset(int experts);
   // All layers together (transformers' formula): aux = E * sum_e (selections_e / T) *
   // (prob_sum_e / T), T = routed_tokens. Per layer: the mean over layers of the same
@@ -81,6 +86,8 @@ struct RouterStats {
   double mean_layers() const;
 
  private:
+  // Adds a collected layer's sums to the totals over layers.
+  void add_to_totals(const Layer& layer);
   Device* device_ = nullptr;  // where begin() makes the room
   int room_ = 0;              // MoE layers begin() made room for
 };

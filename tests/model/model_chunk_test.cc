@@ -72,12 +72,14 @@ TEST_P(ModelChunkTest, ChunksGiveTheWholeModelBitForBit) {
     sum.target_tokens += out.losses.target_tokens;
     sum.aux_loss += out.losses.aux_loss;
     sum.z_loss += out.losses.z_loss;
+    sum.seq_aux_loss += out.losses.seq_aux_loss;
     sum.total += out.losses.total;
   }
   EXPECT_EQ(sum.cross_entropy, expected.cross_entropy);
   EXPECT_EQ(sum.target_tokens, expected.target_tokens);
   EXPECT_NEAR(sum.aux_loss, expected.aux_loss, 1e-12 * (1 + std::abs(expected.aux_loss)));
   EXPECT_NEAR(sum.z_loss, expected.z_loss, 1e-12 * (1 + std::abs(expected.z_loss)));
+  EXPECT_NEAR(sum.seq_aux_loss, expected.seq_aux_loss, 1e-12 * (1 + expected.seq_aux_loss));
   EXPECT_NEAR(sum.total, expected.total, 1e-12 * (1 + std::abs(expected.total)));
 
   Tensor grad;
@@ -144,6 +146,48 @@ TEST(ModelChunk, StashedMicroBatchesOfAChunk) {
   ASSERT_EQ(in_order.size(), interleaved.size());
   for (size_t i = 0; i < in_order.size(); ++i)
     EXPECT_TRUE(pipeline_test::same_bits(in_order[i], interleaved[i])) << i;
+}
+
+// The chunks' routing statistics merged in depth order are the whole model's, totals and
+// losses bit for bit, a chunk without MoE layers included.
+TEST(ModelChunk, MergedRouterStatsAreTheWholeModels) {
+  const config::Recipe recipe = recipe_of(pipeline_test::kCases[5]);
+  const pipeline_test::MicroBatch mb = pipeline_test::micro_batch(4, false);
+  const Rng rng(2);
+  config::Recipe with_dense = recipe;
+  with_dense.mutable_model()->set_first_dense_layers(1);
+  Built whole = build(with_dense, {});
+  whole.model->forward(cpu_device(), mb.ids, mb.targets, /*training=*/true, rng);
+  std::vector<RouterStats> stats;
+  Tensor hidden;
+  for (const ModelChunk& c : std::vector<ModelChunk>{{0, 1}, {1, 3}, {4, 1}}) {
+    Built chunk = build(with_dense, c);
+    hidden = chunk.model->forward_chunk(cpu_device(), hidden, mb.ids, mb.targets, rng).hidden;
+    stats.push_back(chunk.model->router_stats());
+  }
+  EXPECT_TRUE(stats[0].layers.empty());
+  const RouterStats merged = RouterStats::merge(stats);
+  const RouterStats& expected = whole.model->router_stats();
+  ASSERT_EQ(merged.layers.size(), expected.layers.size());
+  for (size_t l = 0; l < merged.layers.size(); ++l) {
+    EXPECT_EQ(merged.layers[l].selections_per_expert, expected.layers[l].selections_per_expert);
+    EXPECT_EQ(merged.layers[l].z_loss, expected.layers[l].z_loss);
+    EXPECT_EQ(merged.layers[l].sequence_aux_loss, expected.layers[l].sequence_aux_loss);
+  }
+  EXPECT_EQ(merged.num_experts, expected.num_experts);
+  EXPECT_EQ(merged.selections_per_expert, expected.selections_per_expert);
+  EXPECT_EQ(merged.prob_sum_per_expert, expected.prob_sum_per_expert);
+  EXPECT_EQ(merged.routed_tokens, expected.routed_tokens);
+  EXPECT_EQ(merged.z_loss, expected.z_loss);
+  EXPECT_EQ(merged.seq_aux_loss, expected.seq_aux_loss);
+  EXPECT_GT(merged.seq_aux_loss, 0);
+  EXPECT_EQ(merged.assignments, expected.assignments);
+  EXPECT_EQ(merged.dropped_assignments, expected.dropped_assignments);
+  EXPECT_GT(merged.dropped_assignments, 0);  // the capacity drops some
+  EXPECT_EQ(merged.worst_load_ratio, expected.worst_load_ratio);
+  EXPECT_EQ(merged.aux_loss(false), expected.aux_loss(false));
+  EXPECT_EQ(merged.aux_loss(true), expected.aux_loss(true));
+  EXPECT_TRUE(RouterStats::merge({}).layers.empty());
 }
 
 // The all-layer aux loss couples every stage's routing: recipes refuse it with stages.

@@ -82,7 +82,8 @@ inline void perturb_norms(ParamStore& params) {
 }
 
 // The recipes every pipeline model test runs: dense and MoE layers, recomputation,
-// latent attention, documents, GShard's random dispatch and a capacity.
+// latent attention, documents, GShard's random dispatch and a capacity with the
+// sequence-wise aux loss.
 inline const Case kCases[] = {
     {"dense_moe", "first_dense_layers: 1 qk_norm: true",
      "num_experts: 4 top_k: 2 gating: TOPK_SOFTMAX aux_loss_coef: 0.1 z_loss_coef: 0.01 "
@@ -105,7 +106,7 @@ inline const Case kCases[] = {
      "", true},
     {"gshard_capacity", "qk_head_norm: true head_dim: 8",
      "num_experts: 4 top_k: 2 gating: GSHARD_TOP2 capacity_factor: 1.0 aux_loss_coef: 0.1 "
-     "aux_loss_per_layer: true z_loss_coef: 0.01", "", false},
+     "aux_loss_per_layer: true z_loss_coef: 0.01 seq_aux_loss_coef: 0.01", "", false},
 };
 
 }  // namespace switchyard::pipeline_test
