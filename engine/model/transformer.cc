@@ -244,8 +244,10 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
 
 Transformer::ChunkOutput Transformer::forward_chunk(Device& dev, const Tensor& input,
                                                     const Tensor& ids, const Tensor& targets,
-                                                    const Rng& rng, const Tensor& doc_starts) {
-  return run_chunk(dev, input, ids, targets, Pass::kTrain, rng, nullptr, doc_starts);
+                                                    const Rng& rng, const Tensor& doc_starts,
+                                                    bool training) {
+  return run_chunk(dev, input, ids, targets, training ? Pass::kTrain : Pass::kEval, rng, nullptr,
+                   doc_starts);
 }
 
 const Tensor& Transformer::forward_rope(Device& dev) {

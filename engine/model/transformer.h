@@ -83,9 +83,9 @@ class Transformer {
   // targets the step's loss is the mean over all its targets, in every layout.
   void backward(Device& dev, float loss_scale, double ce_tokens = 0);
 
-  // Pipeline passes: a training forward and backward of this chunk (forward() and
-  // backward() are the whole model's). Every chunk of a micro-batch takes the same ids,
-  // targets, rng and doc_starts as forward().
+  // Pipeline passes: a forward and backward of this chunk (forward() and backward() are
+  // the whole model's). Every chunk of a micro-batch takes the same ids, targets, rng,
+  // doc_starts and `training` as forward().
   struct ChunkOutput {
     // The chunk's output hidden states, (batch * seq, hidden) in the compute dtype;
     // undefined on the last chunk.
@@ -96,10 +96,11 @@ class Transformer {
     LossParts losses;
   };
   // input: the previous chunk's output hidden states; undefined on the first chunk, which
-  // embeds `ids`.
+  // embeds `ids`. The chunk keeps `input` for its backward (as its first layer's saved
+  // input): it must not be overwritten before then.
   ChunkOutput forward_chunk(Device& dev, const Tensor& input, const Tensor& ids,
                             const Tensor& targets, const Rng& rng,
-                            const Tensor& doc_starts = Tensor());
+                            const Tensor& doc_starts = Tensor(), bool training = true);
   // output_grad: the gradient of the chunk's output (undefined on the last chunk, which
   // starts from the loss). Returns the gradient of its input (undefined on the first
   // chunk). loss_scale and ce_tokens as backward()'s.

@@ -109,6 +109,27 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::ValuesIn(std::begin(pipeline_test::kCases), std::end(pipeline_test::kCases)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// An evaluation pass through the chunks gives the whole model's evaluation losses.
+TEST(ModelChunk, EvaluationThroughTheChunks) {
+  const config::Recipe recipe = recipe_of(pipeline_test::kCases[5]);
+  const pipeline_test::MicroBatch mb = pipeline_test::micro_batch(6, false);
+  const Rng rng(3);
+  Built whole = build(recipe, {});
+  const LossParts expected =
+      whole.model->forward(cpu_device(), mb.ids, mb.targets, /*training=*/false, rng);
+  Tensor hidden;
+  LossParts last;
+  for (const ModelChunk& c : kChunks) {
+    Built chunk = build(recipe, c);
+    const Transformer::ChunkOutput out = chunk.model->forward_chunk(
+        cpu_device(), hidden, mb.ids, mb.targets, rng, Tensor(), /*training=*/false);
+    hidden = out.hidden;
+    last = out.losses;
+  }
+  EXPECT_EQ(last.cross_entropy, expected.cross_entropy);
+  EXPECT_EQ(last.target_tokens, expected.target_tokens);
+}
+
 // A stage holding two micro-batches of a middle chunk (1F1B) gives the in-order gradients.
 TEST(ModelChunk, StashedMicroBatchesOfAChunk) {
   const config::Recipe recipe = recipe_of(pipeline_test::kCases[2]);
