@@ -10,10 +10,8 @@
 #include <iterator>
 #include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <google/protobuf/text_format.h>
 #include <optional>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -29,14 +27,13 @@
 #include "engine/optim/optimizer.h"
 #include "engine/optim/zero.h"
 #include "engine/parallel/host_map.h"
-#include "engine/parallel/tensor_shards.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/evaluation.h"
 #include "engine/train/memory_plan.h"
-#include "engine/train/metrics_log.h"
 #include "engine/train/peak.h"
-#include "engine/train/tensorboard_writer.h"
+#include "engine/train/rank_state_map.h"
+#include "engine/train/record_sinks.h"
 #include "engine/train/training_data.h"
 #include "kernels/devices.h"
 #include "kernels/threads.h"
@@ -110,7 +107,8 @@ bool may_differ_from_weights(const std::string& field) {
   static const char* const kFields[] = {"model.init_std", "model.max_position_embeddings",
                                         "moe.capacity_factor", "moe.aux_loss_coef",
                                         "moe.z_loss_coef", "moe.aux_loss_per_layer",
-                                        "moe.bias_update_rate", "moe.router_force_balance"};
+                                        "moe.bias_update_rate", "moe.router_force_balance",
+                                        "moe.seq_aux_loss_coef"};
   return std::find(std::begin(kFields), std::end(kFields), field) != std::end(kFields);
 }
 
@@ -416,9 +414,6 @@ void average(Communicator& dp, std::vector<double>& values) {
   for (double& v : values) v /= dp.size();
 }
 
-// Dense parameters that tensor parallelism splits (experts split over ep instead).
-bool split_over_tp(const Param& p) { return !p.spec.expert && p.shape != p.whole_shape; }
-
 // Loss-free balancing (moe/expert_bias.h): adds each MoE layer's bias update to the
 // rows of its bias this rank holds (its own rows at ZeRO stage 3, else the whole value).
 void apply_bias_updates(ParamStore& params, ZeroShards* zero, int zero_stage,
@@ -437,58 +432,6 @@ void apply_bias_updates(ParamStore& params, ZeroShards* zero, int zero_stage,
   }
 }
 
-// Reads that fill this rank's part of every parameter (and, given the optimizer, its
-// AdamW state) from tensors saved whole, keyed "param/<name>", "exp_avg/<name>",
-// "exp_avg_sq/<name>". Dense shards split by tensor parallelism along a dimension other
-// than 0 are read as whole rows and cut after the reads.
-struct ParamReads {
-  std::vector<RowsToRead> reads;
-  std::vector<std::tuple<Tensor, int, Tensor>> cuts;  // (whole rows read, dim, shard)
-};
-
-ParamReads plan_param_reads(ParamStore& params, ZeroShards* zero, int zero_stage,
-                            AdamWOptimizer* optimizer) {
-  ParamReads plan;
-  size_t i = 0;
-  for (Param& p : params.params()) {
-    // Rows [first_row, first_row + rows.dim(0)) of this rank's shard into `rows`.
-    auto read = [&](const std::string& kind, int64_t first_row, const Tensor& rows) {
-      const std::string key = kind + "/" + p.name;
-      const int dim = p.spec.tensor_parallel_dim;
-      if (rows.numel() == 0) return;
-      if (!split_over_tp(p) || dim == 0) {
-        plan.reads.push_back({key, p.origin[0] + first_row, rows});
-        return;
-      }
-      Shape shape = p.whole_shape;
-      shape[0] = rows.dim(0);
-      plan.reads.push_back({key, first_row, Tensor::empty(shape)});
-      plan.cuts.emplace_back(plan.reads.back().out, dim, rows);
-    };
-    if (zero && zero->is_sharded(i)) {
-      ZeroShards::Shard& shard = zero->shard(i);
-      read("param", zero_stage == 3 ? shard.first_row : 0,
-           zero_stage == 3 ? shard.value : p.value);
-      if (optimizer) {
-        read("exp_avg", shard.first_row, shard.exp_avg);
-        read("exp_avg_sq", shard.first_row, shard.exp_avg_sq);
-      }
-    } else {
-      read("param", 0, p.value);
-      if (optimizer && optimizer->holds_state(i)) {
-        read("exp_avg", 0, optimizer->exp_avg(i));
-        read("exp_avg_sq", 0, optimizer->exp_avg_sq(i));
-      }
-    }
-    ++i;
-  }
-  return plan;
-}
-
-void cut_tensor_parallel_shards(const ParamReads& plan, Communicator& tp) {
-  for (auto [whole, dim, shard] : plan.cuts) copy_shard(whole, dim, tp.rank(), tp.size(), shard);
-}
-
 // What was not finite in a step, first the loss, then the gradients ("" when all was).
 std::string describe_non_finite(double loss, const StepReport& report) {
   if (!std::isfinite(loss)) return absl::StrCat("the loss is ", loss);
@@ -499,7 +442,18 @@ std::string describe_non_finite(double loss, const StepReport& report) {
   return absl::StrCat("the gradient of ", report.non_finite_grad, " is not finite");
 }
 
-std::string mebibytes(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
+MemoryRecord memory_record(const MemoryStats& mem) {
+  auto peak = [&](MemoryKind k) { return mem.peak_bytes[static_cast<int>(k)]; };
+  MemoryRecord r;
+  r.parameters = peak(MemoryKind::kParameters);
+  r.gradients = peak(MemoryKind::kGradients);
+  r.optimizer_state = peak(MemoryKind::kOptimizerState);
+  r.expert_parameters = peak(MemoryKind::kExpertParameters);
+  r.expert_gradients = peak(MemoryKind::kExpertGradients);
+  r.expert_optimizer_state = peak(MemoryKind::kExpertOptimizerState);
+  r.activations = peak(MemoryKind::kActivations);
+  return r;
+}
 
 }  // namespace
 
@@ -582,32 +536,11 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
         "--extend-schedule continues the learning-rate schedule of a resumed run, but ",
         checkpoints_dir, " holds no checkpoint to resume: drop the flag to start afresh"));
 
-  const std::string metrics_path = options.run_dir + "/metrics.jsonl";
-  std::ofstream metrics;
+  // The terminal, metrics.jsonl and TensorBoard, on the reporting rank only.
+  RecordSinks records;
   if (reporter) {
-    std::error_code ec;
-    fs::create_directories(options.run_dir, ec);
-    if (ec)
-      return absl::PermissionDeniedError(
-          absl::StrCat(options.run_dir, ": cannot create the run directory: ", ec.message()));
-    // A resumed run keeps the lines up to its checkpoint (rewritten atomically) and
-    // continues after them.
-    std::string kept;
-    if (!resume_dir.empty() && fs::exists(metrics_path)) {
-      SY_ASSIGN_OR_RETURN(const std::string text, read_file(metrics_path, kMaxMetricsFileBytes));
-      SY_ASSIGN_OR_RETURN(const std::vector<std::string> lines,
-                          metrics_lines_up_to(text, manifest.step(), metrics_path));
-      for (const std::string& line : lines) absl::StrAppend(&kept, line, "\n");
-    }
-    SY_RETURN_IF_ERROR(write_file_atomically(metrics_path, kept));
-    metrics.open(metrics_path, std::ios::app);
-    if (!metrics) return absl::PermissionDeniedError(absl::StrCat(metrics_path, ": cannot open"));
-  }
-  // TensorBoard events beside metrics.jsonl (a new file per run or resume, as TensorBoard
-  // expects).
-  std::unique_ptr<TensorBoardWriter> tensorboard;
-  if (reporter) {
-    SY_ASSIGN_OR_RETURN(tensorboard, TensorBoardWriter::create(options.run_dir));
+    SY_ASSIGN_OR_RETURN(records, open_record_sinks(terminal, options.run_dir,
+                                                   resume_dir.empty() ? -1 : manifest.step()));
   }
 
   set_cpu_threads(recipe.runtime().threads() > 0 ? recipe.runtime().threads()
@@ -679,10 +612,11 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   const auto start = clock::now();
   if (!resume_dir.empty()) {
     // One read_rows call for everything, so the slices are checksummed in parallel.
-    const ParamReads plan = plan_param_reads(params, zero.get(), zero_stage, &optimizer);
+    const RankStateMap held(params, zero.get(), zero_stage, &optimizer, groups);
+    const StateReads plan = held.reads();
     const absl::Status loaded = read_rows(resume_dir, manifest, plan.reads);
     if (!loaded.ok()) return with_resume_hint(loaded, checkpoints_dir, manifest.step());
-    cut_tensor_parallel_shards(plan, *groups.tp);
+    held.cut_tensor_parallel_shards(plan);
     refresh_working_copies(dev, params);
     optimizer.set_steps_taken(manifest.step());
     lr_restart = resume_lr_restart(manifest, recipe);
@@ -694,49 +628,18 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     if (!changed_schedule(manifest.recipe(), recipe).empty() && first_step <= tc.steps())
       sink.on_message(describe_extended_schedule(recipe, first_step, lr_restart));
   } else if (init) {
-    const ParamReads plan = plan_param_reads(params, zero.get(), zero_stage, nullptr);
+    const RankStateMap held(params, zero.get(), zero_stage, nullptr, groups);
+    const StateReads plan = held.reads();
     SY_RETURN_IF_ERROR(read_weight_rows(init->dir, plan.reads));
-    cut_tensor_parallel_shards(plan, *groups.tp);
+    held.cut_tensor_parallel_shards(plan);
     refresh_working_copies(dev, params);
     sink.on_message(absl::StrCat("starting from the weights in ", init->dir,
                                  " (train.init_from; step 0, fresh optimizer state)"));
   }
 
   auto save_checkpoint_at = [&](int64_t step) -> absl::Status {
-    std::vector<SliceToSave> mine;
-    size_t i = 0;
-    for (Param& p : params.params()) {
-      // Each slice is written once: by the first replica, by the owner of ZeRO-1 state,
-      // or, for ZeRO-2/3 row shards, by every replica for its rows. Rows split by tensor
-      // parallelism along dimension 0 are written by each tensor-parallel rank; those
-      // split along another dimension are gathered over the group into whole rows and
-      // written by its rank 0, as are tensors it replicates; so any layout can load them.
-      Communicator& replicas = p.spec.expert ? *groups.expert_dp : *groups.dp;
-      auto save = [&](const std::string& kind, int64_t first_row, const Tensor& rows) {
-        if (rows.numel() == 0) return;
-        const int dim = p.spec.tensor_parallel_dim;
-        const bool split = split_over_tp(p);
-        const Tensor saved = split && dim > 0 ? gather_shards(*groups.tp, rows, dim) : rows;
-        if (p.spec.expert || (split && dim == 0) || groups.tp->rank() == 0)
-          mine.push_back(SliceToSave{kind + "/" + p.name, saved.on_host(), p.whole_shape,
-                                     p.spec.expert, dim, p.origin[0] + first_row});
-      };
-      if (zero && zero->is_sharded(i)) {
-        const ZeroShards::Shard& shard = zero->shard(i);
-        if (zero_stage == 3) save("param", shard.first_row, shard.value);
-        else if (replicas.rank() == 0) save("param", 0, p.value);
-        save("exp_avg", shard.first_row, shard.exp_avg);
-        save("exp_avg_sq", shard.first_row, shard.exp_avg_sq);
-      } else {
-        if (replicas.rank() == 0) save("param", 0, p.value);
-        const int owner = optimizer.owner(i);
-        if (replicas.rank() == (owner < 0 ? 0 : owner)) {
-          save("exp_avg", 0, optimizer.exp_avg(i));
-          save("exp_avg_sq", 0, optimizer.exp_avg_sq(i));
-        }
-      }
-      ++i;
-    }
+    const std::vector<SliceToSave> mine =
+        RankStateMap(params, zero.get(), zero_stage, &optimizer, groups).slices_to_save();
     CheckpointContents contents;
     contents.recipe = saved_recipe;
     contents.layout.set_world_size(layout.world_size);
@@ -797,34 +700,12 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   auto run_eval = [&](int64_t step) -> absl::Status {
     SY_ASSIGN_OR_RETURN(const BlendEvalResult result,
                         evaluate_blend(dev, model, eval_sources, tc.seq_len(), groups.dp.get()));
-    const double val = result.loss;
-    nlohmann::ordered_json j = {{"step", step}, {"val_loss", val}};
-    if (blend) {
-      for (const auto& [name, loss] : result.by_source) j["val_loss_by_source"][name] = loss;
-    }
-    if (reporter) {
-      metrics << j.dump() << "\n" << std::flush;
-      SY_RETURN_IF_ERROR(tensorboard->add_scalar("eval/val_loss", val, step));
-      if (blend) {
-        for (const auto& [name, loss] : result.by_source)
-          SY_RETURN_IF_ERROR(tensorboard->add_scalar("eval/val_loss/" + name, loss, step));
-      }
-      // The layers x experts load of the last evaluation batch, as an image.
-      const RouterStats& rs = model.router_stats();
-      std::vector<std::vector<double>> shares;
-      for (const RouterStats::Layer& layer : rs.layers)
-        shares.push_back(layer_load(layer).share);
-      if (!shares.empty()) {
-        constexpr int kHeatmapCellPixels = 24;
-        const RgbImage heatmap = load_heatmap(shares, kHeatmapCellPixels);
-        SY_RETURN_IF_ERROR(tensorboard->add_image("moe/load_heatmap", heatmap.height,
-                                                  heatmap.width, heatmap.rgb, step));
-      }
-      SY_RETURN_IF_ERROR(tensorboard->flush());
-    }
-    sink.on_eval(step, val);
-    if (blend) sink.on_source_evals(step, result.by_source);
-    return absl::OkStatus();
+    EvalRecord record;
+    record.step = step;
+    record.val_loss = result.loss;
+    if (blend) record.by_source = result.by_source;
+    record.router_stats = &model.router_stats();
+    return records.on_eval(record);
   };
   // The untrained baseline, so every curve starts from a measured point.
   if (evaluates && first_step == 1) SY_RETURN_IF_ERROR(run_eval(0));
@@ -861,6 +742,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       cross_entropy_sum += parts.cross_entropy * static_cast<double>(parts.target_tokens);
       step_loss.aux_loss += parts.aux_loss / accumulation;
       step_loss.z_loss += parts.z_loss / accumulation;
+      step_loss.seq_aux_loss += parts.seq_aux_loss / accumulation;
       const RouterStats& rs = model.router_stats();
       if (balancer) balancer->add(rs);
       dropped += rs.dropped_assignments;
@@ -873,12 +755,14 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     if (zero) zero->wait();
     groups.expert_dp->all_reduce_sum(params.expert_grads());
     groups.dp->all_reduce_sum(&cross_entropy_sum, 1);
-    std::vector<double> losses = {step_loss.total, step_loss.aux_loss, step_loss.z_loss};
+    std::vector<double> losses = {step_loss.total, step_loss.aux_loss, step_loss.z_loss,
+                                  step_loss.seq_aux_loss};
     average(*groups.dp, losses);
     step_loss.cross_entropy = step_targets > 0 ? cross_entropy_sum / step_targets : 0.0;
     step_loss.total = step_loss.cross_entropy + losses[0];
     step_loss.aux_loss = losses[1];
     step_loss.z_loss = losses[2];
+    step_loss.seq_aux_loss = losses[3];
     // The loss and the gradient norm are the same on every rank, so all take one branch.
     StepReport report;
     if (std::isfinite(step_loss.total)) report = optimizer.step(dev);
@@ -895,40 +779,9 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
             "is intact; lower optimizer.lr, set optimizer.grad_clip, or set "
             "train.skip_non_finite_steps=true to skip such steps"));
       ++skipped_steps;
-      sink.on_message(absl::StrCat("skipped step ", step, ": ", non_finite, " (",
-                                   skipped_steps, " skipped)"));
-      if (reporter) {
-        nlohmann::ordered_json j = {
-            {"step", step}, {"skipped", non_finite}, {"skipped_steps", skipped_steps}};
-        metrics << j.dump() << "\n" << std::flush;
-      }
+      SY_RETURN_IF_ERROR(records.on_skipped_step({step, non_finite, skipped_steps}));
     }
-    if (step == 1) {
-      const MemoryStats& mem = dev.memory_stats();
-      auto peak = [&](MemoryKind k) { return mem.peak_bytes[static_cast<int>(k)]; };
-      auto both = [&](MemoryKind dense, MemoryKind expert) {
-        return absl::StrCat(mebibytes(peak(dense) + peak(expert)), " (experts ",
-                            mebibytes(peak(expert)), ")");
-      };
-      sink.on_message(absl::StrCat(
-          "memory per rank: parameters ",
-          both(MemoryKind::kParameters, MemoryKind::kExpertParameters), ", gradients ",
-          both(MemoryKind::kGradients, MemoryKind::kExpertGradients), ", optimizer state ",
-          both(MemoryKind::kOptimizerState, MemoryKind::kExpertOptimizerState),
-          ", peak activations ", mebibytes(peak(MemoryKind::kActivations))));
-      if (reporter) {
-        nlohmann::ordered_json j = {
-            {"memory_bytes",
-             {{"parameters", peak(MemoryKind::kParameters)},
-              {"gradients", peak(MemoryKind::kGradients)},
-              {"optimizer_state", peak(MemoryKind::kOptimizerState)},
-              {"expert_parameters", peak(MemoryKind::kExpertParameters)},
-              {"expert_gradients", peak(MemoryKind::kExpertGradients)},
-              {"expert_optimizer_state", peak(MemoryKind::kExpertOptimizerState)},
-              {"activations", peak(MemoryKind::kActivations)}}}};
-        metrics << j.dump() << "\n" << std::flush;
-      }
-    }
+    if (step == 1) SY_RETURN_IF_ERROR(records.on_memory(memory_record(dev.memory_stats())));
     ++window_steps;
 
     if (non_finite.empty() && (step % tc.log_interval() == 0 || step == tc.steps())) {
@@ -943,6 +796,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       m.cross_entropy = step_loss.cross_entropy;
       m.aux_loss = step_loss.aux_loss;
       m.z_loss = step_loss.z_loss;
+      if (recipe.moe().seq_aux_loss_coef() > 0) m.seq_aux_loss = step_loss.seq_aux_loss;
       m.lr = report.lr;
       m.grad_norm = report.grad_norm;
       m.tokens_per_s = window_s > 0 ? window_steps * tokens_per_step / window_s : 0;
@@ -958,57 +812,12 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       window_all_to_all_s = all_to_all_s;
       m.elapsed_s = elapsed_before_s + session_s;
       m.eta_s = session_s / (step - first_step + 1) * (tc.steps() - step);
-      nlohmann::ordered_json j = {
-          {"step", m.step},       {"loss", m.loss},         {"cross_entropy", m.cross_entropy},
-          {"aux_loss", m.aux_loss}, {"z_loss", m.z_loss},   {"lr", m.lr},
-          {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu},
-          {"dropped_fraction", m.dropped_fraction}, {"worst_load_ratio", m.worst_load_ratio},
-          {"all_to_all_share", m.all_to_all_share}, {"elapsed_s", m.elapsed_s},
-          {"peak_gflops", peak.flops / 1e9}, {"peak_source", peak.source}};
       if (blend) {
-        for (size_t i = 0; i < sources.size(); ++i) {
-          const int64_t tokens = loader->windows_drawn()[i] * tc.seq_len();
-          m.tokens_by_source.emplace_back(sources[i].where.name, tokens);
-          j["tokens_by_source"][sources[i].where.name] = tokens;
-        }
+        for (size_t i = 0; i < sources.size(); ++i)
+          m.tokens_by_source.emplace_back(sources[i].where.name,
+                                          loader->windows_drawn()[i] * tc.seq_len());
       }
-      // Each MoE layer's max/mean tokens per expert in this step's last micro-batch
-      // (read back by `bench balance --run-dir`).
-      std::vector<double> layer_imbalance;
-      for (const RouterStats::Layer& layer : model.router_stats().layers)
-        layer_imbalance.push_back(layer_load(layer).imbalance);
-      if (!layer_imbalance.empty()) j["layer_imbalance"] = layer_imbalance;
-      if (reporter) {
-        metrics << j.dump() << "\n" << std::flush;
-        for (const auto& [key, value] : j.items())
-          if (value.is_number() && key != "step" && key != "elapsed_s" && key != "peak_gflops")
-            SY_RETURN_IF_ERROR(tensorboard->add_scalar("train/" + key, value.get<double>(), step));
-        for (const auto& [name, tokens] : m.tokens_by_source)
-          SY_RETURN_IF_ERROR(tensorboard->add_scalar("data/tokens/" + name,
-                                                     static_cast<double>(tokens), step));
-        const RouterStats& rs = model.router_stats();
-        if (!rs.selections_per_expert.empty())
-          SY_RETURN_IF_ERROR(tensorboard->add_histogram("moe/selections_per_expert",
-                                                        rs.selections_per_expert, step));
-        // Each MoE layer's load in this step's last micro-batch: max/mean tokens per
-        // expert, the share dropped by moe.capacity_factor, the coefficient of variation,
-        // the experts given no token, and the tokens per expert.
-        for (size_t l = 0; l < rs.layers.size(); ++l) {
-          const RouterStats::Layer& layer = rs.layers[l];
-          const LayerLoad load = layer_load(layer);
-          const std::string prefix = absl::StrCat("moe/layer_", l, "/");
-          SY_RETURN_IF_ERROR(tensorboard->add_scalar(prefix + "imbalance", load.imbalance, step));
-          SY_RETURN_IF_ERROR(
-              tensorboard->add_scalar(prefix + "dropped", load.dropped_fraction, step));
-          SY_RETURN_IF_ERROR(tensorboard->add_scalar(prefix + "cv", load.cv, step));
-          SY_RETURN_IF_ERROR(tensorboard->add_scalar(prefix + "dead_experts",
-                                                     static_cast<double>(load.dead_experts), step));
-          SY_RETURN_IF_ERROR(tensorboard->add_histogram(prefix + "tokens_per_expert",
-                                                        layer.selections_per_expert, step));
-        }
-        SY_RETURN_IF_ERROR(tensorboard->flush());
-      }
-      sink.on_step(m);
+      SY_RETURN_IF_ERROR(records.on_step({m, peak.flops / 1e9, peak.source, &model.router_stats()}));
       window_start = now;
       window_steps = 0;
       dropped = assignments = worst_load = 0;
@@ -1028,24 +837,11 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       return TrainEnd::kStopped;
     }
   }
-  // The saved weights are whole: expert shards are gathered over the expert-parallel
-  // group, tensor-parallel shards over the tensor-parallel group, ZeRO-3 values from
-  // their owners (collectives, so every rank takes part).
-  std::vector<std::pair<std::string, Tensor>> whole;
-  for (Param& p : params.params()) {
-    if (p.spec.expert) {
-      whole.emplace_back(p.name, gather_shards(*groups.ep, p.value, 0));
-      continue;
-    }
-    // At ZeRO stage 3 the value comes from its owner first. The weights file is written
-    // from host memory.
-    const Tensor value = zero ? zero->whole_value(p) : p.value;
-    whole.emplace_back(p.name, split_over_tp(p)
-                                   ? gather_shards(*groups.tp, value, p.spec.tensor_parallel_dim)
-                                   : value.on_host());
-  }
+  // The saved weights are whole (collectives, so every rank takes part).
+  const std::vector<std::pair<std::string, Tensor>> whole =
+      RankStateMap(params, zero.get(), zero_stage, nullptr, groups).whole_weights();
+  SY_RETURN_IF_ERROR(records.close());
   if (!reporter) return TrainEnd::kFinished;
-  if (!metrics) return absl::DataLossError(absl::StrCat(metrics_path, ": write failed"));
 
   const std::string weights_dir =
       (fs::path(options.run_dir) / recipe.checkpoint().dir() / "final").string();
