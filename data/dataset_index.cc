@@ -14,8 +14,6 @@ std::string shard_file_name(std::string_view split, int64_t index, int64_t count
   return absl::StrFormat("%s-%05d-of-%05d.h5", split, index, count);
 }
 
-namespace {
-
 bool is_sha256_hex(const std::string& text) {
   return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
            return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
@@ -33,7 +31,13 @@ absl::StatusOr<ShardEntry> read_shard_entry(const JsonFields& shard) {
   return e;
 }
 
-}  // namespace
+nlohmann::ordered_json shard_entry_json(const ShardEntry& e) {
+  return {{"file", e.file},
+          {"tokens", e.tokens},
+          {"documents", e.documents},
+          {"bytes", e.bytes},
+          {"sha256", e.sha256}};
+}
 
 absl::StatusOr<DatasetIndex> read_dataset_index(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / kIndexFileName).string();
@@ -97,11 +101,7 @@ absl::Status write_dataset_index(const std::string& dir, const DatasetIndex& ind
   for (const auto& [split, shards] : index.splits) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const ShardEntry& e : shards)
-      list.push_back({{"file", e.file},
-                      {"tokens", e.tokens},
-                      {"documents", e.documents},
-                      {"bytes", e.bytes},
-                      {"sha256", e.sha256}});
+      list.push_back(shard_entry_json(e));
     j["splits"][split] = std::move(list);
   }
   return write_file_atomically((std::filesystem::path(dir) / kIndexFileName).string(),

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "data/tokenizer.h"
+#include "engine/runtime/json_fields.h"
 
 namespace switchyard {
 
@@ -37,6 +38,14 @@ struct DatasetIndex {
 
 // "train-00003-of-00012.h5"
 std::string shard_file_name(std::string_view split, int64_t index, int64_t count);
+
+// 64 lower-case hex digits (a sha256 digest as sha256sum prints it).
+bool is_sha256_hex(const std::string& text);
+
+// One shard's entry, as the index lists it (also in data/prepare_parts.h's part records):
+// read with its checks (documents <= tokens, a sha256 of 64 hex digits), and written.
+absl::StatusOr<ShardEntry> read_shard_entry(const JsonFields& shard);
+nlohmann::ordered_json shard_entry_json(const ShardEntry& e);
 
 // Checks types and ranges (documents <= tokens, special ids inside the vocabulary, sha256
 // digests of 64 hex digits, no file listed twice); names are resolved by their users

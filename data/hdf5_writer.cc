@@ -16,6 +16,7 @@ Hdf5WriteSettings hdf5_write_settings() {
   for (const hid_t list : {s.file_creation.get(), s.group_creation.get()}) {
     H5Pset_link_phase_change(list, kMaxHdf5GroupLinks, kMaxHdf5GroupLinks);
     H5Pset_attr_phase_change(list, kMaxHdf5GroupLinks, kMaxHdf5GroupLinks);
+    H5Pset_obj_track_times(list, false);  // the same data makes the same bytes
   }
   return s;
 }

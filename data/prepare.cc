@@ -10,6 +10,10 @@
 #include <optional>
 #include <thread>
 
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "data/chat_template.h"
@@ -28,12 +32,11 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kBatchBytes = 1 << 20;  // text per encoding task
-constexpr char kTokenizerFileName[] = "tokenizer.model";
-constexpr const char* kSplitNames[2] = {"train", "val"};
 
 struct TextBatch {
   std::vector<std::string> documents;
   std::vector<Conversation> conversations;  // instead, with a chat template
+  std::vector<uint8_t> splits;  // each document's split: 0 train, 1 val
   int64_t bytes_done = 0;  // input bytes read when the batch was complete
 };
 
@@ -41,6 +44,7 @@ struct EncodedBatch {
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;  // the ids' loss mask, with a chat template; else empty
   std::vector<int64_t> ends;  // end of each document in ids, its eos included
+  std::vector<uint8_t> splits;
   int64_t bytes_done = 0;
 };
 
@@ -48,6 +52,7 @@ EncodedBatch encode_batch(const Tokenizer& tokenizer, int32_t eos, const ChatTem
                           TextBatch batch) {
   EncodedBatch out;
   out.bytes_done = batch.bytes_done;
+  out.splits = std::move(batch.splits);
   out.ends.reserve(batch.documents.size() + batch.conversations.size());
   for (const std::string& document : batch.documents) {
     tokenizer.encode_append(document, &out.ids);
@@ -119,79 +124,66 @@ class EncoderPool {
   std::vector<std::thread> workers_;
 };
 
-// The shards of one split, under temporary names until publish().
+// The shards of one split of one part, under their part names (data/prepare_parts.h).
+// Each complete shard is appended, with its size and sha256, to the part's list.
 class SplitWriter {
  public:
-  SplitWriter(const std::string& dir, const char* split, const ShardAttributes& attributes,
-              int64_t shard_tokens)
-      : dir_(dir), split_(split), attributes_(attributes), shard_tokens_(shard_tokens) {}
+  SplitWriter(std::string dir, PartId part, int split, const ShardAttributes& attributes,
+              int64_t shard_tokens, std::vector<ShardEntry>* complete)
+      : dir_(std::move(dir)), part_(part), split_(split), attributes_(attributes),
+        shard_tokens_(shard_tokens), complete_(complete) {}
 
-  // `mask`: the ids' loss mask, or null (all carry loss).
-  absl::Status append(const int32_t* ids, int64_t count, const uint8_t* mask) {
+  // Appends one document; true when that completed a shard. `mask`: the ids' loss mask,
+  // or null (all carry loss).
+  absl::StatusOr<bool> append(const int32_t* ids, int64_t count, const uint8_t* mask) {
     if (!writer_) {
-      temp_paths_.push_back(
-          (fs::path(dir_) / absl::StrFormat(".%s-%05d.h5.partial", split_, temp_paths_.size()))
-              .string());
-      SY_ASSIGN_OR_RETURN(writer_, ShardWriter::create(temp_paths_.back(), attributes_));
+      SY_ASSIGN_OR_RETURN(writer_, ShardWriter::create(open_path(), attributes_));
     }
     SY_RETURN_IF_ERROR(writer_->append_document(ids, count, mask));
-    ++documents_;
-    tokens_ += count;
-    if (writer_->num_tokens() >= shard_tokens_) return close_shard();
-    return absl::OkStatus();
+    if (writer_->num_tokens() < shard_tokens_) return false;
+    SY_RETURN_IF_ERROR(close_shard().status());
+    return true;
   }
 
-  absl::Status close_shard() {
-    if (!writer_) return absl::OkStatus();
-    entries_.push_back({"", writer_->num_tokens(), writer_->num_documents(), 0, ""});
-    absl::Status status = writer_->close();
+  // Completes the open shard, if any; true when there was one.
+  absl::StatusOr<bool> close_shard() {
+    if (!writer_) return false;
+    ShardEntry e{part_shard_name(part_, split_, static_cast<int64_t>(complete_->size())),
+                 writer_->num_tokens(), writer_->num_documents(), 0, ""};
+    const absl::Status closed = writer_->close();
     writer_.reset();
-    return status;
+    SY_RETURN_IF_ERROR(closed);
+    const std::string path = (fs::path(dir_) / e.file).string();
+    SY_ASSIGN_OR_RETURN(e.bytes, regular_file_size(path));
+    SY_ASSIGN_OR_RETURN(e.sha256, sha256_file(path));
+    complete_->push_back(std::move(e));
+    return true;
   }
 
-  // Renames the finished shards to their final names and describes them for the index.
-  absl::StatusOr<std::vector<ShardEntry>> publish() {
-    SY_RETURN_IF_ERROR(close_shard());
-    const int64_t count = static_cast<int64_t>(entries_.size());
-    for (int64_t i = 0; i < count; ++i) {
-      ShardEntry& e = entries_[i];
-      e.file = shard_file_name(split_, i, count);
-      const std::string path = (fs::path(dir_) / e.file).string();
-      SY_ASSIGN_OR_RETURN(e.sha256, sha256_file(temp_paths_[i]));
-      std::error_code ec;
-      e.bytes = static_cast<int64_t>(fs::file_size(temp_paths_[i], ec));
-      if (!ec) fs::rename(temp_paths_[i], path, ec);
-      if (ec)
-        return absl::InternalError(absl::StrCat(path, ": cannot move into place: ", ec.message()));
-    }
-    temp_paths_.clear();
-    return entries_;
-  }
-
-  // Removes what an unfinished run left.
+  // Removes the open shard's file.
   void discard() {
+    if (!writer_) return;
     writer_.reset();
     std::error_code ec;
-    for (const std::string& path : temp_paths_) fs::remove(path, ec);
+    fs::remove(open_path(), ec);
   }
 
-  int64_t documents() const { return documents_; }
-  int64_t tokens() const { return tokens_; }
-  int64_t shards() const { return static_cast<int64_t>(entries_.size()); }
-
  private:
+  std::string open_path() const {
+    return (fs::path(dir_) / part_shard_name(part_, split_, static_cast<int64_t>(complete_->size())))
+        .string();
+  }
+
   std::string dir_;
-  const char* split_;
+  PartId part_;
+  int split_;
   ShardAttributes attributes_;
   int64_t shard_tokens_;
+  std::vector<ShardEntry>* complete_;
   std::unique_ptr<ShardWriter> writer_;
-  std::vector<std::string> temp_paths_;
-  std::vector<ShardEntry> entries_;
-  int64_t documents_ = 0;
-  int64_t tokens_ = 0;
 };
 
-absl::Status check_options(const PrepareOptions& options) {
+absl::Status check_options(const PrepareOptions& options, PartId part) {
   if (options.inputs.empty()) return absl::InvalidArgumentError("no input files given");
   if (!(options.val_fraction >= 0 && options.val_fraction < 1))
     return absl::InvalidArgumentError(
@@ -199,6 +191,10 @@ absl::Status check_options(const PrepareOptions& options) {
   if (options.shard_tokens < 1)
     return absl::InvalidArgumentError(
         absl::StrCat("--shard-tokens ", options.shard_tokens, " is not positive"));
+  if (part.count > static_cast<int64_t>(options.inputs.size()))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--part ", part.index, "/", part.count, ": parts divide the inputs by file, and there are ",
+        options.inputs.size(), " input files; use at most ", options.inputs.size(), " parts"));
   if (options.out_dir.empty()) return absl::InvalidArgumentError("no output directory given");
   std::error_code ec;
   if (fs::exists(fs::path(options.out_dir) / kIndexFileName, ec))
@@ -208,6 +204,86 @@ absl::Status check_options(const PrepareOptions& options) {
   if (ec || !fs::is_directory(options.out_dir, ec))
     return absl::PermissionDeniedError(
         absl::StrCat(options.out_dir, ": cannot create the directory"));
+  return absl::OkStatus();
+}
+
+// What the dataset depends on (data/prepare_parts.h's PartRecord::arguments); the thread
+// count is not part of it.
+absl::StatusOr<nlohmann::json> prepare_arguments(const PrepareOptions& options,
+                                                 const Tokenizer& tokenizer, PartId part) {
+  nlohmann::json a;
+  a["tokenizer_sha256"] = tokenizer.sha256();
+  a["chat_template_sha256"] = "";
+  if (!options.chat_template.empty()) {
+    SY_ASSIGN_OR_RETURN(a["chat_template_sha256"], sha256_file(options.chat_template));
+  }
+  a["val_fraction"] = options.val_fraction;
+  a["shard_tokens"] = options.shard_tokens;
+  a["text_field"] = options.text_field;
+  a["parts"] = part.count;
+  a["inputs"] = nlohmann::json::array();
+  for (const std::string& input : options.inputs) {
+    struct stat st;
+    if (::stat(input.c_str(), &st) != 0)
+      return absl::NotFoundError(absl::StrCat(input, ": cannot read: ", errno_reason()));
+    a["inputs"].push_back({{"path", input},
+                           {"bytes", static_cast<int64_t>(st.st_size)},
+                           {"mtime_ns", int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec}});
+  }
+  return a;
+}
+
+// Checks that the shards an earlier run recorded are still those it recorded.
+absl::Status check_recorded_shards(const std::string& dir, const PartRecord& record) {
+  for (const std::vector<ShardEntry>& shards : record.shards)
+    for (const ShardEntry& e : shards) {
+      const std::string path = (fs::path(dir) / e.file).string();
+      const absl::StatusOr<int64_t> bytes = regular_file_size(path);
+      const absl::StatusOr<std::string> sha256 =
+          bytes.ok() && *bytes == e.bytes ? sha256_file(path) : absl::StatusOr<std::string>("");
+      if (!sha256.ok() || *sha256 != e.sha256)
+        return absl::DataLossError(absl::StrCat(
+            path, ": missing or not the shard ", part_record_name(record.id),
+            " records; remove ", dir, " (or choose another --out) to start over"));
+    }
+  return absl::OkStatus();
+}
+
+// One part's run: its options, its record (an earlier run's, to resume, or a new one).
+struct PartJob {
+  const PrepareOptions& options;
+  const Tokenizer& tokenizer;
+  const ChatTemplate* chat;
+  std::string record_path;
+  PartRecord record;
+  bool resuming = false;
+};
+
+absl::Status start_part(PartJob& job) {
+  const std::string& dir = job.options.out_dir;
+  SY_ASSIGN_OR_RETURN(job.record.arguments,
+                      prepare_arguments(job.options, job.tokenizer, job.record.id));
+  job.record.fingerprint = fingerprint_of(job.record.arguments);
+  job.record.val_fraction = job.options.val_fraction;
+  job.record.tokenizer_sha256 = job.tokenizer.sha256();
+  SY_ASSIGN_OR_RETURN(const std::vector<int64_t> counts, part_counts_in(dir));
+  for (const int64_t count : counts)
+    if (count != job.record.id.count)
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, ": holds the parts of a prepare split into ", count, " (part-*-of-",
+          absl::StrFormat("%05d", count), ".json); finish and merge those, or choose another --out"));
+  job.record_path = (fs::path(dir) / part_record_name(job.record.id)).string();
+  std::error_code ec;
+  if (!fs::exists(job.record_path, ec)) return absl::OkStatus();
+  SY_ASSIGN_OR_RETURN(PartRecord earlier, read_part_record(job.record_path));
+  if (earlier.fingerprint != job.record.fingerprint || earlier.id.index != job.record.id.index)
+    return absl::FailedPreconditionError(absl::StrCat(
+        job.record_path, ": a prepare made with other arguments, tokenizer, template or "
+        "inputs (changed since) is in ", dir, "; rerun it as it was, or remove ", dir,
+        " (or choose another --out) to start over"));
+  SY_RETURN_IF_ERROR(check_recorded_shards(dir, earlier));
+  job.record = std::move(earlier);
+  job.resuming = true;
   return absl::OkStatus();
 }
 
@@ -232,120 +308,249 @@ absl::StatusOr<int64_t> read_document(DocumentReader& reader, const ChatTemplate
   return std::max<int64_t>(1, static_cast<int64_t>(text.size()));
 }
 
-absl::StatusOr<PrepareSummary> run_prepare(const PrepareOptions& options,
-                                           const Tokenizer& tokenizer, const ChatTemplate* chat,
-                                           SplitWriter* writers, DataProgressSink& sink) {
+// Passes over the next document without encoding it; false at the end of the file.
+absl::StatusOr<bool> skip_document(DocumentReader& reader, const ChatTemplate* chat) {
+  std::string text;
+  return chat ? reader.next_record(&text) : reader.next(&text);
+}
+
+absl::StatusOr<std::unique_ptr<DocumentReader>> open_input(const std::string& input,
+                                                           const PrepareOptions& options,
+                                                           const ChatTemplate* chat) {
+  SY_ASSIGN_OR_RETURN(std::unique_ptr<DocumentReader> reader,
+                      DocumentReader::open(input, options.text_field));
+  if (chat && reader->format() != TextFormat::kJsonLines)
+    return absl::InvalidArgumentError(absl::StrCat(
+        input, ": --chat-template reads JSON Lines conversations (.jsonl or .json, .gz too)"));
+  return reader;
+}
+
+// The documents of `files` (those before a part's), read but not encoded.
+absl::StatusOr<int64_t> count_documents(const std::vector<std::string>& files,
+                                        const PrepareOptions& options, const ChatTemplate* chat,
+                                        DataProgressSink& sink) {
   const auto start = std::chrono::steady_clock::now();
-  PrepareSummary summary;
-  SY_ASSIGN_OR_RETURN(summary.input_bytes, total_file_bytes(options.inputs));
-  const int32_t eos = static_cast<int32_t>(tokenizer.special_ids().eos);
-  const int threads =
-      options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
-
   DataProgress progress;
-  progress.stage = "prepare";
-  progress.bytes_total = summary.input_bytes;
-  int64_t document_index = 0;
-  auto write_batch = [&](const EncodedBatch& batch) -> absl::Status {
-    int64_t begin = 0;
-    for (const int64_t end : batch.ends) {
-      const int64_t i = document_index++;
-      const bool val = static_cast<int64_t>(static_cast<double>(i + 1) * options.val_fraction) >
-                       static_cast<int64_t>(static_cast<double>(i) * options.val_fraction);
-      SY_RETURN_IF_ERROR(writers[val ? 1 : 0].append(
-          batch.ids.data() + begin, end - begin, batch.mask.empty() ? nullptr : batch.mask.data() + begin));
-      begin = end;
-    }
-    progress.bytes_done = batch.bytes_done;
-    progress.documents = document_index;
-    progress.tokens += static_cast<int64_t>(batch.ids.size());
-    progress.elapsed_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    sink.on_progress(progress);
-    return absl::OkStatus();
-  };
-
-  // Reading and writing stay on this thread, in order; `threads` workers encode, with
-  // one batch more in flight than workers so that none waits for the reader.
-  EncoderPool pool(threads, tokenizer, eos, chat);
-  std::deque<std::future<EncodedBatch>> encoding;
-  auto launch = [&](TextBatch batch) -> absl::Status {
-    if (static_cast<int>(encoding.size()) > threads) {
-      SY_RETURN_IF_ERROR(write_batch(encoding.front().get()));
-      encoding.pop_front();
-    }
-    encoding.push_back(pool.submit(std::move(batch)));
-    return absl::OkStatus();
-  };
-
-  TextBatch batch;
-  int64_t batch_bytes = 0, files_bytes = 0;
-  for (const std::string& input : options.inputs) {
-    SY_ASSIGN_OR_RETURN(std::unique_ptr<DocumentReader> reader,
-                        DocumentReader::open(input, options.text_field));
-    if (chat && reader->format() != TextFormat::kJsonLines)
-      return absl::InvalidArgumentError(absl::StrCat(
-          input, ": --chat-template reads JSON Lines conversations (.jsonl or .json, .gz too)"));
-    int64_t documents = 0;
+  progress.stage = "count";
+  SY_ASSIGN_OR_RETURN(progress.bytes_total, total_file_bytes(files));
+  int64_t files_bytes = 0;
+  for (const std::string& input : files) {
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<DocumentReader> reader, open_input(input, options, chat));
     while (true) {
-      SY_ASSIGN_OR_RETURN(const int64_t bytes, read_document(*reader, chat, batch));
-      if (bytes == 0) break;
-      ++documents;
-      batch_bytes += bytes;
-      if (batch_bytes >= kBatchBytes) {
-        batch.bytes_done = files_bytes + reader->disk_bytes_read();
-        SY_RETURN_IF_ERROR(launch(std::move(batch)));
-        batch = TextBatch();
-        batch_bytes = 0;
-      }
+      SY_ASSIGN_OR_RETURN(const bool more, skip_document(*reader, chat));
+      if (!more) break;
+      if (++progress.documents % 4096 != 0) continue;
+      progress.bytes_done = files_bytes + reader->disk_bytes_read();
+      progress.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      sink.on_progress(progress);
     }
-    if (documents == 0) return absl::InvalidArgumentError(absl::StrCat(input, ": holds no text"));
     files_bytes += reader->disk_bytes_read();
   }
-  batch.bytes_done = files_bytes;
-  if (!batch.documents.empty() || !batch.conversations.empty())
-    SY_RETURN_IF_ERROR(launch(std::move(batch)));
-  while (!encoding.empty()) {
-    SY_RETURN_IF_ERROR(write_batch(encoding.front().get()));
-    encoding.pop_front();
-  }
-
-  // A fraction asked for and none held out: training would have nothing to evaluate on.
-  if (options.val_fraction > 0 && writers[1].documents() == 0)
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.inputs.size() == 1 ? options.inputs.front()
-                                   : absl::StrCat(options.inputs.size(), " input files"),
-        ": ", document_index, " documents are too few to hold out a validation fraction of ",
-        options.val_fraction, " (none would be held out): raise it (data prepare "
-        "--val-fraction, a recipe's data.val_fraction), or make it 0 for no validation split "
-        "and train with train.eval_interval=0"));
-  DatasetIndex index;
-  index.format_version = kTokenFormatVersion;
-  index.tokenizer_sha256 = tokenizer.sha256();
-  index.tokenizer_file = kTokenizerFileName;
-  index.vocab_size = tokenizer.vocab_size();
-  index.special_ids = tokenizer.special_ids();
-  for (int s = 0; s < 2; ++s) {
-    SY_ASSIGN_OR_RETURN(index.splits[kSplitNames[s]], writers[s].publish());
-    summary.documents[s] = writers[s].documents();
-    summary.tokens[s] = writers[s].tokens();
-    summary.shards[s] = writers[s].shards();
-  }
-  SY_RETURN_IF_ERROR(write_file_atomically(
-      (fs::path(options.out_dir) / kTokenizerFileName).string(), tokenizer.model_bytes()));
-  SY_RETURN_IF_ERROR(write_dataset_index(options.out_dir, index));
-  SY_RETURN_IF_ERROR(fsync_path(options.out_dir));
-  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  progress.elapsed_s = summary.seconds;
+  progress.bytes_done = files_bytes;
+  progress.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   progress.finished = true;
   sink.on_progress(progress);
-  return summary;
+  return progress.documents;
+}
+
+int64_t documents_in(const std::vector<ShardEntry>& shards) {
+  int64_t documents = 0;
+  for (const ShardEntry& e : shards) documents += e.documents;
+  return documents;
+}
+
+// Encodes the part's documents that its complete shards do not hold yet, in input order,
+// and writes them to the shards of their splits, recording each complete shard.
+class PartRun {
+ public:
+  PartRun(PartJob& job, SplitWriter* writers, DataProgressSink& sink)
+      : job_(job), writers_(writers), sink_(sink) {}
+
+  absl::Status run() {
+    const PartRecord& record = job_.record;
+    const auto [first, end] = part_inputs(job_.options.inputs.size(), record.id);
+    inputs_.assign(job_.options.inputs.begin() + first, job_.options.inputs.begin() + end);
+    for (int s = 0; s < 2; ++s) done_[s] = documents_in(record.shards[s]);
+    if (!job_.resuming && first > 0) {
+      const std::vector<std::string> before(job_.options.inputs.begin(),
+                                            job_.options.inputs.begin() + first);
+      SY_ASSIGN_OR_RETURN(job_.record.first_document,
+                          count_documents(before, job_.options, job_.chat, sink_));
+    }
+    SY_ASSIGN_OR_RETURN(progress_.bytes_total, total_file_bytes(inputs_));
+    progress_.stage = "prepare";
+    start_ = std::chrono::steady_clock::now();
+    const int threads = job_.options.threads > 0
+                            ? job_.options.threads
+                            : static_cast<int>(std::thread::hardware_concurrency());
+    EncoderPool pool(threads, job_.tokenizer, static_cast<int32_t>(job_.tokenizer.special_ids().eos),
+                     job_.chat);
+    SY_RETURN_IF_ERROR(read_inputs(pool, threads));
+    while (!encoding_.empty()) {
+      SY_RETURN_IF_ERROR(write_batch(encoding_.front().get()));
+      encoding_.pop_front();
+    }
+    for (int s = 0; s < 2; ++s) SY_RETURN_IF_ERROR(writers_[s].close_shard().status());
+    progress_.finished = true;
+    sink_.on_progress(progress_);
+    return absl::OkStatus();
+  }
+
+  int64_t documents() const { return documents_; }
+
+ private:
+  // Reading stays on this thread, in order; `threads` workers encode, with one batch more
+  // in flight than workers so that none waits for the reader.
+  absl::Status read_inputs(EncoderPool& pool, int threads) {
+    TextBatch batch;
+    int64_t batch_bytes = 0, files_bytes = 0;
+    bool encoding = false;
+    for (const std::string& input : inputs_) {
+      SY_ASSIGN_OR_RETURN(std::unique_ptr<DocumentReader> reader,
+                          open_input(input, job_.options, job_.chat));
+      int64_t file_documents = 0;
+      while (true) {
+        const int s = is_val_document(job_.record.first_document + documents_,
+                                      job_.options.val_fraction) ? 1 : 0;
+        int64_t bytes = 0;
+        if (seen_[s] < done_[s]) {
+          SY_ASSIGN_OR_RETURN(const bool more, skip_document(*reader, job_.chat));
+          bytes = more ? 1 : 0;
+        } else {
+          if (!encoding) start_encoding(files_bytes + reader->disk_bytes_read());
+          encoding = true;
+          SY_ASSIGN_OR_RETURN(bytes, read_document(*reader, job_.chat, batch));
+          if (bytes > 0) batch.splits.push_back(static_cast<uint8_t>(s));
+        }
+        if (bytes == 0) break;
+        ++seen_[s];
+        ++documents_;
+        ++file_documents;
+        batch_bytes += bytes;
+        if (batch_bytes >= kBatchBytes && !batch.splits.empty()) {
+          batch.bytes_done = files_bytes + reader->disk_bytes_read();
+          SY_RETURN_IF_ERROR(launch(pool, threads, std::move(batch)));
+          batch = TextBatch();
+          batch_bytes = 0;
+        }
+      }
+      if (file_documents == 0) return absl::InvalidArgumentError(absl::StrCat(input, ": holds no text"));
+      files_bytes += reader->disk_bytes_read();
+    }
+    batch.bytes_done = files_bytes;
+    if (!batch.splits.empty()) SY_RETURN_IF_ERROR(launch(pool, threads, std::move(batch)));
+    return absl::OkStatus();
+  }
+
+  // From here on the progress (and its ETA) counts only the bytes that are encoded.
+  void start_encoding(int64_t bytes_skipped) {
+    bytes_skipped_ = bytes_skipped;
+    progress_.bytes_total -= bytes_skipped;
+    start_ = std::chrono::steady_clock::now();
+  }
+
+  absl::Status launch(EncoderPool& pool, int threads, TextBatch batch) {
+    if (static_cast<int>(encoding_.size()) > threads) {
+      SY_RETURN_IF_ERROR(write_batch(encoding_.front().get()));
+      encoding_.pop_front();
+    }
+    encoding_.push_back(pool.submit(std::move(batch)));
+    return absl::OkStatus();
+  }
+
+  absl::Status write_batch(const EncodedBatch& batch) {
+    int64_t begin = 0;
+    bool completed = false;
+    for (size_t d = 0; d < batch.ends.size(); ++d) {
+      const int64_t end = batch.ends[d];
+      SY_ASSIGN_OR_RETURN(const bool closed,
+                          writers_[batch.splits[d]].append(
+                              batch.ids.data() + begin, end - begin,
+                              batch.mask.empty() ? nullptr : batch.mask.data() + begin));
+      completed = completed || closed;
+      begin = end;
+      ++progress_.documents;
+    }
+    if (completed) SY_RETURN_IF_ERROR(record_shards());
+    progress_.bytes_done = batch.bytes_done - bytes_skipped_;
+    progress_.tokens += static_cast<int64_t>(batch.ids.size());
+    progress_.elapsed_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    sink_.on_progress(progress_);
+    return absl::OkStatus();
+  }
+
+  absl::Status record_shards() {
+    PartRecord& record = job_.record;
+    record.documents = documents_in(record.shards[0]) + documents_in(record.shards[1]);
+    return write_part_record(job_.record_path, record);
+  }
+
+  PartJob& job_;
+  SplitWriter* writers_;
+  DataProgressSink& sink_;
+  std::vector<std::string> inputs_;
+  int64_t done_[2] = {0, 0};  // documents of each split in shards complete before this run
+  int64_t seen_[2] = {0, 0};  // documents of each split read so far
+  int64_t documents_ = 0;     // documents of the part read so far
+  std::deque<std::future<EncodedBatch>> encoding_;
+  DataProgress progress_;
+  int64_t bytes_skipped_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Runs the part to its end and records it finished; part 0 also copies the tokenizer in.
+absl::Status run_part(PartJob& job, DataProgressSink& sink) {
+  PartRecord& record = job.record;
+  if (job.resuming)
+    sink.on_message(absl::StrFormat(
+        "resuming %s: %d train and %d val shards complete (%d documents); reading past them "
+        "without encoding",
+        job.record_path, record.shards[0].size(), record.shards[1].size(),
+        documents_in(record.shards[0]) + documents_in(record.shards[1])));
+  ShardAttributes attributes;
+  attributes.tokenizer_sha256 = job.tokenizer.sha256();
+  attributes.vocab_size = job.tokenizer.vocab_size();
+  attributes.special_ids = job.tokenizer.special_ids();
+  SplitWriter writers[2] = {
+      SplitWriter(job.options.out_dir, record.id, 0, attributes, job.options.shard_tokens, &record.shards[0]),
+      SplitWriter(job.options.out_dir, record.id, 1, attributes, job.options.shard_tokens, &record.shards[1])};
+  PartRun run(job, writers, sink);
+  const absl::Status status = run.run();
+  if (!status.ok()) {
+    for (SplitWriter& writer : writers) writer.discard();
+    return status;
+  }
+  if (record.id.index == 0)
+    SY_RETURN_IF_ERROR(write_file_atomically(
+        (fs::path(job.options.out_dir) / kTokenizerFileName).string(), job.tokenizer.model_bytes()));
+  record.finished = true;
+  record.documents = run.documents();
+  return write_part_record(job.record_path, record);
+}
+
+// Removes what a failed part wrote: its shards, its record and (part 0) the tokenizer.
+void discard_part(const PartJob& job) {
+  std::error_code ec;
+  for (const std::vector<ShardEntry>& shards : job.record.shards)
+    for (const ShardEntry& e : shards) fs::remove(fs::path(job.options.out_dir) / e.file, ec);
+  if (!job.record_path.empty()) fs::remove(job.record_path, ec);
+  if (job.record.id.index == 0) fs::remove(fs::path(job.options.out_dir) / kTokenizerFileName, ec);
+}
+
+void add_part_totals(const PartRecord& record, PrepareSummary* summary) {
+  for (int s = 0; s < 2; ++s) {
+    summary->documents[s] += documents_in(record.shards[s]);
+    summary->shards[s] += static_cast<int64_t>(record.shards[s].size());
+    for (const ShardEntry& e : record.shards[s]) summary->tokens[s] += e.tokens;
+  }
 }
 
 }  // namespace
 
 absl::StatusOr<PrepareSummary> prepare_dataset(const PrepareOptions& options,
                                                DataProgressSink& sink) {
+  const auto start = std::chrono::steady_clock::now();
   SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::load(options.tokenizer_path));
   if (tokenizer.special_ids().eos < 0)
     return absl::InvalidArgumentError(
@@ -355,22 +560,40 @@ absl::StatusOr<PrepareSummary> prepare_dataset(const PrepareOptions& options,
     SY_ASSIGN_OR_RETURN(chat, ChatTemplate::load(options.chat_template));
     SY_RETURN_IF_ERROR(chat->check_tokenizer(tokenizer));
   }
+  const PartId id = options.part.value_or(PartId{});
   std::error_code ec;
   const bool dir_existed = fs::exists(options.out_dir, ec);
-  SY_RETURN_IF_ERROR(check_options(options));
-  ShardAttributes attributes;
-  attributes.tokenizer_sha256 = tokenizer.sha256();
-  attributes.vocab_size = tokenizer.vocab_size();
-  attributes.special_ids = tokenizer.special_ids();
-  SplitWriter writers[2] = {
-      SplitWriter(options.out_dir, kSplitNames[0], attributes, options.shard_tokens),
-      SplitWriter(options.out_dir, kSplitNames[1], attributes, options.shard_tokens)};
-  absl::StatusOr<PrepareSummary> summary =
-      run_prepare(options, tokenizer, chat ? &*chat : nullptr, writers, sink);
-  if (!summary.ok()) {
-    for (SplitWriter& writer : writers) writer.discard();
-    if (!dir_existed) fs::remove(options.out_dir, ec);  // only if empty
+  SY_RETURN_IF_ERROR(check_options(options, id));
+  PartJob job{options, tokenizer, chat ? &*chat : nullptr, "", PartRecord{}, false};
+  job.record.id = id;
+  absl::Status status = start_part(job);
+  const bool started = status.ok();
+  PrepareSummary summary;
+  summary.shards_resumed =
+      static_cast<int64_t>(job.record.shards[0].size() + job.record.shards[1].size());
+  const auto [first, end] = part_inputs(options.inputs.size(), id);
+  if (started) {
+    const absl::StatusOr<int64_t> bytes = total_file_bytes(
+        std::vector<std::string>(options.inputs.begin() + first, options.inputs.begin() + end));
+    status = bytes.status();
+    summary.input_bytes = bytes.value_or(0);
   }
+  if (status.ok() && !job.record.finished) status = run_part(job, sink);
+  if (status.ok() && !options.part) {
+    absl::StatusOr<PrepareSummary> merged = merge_parts(options.out_dir, sink);
+    if (merged.ok()) summary = {summary.input_bytes, {merged->documents[0], merged->documents[1]},
+                                {merged->tokens[0], merged->tokens[1]},
+                                {merged->shards[0], merged->shards[1]}, summary.shards_resumed, 0};
+    status = merged.status();
+  } else if (status.ok()) {
+    add_part_totals(job.record, &summary);
+  }
+  if (!status.ok()) {
+    if (started) discard_part(job);
+    if (!dir_existed) fs::remove(options.out_dir, ec);  // only if empty
+    return status;
+  }
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
 }
 

@@ -144,6 +144,14 @@ absl::StatusOr<int> unnamed_file_beside(const std::string& path, const char* suf
   return fd;
 }
 
+// A contiguous 1-D dataset without creation and modification times in its header, so
+// that the same documents make the same shard bytes (a resumed prepare relies on it).
+hid_t create_dataset(hid_t file, const char* name, hid_t file_type, hid_t space) {
+  H5Handle creation(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_obj_track_times(creation.get(), false);
+  return H5Dcreate2(file, name, file_type, space, H5P_DEFAULT, creation.get(), H5P_DEFAULT);
+}
+
 // Copies `count` elements of `width` bytes from the temporary file `spill_fd` into the
 // new contiguous 1-D dataset `name` of `file`.
 absl::Status copy_spill(hid_t file, int spill_fd, const char* name, hid_t file_type,
@@ -151,9 +159,7 @@ absl::Status copy_spill(hid_t file, int spill_fd, const char* name, hid_t file_t
   const hsize_t total = static_cast<hsize_t>(count);
   H5Handle space(H5Screate_simple(1, &total, nullptr), H5Sclose);
   errno = 0;
-  H5Handle dataset(
-      H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-      H5Dclose);
+  H5Handle dataset(create_dataset(file, name, file_type, space.get()), H5Dclose);
   if (!dataset.valid())
     return absl::DataLossError(absl::StrCat(path, ": cannot create /", name, ": ", errno_reason()));
   std::string block;
@@ -272,9 +278,7 @@ absl::Status ShardWriter::close() {
   const hsize_t offsets = doc_offsets_.size();
   H5Handle space(H5Screate_simple(1, &offsets, nullptr), H5Sclose);
   errno = 0;
-  H5Handle dataset(H5Dcreate2(file, "doc_offsets", H5T_STD_I64LE, space.get(), H5P_DEFAULT,
-                              H5P_DEFAULT, H5P_DEFAULT),
-                   H5Dclose);
+  H5Handle dataset(create_dataset(file, "doc_offsets", H5T_STD_I64LE, space.get()), H5Dclose);
   if (!dataset.valid() || H5Dwrite(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                                    doc_offsets_.data()) < 0)
     return absl::DataLossError(absl::StrCat(path_, ": cannot write doc_offsets: ", errno_reason()));

@@ -70,6 +70,20 @@ class TerminalDataProgress : public DataProgressSink {
   std::chrono::steady_clock::time_point last_{};
 };
 
+// "prepared DIR: train ... tokens, ... (... MB/s)"; `what` names the dataset or part.
+void print_summary(const std::string& what, const PrepareSummary& s) {
+  if (s.shards_resumed > 0)
+    std::printf("resumed: %lld shards were complete already\n",
+                static_cast<long long>(s.shards_resumed));
+  std::printf(
+      "prepared %s: train %lld tokens, %lld documents, %lld shards; val %lld tokens, %lld "
+      "documents, %lld shards; %.1f MB of text in %.1f s (%.2f MB/s)\n",
+      what.c_str(), static_cast<long long>(s.tokens[0]), static_cast<long long>(s.documents[0]),
+      static_cast<long long>(s.shards[0]), static_cast<long long>(s.tokens[1]),
+      static_cast<long long>(s.documents[1]), static_cast<long long>(s.shards[1]),
+      s.input_bytes / 1e6, s.seconds, s.input_bytes / 1e6 / std::max(s.seconds, 1e-9));
+}
+
 std::string special_ids_text(const SpecialTokenIds& s) {
   return absl::StrFormat("unk %d, bos %d, eos %d, pad %d", s.unk, s.bos, s.eos, s.pad);
 }
@@ -101,6 +115,13 @@ DataCommands::DataCommands(CLI::App& app) {
   prepare_->add_option("--chat-template", chat_template_,
                        "chat template (JSON, e.g. data/templates/mistral.json): the inputs are "
                        "JSON Lines conversations, trained on the template's loss roles only");
+  prepare_->add_option("--part", part_,
+                       "I/N: make part I of N (the inputs split by file) and leave the index "
+                       "to data merge-parts");
+
+  merge_parts_ = data_->add_subcommand(
+      "merge-parts", "check the parts that data prepare --part made and write their dataset's index");
+  merge_parts_->add_option("dir", out_, "dataset directory holding every part")->required();
 
   inspect_ = app.add_subcommand("inspect", "describe and validate a token dataset, a shard or a checkpoint, or describe a recipe's data blend");
   inspect_->add_option("path", inspect_path_, "dataset directory, .h5 shard, checkpoint (step_<N> or checkpoints directory), or recipe (.textproto: its data blend)")->required();
@@ -114,6 +135,7 @@ bool DataCommands::parsed() const { return data_->parsed() || inspect_->parsed()
 absl::Status DataCommands::run() {
   if (tokenizer_->parsed()) return run_tokenizer();
   if (prepare_->parsed()) return run_prepare();
+  if (merge_parts_->parsed()) return run_merge_parts();
   return run_inspect();
 }
 
@@ -138,16 +160,33 @@ absl::Status DataCommands::run_prepare() {
   options.text_field = text_field_;
   options.threads = threads_;
   options.chat_template = chat_template_;
+  if (!part_.empty()) {
+    SY_ASSIGN_OR_RETURN(options.part, parse_part_id(part_));
+  }
   TerminalDataProgress progress;
-  SY_ASSIGN_OR_RETURN(const PrepareSummary s, prepare_dataset(options, progress));
+  const absl::StatusOr<PrepareSummary> s = prepare_dataset(options, progress);
   progress.end_line();
-  std::printf(
-      "prepared %s: train %lld tokens, %lld documents, %lld shards; val %lld tokens, %lld "
-      "documents, %lld shards; %.1f MB of text in %.1f s (%.2f MB/s)\n",
-      out_.c_str(), static_cast<long long>(s.tokens[0]), static_cast<long long>(s.documents[0]),
-      static_cast<long long>(s.shards[0]), static_cast<long long>(s.tokens[1]),
-      static_cast<long long>(s.documents[1]), static_cast<long long>(s.shards[1]),
-      s.input_bytes / 1e6, s.seconds, s.input_bytes / 1e6 / std::max(s.seconds, 1e-9));
+  if (!s.ok()) return s.status();
+  print_summary(options.part ? absl::StrFormat("part %d/%d of %s", options.part->index,
+                                               options.part->count, out_)
+                             : out_,
+                *s);
+  if (options.part)
+    std::printf("when every part is prepared: switchyard data merge-parts %s\n", out_.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status DataCommands::run_merge_parts() {
+  TerminalDataProgress progress;
+  const absl::StatusOr<PrepareSummary> s = merge_parts(out_, progress);
+  progress.end_line();
+  if (!s.ok()) return s.status();
+  std::printf("merged %s: train %lld tokens, %lld documents, %lld shards; val %lld tokens, %lld "
+              "documents, %lld shards\n",
+              out_.c_str(), static_cast<long long>(s->tokens[0]),
+              static_cast<long long>(s->documents[0]), static_cast<long long>(s->shards[0]),
+              static_cast<long long>(s->tokens[1]), static_cast<long long>(s->documents[1]),
+              static_cast<long long>(s->shards[1]));
   return absl::OkStatus();
 }
 

@@ -2,7 +2,8 @@
 //   switchyard data tokenizer --input FILES... --vocab-size N [--model-type bpe|unigram] --out M
 //   switchyard data prepare --tokenizer M --input FILES... --out DIR [--val-fraction F]
 //                           [--shard-tokens N] [--text-field NAME] [--threads N]
-//                           [--chat-template TEMPLATE.json]
+//                           [--chat-template TEMPLATE.json] [--part I/N]
+//   switchyard data merge-parts DIR
 //   switchyard inspect PATH [--tokenizer M] [--sample-tokens N]
 // Wiring in main(): construct DataCommands on the app before parsing, then
 //   if (data_commands.parsed()) return report(data_commands.run());
@@ -29,11 +30,13 @@ class DataCommands {
  private:
   absl::Status run_tokenizer();
   absl::Status run_prepare();
+  absl::Status run_merge_parts();
   absl::Status run_inspect();
 
   CLI::App* data_ = nullptr;
   CLI::App* tokenizer_ = nullptr;
   CLI::App* prepare_ = nullptr;
+  CLI::App* merge_parts_ = nullptr;
   CLI::App* inspect_ = nullptr;
 
   std::vector<std::string> inputs_;
@@ -41,6 +44,7 @@ class DataCommands {
   std::string tokenizer_path_;
   std::string text_field_ = "text";
   std::string chat_template_;
+  std::string part_;
   int threads_ = 0;
   int64_t vocab_size_ = 0;
   std::string model_type_ = "bpe";

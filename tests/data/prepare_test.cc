@@ -63,7 +63,9 @@ DatasetOpenOptions expect_tokenizer(const std::string& sha256) {
 bool has_leftovers(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.ends_with(".h5") || name.ends_with(".partial") || name == "index.json") return true;
+    if (name.ends_with(".h5") || name.ends_with(".partial") || name == "index.json" ||
+        name.starts_with("part-"))
+      return true;
   }
   return false;
 }
