@@ -281,7 +281,9 @@ absl::Status start_part(PartJob& job) {
         job.record_path, ": a prepare made with other arguments, tokenizer, template or "
         "inputs (changed since) is in ", dir, "; rerun it as it was, or remove ", dir,
         " (or choose another --out) to start over"));
-  SY_RETURN_IF_ERROR(check_recorded_shards(dir, earlier));
+  // A finished part's shards are merge_parts' to check: an interrupted merge may have
+  // moved some to their dataset names.
+  if (!earlier.finished) SY_RETURN_IF_ERROR(check_recorded_shards(dir, earlier));
   job.record = std::move(earlier);
   job.resuming = true;
   return absl::OkStatus();
@@ -412,22 +414,21 @@ class PartRun {
       while (true) {
         const int s = is_val_document(job_.record.first_document + documents_,
                                       job_.options.val_fraction) ? 1 : 0;
-        int64_t bytes = 0;
         if (seen_[s] < done_[s]) {
           SY_ASSIGN_OR_RETURN(const bool more, skip_document(*reader, job_.chat));
-          bytes = more ? 1 : 0;
+          if (!more) break;
         } else {
           if (!encoding) start_encoding(files_bytes + reader->disk_bytes_read());
           encoding = true;
-          SY_ASSIGN_OR_RETURN(bytes, read_document(*reader, job_.chat, batch));
-          if (bytes > 0) batch.splits.push_back(static_cast<uint8_t>(s));
+          SY_ASSIGN_OR_RETURN(const int64_t bytes, read_document(*reader, job_.chat, batch));
+          if (bytes == 0) break;
+          batch.splits.push_back(static_cast<uint8_t>(s));
+          batch_bytes += bytes;
         }
-        if (bytes == 0) break;
         ++seen_[s];
         ++documents_;
         ++file_documents;
-        batch_bytes += bytes;
-        if (batch_bytes >= kBatchBytes && !batch.splits.empty()) {
+        if (batch_bytes >= kBatchBytes) {
           batch.bytes_done = files_bytes + reader->disk_bytes_read();
           SY_RETURN_IF_ERROR(launch(pool, threads, std::move(batch)));
           batch = TextBatch();
@@ -581,10 +582,13 @@ absl::StatusOr<PrepareSummary> prepare_dataset(const PrepareOptions& options,
   if (status.ok() && !job.record.finished) status = run_part(job, sink);
   if (status.ok() && !options.part) {
     absl::StatusOr<PrepareSummary> merged = merge_parts(options.out_dir, sink);
-    if (merged.ok()) summary = {summary.input_bytes, {merged->documents[0], merged->documents[1]},
-                                {merged->tokens[0], merged->tokens[1]},
-                                {merged->shards[0], merged->shards[1]}, summary.shards_resumed, 0};
     status = merged.status();
+    if (merged.ok()) {
+      const PrepareSummary part = summary;
+      summary = *merged;
+      summary.input_bytes = part.input_bytes;
+      summary.shards_resumed = part.shards_resumed;
+    }
   } else if (status.ok()) {
     add_part_totals(job.record, &summary);
   }

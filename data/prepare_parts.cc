@@ -99,7 +99,7 @@ bool is_val_document(int64_t i, double val_fraction) {
 }
 
 std::string fingerprint_of(const nlohmann::json& arguments) {
-  return sha256_hex(arguments.dump());
+  return sha256_hex(arguments.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 absl::StatusOr<PartRecord> read_part_record(const std::string& path) {

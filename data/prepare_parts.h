@@ -50,7 +50,7 @@ struct PartRecord {
   // What the output depends on, the same for every part of one prepare: the tokenizer's
   // and chat template's sha256, the options, and each input's path, size and mtime.
   nlohmann::json arguments;
-  std::string fingerprint;  // sha256 of arguments.dump()
+  std::string fingerprint;  // fingerprint_of(arguments)
   double val_fraction = 0;  // arguments' val_fraction
   std::string tokenizer_sha256;  // arguments' tokenizer_sha256
   int64_t first_document = 0;  // the part's first document, counting all inputs
@@ -59,6 +59,7 @@ struct PartRecord {
   std::vector<ShardEntry> shards[2];  // its complete shards of train and val, in order
 };
 
+// sha256 of the arguments as compact JSON (keys sorted; invalid UTF-8 replaced).
 std::string fingerprint_of(const nlohmann::json& arguments);
 // Checks types and ranges, that the fingerprint is the arguments', that every shard has
 // its part_shard_name and, once finished, that the shards hold its documents.

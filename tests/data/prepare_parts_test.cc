@@ -264,8 +264,14 @@ TEST_F(PreparePartsTest, MergeRefusesMissingForeignAndSwappedParts) {
   EXPECT_TRUE(IsOneLineWith(merge_error(dir), "split into 2 and into 3"));
   fs::remove(dir / "part-00000-of-00003.json");
 
+  // A merge interrupted after moving a shard to its dataset name is run again.
+  const int64_t train_shards =
+      static_cast<int64_t>(read_part_record(record0.string())->shards[0].size() +
+                           read_part_record(record1.string())->shards[0].size());
+  fs::rename(shard0, dir / shard_file_name("train", 0, train_shards));
   auto merged = merge_parts(dir, quiet_);
   ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ(merged->shards[0], train_shards);
   EXPECT_TRUE(TokenDataset::open(dir, "train", {}).ok());
   EXPECT_TRUE(IsOneLineWith(merge_error(dir), "already holds a dataset"));
 }
