@@ -610,8 +610,6 @@ absl::Status validate_data(const Recipe& recipe) {
     return invalid(absl::StrCat("train.eval_interval (", recipe.train().eval_interval(),
                                 ") needs data.val_fraction > 0 (nothing is held out)"));
   }
-  if (data.document_attention() && recipe.model().mla().kv_lora_rank() > 0)
-    return invalid("data.document_attention is not available with model.mla (latent attention)");
   return absl::OkStatus();
 }
 

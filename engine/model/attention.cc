@@ -66,13 +66,9 @@ Tensor rope_table_for(const config::ModelConfig& model, int64_t seq) {
 
 int64_t kv_cache_floats_per_position(const config::ModelConfig& model) {
   if (model.mla().kv_lora_rank() == 0) return 2 * int64_t{model.num_kv_heads()} * model.head_dim();
-  const config::MlaConfig& mla = model.mla();
-  const int64_t width = std::max(mla.qk_nope_head_dim() + mla.qk_rope_head_dim(), mla.v_head_dim());
-  return 2 * int64_t{model.num_heads()} * width;
+  return model.mla().kv_lora_rank() + model.mla().qk_rope_head_dim();
 }
 
-// q or k (batch, seq, heads, D) as the rotary kernels take it: with a row of the table
-// per position (documents), one sequence of batch * seq rows.
 Tensor rope_view(const Tensor& x, bool per_position) {
   return per_position ? x.reshape({1, x.dim(0) * x.dim(1), x.dim(2), x.dim(3)}) : x;
 }
@@ -187,8 +183,7 @@ Tensor Attention::project(Device& dev, const Tensor& x, Param* weight, Param* bi
 
 Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq,
                           const Tensor& rope, const Tensor& doc_starts) {
-  SY_CHECK_MSG(!latent_ || !doc_starts.defined(), "attention: latent attention takes no doc_starts");
-  if (latent_) return latent_->forward(dev, x, batch, seq, rope);
+  if (latent_) return latent_->forward(dev, x, batch, seq, rope, doc_starts);
   batch_ = batch;
   seq_ = seq;
   x_ = x;

@@ -24,7 +24,9 @@
 namespace switchyard {
 
 // One layer's keys and values of the positions generated so far: (positions, kv_heads,
-// head_dim) f32 each, on the host, filled from row 0.
+// head_dim) f32 each, on the host, filled from row 0. Latent attention holds its latent
+// instead (LatentAttention::decode): k (positions, kv_lora_rank), v (positions,
+// qk_rope_head_dim).
 struct KvCache {
   Tensor k, v;
 };
@@ -42,6 +44,10 @@ int64_t kv_cache_floats_per_position(const config::ModelConfig& model);
 // kernel's causal attention (kernels/cpu/attention.h) with the queries offset by `past`:
 // query i reads keys [0, past + i].
 void attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, int64_t past, Tensor& out);
+
+// q or k (batch, seq, heads, D) as the rotary kernels take it: with a row of the table
+// per position (documents), one sequence of batch * seq rows.
+Tensor rope_view(const Tensor& x, bool per_position);
 
 // Document-aware positions: for each position i of each window, the row of `table` (on
 // the host, (seq, head_dim/2, 2)) of its place in its document, i - doc_starts[b, i]

@@ -84,11 +84,10 @@ LatentAttention::LatentAttention(ParamStore& params, const std::string& prefix,
   heads_ = wkv_b_->shape[0] / (nope_ + v_dim_);
 }
 
-void LatentAttention::heads_forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq,
+Tensor LatentAttention::query_heads(Device& dev, const Tensor& x, int64_t batch, int64_t seq,
                                     const Tensor& rope) {
   const int64_t n = batch * seq;
   const DType dtype = x.dtype();
-  x_ = x;
   Tensor q;  // (n, heads * qk)
   if (wq_) {
     q = project(dev, x, *wq_);
@@ -99,42 +98,60 @@ void LatentAttention::heads_forward(Device& dev, const Tensor& x, int64_t batch,
     rmsnorm_forward(dev, cq_, q_norm_->value, eps_, cq_normed_, cq_rstd_);
     q = project(dev, cq_normed_, *wq_b_);
   }
+  const Tensor q_heads = q.reshape({n * heads_, qk_});
+  Tensor q_rot = activation(dev, {batch, seq, heads_, rope_}, dtype);
+  copy_columns(dev, q_heads, nope_, q_rot, 0, rope_);
+  Tensor q_rot_rows = rope_view(q_rot, doc_starts_.defined());
+  rope_forward(dev, rope, q_rot_rows);
+  const Shape full = {batch, seq, heads_, width_};
+  Tensor q_full = width_ > qk_ ? zeroed(dev, full, dtype) : activation(dev, full, dtype);
+  copy_columns(dev, q_heads, 0, q_full, 0, nope_);
+  copy_columns(dev, q_rot, 0, q_full, nope_, rope_);
+  scale_(dev, q_full, q_scale_);
+  return q_full;
+}
+
+Tensor LatentAttention::key_latent(Device& dev, const Tensor& x, int64_t batch, int64_t seq,
+                                   const Tensor& rope) {
+  const int64_t n = batch * seq;
+  const DType dtype = x.dtype();
   const Tensor latent = project(dev, x, *wkv_a_);  // (n, kv_rank + rope)
   c_ = activation(dev, {n, kv_rank_}, dtype);
   copy_columns(dev, latent, 0, c_, 0, kv_rank_);
   c_rstd_ = activation(dev, {n}, DType::kF32);
   c_normed_ = activation(dev, c_.shape(), dtype);
   rmsnorm_forward(dev, c_, kv_norm_->value, eps_, c_normed_, c_rstd_);
-  const Tensor kv = project(dev, c_normed_, *wkv_b_).reshape({n * heads_, nope_ + v_dim_});
-
   Tensor k_rot = activation(dev, {batch, seq, 1, rope_}, dtype);
   copy_columns(dev, latent, kv_rank_, k_rot, 0, rope_);
-  rope_forward(dev, rope, k_rot);
-  const Tensor q_heads = q.reshape({n * heads_, qk_});
-  Tensor q_rot = activation(dev, {batch, seq, heads_, rope_}, dtype);
-  copy_columns(dev, q_heads, nope_, q_rot, 0, rope_);
-  rope_forward(dev, rope, q_rot);
+  Tensor k_rot_rows = rope_view(k_rot, doc_starts_.defined());
+  rope_forward(dev, rope, k_rot_rows);
+  return k_rot.reshape({n, rope_});
+}
 
+void LatentAttention::key_value_heads(Device& dev, const Tensor& c_normed, const Tensor& k_rot,
+                                      int64_t batch, int64_t seq) {
+  const int64_t n = batch * seq;
+  const DType dtype = c_normed.dtype();
+  const Tensor kv = project(dev, c_normed, *wkv_b_).reshape({n * heads_, nope_ + v_dim_});
   const Shape full = {batch, seq, heads_, width_};
-  q_full_ = width_ > qk_ ? zeroed(dev, full, dtype) : activation(dev, full, dtype);
   k_full_ = width_ > qk_ ? zeroed(dev, full, dtype) : activation(dev, full, dtype);
   v_full_ = width_ > v_dim_ ? zeroed(dev, full, dtype) : activation(dev, full, dtype);
-  copy_columns(dev, q_heads, 0, q_full_, 0, nope_);
-  copy_columns(dev, q_rot, 0, q_full_, nope_, rope_);
-  scale_(dev, q_full_, q_scale_);
   copy_columns(dev, kv, 0, k_full_, 0, nope_);
   Tensor k_rows = k_full_.reshape({n, heads_ * width_});
-  const Tensor k_rot_rows = k_rot.reshape({n, rope_});
   for (int64_t h = 0; h < heads_; ++h)
-    copy_columns(dev, k_rot_rows, 0, k_rows, h * width_ + nope_, rope_);
+    copy_columns(dev, k_rot, 0, k_rows, h * width_ + nope_, rope_);
   copy_columns(dev, kv, nope_, v_full_, 0, v_dim_);
 }
 
 Tensor LatentAttention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq,
-                                const Tensor& rope) {
+                                const Tensor& rope, const Tensor& doc_starts) {
   batch_ = batch;
   seq_ = seq;
-  heads_forward(dev, x, batch, seq, rope);
+  x_ = x;
+  doc_starts_ = doc_starts;
+  q_full_ = query_heads(dev, x, batch, seq, rope);
+  const Tensor k_rot = key_latent(dev, x, batch, seq, rope);
+  key_value_heads(dev, c_normed_, k_rot, batch, seq);
   core_forward(dev);
   Tensor y = project(dev, attn_out_, *wo_);
   if (recompute_core_) out_full_ = lse_ = attn_out_ = Tensor();
@@ -147,7 +164,7 @@ void LatentAttention::core_forward(Device& dev) {
   const DType dtype = q_full_.dtype();
   out_full_ = activation(dev, q_full_.shape(), dtype);
   lse_ = activation(dev, {batch_, heads_, seq_}, DType::kF32);
-  attention_forward(dev, q_full_, k_full_, v_full_, out_full_, lse_);
+  attention_forward(dev, q_full_, k_full_, v_full_, out_full_, lse_, doc_starts_);
   attn_out_ = activation(dev, {n, heads_ * v_dim_}, dtype);
   Tensor attn_heads = attn_out_.reshape({n * heads_, v_dim_});
   copy_columns(dev, out_full_, 0, attn_heads, 0, v_dim_);
@@ -198,7 +215,7 @@ Tensor LatentAttention::backward(Device& dev, const Tensor& dy, const Tensor& ro
   Tensor dk_full = activation(dev, full, dtype);
   Tensor dv_full = activation(dev, full, dtype);
   attention_backward(dev, dout, q_full_, k_full_, v_full_, out_full_, lse_, dq_full, dk_full,
-                     dv_full);
+                     dv_full, doc_starts_);
   scale_(dev, dq_full, q_scale_);
 
   // Queries: the position-free channels as they are, the rotary ones rotated back.
@@ -207,7 +224,8 @@ Tensor LatentAttention::backward(Device& dev, const Tensor& dy, const Tensor& ro
   copy_columns(dev, dq_full, 0, dq_heads, 0, nope_);
   Tensor dq_rot = activation(dev, {batch_, seq_, heads_, rope_}, dtype);
   copy_columns(dev, dq_full, nope_, dq_rot, 0, rope_);
-  rope_backward(dev, rope, dq_rot);
+  Tensor dq_rot_rows = rope_view(dq_rot, doc_starts_.defined());
+  rope_backward(dev, rope, dq_rot_rows);
   copy_columns(dev, dq_rot, 0, dq_heads, nope_, rope_);
 
   // Keys and values: kv_b_proj's output gradient; the shared rotary key sums its heads.
@@ -220,7 +238,8 @@ Tensor LatentAttention::backward(Device& dev, const Tensor& dy, const Tensor& ro
   const Tensor dk_rows = dk_full.reshape({n, heads_ * width_});
   for (int64_t h = 0; h < heads_; ++h)
     add_columns(dev, dk_rows, h * width_ + nope_, dk_rot_rows, 0, rope_);
-  rope_backward(dev, rope, dk_rot);
+  Tensor dk_rot_view = rope_view(dk_rot, doc_starts_.defined());
+  rope_backward(dev, rope, dk_rot_view);
 
   // One buffer of the latents' gradients: [query latent | key/value latent | rotary key].
   Tensor latent_grad = activation(dev, {n, q_rank_ + kv_rank_ + rope_}, dtype);
@@ -237,20 +256,25 @@ Tensor LatentAttention::backward(Device& dev, const Tensor& dy, const Tensor& ro
 }
 
 KvCache LatentAttention::empty_cache(int64_t positions) const {
-  return {Tensor::zeros({positions, heads_, width_}), Tensor::zeros({positions, heads_, width_})};
+  return {Tensor::zeros({positions, kv_rank_}), Tensor::zeros({positions, rope_})};
 }
 
 Tensor LatentAttention::decode(Device& dev, const Tensor& x, int64_t past, const Tensor& rope,
                                KvCache& cache) {
   SY_CHECK_MSG(!dev.is_cuda() && x.dtype() == DType::kF32 && !tp_,
                "attention decode runs on the CPU in f32 on one rank");
-  const int64_t n = x.rows();
-  SY_CHECK_MSG(past >= 0 && past + n <= cache.k.dim(0), "attention decode: the cache is full");
-  heads_forward(dev, x, 1, n, rope.slice_rows(past, past + n));
-  cache.k.slice_rows(past, past + n).copy_from(k_full_.reshape({n, heads_, width_}));
-  cache.v.slice_rows(past, past + n).copy_from(v_full_.reshape({n, heads_, width_}));
+  const int64_t n = x.rows(), positions = past + n;
+  SY_CHECK_MSG(past >= 0 && positions <= cache.k.dim(0), "attention decode: the cache is full");
+  doc_starts_ = Tensor();
+  const Tensor rope_rows = rope.slice_rows(past, positions);
+  const Tensor q_full = query_heads(dev, x, 1, n, rope_rows);
+  cache.v.slice_rows(past, positions).copy_from(key_latent(dev, x, 1, n, rope_rows));
+  cache.k.slice_rows(past, positions).copy_from(c_normed_);
+  key_value_heads(dev, cache.k.slice_rows(0, positions), cache.v.slice_rows(0, positions), 1,
+                  positions);
   Tensor out = activation(dev, {n, heads_, width_}, DType::kF32);
-  attend_cached(q_full_.reshape({n, heads_, width_}), cache.k, cache.v, past, out);
+  attend_cached(q_full.reshape({n, heads_, width_}), k_full_.reshape({positions, heads_, width_}),
+                v_full_.reshape({positions, heads_, width_}), past, out);
   Tensor attn = activation(dev, {n, heads_ * v_dim_}, DType::kF32);
   Tensor attn_heads = attn.reshape({n * heads_, v_dim_});
   copy_columns(dev, out, 0, attn_heads, 0, v_dim_);
@@ -260,7 +284,7 @@ Tensor LatentAttention::decode(Device& dev, const Tensor& x, int64_t past, const
 
 void LatentAttention::discard() {
   x_ = cq_ = cq_rstd_ = cq_normed_ = c_ = c_rstd_ = c_normed_ = Tensor();
-  q_full_ = k_full_ = v_full_ = out_full_ = lse_ = attn_out_ = Tensor();
+  q_full_ = k_full_ = v_full_ = out_full_ = lse_ = attn_out_ = doc_starts_ = Tensor();
 }
 
 LatentAttention::Saved LatentAttention::stash() {
@@ -280,6 +304,7 @@ LatentAttention::Saved LatentAttention::stash() {
   s.out_full = std::exchange(out_full_, Tensor());
   s.lse = std::exchange(lse_, Tensor());
   s.attn_out = std::exchange(attn_out_, Tensor());
+  s.doc_starts = std::exchange(doc_starts_, Tensor());
   return s;
 }
 
@@ -299,6 +324,7 @@ void LatentAttention::restore(Saved&& s) {
   out_full_ = std::move(s.out_full);
   lse_ = std::move(s.lse);
   attn_out_ = std::move(s.attn_out);
+  doc_starts_ = std::move(s.doc_starts);
 }
 
 }  // namespace switchyard

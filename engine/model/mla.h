@@ -38,9 +38,14 @@ class LatentAttention {
   LatentAttention(ParamStore& params, const std::string& prefix, const config::ModelConfig& model,
                   Communicator* tensor_parallel);
   // x: (batch * seq, hidden) normalised input; rope: (>= seq, rope_dim / 2, 2) table.
-  Tensor forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
+  // With doc_starts, as Attention::forward: each query attends within its document, and
+  // rope has a row per position (document_rope_table).
+  Tensor forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope,
+                 const Tensor& doc_starts = Tensor());
   Tensor backward(Device& dev, const Tensor& dy, const Tensor& rope);
-  // As Attention::decode; the cache holds every head's padded key and value.
+  // As Attention::decode; the cache holds each position's normalised key/value latent
+  // (cache.k, kv_lora_rank floats) and rotated rotary key (cache.v, qk_rope_head_dim),
+  // which every step expands through kv_b_proj into the heads' keys and values.
   Tensor decode(Device& dev, const Tensor& x, int64_t past, const Tensor& rope, KvCache& cache);
   KvCache empty_cache(int64_t positions) const;
   // Selective recomputation: forward keeps the per-head operands but not the core's
@@ -48,20 +53,27 @@ class LatentAttention {
   void set_recompute_core(bool recompute) { recompute_core_ = recompute; }
   // Drops everything forward saved for backward.
   void discard();
-
   // What forward saved, moved out (leaving the module as after discard()) and back, so
   // that several micro-batches can wait for their backward (pipeline schedules).
   struct Saved {
     int64_t batch = 0, seq = 0;
     Tensor x, cq, cq_rstd, cq_normed, c, c_rstd, c_normed;
-    Tensor q_full, k_full, v_full, out_full, lse, attn_out;
+    Tensor q_full, k_full, v_full, out_full, lse, attn_out, doc_starts;
   };
   Saved stash();
   void restore(Saved&& saved);
+
  private:
-  // The per-head operands q_full_, k_full_, v_full_ (batch, seq, heads, D) of x, saving
-  // the latents for backward.
-  void heads_forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
+  // The per-head queries (batch, seq, heads, D) of x: [q_nope, rope(q_rot)], zero-padded
+  // and scaled by q_scale_; saves the query latent for backward.
+  Tensor query_heads(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
+  // The key/value latent of x: saves c_, c_rstd_ and c_normed_ (n, kv_rank) and returns
+  // the rotated rotary key (n, rope).
+  Tensor key_latent(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
+  // The per-head keys and values k_full_, v_full_ (batch, seq, heads, D) of the normalised
+  // latent (n, kv_rank) and the rotary key (n, rope) every head shares.
+  void key_value_heads(Device& dev, const Tensor& c_normed, const Tensor& k_rot, int64_t batch,
+                       int64_t seq);
   // The core: softmax(q k^T) v of the per-head operands into out_full_, lse_, attn_out_.
   void core_forward(Device& dev);
   // The query projection's gradient dq (n, heads * qk) into the latent gradient buffer
@@ -89,6 +101,7 @@ class LatentAttention {
   Tensor q_full_, k_full_, v_full_;   // (batch, seq, heads, D)
   Tensor out_full_, lse_;             // the core's output (batch, seq, heads, D) and lse
   Tensor attn_out_;                   // (n, heads * v_dim)
+  Tensor doc_starts_;                 // (batch, seq) i32, or undefined without documents
 };
 
 }  // namespace switchyard

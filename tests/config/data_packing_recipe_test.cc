@@ -43,20 +43,13 @@ TEST(DataPackingRecipe, OverridesSetBoth) {
   EXPECT_EQ(recipe->data().packing(), PAD);
 }
 
-TEST(DataPackingRecipe, LatentAttentionRefusesDocumentAttention) {
-  const std::vector<std::string> mla = {"model.mla.kv_lora_rank=16",
-                                        "model.mla.qk_nope_head_dim=16",
-                                        "model.mla.qk_rope_head_dim=8", "model.mla.v_head_dim=16"};
-  ASSERT_TRUE(load_with(mla).ok()) << load_with(mla).status();
-  std::vector<std::string> both = mla;
-  both.push_back("data.document_attention=true");
+TEST(DataPackingRecipe, LatentAttentionTakesDocumentAttention) {
+  const std::vector<std::string> both = {
+      "model.mla.kv_lora_rank=16", "model.mla.qk_nope_head_dim=16", "model.mla.qk_rope_head_dim=8",
+      "model.mla.v_head_dim=16", "data.document_attention=true"};
   const absl::StatusOr<Recipe> recipe = load_with(both);
-  ASSERT_FALSE(recipe.ok());
-  const std::string message(recipe.status().message());
-  EXPECT_NE(message.find("data.document_attention is not available with model.mla"),
-            std::string::npos)
-      << message;
-  EXPECT_EQ(message.find('\n'), std::string::npos);
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_TRUE(recipe->data().document_attention());
 }
 
 }  // namespace

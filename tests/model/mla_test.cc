@@ -2,8 +2,8 @@
 // implementation of its definition; the whole model's gradients against finite
 // differences with a query latent and without, with values narrower and wider than the
 // query/key heads, selective recomputation, sigmoid group-limited routing, shared experts
-// and a dense first layer; and generation with the KV cache against recomputing the
-// prefix.
+// and a dense first layer, with documents (data.document_attention) and without; and
+// generation with the latent KV cache against recomputing the prefix.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -165,12 +165,52 @@ TEST_P(MlaLayerTest, ForwardMatchesTheDefinition) {
   }
 }
 
+// With document starts each document gets the output it gets alone: its positions
+// restart at 0 and it attends to nothing before its start.
+TEST_P(MlaLayerTest, DocumentsMatchTheDefinitionRunOnEachDocument) {
+  const config::Recipe recipe = recipe_with(GetParam());
+  ParamStore params;
+  Attention attention(params, "a.", recipe.model());
+  params.allocate(cpu_device());
+  params.initialize(4);
+  perturb_norms(params);
+  const int64_t batch = 2, seq = 9, H = recipe.model().hidden_size();
+  const std::vector<std::vector<int64_t>> lengths = {{4, 1, 4}, {2, 7}};
+  Tensor starts = Tensor::empty({batch, seq}, DType::kI32);
+  for (int64_t b = 0, i = 0; b < batch; ++b) {
+    int64_t begin = 0;
+    for (const int64_t len : lengths[b]) {
+      for (int64_t t = 0; t < len; ++t, ++i) starts.data<int32_t>()[i] = static_cast<int32_t>(begin);
+      begin += len;
+    }
+  }
+  Tensor x = Tensor::empty({batch * seq, H});
+  Rng data(8);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(data.normal());
+  const Tensor rope = document_rope_table(rope_table_for(recipe.model(), seq), starts);
+  const Tensor y = attention.forward(cpu_device(), x, batch, seq, rope, starts);
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t begin = 0;
+    for (const int64_t len : lengths[b]) {
+      const float* xd = x.data<float>() + (b * seq + begin) * H;
+      const auto expected = reference_layer(params, "a.", recipe.model(),
+                                            std::vector<double>(xd, xd + len * H), len);
+      for (int64_t i = 0; i < len * H; ++i)
+        ASSERT_NEAR(y.data<float>()[(b * seq + begin) * H + i], expected[i],
+                    1e-4 * (1 + std::abs(expected[i])))
+            << "batch " << b << " document at " << begin << " element " << i;
+      begin += len;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, MlaLayerTest,
                          ::testing::Values(kWithQueryLatent, kWideValues));
 
 struct GradCase {
   std::string mla;
   std::string train;
+  bool documents = false;  // windows of several documents (data.document_attention)
 };
 
 class MlaGradTest : public ::testing::TestWithParam<GradCase> {};
@@ -188,9 +228,16 @@ TEST_P(MlaGradTest, BackwardMatchesFiniteDifferences) {
     ids.data<int32_t>()[i] = static_cast<int32_t>(data.below(kVocab));
     targets.data<int32_t>()[i] = i % 7 == 6 ? -1 : static_cast<int32_t>(data.below(kVocab));
   }
+  // Documents of 2, 1 and 4 tokens in the first window, 3 and 4 in the second.
+  Tensor starts;
+  if (GetParam().documents) {
+    starts = Tensor::empty({2, 7}, DType::kI32);
+    const int32_t values[14] = {0, 0, 2, 3, 3, 3, 3, 0, 0, 0, 3, 3, 3, 3};
+    std::copy(values, values + 14, starts.data<int32_t>());
+  }
   auto loss = [&]() {
     Rng rng(0);
-    return model.forward(cpu_device(), ids, targets, false, rng).total;
+    return model.forward(cpu_device(), ids, targets, false, rng, nullptr, starts).total;
   };
   loss();
   model.backward(cpu_device(), 1.0f);
@@ -224,7 +271,9 @@ TEST_P(MlaGradTest, BackwardMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Shapes, MlaGradTest,
                          ::testing::Values(GradCase{kWithQueryLatent, ""},
                                            GradCase{kWideValues, ""},
-                                           GradCase{kWithQueryLatent, "recompute: SELECTIVE"}));
+                                           GradCase{kWithQueryLatent, "recompute: SELECTIVE"},
+                                           GradCase{kWithQueryLatent, "", true},
+                                           GradCase{kWideValues, "recompute: SELECTIVE", true}));
 
 TEST(MlaDecode, CachedGenerationEqualsRecomputingThePrefix) {
   const config::Recipe recipe = recipe_with(kWithQueryLatent);
@@ -235,8 +284,12 @@ TEST(MlaDecode, CachedGenerationEqualsRecomputingThePrefix) {
   refresh_working_copies(cpu_device(), params);
   std::vector<int32_t> ids = {3, 17, 42, 8, 33};
   DecodeCache cache = model.start_decoding(24);
+  // Each layer caches the latent (10) and the rotary key (4) per position, not the
+  // heads' padded keys and values (2 x 4 heads x 10).
+  EXPECT_EQ(model.decode_cache_bytes(24), 2.0 * 24 * (10 + 4) * sizeof(float));
   EXPECT_EQ(model.decode_cache_bytes(24),
-            static_cast<double>(2 * cache.layers[0].k.nbytes() * cache.layers.size()));
+            static_cast<double>((cache.layers[0].k.nbytes() + cache.layers[0].v.nbytes()) *
+                                cache.layers.size()));
   Tensor cached = model.decode(cpu_device(), ids, cache);
   for (int step = 0; step < 12; ++step) {
     const int64_t len = static_cast<int64_t>(ids.size());

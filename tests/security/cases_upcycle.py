@@ -76,7 +76,7 @@ CASES = [
     Case("upcycle-llama-rope-scaling", "HF config.json (dense)", "Llama 3's rope_scaling llama3",
          _upcycle("--experts", "4", "--top-k", "2",
                   edit=lambda c: c.update(rope_scaling={"rope_type": "llama3", "factor": 8.0})),
-         "rope_scaling is set"),
+         'rope_scaling.rope_type "llama3"'),
     Case("upcycle-missing-ffn", "HF config.json (dense)",
          "the Mixtral export's config relabelled llama, its expert tensors kept",
          _upcycle("--experts", "4", "--top-k", "2",
