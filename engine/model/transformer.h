@@ -58,7 +58,8 @@ struct ModelChunk {
 class Transformer {
  public:
   // Registers every parameter of `chunk` in `params` (allocation is the caller's), under
-  // the whole model's names and ZeRO units (set_param_hooks). A chunk of part of the model
+  // the whole model's names and ZeRO units (set_param_hooks); chunks built in depth order
+  // may share one ParamStore (a stage's interleaved chunks). A chunk of part of the model
   // needs untied embeddings and, with an aux-loss coefficient, moe.aux_loss_per_layer:
   // the all-layer formula couples every layer's routing (recipe validation refuses both).
   Transformer(const config::Recipe& recipe, ParamStore& params, ModelParallel parallel = {},
@@ -147,6 +148,8 @@ class Transformer {
   // Units: 0 the embedding, 1 + i block i, num_layers + 1 the final norm and LM head.
   void set_param_hooks(ParamHooks* hooks) { hooks_ = hooks; }
 
+  // The last forward's routing statistics, of this chunk's MoE layers (RouterStats::merge
+  // joins a micro-batch's chunks into the whole model's).
   const RouterStats& router_stats() const { return stats_; }
   bool has_moe() const { return num_moe_layers_ > 0; }
   // The MoE layers in depth order; their last_routing() describes the last forward.

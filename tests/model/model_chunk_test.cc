@@ -109,6 +109,38 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::ValuesIn(std::begin(pipeline_test::kCases), std::end(pipeline_test::kCases)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// A stage's interleaved chunks (layers 0-1 and 3-4 here) share one ParamStore, under the
+// whole model's units, and give the whole model's gradients.
+TEST(ModelChunk, InterleavedChunksShareOneStore) {
+  const config::Recipe recipe = recipe_of(pipeline_test::kCases[0]);
+  const pipeline_test::MicroBatch mb = pipeline_test::micro_batch(5, false);
+  const Rng rng(4);
+  Built whole = build(recipe, {});
+  whole.model->forward(cpu_device(), mb.ids, mb.targets, /*training=*/true, rng);
+  whole.model->backward(cpu_device(), 1.0f);
+
+  ParamStore shared;
+  Transformer first(recipe, shared, ModelParallel{}, {0, 2});
+  Transformer last(recipe, shared, ModelParallel{}, {3, 2});
+  shared.allocate(cpu_device());
+  shared.initialize(5);
+  pipeline_test::perturb_norms(shared);
+  refresh_working_copies(cpu_device(), shared);
+  Built middle = build(recipe, {2, 1});
+  const Tensor h0 = first.forward_chunk(cpu_device(), Tensor(), mb.ids, mb.targets, rng).hidden;
+  const Tensor h1 = middle.model->forward_chunk(cpu_device(), h0, mb.ids, mb.targets, rng).hidden;
+  last.forward_chunk(cpu_device(), h1, mb.ids, mb.targets, rng);
+  const Tensor g1 = last.backward_chunk(cpu_device(), Tensor(), 1.0f);
+  first.backward_chunk(cpu_device(), middle.model->backward_chunk(cpu_device(), g1, 1.0f), 1.0f);
+  EXPECT_EQ(shared.num_units(), kLayers + 2);
+  for (const Param& p : shared.params()) {
+    const Param* w = whole.params->find(p.name);
+    ASSERT_NE(w, nullptr) << p.name;
+    EXPECT_EQ(p.unit, w->unit) << p.name;
+    EXPECT_TRUE(pipeline_test::same_bits(p.grad, w->grad)) << p.name;
+  }
+}
+
 // An evaluation pass through the chunks gives the whole model's evaluation losses.
 TEST(ModelChunk, EvaluationThroughTheChunks) {
   const config::Recipe recipe = recipe_of(pipeline_test::kCases[5]);
