@@ -12,9 +12,15 @@ Runs, in order:
   4. the loader reads shuffled windows of the prepared train split (tests/data token_tool);
   5. `switchyard train` runs recipes/tiny.textproto (its vocabulary widened to the
      tokenizer's) on the prepared dataset for --train-steps steps, and the mean tokens/s of
-     its logged steps after the first is taken as the trainer's consumption.
+     its logged steps after the first is taken as the trainer's consumption;
+  6. parts: the same text as --parts files, prepared by one process (--threads) and by
+     --parts `data prepare --part I/N` processes at once (--threads / --parts each) and
+     `data merge-parts`, both timed whole and checked to hold the same tokens; and the
+     rate at which a part reads the files before its own without encoding them (`data
+     prepare --part 1/2` of the whole text and one copy of the corpus, timed whole, so a
+     lower bound).
 Prints MB/s for both encoders, their ratio, tokens/s of prepare, the loader and the
-trainer; optionally writes JSON.
+trainer, and the parts' figures; optionally writes JSON.
 Both encoders must produce the same ids, which the script checks (h5py reads the shards).
 
 Run with the project Python environment, e.g.
@@ -48,6 +54,7 @@ def parse_args():
     p.add_argument("--seq", type=int, default=1024, help="loader window length")
     p.add_argument("--global-batch", type=int, default=32, help="loader windows per step")
     p.add_argument("--train-steps", type=int, default=20, help="steps of the tiny recipe")
+    p.add_argument("--parts", type=int, default=2, help="--part processes to compare")
     p.add_argument("--json", help="also write the results here")
     return p.parse_args()
 
@@ -85,6 +92,46 @@ def train_consumption(args, tmp):
     logged = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     rates = [m["tokens_per_s"] for m in logged if "tokens_per_s" in m][1:]
     return sum(rates) / len(rates)
+
+
+def train_tokens(directory):
+    index = json.loads((directory / "index.json").read_text())
+    return np.concatenate([h5py.File(directory / e["file"], "r")["tokens"][:]
+                           for e in index["splits"]["train"]])
+
+
+def parts_figures(args, tmp, model, corpus, repeats):
+    """Seconds of one process and of --parts processes (with the merge) on the text as
+    --parts files, and the MB/s of counting (reading without encoding) the whole text."""
+    files = []
+    for k in range(args.parts):
+        copies = repeats * (k + 1) // args.parts - repeats * k // args.parts
+        files.append(tmp / f"part{k}.txt")
+        files[-1].write_text("\n\n".join([corpus.rstrip("\n")] * max(1, copies)) + "\n")
+    common = ["--tokenizer", model, "--val-fraction", 0, "--input", *files]
+    start = time.perf_counter()
+    run(args.switchyard, "data", "prepare", *common, "--out", tmp / "one", "--threads", args.threads)
+    one_s = time.perf_counter() - start
+    threads = max(1, args.threads // args.parts)
+    start = time.perf_counter()
+    children = [subprocess.Popen([str(c) for c in [args.switchyard, "data", "prepare", *common,
+                                  "--out", tmp / "parts", "--threads", threads,
+                                  "--part", f"{i}/{args.parts}"]],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                for i in range(args.parts)]
+    for child in children:
+        if child.wait() != 0:
+            raise SystemExit(f"a --part process failed:\n{child.stderr.read()}")
+    run(args.switchyard, "data", "merge-parts", tmp / "parts")
+    parts_s = time.perf_counter() - start
+    if not np.array_equal(train_tokens(tmp / "one"), train_tokens(tmp / "parts")):
+        raise SystemExit("the merged parts' tokens differ from one process's")
+    start = time.perf_counter()
+    run(args.switchyard, "data", "prepare", "--tokenizer", model, "--val-fraction", 0,
+        "--input", tmp / "input.txt", CORPUS, "--out", tmp / "count", "--threads", args.threads,
+        "--part", "1/2")
+    count_s = time.perf_counter() - start
+    return one_s, parts_s, (tmp / "input.txt").stat().st_size / 1e6 / count_s
 
 
 def main():
@@ -125,6 +172,7 @@ def main():
         loader = json.loads(run(args.token_tool, "bench-loader", tmp / "dataset", args.seq,
                                 args.global_batch, steps))
         trainer_tokens_per_s = train_consumption(args, tmp)
+        one_s, parts_s, count_mb_per_s = parts_figures(args, tmp, model, corpus, repeats)
 
     results = {
         "megabytes": round(megabytes, 2),
@@ -142,6 +190,12 @@ def main():
         "engine_prepare_tokens_per_s": round(engine_tokens / engine_s),
         "trainer_tokens_per_s": round(trainer_tokens_per_s),
         "ratio_prepare_over_trainer": round(engine_tokens / engine_s / trainer_tokens_per_s, 1),
+        "parts": args.parts,
+        "one_process_s": round(one_s, 3),
+        "parts_with_merge_s": round(parts_s, 3),
+        "ratio_one_process_over_parts": round(one_s / parts_s, 3),
+        "count_mb_per_s_at_least": round(count_mb_per_s, 1),
+        "ratio_count_over_prepare_at_least": round(count_mb_per_s / (megabytes / engine_s), 1),
     }
     print(f"prepare {megabytes:.1f} MB, {engine_tokens} tokens, {args.threads} threads, "
           f"vocab {args.vocab_size}")
@@ -153,6 +207,10 @@ def main():
     print(f"prepare {results['engine_prepare_tokens_per_s'] / 1e6:.2f}M tokens/s, the tiny "
           f"recipe's training {results['trainer_tokens_per_s']} tokens/s: "
           f"{results['ratio_prepare_over_trainer']}x")
+    print(f"{args.parts} files: one process {one_s:.2f} s, {args.parts} --part processes and "
+          f"merge-parts {parts_s:.2f} s: {results['ratio_one_process_over_parts']}x")
+    print(f"a part counting the documents before its own (read, not encoded): at least "
+          f"{count_mb_per_s:.1f} MB/s, {results['ratio_count_over_prepare_at_least']}x prepare's")
     print(json.dumps(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
