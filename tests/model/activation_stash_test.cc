@@ -80,7 +80,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(pipeline_test::kCases[0], pipeline_test::kCases[1], pipeline_test::kCases[2],
                       pipeline_test::kCases[3], pipeline_test::kCases[4], pipeline_test::kCases[5],
                       Case{"all_layer_aux", "first_dense_layers: 1",
-                           "num_experts: 4 top_k: 2 aux_loss_coef: 0.1 z_loss_coef: 0.01", "", false}),
+                           "num_experts: 4 top_k: 2 aux_loss_coef: 0.1 z_loss_coef: 0.01", "",
+                           false}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 TEST(ActivationStash, StashLeavesTheModelAsBeforeAForward) {

@@ -51,9 +51,8 @@ TEST_P(ModelChunkTest, ChunksGiveTheWholeModelBitForBit) {
   const Rng rng(21);
 
   Built whole = build(recipe, {});
-  const LossParts expected =
-      whole.model->forward(cpu_device(), mb.ids, mb.targets, /*training=*/true, rng, nullptr,
-                           mb.doc_starts);
+  const LossParts expected = whole.model->forward(cpu_device(), mb.ids, mb.targets,
+                                                  /*training=*/true, rng, nullptr, mb.doc_starts);
   whole.model->backward(cpu_device(), 0.5f);
 
   std::vector<Built> chunks;
@@ -104,10 +103,12 @@ TEST_P(ModelChunkTest, ChunksGiveTheWholeModelBitForBit) {
   for (const auto& [name, count] : held) EXPECT_EQ(count, 1) << name;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, ModelChunkTest,
-    ::testing::ValuesIn(std::begin(pipeline_test::kCases), std::end(pipeline_test::kCases)),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Models, ModelChunkTest,
+                         ::testing::ValuesIn(std::begin(pipeline_test::kCases),
+                                             std::end(pipeline_test::kCases)),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 // A stage's interleaved chunks (layers 0-1 and 3-4 here) share one ParamStore, under the
 // whole model's units, and give the whole model's gradients.
@@ -249,21 +250,24 @@ TEST(ModelChunk, RecipesRefuseTheAllLayerAuxLossWithStages) {
     const auto recipe = config::parse_recipe(R"(
       name: "stages"
       model { vocab_size: 64 hidden_size: 16 num_layers: 4 num_heads: 4 }
-      moe { num_experts: 4 top_k: 2 expert_ffn_hidden_size: 12 )" + moe + R"( }
+      moe { num_experts: 4 top_k: 2 expert_ffn_hidden_size: 12 )" +
+                                                 moe + R"( }
       optimizer { lr: 1e-3 }
       train { global_batch_size: 4 micro_batch_size: 1 seq_len: 12 steps: 1 }
       data { dataset: "dataset" }
       parallel { pipeline_parallel_size: 2 }
-    )", "stages");
+    )",
+                                             "stages");
     return recipe.ok() ? config::validate_recipe(*recipe) : recipe.status();
   };
   EXPECT_TRUE(validate("aux_loss_coef: 0.01 aux_loss_per_layer: true").ok())
       << validate("aux_loss_coef: 0.01 aux_loss_per_layer: true");
   EXPECT_TRUE(validate("").ok());
   const absl::Status refused = validate("aux_loss_coef: 0.01");
-  EXPECT_NE(std::string(refused.message())
-                .find("moe.aux_loss_per_layer false needs parallel.pipeline_parallel_size 1 (not 2)"),
-            std::string::npos)
+  EXPECT_NE(
+      std::string(refused.message())
+          .find("moe.aux_loss_per_layer false needs parallel.pipeline_parallel_size 1 (not 2)"),
+      std::string::npos)
       << refused;
   EXPECT_EQ(std::string(refused.message()).find('\n'), std::string::npos);
 }

@@ -18,9 +18,9 @@ inline constexpr int64_t kSeq = 12;
 
 struct Case {
   std::string name;
-  std::string model;  // extra model fields
-  std::string moe;    // the moe section's fields
-  std::string train;  // extra train fields
+  std::string model;       // extra model fields
+  std::string moe;         // the moe section's fields
+  std::string train;       // extra train fields
   bool documents = false;  // document attention (doc_starts)
 };
 
@@ -30,9 +30,11 @@ inline config::Recipe recipe_for(const Case& c, int layers) {
     model { vocab_size: 64 hidden_size: 16 num_heads: 4 num_kv_heads: 2 rope_theta: 100
             norm_eps: 1e-5 ffn_hidden_size: 24 init_std: 0.3 num_layers: )" +
                            std::to_string(layers) + " " + c.model + R"( }
-    moe { expert_ffn_hidden_size: 12 )" + c.moe + R"( }
+    moe { expert_ffn_hidden_size: 12 )" +
+                           c.moe + R"( }
     optimizer { lr: 1e-3 }
-    train { global_batch_size: 4 seq_len: 12 steps: 1 )" + c.train + R"( }
+    train { global_batch_size: 4 seq_len: 12 steps: 1 )" +
+                           c.train + R"( }
   )";
   auto recipe = config::parse_recipe(text, "pipeline");
   SY_CHECK_MSG(recipe.ok(), std::string(recipe.status().message()).c_str());
@@ -46,8 +48,8 @@ struct MicroBatch {
 };
 
 inline MicroBatch micro_batch(uint64_t seed, bool documents) {
-  MicroBatch m{Tensor::empty({kBatch, kSeq}, DType::kI32), Tensor::empty({kBatch, kSeq}, DType::kI32),
-               Tensor()};
+  MicroBatch m{Tensor::empty({kBatch, kSeq}, DType::kI32),
+               Tensor::empty({kBatch, kSeq}, DType::kI32), Tensor()};
   Rng data(seed);
   for (int64_t i = 0; i < m.ids.numel(); ++i) {
     m.ids.data<int32_t>()[i] = static_cast<int32_t>(data.below(kVocab));
@@ -88,7 +90,8 @@ inline const Case kCases[] = {
     {"dense_moe", "first_dense_layers: 1 qk_norm: true",
      "num_experts: 4 top_k: 2 gating: TOPK_SOFTMAX aux_loss_coef: 0.1 z_loss_coef: 0.01 "
      "aux_loss_per_layer: true num_shared_experts: 1 shared_expert_ffn_hidden_size: 8 "
-     "shared_expert_gate: true", "", false},
+     "shared_expert_gate: true",
+     "", false},
     {"selective", "first_dense_layers: 1",
      "num_experts: 4 top_k: 2 aux_loss_coef: 0.1 aux_loss_per_layer: true z_loss_coef: 0.01",
      "recompute: SELECTIVE", false},
@@ -96,17 +99,20 @@ inline const Case kCases[] = {
      "num_experts: 4 top_k: 2 gating: GSHARD_TOP2 capacity_factor: 1.0 aux_loss_coef: 0.1 "
      "aux_loss_per_layer: true",
      "recompute: FULL", false},
-    {"mla", "first_dense_layers: 1 mla { q_lora_rank: 12 kv_lora_rank: 10 "
+    {"mla",
+     "first_dense_layers: 1 mla { q_lora_rank: 12 kv_lora_rank: 10 "
      "qk_nope_head_dim: 6 qk_rope_head_dim: 4 v_head_dim: 8 }",
      "num_experts: 8 top_k: 2 gating: SIGMOID_TOPK num_groups: 4 top_groups: 2 "
      "norm_topk_prob: true z_loss_coef: 0.01 aux_loss_per_layer: true num_shared_experts: 1 "
-     "shared_expert_ffn_hidden_size: 8", "", false},
+     "shared_expert_ffn_hidden_size: 8",
+     "", false},
     {"documents", "first_dense_layers: 1",
-     "num_experts: 4 top_k: 2 aux_loss_coef: 0.1 aux_loss_per_layer: true z_loss_coef: 0.01",
-     "", true},
+     "num_experts: 4 top_k: 2 aux_loss_coef: 0.1 aux_loss_per_layer: true z_loss_coef: 0.01", "",
+     true},
     {"gshard_capacity", "qk_head_norm: true head_dim: 8",
      "num_experts: 4 top_k: 2 gating: GSHARD_TOP2 capacity_factor: 1.0 aux_loss_coef: 0.1 "
-     "aux_loss_per_layer: true z_loss_coef: 0.01 seq_aux_loss_coef: 0.01", "", false},
+     "aux_loss_per_layer: true z_loss_coef: 0.01 seq_aux_loss_coef: 0.01",
+     "", false},
 };
 
 }  // namespace switchyard::pipeline_test
