@@ -69,11 +69,6 @@ class MoeLayer {
   void set_recompute_experts(bool recompute) { recompute_experts_ = recompute; }
   // Drops everything forward saved for backward (its routing included).
   void discard();
-
-  int num_experts() const { return num_experts_; }
-  int top_k() const { return top_k_; }
-  // The sigmoid router's per-expert selection bias (E) f32, a parameter that no gradient
-  // trains (loss-free balancing moves it, ExpertBiasBalancer); null for other gatings.
   // Everything forward saved (routing, dispatch plan, shared experts), moved out of the
   // layer (left as after discard()) and back, so that several micro-batches can wait for
   // their backward (pipeline schedules).
@@ -87,6 +82,11 @@ class MoeLayer {
   };
   Saved stash();
   void restore(Saved&& saved);
+
+  int num_experts() const { return num_experts_; }
+  int top_k() const { return top_k_; }
+  // The sigmoid router's per-expert selection bias (E) f32, a parameter that no gradient
+  // trains (loss-free balancing moves it, ExpertBiasBalancer); null for other gatings.
   Param* expert_bias() const { return expert_bias_; }
   // The routing of the last forward (this rank's tokens), for load-balance analysis
   // (`bench balance`).

@@ -70,9 +70,6 @@ class Attention {
   void set_recompute_core(bool recompute);
   // Drops everything forward saved for backward.
   void discard();
-  // Generation on the CPU in f32, one rank: x (n, hidden), the normalised inputs of
-  // positions [past, past + n); rope: a table covering them. Writes their keys and
-  // values into `cache` rows [past, past + n) and attends each position over the cached
   // What forward saved (latent attention's included), moved out of the module (left as
   // after discard()) and back, so that several micro-batches can wait for their backward
   // (pipeline schedules).
@@ -83,6 +80,9 @@ class Attention {
   };
   Saved stash();
   void restore(Saved&& saved);
+  // Generation on the CPU in f32, one rank: x (n, hidden), the normalised inputs of
+  // positions [past, past + n); rope: a table covering them. Writes their keys and
+  // values into `cache` rows [past, past + n) and attends each position over the cached
   // positions up to itself. Saves nothing for backward.
   Tensor decode(Device& dev, const Tensor& x, int64_t past, const Tensor& rope, KvCache& cache);
   KvCache empty_cache(int64_t positions) const;
