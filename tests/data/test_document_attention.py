@@ -3,7 +3,8 @@ of a packed validation split equals the mean cross-entropy transformers gives on
 Hugging Face export over the same windows, read from the shard with h5py, with each
 position's place in its document as position_ids and a 4D mask that keeps attention
 inside documents; and two training steps give the same losses on one process, on two
-data-parallel ranks and on two tensor-parallel ranks.
+data-parallel ranks and on two tensor-parallel ranks. Each with the standard attention
+and with latent attention under YaRN (DeepseekV3ForCausalLM on the transformers side).
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
@@ -30,6 +31,18 @@ SMALL = ["--set", "model.num_layers=2", "--set", f"train.seq_len={SEQ}",
          "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=2",
          "--set", "train.steps=2", "--set", "train.eval_interval=2",
          "--set", "train.eval_tokens=2048", "--set", "data.document_attention=true"]
+
+# Latent attention with YaRN and sigmoid routing (DeepSeek-V3's architecture at the tiny
+# size), which takes the document starts as the standard attention does.
+LATENT_YARN = ["--set", "model.num_kv_heads=4", "--set", "model.mla.q_lora_rank=48",
+               "--set", "model.mla.kv_lora_rank=24", "--set", "model.mla.qk_nope_head_dim=16",
+               "--set", "model.mla.qk_rope_head_dim=8", "--set", "model.mla.v_head_dim=16",
+               "--set", "moe.gating=SIGMOID_TOPK", "--set", "moe.aux_loss_coef=0",
+               "--set", "model.rope_scaling.type=YARN",
+               "--set", "model.rope_scaling.factor=4",
+               "--set", "model.rope_scaling.original_max_position_embeddings=16",
+               "--set", "model.rope_scaling.mscale=0.7", "--set", "model.rope_scaling.mscale_all_dim=1"]
+ARCHITECTURES = {"standard": [], "latent_yarn": LATENT_YARN}
 
 
 def run(argv, ranks=1):
@@ -83,8 +96,9 @@ def windows_with_documents(shard_paths, windows):
     return ids, targets, doc_starts
 
 
-def test_evaluation_equals_transformers_with_document_masks(dataset, tmp_path):
-    train(tmp_path / "run", dataset)
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_evaluation_equals_transformers_with_document_masks(dataset, tmp_path, architecture):
+    train(tmp_path / "run", dataset, *ARCHITECTURES[architecture])
     final = tmp_path / "run" / "checkpoints" / "final"
     report = json.loads(run([SWITCHYARD, "eval", final, "--data", dataset]).stdout)
     index = json.loads((dataset / "index.json").read_text())
@@ -113,9 +127,10 @@ def test_evaluation_equals_transformers_with_document_masks(dataset, tmp_path):
 
 @pytest.mark.parametrize("layout", [[], ["--set", "parallel.tensor_parallel_size=2"]],
                          ids=["data_parallel", "tensor_parallel"])
-def test_two_ranks_train_as_one_process(dataset, tmp_path, layout):
-    train(tmp_path / "one", dataset)
-    train(tmp_path / "two", dataset, *layout, ranks=2)
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_two_ranks_train_as_one_process(dataset, tmp_path, layout, architecture):
+    train(tmp_path / "one", dataset, *ARCHITECTURES[architecture])
+    train(tmp_path / "two", dataset, *layout, *ARCHITECTURES[architecture], ranks=2)
     one = [m for m in metrics(tmp_path / "one") if "cross_entropy" in m]
     two = [m for m in metrics(tmp_path / "two") if "cross_entropy" in m]
     assert [m["step"] for m in one] == [1, 2]
