@@ -26,8 +26,8 @@ void sequence_routing_sums(Device& dev, const Tensor& probs, const Tensor& exper
 #ifdef SWITCHYARD_WITH_CUDA
   if (dev.is_cuda()) {
     cuda::sequence_routing_sums(
-        probs.data<float>(), expert_ids.data<int32_t>(), n, experts, expert_ids.dim(1),
-        normalize, rows.first_token, rows.seq_len, sums.dim(0), sums.data<float>(),
+        probs.data<float>(), expert_ids.data<int32_t>(), n, experts, expert_ids.dim(1), normalize,
+        rows.first_token, rows.seq_len, sums.dim(0), sums.data<float>(),
         op_stream(dev, "sequence_routing_sums", {&probs, &expert_ids, &sums}));
     return;
   }

@@ -26,6 +26,11 @@ std::string source_tokens(const StepMetrics& m) {
   return absl::StrCat("  tokens ", absl::StrJoin(parts, " "));
 }
 
+// "  seq-aux 1.2345" with the sequence-wise aux loss, "" without.
+std::string seq_aux_term(const StepMetrics& m) {
+  return m.seq_aux_loss ? absl::StrFormat("  seq-aux %.4f", *m.seq_aux_loss) : "";
+}
+
 }  // namespace
 
 std::string format_count(double n) {
@@ -52,11 +57,11 @@ int terminal_columns(int fd) {
 
 std::string step_line(const StepMetrics& m) {
   return absl::StrFormat(
-      "step %5lld/%lld  loss %.4f  aux %.4f  z %.4f  lr %.2e  grad %.3f  %.0f tok/s  "
+      "step %5lld/%lld  loss %.4f  aux %.4f  z %.4f%s  lr %.2e  grad %.3f  %.0f tok/s  "
       "mfu %.1f%%  dropped %.2f%%  load max/mean %.2f  eta %s%s",
       static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.aux_loss,
-      m.z_loss, m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, 100.0 * m.dropped_fraction,
-      m.worst_load_ratio, format_duration(m.eta_s), source_tokens(m));
+      m.z_loss, seq_aux_term(m), m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu,
+      100.0 * m.dropped_fraction, m.worst_load_ratio, format_duration(m.eta_s), source_tokens(m));
 }
 
 std::string live_step_line(const StepMetrics& m, int bar_width) {
@@ -64,11 +69,12 @@ std::string live_step_line(const StepMetrics& m, int bar_width) {
       m.total_steps > 0 ? std::clamp(static_cast<double>(m.step) / m.total_steps, 0.0, 1.0) : 0;
   const int filled = static_cast<int>(done * bar_width);
   return absl::StrFormat(
-      "[%s%s] %3.0f%%  step %lld/%lld  eta %s  |  loss %.4f  aux %.4f  z %.4f  lr %.2e  "
+      "[%s%s] %3.0f%%  step %lld/%lld  eta %s  |  loss %.4f  aux %.4f  z %.4f%s  lr %.2e  "
       "grad %.3f  %.0f tok/s  mfu %.1f%%  dropped %.2f%%  load max/mean %.2f%s",
       std::string(filled, '#'), std::string(bar_width - filled, '.'), 100.0 * done,
       static_cast<long long>(m.step), static_cast<long long>(m.total_steps),
-      format_duration(m.eta_s), m.loss, m.aux_loss, m.z_loss, m.lr, m.grad_norm, m.tokens_per_s,
+      format_duration(m.eta_s), m.loss, m.aux_loss, m.z_loss, seq_aux_term(m), m.lr, m.grad_norm,
+      m.tokens_per_s,
       100.0 * m.mfu, 100.0 * m.dropped_fraction, m.worst_load_ratio, source_tokens(m));
 }
 

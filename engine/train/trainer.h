@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,8 @@ struct StepMetrics {
   double cross_entropy = 0;
   double aux_loss = 0;
   double z_loss = 0;
+  // The sequence-wise aux loss, with moe.seq_aux_loss_coef > 0.
+  std::optional<double> seq_aux_loss;
   double lr = 0;
   double grad_norm = 0;
   double tokens_per_s = 0;

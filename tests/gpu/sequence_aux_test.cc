@@ -28,8 +28,8 @@ TEST(SequenceAuxGpu, SumsAndGradientMatchCpu) {
   CudaDevice gpu(0);
   const int64_t experts = 13, k = 3, seq_len = 700, sequences = 6;
   // All rows, none, and a rank's share that starts and ends inside sequences.
-  for (const auto& [first, n] : {std::pair<int64_t, int64_t>{0, sequences * seq_len},
-                                 {0, 0}, {1234, 1500}}) {
+  for (const auto& [first, n] :
+       {std::pair<int64_t, int64_t>{0, sequences * seq_len}, {0, 0}, {1234, 1500}}) {
     SCOPED_TRACE(first);
     for (bool normalize : {false, true}) {
       const Tensor probs = random_tensor({n, experts}, 1, 0.01, 1.0);

@@ -56,7 +56,8 @@ Tensor random_ids(int64_t n, uint64_t seed) {
   for (int64_t t = 0; t < n; ++t) {
     ids.data<int32_t>()[t * kTopK] = static_cast<int32_t>(rng.below(kExperts));
     // A dropped slot (-1) counts for no expert.
-    ids.data<int32_t>()[t * kTopK + 1] = t % 4 == 3 ? -1 : static_cast<int32_t>(rng.below(kExperts));
+    ids.data<int32_t>()[t * kTopK + 1] =
+        t % 4 == 3 ? -1 : static_cast<int32_t>(rng.below(kExperts));
   }
   return ids;
 }
@@ -138,13 +139,15 @@ double reference_loss(const std::vector<double>& w, const Tensor& x, bool sigmoi
       std::vector<double> score(kExperts);
       for (int e = 0; e < kExperts; ++e) {
         double logit = 0;
-        for (int64_t h = 0; h < kHidden; ++h) logit += w[e * kHidden + h] * x.data<float>()[t * kHidden + h];
+        for (int64_t h = 0; h < kHidden; ++h)
+          logit += w[e * kHidden + h] * x.data<float>()[t * kHidden + h];
         score[e] = sigmoid ? 1 / (1 + std::exp(-logit)) : std::exp(logit);
       }
       const double total = std::accumulate(score.begin(), score.end(), 0.0);
       std::vector<int> order(kExperts);
       std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return score[a] > score[b]; });
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int a, int b) { return score[a] > score[b]; });
       for (int j = 0; j < kTopK; ++j) {
         count[order[j]] += 1;
         if (selections) selections->push_back(order[j]);
@@ -194,14 +197,17 @@ TEST_P(SequenceAuxLayerTest, LossAndRouterGradientMatchTheReference) {
     plus[i] += eps;
     minus[i] -= eps;
     std::vector<int> chosen_plus, chosen_minus;
-    const double numeric = coef * (reference_loss(plus, x, sigmoid, &chosen_plus) -
-                                   reference_loss(minus, x, sigmoid, &chosen_minus)) / (2 * eps);
+    const double numeric = coef *
+                           (reference_loss(plus, x, sigmoid, &chosen_plus) -
+                            reference_loss(minus, x, sigmoid, &chosen_minus)) /
+                           (2 * eps);
     ASSERT_EQ(chosen_plus, chosen);  // the step keeps every choice: the loss is smooth here
     ASSERT_EQ(chosen_minus, chosen);
     EXPECT_NEAR(router->grad.data<float>()[i], numeric, 1e-4 + 1e-3 * std::abs(numeric)) << i;
   }
   double norm = 0;
-  for (int64_t i = 0; i < router->grad.numel(); ++i) norm += std::abs(router->grad.data<float>()[i]);
+  for (int64_t i = 0; i < router->grad.numel(); ++i)
+    norm += std::abs(router->grad.data<float>()[i]);
   EXPECT_GT(norm, 1e-3);
 }
 
