@@ -189,7 +189,9 @@ def test_overwrite_leaves_exactly_the_new_files(tmp_path, cache):
      "moe.num_shared_experts"),
     (["moe.num_shared_experts=1", "moe.shared_expert_ffn_hidden_size=64",
       "model.attention_bias=true"], "shared_expert_gate"),
-    (["model.attention_bias=true"], "model.attention_bias")])
+    (["model.attention_bias=true"], "model.attention_bias"),
+    (["model.rope_scaling.type=YARN", "model.rope_scaling.factor=4",
+      "model.rope_scaling.original_max_position_embeddings=16"], "model.rope_scaling")])
 def test_inexpressible_models_are_refused(tmp_path, cache, sets, reason):
     final = train(tmp_path, cache, sets)
     result = run(SWITCHYARD, "convert", "to-hf", final, tmp_path / "hf", check=False)
