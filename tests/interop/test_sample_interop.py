@@ -1,5 +1,6 @@
-"""`switchyard sample` against transformers' `generate`: a small random Mixtral and
-Qwen2-MoE saved by transformers and imported with `convert from-hf` continue a prompt
+"""`switchyard sample` against transformers' `generate`: a small random Mixtral, Qwen2-MoE
+and DeepSeek-V3 (latent attention, whose cache holds the latent, under YaRN) saved by
+transformers and imported with `convert from-hf` continue a prompt
 greedily with the same 200 token ids as `model.generate(do_sample=False)`, with the
 key/value cache and without it (`--no-kv-cache`); top-k, top-p, the seed and stop strings
 and the stop at end-of-sequence do what the docs say.
@@ -47,6 +48,16 @@ def hf_model(kind):
     if kind == "mixtral":
         from transformers import MixtralConfig, MixtralForCausalLM
         model = MixtralForCausalLM(MixtralConfig(num_local_experts=6, **common))
+    elif kind == "deepseek_v3_yarn":
+        from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+        model = DeepseekV3ForCausalLM(DeepseekV3Config(
+            n_routed_experts=8, moe_intermediate_size=48, n_shared_experts=1, n_group=2,
+            topk_group=1, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
+            qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=16,
+            rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                          "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                          "beta_slow": 1.0, "mscale": 0.7, "mscale_all_dim": 1.0},
+            **{**common, "num_key_value_heads": 4}))
     else:
         from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
         model = Qwen2MoeForCausalLM(Qwen2MoeConfig(
@@ -77,7 +88,7 @@ def imported(model, tokenizer, root):
     return root / "weights"
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "deepseek_v3_yarn"])
 def test_greedy_sample_equals_generate(tmp_path, tokenizer, kind):
     model = hf_model(kind)
     weights = imported(model, tokenizer, tmp_path)
