@@ -238,10 +238,7 @@ absl::Status check_recorded_shards(const std::string& dir, const PartRecord& rec
   for (const std::vector<ShardEntry>& shards : record.shards)
     for (const ShardEntry& e : shards) {
       const std::string path = (fs::path(dir) / e.file).string();
-      const absl::StatusOr<int64_t> bytes = regular_file_size(path);
-      const absl::StatusOr<std::string> sha256 =
-          bytes.ok() && *bytes == e.bytes ? sha256_file(path) : absl::StatusOr<std::string>("");
-      if (!sha256.ok() || *sha256 != e.sha256)
+      if (!holds_recorded_shard(path, e))
         return absl::DataLossError(absl::StrCat(
             path, ": missing or not the shard ", part_record_name(record.id),
             " records; remove ", dir, " (or choose another --out) to start over"));

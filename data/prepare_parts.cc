@@ -102,6 +102,13 @@ std::string fingerprint_of(const nlohmann::json& arguments) {
   return sha256_hex(arguments.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
+bool holds_recorded_shard(const std::string& path, const ShardEntry& entry) {
+  const absl::StatusOr<int64_t> bytes = regular_file_size(path);
+  if (!bytes.ok() || *bytes != entry.bytes) return false;
+  const absl::StatusOr<std::string> sha256 = sha256_file(path);
+  return sha256.ok() && *sha256 == entry.sha256;
+}
+
 absl::StatusOr<PartRecord> read_part_record(const std::string& path) {
   SY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
   SY_ASSIGN_OR_RETURN(const nlohmann::json j, parse_json_object(text, path));
@@ -267,11 +274,7 @@ absl::Status check_shards(const std::vector<ShardMove>& moves, DataProgressSink&
   for (const ShardMove& move : moves) {
     std::error_code ec;
     const std::string& path = fs::exists(move.from, ec) ? move.from : move.to;
-    const absl::StatusOr<int64_t> bytes = regular_file_size(path);
-    const absl::StatusOr<std::string> sha256 = bytes.ok() && *bytes == move.entry.bytes
-                                                   ? sha256_file(path)
-                                                   : absl::StatusOr<std::string>("");
-    if (!sha256.ok() || *sha256 != move.entry.sha256)
+    if (!holds_recorded_shard(path, move.entry))
       return absl::DataLossError(absl::StrCat(
           move.from, ": missing or not the shard its part record lists (size or sha256 differ); "
           "prepare that part again"));

@@ -61,6 +61,9 @@ struct PartRecord {
 
 // sha256 of the arguments as compact JSON (keys sorted; invalid UTF-8 replaced).
 std::string fingerprint_of(const nlohmann::json& arguments);
+// Whether `path` is a regular file of the entry's size and sha256 (read only when the
+// size matches).
+bool holds_recorded_shard(const std::string& path, const ShardEntry& entry);
 // Checks types and ranges, that the fingerprint is the arguments', that every shard has
 // its part_shard_name and, once finished, that the shards hold its documents.
 absl::StatusOr<PartRecord> read_part_record(const std::string& path);
