@@ -97,7 +97,9 @@ StepReport AdamWOptimizer::step(Device& dev) {
   }
   if (groups_.expert_parallel) groups_.expert_parallel->all_reduce_sum(&expert_sq, 1);
   if (groups_.tensor_parallel) groups_.tensor_parallel->all_reduce_sum(&tensor_parallel_sq, 1);
-  report.grad_norm = std::sqrt(replicated_sq + tensor_parallel_sq + expert_sq);
+  double squares_sum = replicated_sq + tensor_parallel_sq + expert_sq;
+  if (groups_.pipeline) groups_.pipeline->all_reduce_sum(&squares_sum, 1);
+  report.grad_norm = std::sqrt(squares_sum);
   report.lr = learning_rate(opt_, step_, total_steps_, lr_restart_);
   if (!std::isfinite(report.grad_norm)) {
     for (size_t i = 0; i < squares.size() && report.non_finite_grad.empty(); ++i)

@@ -74,6 +74,8 @@ class AdamWOptimizer {
     Communicator* expert_replicas = nullptr;
     int zero_stage = 0;
     ZeroShards* zero = nullptr;
+    // With pipeline stages: each stage's squares add up over the pipeline group.
+    Communicator* pipeline = nullptr;
   };
   // The state lives on `device`.
   AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total_steps, ParamStore& params,

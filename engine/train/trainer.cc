@@ -32,6 +32,7 @@
 #include "engine/train/evaluation.h"
 #include "engine/train/memory_plan.h"
 #include "engine/train/peak.h"
+#include "engine/train/pipeline_training.h"
 #include "engine/train/rank_state_map.h"
 #include "engine/train/record_sinks.h"
 #include "engine/train/training_data.h"
@@ -442,6 +443,22 @@ std::string describe_non_finite(double loss, const StepReport& report) {
   return absl::StrCat("the gradient of ", report.non_finite_grad, " is not finite");
 }
 
+// What training with pipeline stages does not take yet, refused in one line before any
+// work.
+absl::Status check_pipeline_training(const config::Recipe& recipe, const Layout& layout) {
+  if (layout.pipeline_parallel_size == 1) return absl::OkStatus();
+  const config::TrainConfig& tc = recipe.train();
+  std::string field;
+  if (recipe.parallel().zero_stage() >= 2) field = "parallel.zero_stage 2 or 3";
+  else if (tc.eval_interval() > 0) field = "evaluation (train.eval_interval above 0)";
+  else if (recipe.moe().bias_update_rate() > 0) field = "moe.bias_update_rate";
+  else if (tc.freeze_size() > 0) field = "train.freeze";
+  if (field.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parallel.pipeline_parallel_size (", layout.pipeline_parallel_size,
+      ") trains without ", field, " so far; set it to 1 or leave that out (docs/pipeline.md)"));
+}
+
 MemoryRecord memory_record(const MemoryStats& mem) {
   auto peak = [&](MemoryKind k) { return mem.peak_bytes[static_cast<int>(k)]; };
   MemoryRecord r;
@@ -466,12 +483,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   const bool reporter = rank == 0;
   RankZeroSink sink(terminal, reporter);
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
-  // Every rank holds every layer: a pipeline layout would train its stages as replicas.
-  if (layout.pipeline_parallel_size > 1)
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallel.pipeline_parallel_size (", layout.pipeline_parallel_size,
-                     ") must be 1: train runs every layer on every rank (the pipeline "
-                     "schedules: docs/pipeline.md)"));
+  SY_RETURN_IF_ERROR(check_pipeline_training(recipe, layout));
   // Gathered while the world communicator is still the host one.
   const std::string rank_hosts = describe_hosts(gather_host_names(*groups.world));
 
@@ -549,6 +561,11 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   Device* device = select_device(recipe.runtime().device(), options.local_rank, &device_error);
   if (device == nullptr) return absl::InvalidArgumentError(device_error);
   Device& dev = *device;
+  // Stage-to-stage messages go over the pipeline group's host communicator.
+  if (layout.pipeline_parallel_size > 1 && dev.is_cuda())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.pipeline_parallel_size (", layout.pipeline_parallel_size,
+        ") trains on the CPU so far; set runtime.device=cpu (docs/pipeline.md)"));
   const int zero_stage = recipe.parallel().zero_stage();
 #ifdef SWITCHYARD_WITH_NCCL
   // On GPUs the groups' collectives go over NCCL, on the tensors where they are.
@@ -562,9 +579,16 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     if (!warning.empty()) sink.on_message(warning);
     sink.on_message(peak_line(peak));
   }
+  const auto& expert_order = recipe.parallel().expert_placement();
   ParamStore params(ShardPlacement{groups.tp->rank(), groups.tp->size(), groups.ep->rank(),
-                                   groups.ep->size()});
-  Transformer model(recipe, params, {groups.tp.get(), groups.ep.get()});
+                                   groups.ep->size(),
+                                   {expert_order.begin(), expert_order.end()}});
+  // This rank's chunks of the model: the whole model without pipeline stages.
+  const bool pipelined = layout.pipeline_parallel_size > 1;
+  const int pipeline_rank = layout.pp_index(rank);
+  const std::vector<std::unique_ptr<Transformer>> chunks = build_model_chunks(
+      recipe, layout, pipeline_rank, params, {groups.tp.get(), groups.ep.get()});
+  Transformer& model = *chunks.front();
   SY_RETURN_IF_ERROR(apply_freeze(tc, params, sink));
   // ZeRO stages 2 and 3 split the dense gradients and state (and at 3 the values) by
   // rows over the data-parallel replicas.
@@ -573,7 +597,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     zero = std::make_unique<ZeroShards>(params, *groups.dp, zero_stage, dev,
                                         std::move(groups.dp_background),
                                         groups.background_collectives);
-    model.set_param_hooks(zero.get());
+    for (const auto& chunk : chunks) chunk->set_param_hooks(zero.get());
   }
   const DType working = working_dtype(recipe.runtime().precision(), dev);
   const double least_bytes =
@@ -595,7 +619,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   if (!zero && groups.dp->size() > 1) {
     reducer = std::make_unique<OverlappedGradReduce>(params, std::move(groups.dp_background),
                                                      groups.background_collectives);
-    model.set_param_hooks(reducer.get());
+    for (const auto& chunk : chunks) chunk->set_param_hooks(reducer.get());
   }
   AdamWOptimizer::Groups optimizer_groups;
   optimizer_groups.tensor_parallel = groups.tp.get();
@@ -604,6 +628,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   optimizer_groups.expert_replicas = groups.expert_dp.get();
   optimizer_groups.zero_stage = zero_stage;
   optimizer_groups.zero = zero.get();
+  if (pipelined) optimizer_groups.pipeline = groups.pipeline.get();
   AdamWOptimizer optimizer(recipe.optimizer(), tc.steps(), params, optimizer_groups, dev);
   int64_t first_step = 1;
   LrRestart lr_restart;
@@ -689,6 +714,8 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   double dropped = 0, assignments = 0, worst_load = 0;
   int64_t skipped_steps = 0;  // by train.skip_non_finite_steps, since this start
   double window_all_to_all_s = 0;  // groups.ep's all-to-all seconds at the window start
+  // Each local chunk's routing in the last micro-batch of a pipelined step.
+  std::vector<RouterStats> last_router_stats(chunks.size());
 
   const bool evaluates = tc.eval_interval() > 0;
   std::vector<EvalSource> eval_sources;
@@ -728,26 +755,52 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     groups.dp->all_reduce_sum(&step_targets, 1);
     const double ce_tokens = static_cast<double>(step_targets) / global_micro_batches;
     double cross_entropy_sum = 0;  // over this rank's targets
-    for (int64_t m = 0; m < accumulation; ++m) {
-      const Batch& batch = batches[m];
-      // Random routing decisions (GShard) depend on (seed, step, micro-batch) only, so
-      // every parallel layout makes the same ones.
-      const int64_t global_micro = layout.dp_index(rank) * accumulation + m;
-      Rng routing_rng = Rng(tc.seed()).fork(0x6a7e0000ULL + step * 65537ULL + global_micro);
-      LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true, routing_rng,
-                                      nullptr, batch.doc_starts);
-      if (reducer) reducer->set_reducing(m == accumulation - 1);
-      model.backward(dev, 1.0f / static_cast<float>(global_micro_batches), ce_tokens);
+    // One forward's losses and routing, on any chunk.
+    auto count_forward = [&](const LossParts& parts, const RouterStats& rs) {
       step_loss.total += (parts.total - parts.cross_entropy) / accumulation;
       cross_entropy_sum += parts.cross_entropy * static_cast<double>(parts.target_tokens);
       step_loss.aux_loss += parts.aux_loss / accumulation;
       step_loss.z_loss += parts.z_loss / accumulation;
       step_loss.seq_aux_loss += parts.seq_aux_loss / accumulation;
-      const RouterStats& rs = model.router_stats();
       if (balancer) balancer->add(rs);
       dropped += rs.dropped_assignments;
       assignments += rs.assignments;
       worst_load = std::max(worst_load, rs.worst_load_ratio);
+    };
+    // Random routing decisions (GShard) depend on (seed, step, micro-batch) only, so
+    // every parallel layout makes the same ones.
+    auto routing_rng = [&](int64_t m) {
+      const int64_t global_micro = layout.dp_index(rank) * accumulation + m;
+      return Rng(tc.seed()).fork(0x6a7e0000ULL + step * 65537ULL + global_micro);
+    };
+    const float loss_scale = 1.0f / static_cast<float>(global_micro_batches);
+    if (pipelined) {
+      std::vector<MicroBatchInput> inputs;
+      for (int64_t m = 0; m < accumulation; ++m)
+        inputs.push_back({batches[m].ids, batches[m].targets, batches[m].doc_starts, routing_rng(m)});
+      ChunkStages stages(dev, chunks, inputs, recipe.model().hidden_size(), working, loss_scale,
+                         ce_tokens, reducer.get(), [&](int chunk, const LossParts& parts, const RouterStats& rs) {
+                           count_forward(parts, rs);
+                           last_router_stats[chunk] = rs;
+                         });
+      run_pipeline_step(layout.pipeline_shape(), *groups.pipeline, stages);
+      // The cross-entropy is the last stage's; every stage adds its layers' aux and z losses.
+      std::vector<double> sums = {step_loss.total, step_loss.aux_loss, step_loss.z_loss,
+                                  step_loss.seq_aux_loss, cross_entropy_sum};
+      groups.pipeline->all_reduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+      step_loss.total = sums[0];
+      step_loss.aux_loss = sums[1];
+      step_loss.z_loss = sums[2];
+      step_loss.seq_aux_loss = sums[3];
+      cross_entropy_sum = sums[4];
+    }
+    for (int64_t m = 0; m < accumulation && !pipelined; ++m) {
+      const Batch& batch = batches[m];
+      const LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true,
+                                            routing_rng(m), nullptr, batch.doc_starts);
+      if (reducer) reducer->set_reducing(m == accumulation - 1);
+      model.backward(dev, loss_scale, ce_tokens);
+      count_forward(parts, model.router_stats());
     }
     // Dense gradients were reduced layer by layer during the last backward: all-reduced
     // (below stage 2) or reduce-scattered onto their rows' owners (ZeRO-2/3).
@@ -805,8 +858,15 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       // rank logs at the same steps).
       std::vector<double> routed = {dropped, assignments};
       groups.dp->all_reduce_sum(routed.data(), 2);
+      // And over every stage's layers (each pipeline rank its worst in a slot of its own).
+      std::vector<double> worst(static_cast<size_t>(groups.pipeline->size()), 0.0);
+      worst[groups.pipeline->rank()] = worst_load;
+      if (pipelined) {
+        groups.pipeline->all_reduce_sum(routed.data(), 2);
+        groups.pipeline->all_reduce_sum(worst.data(), static_cast<int64_t>(worst.size()));
+      }
       m.dropped_fraction = routed[1] > 0 ? routed[0] / routed[1] : 0;
-      m.worst_load_ratio = worst_load;
+      m.worst_load_ratio = *std::max_element(worst.begin(), worst.end());
       const double all_to_all_s = groups.ep->all_to_all_seconds();
       m.all_to_all_share = window_s > 0 ? (all_to_all_s - window_all_to_all_s) / window_s : 0;
       window_all_to_all_s = all_to_all_s;
@@ -817,7 +877,11 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
           m.tokens_by_source.emplace_back(sources[i].where.name,
                                           loader->windows_drawn()[i] * tc.seq_len());
       }
-      SY_RETURN_IF_ERROR(records.on_step({m, peak.flops / 1e9, peak.source, &model.router_stats()}));
+      const RouterStats layers_routing =
+          pipelined ? gather_pipeline_router_stats(recipe, layout, pipeline_rank,
+                                                   last_router_stats, *groups.pipeline)
+                    : model.router_stats();
+      SY_RETURN_IF_ERROR(records.on_step({m, peak.flops / 1e9, peak.source, &layers_routing}));
       window_start = now;
       window_steps = 0;
       dropped = assignments = worst_load = 0;
@@ -838,8 +902,9 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     }
   }
   // The saved weights are whole (collectives, so every rank takes part).
-  const std::vector<std::pair<std::string, Tensor>> whole =
+  std::vector<std::pair<std::string, Tensor>> whole =
       RankStateMap(params, zero.get(), zero_stage, nullptr, groups).whole_weights();
+  if (pipelined) whole = gather_pipeline_weights(recipe, layout, whole, *groups.pipeline);
   SY_RETURN_IF_ERROR(records.close());
   if (!reporter) return TrainEnd::kFinished;
 

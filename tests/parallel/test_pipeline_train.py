@@ -1,20 +1,161 @@
-"""Pipeline layouts in `switchyard train`: every rank holds every layer, so a layout of
-more than one pipeline stage is refused in one line before any work (docs/pipeline.md).
+"""Pipeline layouts in `switchyard train`: each pipeline rank trains its chunks of the
+model under GPipe, 1F1B and interleaved 1F1B, and the losses, routing statistics and
+final weights equal one process's (with data-parallel replicas in each stage, to the
+data-parallel layouts' tolerances); a pipeline run's checkpoints resume under one process
+and the other way round, and its final weights convert to Hugging Face format. What
+pipeline training does not take yet is refused in one line before any work.
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
+import json
+import pathlib
+import shutil
 import subprocess
 
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import test_train_equivalence as layouts
 from test_train_equivalence import COMMON, ENV, RECIPE, SWITCHYARD, mpirun
 
+# The per-layer aux loss: the all-layer formula couples every stage's routing.
+PIPELINE_COMMON = [*COMMON, "--set", "moe.aux_loss_per_layer=true"]
 
-def test_pipeline_stages_are_refused_before_any_work(tmp_path):
+
+def uneven_recipe(tmp_path, layers):
+    """tiny.textproto with parallel.pipeline_layers (a list, which --set does not take)."""
+    corpus = pathlib.Path(RECIPE).resolve().parent.parent / "data" / "corpus" / "tinyshakespeare.txt"
+    text = pathlib.Path(RECIPE).read_text().replace(
+        '"../data/corpus/tinyshakespeare.txt"', json.dumps(str(corpus)))
+    path = tmp_path / "uneven.textproto"
+    path.write_text(text + "parallel { pipeline_layers: [%s] }\n" % ", ".join(map(str, layers)))
+    return str(path)
+
+
+def train(tmp_path, name, ranks, extra=(), recipe=RECIPE):
+    run_dir = tmp_path / name
+    cmd = mpirun(ranks) + [SWITCHYARD, "train", recipe, "--run-dir", str(run_dir),
+                           "--dataset-cache", str(tmp_path.parent / "datasets"),
+                           *PIPELINE_COMMON, *extra]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return run_dir, result.stdout
+
+
+def logged_steps(run_dir):
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if "loss" in m]
+
+
+def final_weights(run_dir):
+    return load_file(str(run_dir / "checkpoints" / "final" / "model.safetensors"))
+
+
+def assert_run_matches(run_dir, single_dir, loss_rtol):
+    steps, single = logged_steps(run_dir), logged_steps(single_dir)
+    assert [m["step"] for m in steps] == [m["step"] for m in single]
+    for mine, theirs in zip(steps, single):
+        assert mine["cross_entropy"] == theirs["cross_entropy"]
+        for key in ("loss", "aux_loss", "z_loss", "grad_norm"):
+            assert mine[key] == pytest.approx(theirs[key], rel=loss_rtol, abs=0), key
+        # Every stage's MoE layers, in the model's layer order.
+        assert mine["layer_imbalance"] == theirs["layer_imbalance"]
+        assert mine["worst_load_ratio"] == theirs["worst_load_ratio"]
+        assert mine["dropped_fraction"] == theirs["dropped_fraction"]
+    weights, reference = final_weights(run_dir), final_weights(single_dir)
+    assert weights.keys() == reference.keys()
+    for name, value in reference.items():
+        assert np.array_equal(weights[name], value), name
+
+
+@pytest.fixture(scope="module")
+def single_two_layers(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("single2"), "run", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def single_nine_layers(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("single9"), "run", 1, ["--set", "model.num_layers=9"])[0]
+
+
+# One layer per stage: each stage's aux and z losses are its one layer's, so the sums
+# are one process's bit for bit.
+@pytest.mark.parametrize("schedule", ["GPIPE", "ONE_F_ONE_B"])
+def test_two_stages_match_one_process_bit_for_bit(tmp_path, single_two_layers, schedule):
+    run_dir, _ = train(tmp_path, "run", 2, ["--set", "parallel.pipeline_parallel_size=2",
+                                            "--set", f"parallel.pipeline_schedule={schedule}"])
+    assert_run_matches(run_dir, single_two_layers, loss_rtol=0)
+
+
+def test_interleaved_uneven_stages_match_one_process(tmp_path, single_nine_layers):
+    # 4 stages x 2 chunks over 9 layers, the first chunk 2 of them. The weights are one
+    # process's bit for bit; the reported aux loss and gradient norm add the stages'
+    # sums in another order than one process's sum over layers (a few ulps: 1e-12).
+    recipe = uneven_recipe(tmp_path, [2, 1, 1, 1, 1, 1, 1, 1])
+    run_dir, _ = train(tmp_path, "run", 4, ["--set", "model.num_layers=9",
+                                            "--set", "parallel.pipeline_parallel_size=4",
+                                            "--set", "parallel.virtual_pipeline_size=2"],
+                       recipe=recipe)
+    assert_run_matches(run_dir, single_nine_layers, loss_rtol=1e-12)
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["--set", "parallel.expert_parallel_size=2", "--set", "parallel.zero_stage=1"],
+], ids=["pp2xdp2", "pp2xdp2xep2-zero1"])
+def test_stages_with_data_parallel_replicas_match_one_process(tmp_path, single_two_layers,
+                                                               overrides):
+    # The replicas' gradients add up in another order than one process's micro-batches:
+    # the data-parallel layouts' tolerances (test_train_equivalence.assert_run_matches).
+    run_dir, _ = train(tmp_path, "run", 4, ["--set", "parallel.pipeline_parallel_size=2",
+                                            *overrides])
+    def losses(steps):
+        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
+    layouts.assert_run_matches(losses(logged_steps(run_dir)), final_weights(run_dir),
+                               losses(logged_steps(single_two_layers)),
+                               final_weights(single_two_layers))
+
+
+def rewind(run_dir, step):
+    """Makes step_<step> the newest checkpoint, as if the run had stopped there."""
+    checkpoints = run_dir / "checkpoints"
+    for entry in checkpoints.iterdir():
+        if entry.name.startswith("step_") and int(entry.name[5:]) > step:
+            shutil.rmtree(entry)
+    (checkpoints / "latest").write_text(f"step_{step}\n")
+
+
+@pytest.mark.parametrize("saved_by,resumed_by", [(2, 1), (1, 2)])
+def test_a_checkpoint_resumes_across_pipeline_layouts(tmp_path, single_two_layers, saved_by,
+                                                      resumed_by):
+    def pipeline(ranks):
+        return ["--set", f"parallel.pipeline_parallel_size={ranks}",
+                "--set", "checkpoint.interval_steps=2"]
+    run_dir, _ = train(tmp_path, "run", saved_by, pipeline(saved_by))
+    rewind(run_dir, 2)
+    _, out = train(tmp_path, "run", resumed_by, pipeline(resumed_by))
+    assert "(step 2)" in out and "resuming from" in out
+    assert_run_matches(run_dir, single_two_layers, loss_rtol=0)
+
+
+def test_pipeline_final_weights_convert_to_hugging_face(tmp_path):
+    run_dir, _ = train(tmp_path, "run", 2, ["--set", "parallel.pipeline_parallel_size=2"])
+    result = subprocess.run([SWITCHYARD, "convert", "to-hf", str(run_dir / "checkpoints" / "final"),
+                             str(tmp_path / "hf")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "hf" / "config.json").exists()
+
+
+def test_evaluation_with_pipeline_stages_is_refused_before_any_work(tmp_path):
     result = subprocess.run(
-        mpirun(2) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(tmp_path / "run"), *COMMON,
-                     "--set", "parallel.pipeline_parallel_size=2"],
+        mpirun(2) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(tmp_path / "run"),
+                     *PIPELINE_COMMON, "--set", "parallel.pipeline_parallel_size=2",
+                     "--set", "train.eval_interval=2"],
         capture_output=True, text=True, env=ENV, timeout=120)
     assert result.returncode != 0
-    assert "parallel.pipeline_parallel_size (2) must be 1: train runs every layer" in result.stderr
+    assert ("parallel.pipeline_parallel_size (2) trains without evaluation "
+            "(train.eval_interval above 0) so far") in result.stderr
     assert not (tmp_path / "run").exists()
 
 

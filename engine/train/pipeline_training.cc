@@ -1,0 +1,173 @@
+#include "engine/train/pipeline_training.h"
+
+#include <map>
+#include <utility>
+
+#include "engine/config/recipe.h"
+
+namespace switchyard {
+
+namespace {
+
+// The first layer of each model chunk, and one past the last chunk's.
+std::vector<int> chunk_first_layers(const config::Recipe& recipe) {
+  std::vector<int> first = {0};
+  for (int layers : config::pipeline_chunk_layers(recipe)) first.push_back(first.back() + layers);
+  return first;
+}
+
+// MoE layers among the model's layers [0, end).
+int moe_layers_before(const config::Recipe& recipe, int end) {
+  int n = 0;
+  for (int layer = 0; layer < end; ++layer) n += config::is_moe_layer(recipe, layer) ? 1 : 0;
+  return n;
+}
+
+// A layer's statistics as doubles: selections (E), probability sums (E), then tokens,
+// top_k, capacity_factor, z_loss, sequence_aux_loss, seq_len.
+constexpr int kLayerScalars = 6;
+
+void pack_layer(const RouterStats::Layer& layer, int num_experts, double* out) {
+  for (int e = 0; e < num_experts; ++e) {
+    out[e] = layer.selections_per_expert[e];
+    out[num_experts + e] = layer.prob_sum_per_expert[e];
+  }
+  double* scalars = out + 2 * num_experts;
+  scalars[0] = static_cast<double>(layer.tokens);
+  scalars[1] = layer.top_k;
+  scalars[2] = layer.capacity_factor;
+  scalars[3] = layer.z_loss;
+  scalars[4] = layer.sequence_aux_loss;
+  scalars[5] = static_cast<double>(layer.seq_len);
+}
+
+RouterStats::Layer unpack_layer(const double* in, int num_experts) {
+  RouterStats::Layer layer;
+  layer.selections_per_expert.assign(in, in + num_experts);
+  layer.prob_sum_per_expert.assign(in + num_experts, in + 2 * num_experts);
+  const double* scalars = in + 2 * num_experts;
+  layer.tokens = static_cast<int64_t>(scalars[0]);
+  layer.top_k = static_cast<int>(scalars[1]);
+  layer.capacity_factor = static_cast<float>(scalars[2]);
+  layer.z_loss = scalars[3];
+  layer.sequence_aux_loss = scalars[4];
+  layer.seq_len = static_cast<int64_t>(scalars[5]);
+  return layer;
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Transformer>> build_model_chunks(const config::Recipe& recipe,
+                                                             const Layout& layout,
+                                                             int pipeline_rank,
+                                                             ParamStore& params,
+                                                             ModelParallel parallel) {
+  const PipelineShape shape = layout.pipeline_shape();
+  const std::vector<int> first = chunk_first_layers(recipe);
+  std::vector<std::unique_ptr<Transformer>> chunks;
+  for (int c = 0; c < shape.virtual_chunks; ++c) {
+    const int k = shape.model_chunk(pipeline_rank, c);
+    chunks.push_back(std::make_unique<Transformer>(recipe, params, parallel,
+                                                   ModelChunk{first[k], first[k + 1] - first[k]}));
+  }
+  return chunks;
+}
+
+ChunkStages::ChunkStages(Device& dev, const std::vector<std::unique_ptr<Transformer>>& chunks,
+                         const std::vector<MicroBatchInput>& inputs, int64_t hidden_size,
+                         DType dtype, float loss_scale, double ce_tokens,
+                         OverlappedGradReduce* reducer, ForwardDone forward_done)
+    : dev_(dev),
+      chunks_(chunks),
+      inputs_(inputs),
+      hidden_size_(hidden_size),
+      dtype_(dtype),
+      loss_scale_(loss_scale),
+      ce_tokens_(ce_tokens),
+      reducer_(reducer),
+      forward_done_(std::move(forward_done)),
+      stashed_(chunks.size()) {
+  for (auto& per_chunk : stashed_) per_chunk.resize(inputs.size());
+}
+
+Tensor ChunkStages::forward(int micro_batch, int chunk, const Tensor& input) {
+  const MicroBatchInput& in = inputs_[micro_batch];
+  Transformer& model = *chunks_[chunk];
+  Transformer::ChunkOutput out =
+      model.forward_chunk(dev_, input, in.ids, in.targets, in.rng, in.doc_starts);
+  forward_done_(chunk, out.losses, model.router_stats());
+  stashed_[chunk][micro_batch] = model.stash_activations();
+  return out.hidden;
+}
+
+Tensor ChunkStages::backward(int micro_batch, int chunk, const Tensor& output_grad) {
+  Transformer& model = *chunks_[chunk];
+  model.restore_activations(std::move(stashed_[chunk][micro_batch]));
+  if (reducer_) reducer_->set_reducing(micro_batch + 1 == static_cast<int>(inputs_.size()));
+  return model.backward_chunk(dev_, output_grad, loss_scale_, ce_tokens_);
+}
+
+Tensor ChunkStages::receive_buffer(TransferKind /*kind*/, int micro_batch, int /*chunk*/) {
+  // Activations and their gradients alike: (batch * seq, hidden) in the compute dtype.
+  const Tensor& ids = inputs_[micro_batch].ids;
+  return Tensor::empty({ids.numel(), hidden_size_}, dtype_, MemoryKind::kActivations, dev_);
+}
+
+RouterStats gather_pipeline_router_stats(const config::Recipe& recipe, const Layout& layout,
+                                         int pipeline_rank,
+                                         const std::vector<RouterStats>& mine,
+                                         Communicator& pipeline) {
+  const int num_experts = recipe.moe().num_experts();
+  const int width = 2 * num_experts + kLayerScalars;
+  const int total_layers = moe_layers_before(recipe, recipe.model().num_layers());
+  const PipelineShape shape = layout.pipeline_shape();
+  const std::vector<int> first = chunk_first_layers(recipe);
+  // Each rank writes its own layers' rows; the sum over the group holds every layer once.
+  std::vector<double> rows(static_cast<size_t>(total_layers) * width, 0.0);
+  for (size_t c = 0; c < mine.size(); ++c) {
+    const int offset =
+        moe_layers_before(recipe, first[shape.model_chunk(pipeline_rank, static_cast<int>(c))]);
+    for (size_t l = 0; l < mine[c].layers.size(); ++l)
+      pack_layer(mine[c].layers[l], num_experts, &rows[(offset + l) * width]);
+  }
+  pipeline.all_reduce_sum(rows.data(), static_cast<int64_t>(rows.size()));
+  RouterStats all;
+  all.num_experts = num_experts;
+  all.selections_per_expert.assign(num_experts, 0.0);
+  all.prob_sum_per_expert.assign(num_experts, 0.0);
+  for (int l = 0; l < total_layers; ++l) {
+    all.layers.push_back(unpack_layer(&rows[static_cast<size_t>(l) * width], num_experts));
+    const RouterStats::Layer& layer = all.layers.back();
+    for (int e = 0; e < num_experts; ++e) {
+      all.selections_per_expert[e] += layer.selections_per_expert[e];
+      all.prob_sum_per_expert[e] += layer.prob_sum_per_expert[e];
+    }
+    all.routed_tokens += layer.tokens;
+    all.z_loss += layer.z_loss;
+  }
+  return all;
+}
+
+std::vector<std::pair<std::string, Tensor>> gather_pipeline_weights(
+    const config::Recipe& recipe, const Layout& layout,
+    const std::vector<std::pair<std::string, Tensor>>& mine, Communicator& pipeline) {
+  const PipelineShape shape = layout.pipeline_shape();
+  const std::vector<int> first = chunk_first_layers(recipe);
+  const std::map<std::string, Tensor> held(mine.begin(), mine.end());
+  std::vector<std::pair<std::string, Tensor>> whole;
+  for (int k = 0; k < shape.num_chunks(); ++k) {
+    // The chunk's names and whole shapes, from a model of that chunk on one rank.
+    ParamStore names;
+    const Transformer chunk(recipe, names, {}, ModelChunk{first[k], first[k + 1] - first[k]});
+    const int root = shape.rank_of(k);
+    for (const Param& p : names.params()) {
+      Tensor value = root == pipeline.rank() ? held.at(p.name)
+                                             : Tensor::empty(p.whole_shape, DType::kF32);
+      pipeline.broadcast(value, root);
+      whole.emplace_back(p.name, value);
+    }
+  }
+  return whole;
+}
+
+}  // namespace switchyard

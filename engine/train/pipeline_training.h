@@ -1,0 +1,86 @@
+// Training with pipeline stages (parallel.pipeline_parallel_size > 1): this rank's
+// chunks of the model as the PipelineStages that run_pipeline_step drives, and the
+// routing statistics of every stage gathered in the model's layer order.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/config/recipe.pb.h"
+#include "engine/model/transformer.h"
+#include "engine/optim/grad_reducer.h"
+#include "engine/parallel/pipeline_executor.h"
+#include "engine/parallel/topology.h"
+#include "engine/runtime/param_store.h"
+#include "kernels/devices.h"
+#include "moe/router_stats.h"
+
+namespace switchyard {
+
+// The model chunks pipeline rank `pipeline_rank` of `layout` holds, in local chunk order:
+// model chunk shape.model_chunk(rank, c), its layers from config::pipeline_chunk_layers.
+// Each registers its parameters in `params` under the whole model's names.
+std::vector<std::unique_ptr<Transformer>> build_model_chunks(const config::Recipe& recipe,
+                                                             const Layout& layout,
+                                                             int pipeline_rank,
+                                                             ParamStore& params,
+                                                             ModelParallel parallel);
+
+// One micro-batch's inputs, the same on every stage (only the first embeds the ids, only
+// the last scores the targets).
+struct MicroBatchInput {
+  Tensor ids, targets, doc_starts;
+  Rng rng;  // GShard's draws: layer i takes rng.fork(i) whichever stage holds it
+};
+
+// One step's passes on this rank's chunks: a forward runs forward_chunk and stashes the
+// micro-batch's activations; its backward restores them and runs backward_chunk.
+class ChunkStages : public PipelineStages {
+ public:
+  // Called after every forward with its local chunk, its losses and the chunk's routing
+  // statistics.
+  using ForwardDone = std::function<void(int, const LossParts&, const RouterStats&)>;
+  // `reducer` (null without data parallelism) reduces a chunk's dense gradients over the
+  // replicas during its backward of the step's last micro-batch, the last of that chunk
+  // in every schedule.
+  ChunkStages(Device& dev, const std::vector<std::unique_ptr<Transformer>>& chunks,
+              const std::vector<MicroBatchInput>& inputs, int64_t hidden_size, DType dtype,
+              float loss_scale, double ce_tokens, OverlappedGradReduce* reducer,
+              ForwardDone forward_done);
+
+  Tensor forward(int micro_batch, int chunk, const Tensor& input) override;
+  Tensor backward(int micro_batch, int chunk, const Tensor& output_grad) override;
+  Tensor receive_buffer(TransferKind kind, int micro_batch, int chunk) override;
+
+ private:
+  Device& dev_;
+  const std::vector<std::unique_ptr<Transformer>>& chunks_;
+  const std::vector<MicroBatchInput>& inputs_;
+  int64_t hidden_size_;
+  DType dtype_;
+  float loss_scale_;
+  double ce_tokens_;
+  OverlappedGradReduce* reducer_;
+  ForwardDone forward_done_;
+  // [chunk][micro-batch]: what a forward saved for its backward.
+  std::vector<std::vector<Transformer::Activations>> stashed_;
+};
+
+// Every MoE layer's routing statistics of the whole model, in layer order, from each
+// pipeline rank's chunks (`mine`, in local chunk order): a collective over `pipeline`.
+RouterStats gather_pipeline_router_stats(const config::Recipe& recipe, const Layout& layout,
+                                         int pipeline_rank,
+                                         const std::vector<RouterStats>& mine,
+                                         Communicator& pipeline);
+
+// The whole model's weights on every rank of `pipeline`, in the model's order: each
+// chunk's parameters broadcast from the pipeline rank that holds them (`mine`: this
+// rank's whole weights, by name). A collective over `pipeline`.
+std::vector<std::pair<std::string, Tensor>> gather_pipeline_weights(
+    const config::Recipe& recipe, const Layout& layout,
+    const std::vector<std::pair<std::string, Tensor>>& mine, Communicator& pipeline);
+
+}  // namespace switchyard
