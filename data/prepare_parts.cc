@@ -5,13 +5,12 @@
 #include <chrono>
 #include <filesystem>
 
-#include "data/prepare.h"
-#include "data/token_shard.h"
-#include "data/tokenizer.h"
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "data/prepare.h"
 #include "data/sha256.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/json_fields.h"
 #include "engine/runtime/status_macros.h"
@@ -40,7 +39,8 @@ absl::StatusOr<std::vector<ShardEntry>> read_part_shards(const JsonFields& split
   std::vector<ShardEntry> shards;
   for (size_t k = 0; k < list->size(); ++k) {
     const nlohmann::json& item = (*list)[k];
-    if (!item.is_object()) return splits.error(absl::StrCat(name, "[", k, "]"), "must be an object");
+    if (!item.is_object())
+      return splits.error(absl::StrCat(name, "[", k, "]"), "must be an object");
     const JsonFields fields = splits.element(item, name, k);
     SY_ASSIGN_OR_RETURN(ShardEntry e, read_shard_entry(fields));
     const std::string want = part_shard_name(id, split, static_cast<int64_t>(k));
@@ -73,10 +73,11 @@ absl::StatusOr<PartId> parse_part_id(std::string_view text) {
   const size_t slash = text.find('/');
   PartId id;
   if (slash == std::string_view::npos || !parse_integer(text.substr(0, slash), &id.index) ||
-      !parse_integer(text.substr(slash + 1), &id.count) || id.count < 1 ||
-      id.count > kMaxParts || id.index < 0 || id.index >= id.count)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--part \"", std::string(text), "\": expected I/N, part I of N, with 0 <= I < N <= ", kMaxParts));
+      !parse_integer(text.substr(slash + 1), &id.count) || id.count < 1 || id.count > kMaxParts ||
+      id.index < 0 || id.index >= id.count)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--part \"", std::string(text),
+                     "\": expected I/N, part I of N, with 0 <= I < N <= ", kMaxParts));
   return id;
 }
 
@@ -115,7 +116,8 @@ absl::StatusOr<PartRecord> read_part_record(const std::string& path) {
   const JsonFields r(j, path);
   SY_ASSIGN_OR_RETURN(const std::string format, r.string("format"));
   if (format != kPartFormatName)
-    return r.error("format", absl::StrCat("is \"", format, "\", expected \"", kPartFormatName, "\""));
+    return r.error("format",
+                   absl::StrCat("is \"", format, "\", expected \"", kPartFormatName, "\""));
   PartRecord record;
   SY_ASSIGN_OR_RETURN(record.id.count, r.integer("parts", 1, kMaxParts));
   SY_ASSIGN_OR_RETURN(record.id.index, r.integer("part", 0, record.id.count - 1));
@@ -179,7 +181,6 @@ absl::StatusOr<std::vector<int64_t>> part_counts_in(const std::string& dir) {
   return counts;
 }
 
-
 namespace {
 
 // Every part record of `dir`, checked against each other: all there, finished, made with
@@ -190,9 +191,9 @@ absl::StatusOr<std::vector<PartRecord>> read_parts(const std::string& dir) {
     return absl::NotFoundError(
         absl::StrCat(dir, ": holds no part records (part-*-of-*.json): nothing to merge"));
   if (counts.size() > 1)
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, ": holds the parts of prepares split into ", counts.front(), " and into ",
-        counts.back(), "; keep the parts of one"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": holds the parts of prepares split into ", counts.front(), " and into ",
+                     counts.back(), "; keep the parts of one"));
   std::vector<PartRecord> parts;
   for (int64_t i = 0; i < counts.front(); ++i) {
     const PartId id{i, counts.front()};
@@ -205,22 +206,21 @@ absl::StatusOr<std::vector<PartRecord>> read_parts(const std::string& dir) {
                                               id.count, ")"));
     SY_ASSIGN_OR_RETURN(PartRecord record, read_part_record(path));
     if (record.id.index != i || record.id.count != id.count)
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, ": is the record of part ", record.id.index, "/", record.id.count, ", not of ",
-          which, " (a renamed or copied record)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": is the record of part ", record.id.index, "/", record.id.count,
+                       ", not of ", which, " (a renamed or copied record)"));
     if (!record.finished)
       return absl::FailedPreconditionError(absl::StrCat(
           path, ": ", which, " has not finished; run its data prepare again to resume it"));
     if (i > 0 && record.fingerprint != parts.front().fingerprint)
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, ": made with other arguments, tokenizer, template or inputs than ",
-          part_record_name(parts.front().id), "; prepare it again with theirs"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": made with other arguments, tokenizer, template or inputs than ",
+                       part_record_name(parts.front().id), "; prepare it again with theirs"));
     const int64_t expected = i == 0 ? 0 : parts.back().first_document + parts.back().documents;
     if (record.first_document != expected)
-      return absl::FailedPreconditionError(absl::StrCat(path, ": starts at document ",
-                                                        record.first_document,
-                                                        " but the parts before it end at ",
-                                                        expected));
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": starts at document ", record.first_document,
+                       " but the parts before it end at ", expected));
     parts.push_back(std::move(record));
   }
   return parts;
@@ -257,7 +257,8 @@ std::vector<ShardMove> plan_moves(const std::string& dir, const std::vector<Part
   for (const PartRecord& part : parts)
     for (const ShardEntry& e : part.shards[split]) {
       ShardMove move{(fs::path(dir) / e.file).string(), "", e};
-      move.entry.file = shard_file_name(kSplitNames[split], static_cast<int64_t>(moves.size()), count);
+      move.entry.file =
+          shard_file_name(kSplitNames[split], static_cast<int64_t>(moves.size()), count);
       move.to = (fs::path(dir) / move.entry.file).string();
       moves.push_back(std::move(move));
     }
@@ -275,9 +276,10 @@ absl::Status check_shards(const std::vector<ShardMove>& moves, DataProgressSink&
     std::error_code ec;
     const std::string& path = fs::exists(move.from, ec) ? move.from : move.to;
     if (!holds_recorded_shard(path, move.entry))
-      return absl::DataLossError(absl::StrCat(
-          move.from, ": missing or not the shard its part record lists (size or sha256 differ); "
-          "prepare that part again"));
+      return absl::DataLossError(
+          absl::StrCat(move.from,
+                       ": missing or not the shard its part record lists (size or sha256 differ); "
+                       "prepare that part again"));
     progress.bytes_done += move.entry.bytes;
     progress.documents += move.entry.documents;
     progress.tokens += move.entry.tokens;

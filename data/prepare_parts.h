@@ -10,12 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,12 +49,12 @@ struct PartRecord {
   // What the output depends on, the same for every part of one prepare: the tokenizer's
   // and chat template's sha256, the options, and each input's path, size and mtime.
   nlohmann::json arguments;
-  std::string fingerprint;  // fingerprint_of(arguments)
-  double val_fraction = 0;  // arguments' val_fraction
+  std::string fingerprint;       // fingerprint_of(arguments)
+  double val_fraction = 0;       // arguments' val_fraction
   std::string tokenizer_sha256;  // arguments' tokenizer_sha256
-  int64_t first_document = 0;  // the part's first document, counting all inputs
+  int64_t first_document = 0;    // the part's first document, counting all inputs
   bool finished = false;
-  int64_t documents = 0;  // the part's documents once finished, else its shards'.
+  int64_t documents = 0;              // the part's documents once finished, else its shards'.
   std::vector<ShardEntry> shards[2];  // its complete shards of train and val, in order
 };
 

@@ -3,15 +3,16 @@
 // inputs are refused. Parts made separately and merged hold the token streams of a
 // one-process prepare; a missing part, one from other arguments, a swapped record or
 // shard are refused in one line.
+#include "data/prepare_parts.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 
-#include "data/prepare.h"
 #include "absl/strings/str_cat.h"
-#include "data/prepare_parts.h"
+#include "data/prepare.h"
 #include "data/token_dataset.h"
 #include "tests/data/data_test_util.h"
 
@@ -139,8 +140,7 @@ TEST_F(PreparePartsTest, ResumeRefusesChangedArgumentsInputsAndShards) {
                             "a prepare made with other arguments"));
   other = options;
   other.val_fraction = 0.1;
-  EXPECT_TRUE(IsOneLineWith(message_of(prepare_dataset(other, quiet_).status()),
-                            "to start over"));
+  EXPECT_TRUE(IsOneLineWith(message_of(prepare_dataset(other, quiet_).status()), "to start over"));
   // A changed input (its size and mtime).
   write_text(inputs_[2], read_text(inputs_[2]) + "\nOne more line.\n");
   EXPECT_TRUE(IsOneLineWith(message_of(prepare_dataset(options, quiet_).status()),

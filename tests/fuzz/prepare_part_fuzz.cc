@@ -8,8 +8,8 @@
 namespace sy = switchyard;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string path = sy::fuzz::write_scratch(sy::part_record_name(sy::PartId{}),
-                                                   sy::fuzz::as_text(data, size));
+  const std::string path =
+      sy::fuzz::write_scratch(sy::part_record_name(sy::PartId{}), sy::fuzz::as_text(data, size));
   sy::fuzz::require_clean_refusal(sy::read_part_record(path).status(), path);
   return 0;
 }
