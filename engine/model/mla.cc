@@ -270,16 +270,47 @@ Tensor LatentAttention::decode(Device& dev, const Tensor& x, int64_t past, const
   const Tensor q_full = query_heads(dev, x, 1, n, rope_rows);
   cache.v.slice_rows(past, positions).copy_from(key_latent(dev, x, 1, n, rope_rows));
   cache.k.slice_rows(past, positions).copy_from(c_normed_);
-  key_value_heads(dev, cache.k.slice_rows(0, positions), cache.v.slice_rows(0, positions), 1,
-                  positions);
-  Tensor out = activation(dev, {n, heads_, width_}, DType::kF32);
-  attend_cached(q_full.reshape({n, heads_, width_}), k_full_.reshape({positions, heads_, width_}),
-                v_full_.reshape({positions, heads_, width_}), past, out);
-  Tensor attn = activation(dev, {n, heads_ * v_dim_}, DType::kF32);
-  Tensor attn_heads = attn.reshape({n * heads_, v_dim_});
-  copy_columns(dev, out, 0, attn_heads, 0, v_dim_);
+  const Tensor attn = attend_latent(dev, q_full.reshape({n, heads_ * width_}), cache, past);
   discard();
   return project(dev, attn, *wo_);
+}
+
+Tensor LatentAttention::attend_latent(Device& dev, const Tensor& q_rows, const KvCache& cache,
+                                      int64_t past) {
+  const int64_t n = q_rows.rows(), positions = past + n, latent = kv_rank_ + rope_;
+  const int64_t block = nope_ + v_dim_;  // one head's rows of kv_b_proj: key, then value
+  const Tensor& w = wkv_b_->work;
+  // Every position's key in latent space, [c, k_rot], one key head shared by the heads.
+  Tensor keys = activation(dev, {positions, 1, latent}, DType::kF32);
+  copy_columns(dev, cache.k.slice_rows(0, positions), 0, keys, 0, kv_rank_);
+  copy_columns(dev, cache.v.slice_rows(0, positions), 0, keys, kv_rank_, rope_);
+  // Each head's query: its position-free part through the head's key up-projection
+  // (q_nope W_k . c = q_nope . W_k c), its rotary part as it is.
+  Tensor queries = activation(dev, {n, heads_, latent}, DType::kF32);
+  Tensor query_rows = queries.reshape({n, heads_ * latent});
+  Tensor q_nope = activation(dev, {n, nope_}, DType::kF32);
+  Tensor q_latent = activation(dev, {n, kv_rank_}, DType::kF32);
+  for (int64_t h = 0; h < heads_; ++h) {
+    copy_columns(dev, q_rows, h * width_, q_nope, 0, nope_);
+    matmul(dev, q_nope, false, w.slice_rows(h * block, h * block + nope_), false, q_latent);
+    copy_columns(dev, q_latent, 0, query_rows, h * latent, kv_rank_);
+    copy_columns(dev, q_rows, h * width_ + nope_, query_rows, h * latent + kv_rank_, rope_);
+  }
+  // q_rows carry sqrt(D) x the softmax scale; attend_cached divides by sqrt(latent).
+  scale_(dev, queries, std::sqrt(static_cast<float>(latent) / static_cast<float>(width_)));
+  Tensor mixed = activation(dev, {n, heads_, latent}, DType::kF32);
+  attend_cached(queries, keys, keys, past, mixed);
+  // Each head's softmax-weighted latent through its value up-projection.
+  const Tensor mixed_rows = mixed.reshape({n, heads_ * latent});
+  Tensor attn = activation(dev, {n, heads_ * v_dim_}, DType::kF32);
+  Tensor mixed_latent = activation(dev, {n, kv_rank_}, DType::kF32);
+  Tensor value = activation(dev, {n, v_dim_}, DType::kF32);
+  for (int64_t h = 0; h < heads_; ++h) {
+    copy_columns(dev, mixed_rows, h * latent, mixed_latent, 0, kv_rank_);
+    matmul(dev, mixed_latent, false, w.slice_rows(h * block + nope_, (h + 1) * block), true, value);
+    copy_columns(dev, value, 0, attn, h * v_dim_, v_dim_);
+  }
+  return attn;
 }
 
 void LatentAttention::discard() {

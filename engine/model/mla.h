@@ -45,7 +45,7 @@ class LatentAttention {
   Tensor backward(Device& dev, const Tensor& dy, const Tensor& rope);
   // As Attention::decode; the cache holds each position's normalised key/value latent
   // (cache.k, kv_lora_rank floats) and rotated rotary key (cache.v, qk_rope_head_dim),
-  // which every step expands through kv_b_proj into the heads' keys and values.
+  // and the heads attend over them in latent space (attend_latent).
   Tensor decode(Device& dev, const Tensor& x, int64_t past, const Tensor& rope, KvCache& cache);
   KvCache empty_cache(int64_t positions) const;
   // Selective recomputation: forward keeps the per-head operands but not the core's
@@ -74,6 +74,13 @@ class LatentAttention {
   // latent (n, kv_rank) and the rotary key (n, rope) every head shares.
   void key_value_heads(Device& dev, const Tensor& c_normed, const Tensor& k_rot, int64_t batch,
                        int64_t seq);
+  // Generation's attention of the queries q_rows (n, heads * D) of positions [past, past +
+  // n) over the cached latents of positions [0, past + n), kv_b_proj absorbed: each head's
+  // position-free query goes through its key up-projection into latent space, scores
+  // there against [latent, rotary key], and the weighted latent through its value
+  // up-projection -> (n, heads * v_head_dim). Per step, heads x positions x (kv_rank +
+  // rope) for the scores instead of expanding every cached position's keys and values.
+  Tensor attend_latent(Device& dev, const Tensor& q_rows, const KvCache& cache, int64_t past);
   // The core: softmax(q k^T) v of the per-head operands into out_full_, lse_, attn_out_.
   void core_forward(Device& dev);
   // The query projection's gradient dq (n, heads * qk) into the latent gradient buffer
