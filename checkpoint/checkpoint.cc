@@ -86,8 +86,14 @@ absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
 #pragma omp parallel for schedule(dynamic)
   for (int64_t i = 0; i < count; ++i) digests[i] = slice_bytes_sha256(mine[i].value);
   std::vector<checkpoint::TensorSlice> entries;
+  std::set<std::string> datasets;
   for (size_t i = 0; i < mine.size(); ++i) {
     const SliceToSave& s = mine[i];
+    // A rank may write several runs of one tensor's rows (experts under a placement):
+    // each after the first gets a dataset of its own.
+    const std::string dataset_name = datasets.insert(s.key).second
+                                         ? s.key
+                                         : absl::StrCat(s.key, ".rows_", s.first_row);
     const Shape& shape = s.value.shape();
     const std::vector<hsize_t> dims = shape.empty() ? std::vector<hsize_t>{1}
                                                     : std::vector<hsize_t>(shape.begin(), shape.end());
@@ -96,7 +102,7 @@ absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
     errno = 0;  // libhdf5's file driver leaves the OS's reason for a failure in errno
     SY_RETURN_IF_ERROR(
         create_parent_groups(h5.get(), s.key, path, settings.group_creation.get(), groups));
-    H5Handle dataset(H5Dcreate2(h5.get(), s.key.c_str(), H5T_IEEE_F32LE, space.get(),
+    H5Handle dataset(H5Dcreate2(h5.get(), dataset_name.c_str(), H5T_IEEE_F32LE, space.get(),
                                 H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                      H5Dclose);
     if (!dataset.valid() || H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
@@ -111,7 +117,7 @@ absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
     e.set_first_row(s.first_row);
     e.set_rows(s.value.shape().empty() ? 1 : s.value.dim(0));
     e.set_file(file);
-    e.set_dataset(s.key);
+    e.set_dataset(dataset_name);
     e.set_sha256(digests[i]);
   }
   errno = 0;

@@ -40,7 +40,8 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
       force_balance_(moe.router_force_balance()),
       sequence_aux_(moe.seq_aux_loss_coef() > 0),
       capacity_factor_(moe.capacity_factor()),
-      dispatcher_(num_experts_, num_local_experts_, slots_, top_k_, ep_, tp_) {
+      dispatcher_(num_experts_, num_local_experts_, slots_, top_k_, ep_, tp_,
+                  params.placement().expert_order) {
   const int64_t hidden = model.hidden_size();
   const int64_t ffn = moe.expert_ffn_hidden_size();
   const float std = model.init_std();
@@ -53,7 +54,8 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
     expert_bias_->trainable = false;
     expert_bias_->weight_decay = false;
   }
-  // This rank's shard of the experts, [rank * local, (rank + 1) * local) of the E.
+  // This rank's shard of the experts: positions [rank * local, (rank + 1) * local) of the
+  // expert order (ShardPlacement::expert_order), the E in order by default.
   gate_up_ = &params.add(prefix + "experts.gate_up_proj", {num_experts_, 2 * ffn, hidden},
                          ShardSpec{.expert = true}, ParamInit::kNormal, std);
   down_ = &params.add(prefix + "experts.down_proj", {num_experts_, hidden, ffn},

@@ -2,9 +2,10 @@
 // all-to-all over the expert-parallel group; moe/token_dispatcher.h) -> grouped SwiGLU
 // experts -> the dispatcher's combine, plus optional shared experts.
 //
-// With an expert-parallel group of P ranks, rank p holds experts
-// [p * E/P, (p+1) * E/P) (the expert parameters are that shard) and routes its own
-// tokens over all E experts.
+// With an expert-parallel group of P ranks, rank p holds the experts at positions
+// [p * E/P, (p+1) * E/P) of the parameter store's expert order (parallel.expert_placement;
+// the experts in order by default; the expert parameters are that shard) and routes its
+// own tokens over all E experts, by their logical ids.
 //
 // With a tensor-parallel group of T ranks (parallel folding, DESIGN.md), the T ranks
 // hold the same n tokens; rank r routes rows [r n / T, (r + 1) n / T) and the routed

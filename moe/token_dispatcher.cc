@@ -22,16 +22,57 @@ int64_t total(const std::vector<int64_t>& rows) {
 }  // namespace
 
 TokenDispatcher::TokenDispatcher(int num_experts, int num_local_experts, int slots, int top_k,
-                                 Communicator* expert_parallel, Communicator* tensor_parallel)
+                                 Communicator* expert_parallel, Communicator* tensor_parallel,
+                                 const std::vector<int>& expert_order)
     : num_experts_(num_experts),
       num_local_experts_(num_local_experts),
       slots_(slots),
       top_k_(top_k),
       ep_(expert_parallel && expert_parallel->size() > 1 ? expert_parallel : nullptr),
-      tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr) {}
+      tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr) {
+  SY_CHECK_MSG(expert_order.empty() || static_cast<int>(expert_order.size()) == num_experts,
+               "the expert order does not list every expert");
+  std::vector<int32_t> position(expert_order.size(), -1);
+  bool in_order = true;
+  for (size_t i = 0; i < expert_order.size(); ++i) {
+    const int e = expert_order[i];
+    SY_CHECK_MSG(e >= 0 && e < num_experts && position[static_cast<size_t>(e)] < 0,
+                 "the expert order is not a permutation of the experts");
+    position[static_cast<size_t>(e)] = static_cast<int32_t>(i);
+    in_order = in_order && e == static_cast<int>(i);
+  }
+  if (!in_order) position_ = std::move(position);
+}
 
-void TokenDispatcher::plan(Device& dev, const Tensor& ids, const Tensor& weights,
+void TokenDispatcher::plan(Device& dev, const Tensor& expert_ids, const Tensor& weights,
                            int64_t total_tokens, float capacity_factor) {
+  const Tensor ids = position_.empty() ? expert_ids : positions_of(dev, expert_ids);
+  plan_positions(dev, ids, weights, total_tokens, capacity_factor);
+  if (!position_.empty()) count_by_expert(dev);
+}
+
+// The relabelling runs on the host: with expert parallelism the exchange waits for the
+// counts there anyway.
+Tensor TokenDispatcher::positions_of(Device& dev, const Tensor& ids) const {
+  Tensor placed = Tensor::empty(ids.shape(), DType::kI32);
+  placed.copy_from(ids);  // the router's ids stay as they are, for the backward
+  int32_t* id = placed.data<int32_t>();
+  for (int64_t a = 0; a < placed.numel(); ++a)
+    if (id[a] >= 0) id[a] = position_[static_cast<size_t>(id[a])];
+  return placed.to(dev, MemoryKind::kActivations);
+}
+
+void TokenDispatcher::count_by_expert(Device& dev) {
+  const Tensor by_position = tokens_per_expert_.on_host();
+  Tensor by_expert = Tensor::empty({num_experts_}, DType::kI32);
+  const int32_t* from = by_position.data<int32_t>();
+  int32_t* to = by_expert.data<int32_t>();
+  for (int e = 0; e < num_experts_; ++e) to[e] = from[position_[static_cast<size_t>(e)]];
+  logical_tokens_per_expert_ = by_expert.to(dev, MemoryKind::kActivations);
+}
+
+void TokenDispatcher::plan_positions(Device& dev, const Tensor& ids, const Tensor& weights,
+                                     int64_t total_tokens, float capacity_factor) {
   const int E = num_experts_;
   const int64_t n = ids.dim(0);
   tokens_per_expert_ = activation(dev, {E}, DType::kI32);
@@ -112,18 +153,24 @@ void TokenDispatcher::dispatch_backward(Device& dev, const Tensor& dlocal_rows, 
 }
 
 void TokenDispatcher::release() {
-  tokens_per_expert_ = dest_rows_ = regroup_rows_ = local_counts_ = expert_out_ = Tensor();
+  tokens_per_expert_ = logical_tokens_per_expert_ = dest_rows_ = regroup_rows_ = local_counts_ = expert_out_ = Tensor();
 }
 
 TokenDispatcher::Saved TokenDispatcher::stash() {
-  return {std::exchange(tokens_per_expert_, Tensor()), std::exchange(dest_rows_, Tensor()),
-          std::exchange(regroup_rows_, Tensor()),      std::exchange(local_counts_, Tensor()),
-          std::exchange(expert_out_, Tensor()),        std::exchange(permuted_rows_, 0),
-          std::exchange(send_rows_, {}),               std::exchange(recv_rows_, {})};
+  return {std::exchange(tokens_per_expert_, Tensor()),
+          std::exchange(logical_tokens_per_expert_, Tensor()),
+          std::exchange(dest_rows_, Tensor()),
+          std::exchange(regroup_rows_, Tensor()),
+          std::exchange(local_counts_, Tensor()),
+          std::exchange(expert_out_, Tensor()),
+          std::exchange(permuted_rows_, 0),
+          std::exchange(send_rows_, {}),
+          std::exchange(recv_rows_, {})};
 }
 
 void TokenDispatcher::restore(Saved&& saved) {
   tokens_per_expert_ = std::move(saved.tokens_per_expert);
+  logical_tokens_per_expert_ = std::move(saved.logical_tokens_per_expert);
   dest_rows_ = std::move(saved.dest_rows);
   regroup_rows_ = std::move(saved.regroup_rows);
   local_counts_ = std::move(saved.local_counts);

@@ -4,7 +4,11 @@
 // by local expert for the grouped products), and brings the experts' outputs back to be
 // combined into token order. It owns the plan and its buffers for the backward pass.
 //
-// With an expert-parallel group of P ranks, rank p holds experts [p * E/P, (p+1) * E/P).
+// With an expert-parallel group of P ranks, rank p holds the experts at positions
+// [p * E/P, (p+1) * E/P) of the expert order (parallel.expert_placement; by default the
+// experts in order), its local expert i the one at position p * E/P + i. The router's
+// expert ids stay logical: the plan groups rows by position, and tokens_per_expert() is
+// by logical expert.
 // With a tensor-parallel group, each rank dispatches its own share of the group's tokens;
 // a capacity then keeps each expert's highest-weight assignments over the whole group.
 #pragma once
@@ -20,9 +24,11 @@ namespace switchyard {
 class TokenDispatcher {
  public:
   // `expert_parallel`, `tensor_parallel`: null or of size 1 for no exchange. `slots`:
-  // assignment slots per token (top-k, or E for expert choice).
+  // assignment slots per token (top-k, or E for expert choice). `expert_order`: the
+  // experts by position (empty: in order).
   TokenDispatcher(int num_experts, int num_local_experts, int slots, int top_k,
-                  Communicator* expert_parallel, Communicator* tensor_parallel);
+                  Communicator* expert_parallel, Communicator* tensor_parallel,
+                  const std::vector<int>& expert_order = {});
 
   // The dispatch plan of this rank's assignments (ids: (n, slots), -1 not sent) at
   // `capacity_factor` over the group's `total_tokens` (<= 0: dropless). On one
@@ -32,8 +38,10 @@ class TokenDispatcher {
   // group plans the whole group's assignments and keeps only this rank's kept rows.
   void plan(Device& dev, const Tensor& ids, const Tensor& weights, int64_t total_tokens,
             float capacity_factor);
-  // Kept assignments per expert (E) i32 on the device, for this rank's tokens.
-  const Tensor& tokens_per_expert() const { return tokens_per_expert_; }
+  // Kept assignments per (logical) expert (E) i32 on the device, for this rank's tokens.
+  const Tensor& tokens_per_expert() const {
+    return position_.empty() ? tokens_per_expert_ : logical_tokens_per_expert_;
+  }
   // The planned rows of x (n, hidden), grouped by the local expert that takes them
   // (rows per local expert: local_counts()).
   Tensor dispatch(Device& dev, const Tensor& x);
@@ -51,7 +59,8 @@ class TokenDispatcher {
   // The plan and the saved rows, moved out (leaving the dispatcher as after release())
   // and back: one micro-batch's, while others run (pipeline schedules).
   struct Saved {
-    Tensor tokens_per_expert, dest_rows, regroup_rows, local_counts, expert_out;
+    Tensor tokens_per_expert, logical_tokens_per_expert, dest_rows, regroup_rows, local_counts,
+        expert_out;
     int64_t permuted_rows = 0;
     std::vector<int64_t> send_rows, recv_rows;
   };
@@ -63,6 +72,12 @@ class TokenDispatcher {
   // to the ranks owning their experts, regrouped there by local expert; and the way back.
   Tensor exchange(Device& dev, const Tensor& rows);
   Tensor return_rows(Device& dev, const Tensor& expert_rows);
+  // plan() for ids by position.
+  void plan_positions(Device& dev, const Tensor& ids, const Tensor& weights,
+                      int64_t total_tokens, float capacity_factor);
+  // Under an expert placement: the ids by position, and the kept counts back by expert.
+  Tensor positions_of(Device& dev, const Tensor& ids) const;
+  void count_by_expert(Device& dev);
 
   int num_experts_;
   int num_local_experts_;
@@ -70,8 +85,11 @@ class TokenDispatcher {
   int top_k_;
   Communicator* ep_;  // null or of size 1: no exchange
   Communicator* tp_;  // null or of size 1: every token dispatched here
+  // position_[e]: expert e's position in the expert order; empty when in order.
+  std::vector<int32_t> position_;
 
-  Tensor tokens_per_expert_;  // (E) i32 on the device
+  Tensor tokens_per_expert_;          // (E) i32 on the device, by position
+  Tensor logical_tokens_per_expert_;  // (E) i32 on the device, by expert (a placement only)
   Tensor dest_rows_;          // (n, slots) i32: each assignment's permuted row, -1 dropped
   int64_t permuted_rows_ = 0;
   // Exchange plan (expert parallelism): rows sent to / received from each rank, the

@@ -440,6 +440,33 @@ absl::Status validate_pipeline(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
+// A permutation of the experts, and only where expert parallelism places them.
+absl::Status validate_expert_placement(const Recipe& recipe) {
+  const auto& placement = recipe.parallel().expert_placement();
+  if (placement.empty()) return absl::OkStatus();
+  const int32_t experts = recipe.moe().num_experts();
+  if (recipe.parallel().expert_parallel_size() <= 1)
+    return invalid(
+        "parallel.expert_placement places experts over expert-parallel ranks: it needs "
+        "parallel.expert_parallel_size > 1 (leave it empty otherwise)");
+  if (placement.size() != experts)
+    return invalid(absl::StrCat("parallel.expert_placement has ", placement.size(),
+                                " entries; it must list each of the moe.num_experts (", experts,
+                                ") experts once"));
+  std::vector<bool> seen(static_cast<size_t>(experts), false);
+  for (int i = 0; i < placement.size(); ++i) {
+    const int32_t e = placement[i];
+    if (e < 0 || e >= experts)
+      return invalid(absl::StrCat("parallel.expert_placement[", i, "] (", e,
+                                  ") is not an expert: it must be in [0, ", experts, ")"));
+    if (seen[static_cast<size_t>(e)])
+      return invalid(absl::StrCat("parallel.expert_placement[", i, "] (", e,
+                                  ") lists an expert twice: it must be a permutation"));
+    seen[static_cast<size_t>(e)] = true;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status validate_parallel(const Recipe& recipe) {
   const ParallelConfig& parallel = recipe.parallel();
   SY_RETURN_IF_ERROR(
@@ -476,6 +503,7 @@ absl::Status validate_parallel(const Recipe& recipe) {
     return invalid(absl::StrCat("moe.num_experts (", recipe.moe().num_experts(),
                                 ") must be divisible by parallel.expert_parallel_size (", ep, ")"));
   }
+  SY_RETURN_IF_ERROR(validate_expert_placement(recipe));
   return validate_pipeline(recipe);
 }
 
@@ -858,13 +886,24 @@ absl::Status apply_override(Recipe& recipe, std::string_view assignment_view) {
                                 "\" (valid fields: ", field_names(descriptor), ")"));
     }
     if (field->is_repeated()) {
-      if (i + 1 != names.size() || field->cpp_type() != pb::FieldDescriptor::CPPTYPE_STRING)
+      const bool strings = field->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING;
+      if (i + 1 != names.size() ||
+          (!strings && field->cpp_type() != pb::FieldDescriptor::CPPTYPE_INT32))
         return error(absl::StrCat(prefix, " is not a scalar field"));
-      // A list of strings, comma-separated, replaces the recipe's.
+      // A list of strings or integers, comma-separated, replaces the recipe's.
       const pb::Reflection& reflection = *message->GetReflection();
       reflection.ClearField(message, field);
-      for (const absl::string_view item : absl::StrSplit(value, ',', absl::SkipEmpty()))
-        reflection.AddString(message, field, std::string(absl::StripAsciiWhitespace(item)));
+      for (const absl::string_view item : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        const absl::string_view trimmed = absl::StripAsciiWhitespace(item);
+        int32_t number = 0;
+        if (strings)
+          reflection.AddString(message, field, std::string(trimmed));
+        else if (absl::SimpleAtoi(trimmed, &number))
+          reflection.AddInt32(message, field, number);
+        else
+          return error(absl::StrCat(prefix, " takes comma-separated integers; \"", trimmed,
+                                    "\" is not one"));
+      }
       break;
     }
     if (i + 1 == names.size()) {

@@ -30,7 +30,14 @@ Param& ParamStore::add(std::string name, Shape whole_shape, ShardSpec spec, Para
     p.shape[dim] /= size;
     p.origin[dim] = rank * p.shape[dim];
   };
-  if (spec.expert) split(0, placement_.expert_parallel_rank, placement_.expert_parallel_size);
+  if (spec.expert) {
+    split(0, placement_.expert_parallel_rank, placement_.expert_parallel_size);
+    const std::vector<int>& order = placement_.expert_order;
+    SY_CHECK_MSG(order.empty() || static_cast<int64_t>(order.size()) == p.whole_shape[0],
+                 "the expert placement does not list every expert");
+    if (!order.empty())
+      p.whole_rows.assign(order.begin() + p.origin[0], order.begin() + p.origin[0] + p.shape[0]);
+  }
   if (spec.tensor_parallel_dim >= 0 && placement_.tensor_parallel_size > 1)
     split(static_cast<size_t>(spec.tensor_parallel_dim), placement_.tensor_parallel_rank,
           placement_.tensor_parallel_size);
@@ -109,8 +116,8 @@ void ParamStore::initialize_rows(const Param& p, uint64_t seed, int64_t first_ro
       for (size_t d = rank; d-- > 1;) whole_stride[d - 1] = whole_stride[d] * p.whole_shape[d];
       index[0] = first_row;
       for (int64_t i = 0; i < n; ++i) {
-        int64_t whole_index = 0;
-        for (size_t d = 0; d < rank; ++d) whole_index += (p.origin[d] + index[d]) * whole_stride[d];
+        int64_t whole_index = p.whole_row(index[0]) * whole_stride[0];
+        for (size_t d = 1; d < rank; ++d) whole_index += (p.origin[d] + index[d]) * whole_stride[d];
         Rng rng(base.seed(), base.counter() + 2 * static_cast<uint64_t>(whole_index));
         v[i] = static_cast<float>(rng.normal() * p.init_std);
         for (size_t d = rank; d-- > 0;) {

@@ -31,6 +31,9 @@ struct ShardPlacement {
   int tensor_parallel_size = 1;
   int expert_parallel_rank = 0;
   int expert_parallel_size = 1;
+  // parallel.expert_placement: the experts in the order the expert-parallel ranks hold
+  // them, rank r the r-th E/size of the list; empty means in order.
+  std::vector<int> expert_order;
 };
 
 struct Param {
@@ -39,6 +42,13 @@ struct Param {
   Shape whole_shape;  // the tensor over all ranks
   // Index of the shard's first element in each dimension of the whole tensor.
   std::vector<int64_t> origin;
+  // An expert shard under an expert placement: the whole tensor's row (the expert) that
+  // each row of the shard holds. Empty when the shard is rows [origin[0], origin[0] +
+  // shape[0]) of the whole tensor; whole_row() answers both.
+  std::vector<int64_t> whole_rows;
+  int64_t whole_row(int64_t row) const {
+    return whole_rows.empty() ? origin[0] + row : whole_rows[static_cast<size_t>(row)];
+  }
   ShardSpec spec;
   ParamInit init = ParamInit::kNormal;
   float init_std = 0.02f;

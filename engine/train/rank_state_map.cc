@@ -13,6 +13,29 @@ std::string state_key(StateKind kind, const Param& p) {
   return state_kind_name(kind) + "/" + p.name;
 }
 
+// Rows [first, first + count) of a held slice, whole-tensor rows [whole_first, ...).
+struct RowRun {
+  int64_t first = 0, count = 0, whole_first = 0;
+};
+
+// A held slice of an expert shard as runs of consecutive whole-tensor rows: one run in
+// expert order, one per run of consecutive experts under a placement.
+std::vector<RowRun> whole_row_runs(const Param& p, const HeldSlice& slice) {
+  std::vector<RowRun> runs;
+  for (int64_t r = 0; r < slice.rows.dim(0); ++r) {
+    const int64_t whole = p.whole_row(slice.first_row + r);
+    if (!runs.empty() && runs.back().whole_first + runs.back().count == whole)
+      ++runs.back().count;
+    else
+      runs.push_back({r, 1, whole});
+  }
+  return runs;
+}
+
+Tensor run_rows(const Tensor& rows, const RowRun& run) {
+  return rows.slice_rows(run.first, run.first + run.count);
+}
+
 }  // namespace
 
 std::string state_kind_name(StateKind kind) {
@@ -59,11 +82,18 @@ std::vector<SliceToSave> RankStateMap::slices_to_save() const {
   for (const HeldSlice& slice : slices_) {
     if (!slice.replica_writes || slice.rows.numel() == 0) continue;
     const Param& p = params_.params()[slice.param];
+    if (p.spec.expert) {
+      for (const RowRun& run : whole_row_runs(p, slice))
+        mine.push_back(SliceToSave{state_key(slice.kind, p), run_rows(slice.rows, run).on_host(),
+                                   p.whole_shape, true, p.spec.tensor_parallel_dim,
+                                   run.whole_first});
+      continue;
+    }
     const int dim = p.spec.tensor_parallel_dim;
     const bool split = split_over_tp(p);
     const Tensor saved =
         split && dim > 0 ? gather_shards(*groups_.tp, slice.rows, dim) : slice.rows;
-    if (p.spec.expert || (split && dim == 0) || groups_.tp->rank() == 0)
+    if ((split && dim == 0) || groups_.tp->rank() == 0)
       mine.push_back(SliceToSave{state_key(slice.kind, p), saved.on_host(), p.whole_shape,
                                  p.spec.expert, dim, p.origin[0] + slice.first_row});
   }
@@ -76,6 +106,11 @@ StateReads RankStateMap::reads() const {
     if (slice.rows.numel() == 0) continue;
     const Param& p = params_.params()[slice.param];
     const std::string key = state_key(slice.kind, p);
+    if (p.spec.expert) {
+      for (const RowRun& run : whole_row_runs(p, slice))
+        plan.reads.push_back({key, run.whole_first, run_rows(slice.rows, run)});
+      continue;
+    }
     const int dim = p.spec.tensor_parallel_dim;
     if (!split_over_tp(p) || dim == 0) {
       plan.reads.push_back({key, p.origin[0] + slice.first_row, slice.rows});
@@ -100,7 +135,7 @@ std::vector<std::pair<std::string, Tensor>> RankStateMap::whole_weights() const 
     if (slice.kind != StateKind::kParam) continue;
     Param& p = params_.params()[slice.param];
     if (p.spec.expert) {
-      whole.emplace_back(p.name, gather_shards(*groups_.ep, p.value, 0));
+      whole.emplace_back(p.name, experts_in_order(p));
       continue;
     }
     // At ZeRO stage 3 the value comes from its owner first. The weights file is written
@@ -109,6 +144,19 @@ std::vector<std::pair<std::string, Tensor>> RankStateMap::whole_weights() const 
     whole.emplace_back(p.name, split_over_tp(p)
                                    ? gather_shards(*groups_.tp, value, p.spec.tensor_parallel_dim)
                                    : value.on_host());
+  }
+  return whole;
+}
+
+Tensor RankStateMap::experts_in_order(const Param& p) const {
+  const Tensor placed = gather_shards(*groups_.ep, p.value, 0);
+  if (p.whole_rows.empty()) return placed;
+  // Position i of the gathered shards holds expert order[i]; every rank knows them all.
+  const std::vector<int>& order = params_.placement().expert_order;
+  Tensor whole = Tensor::empty(placed.shape());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int64_t position = static_cast<int64_t>(i);
+    whole.slice_rows(order[i], order[i] + 1).copy_from(placed.slice_rows(position, position + 1));
   }
   return whole;
 }

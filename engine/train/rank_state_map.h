@@ -8,7 +8,8 @@
 // by every replica for its rows. Rows split by tensor parallelism along dimension 0 are
 // written by each tensor-parallel rank; those split along another dimension are gathered
 // over the group into whole rows and written by its rank 0, as are tensors it
-// replicates; so any layout can load them.
+// replicates; so any layout can load them. Expert rows are saved and read in expert
+// order whatever parallel.expert_placement: one slice per run of consecutive experts.
 #pragma once
 
 #include <cstdint>
@@ -74,6 +75,9 @@ class RankStateMap {
  private:
   void add(StateKind kind, size_t param, const Tensor& rows, int64_t first_row,
            bool replica_writes);
+  // An expert parameter's whole value on the host, experts in order whatever the
+  // placement (a collective over the expert-parallel group).
+  Tensor experts_in_order(const Param& p) const;
 
   ParamStore& params_;
   ZeroShards* zero_;
