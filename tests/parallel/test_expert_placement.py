@@ -40,13 +40,23 @@ def single(tmp_path_factory):
     return train(tmp_path_factory.mktemp("single"), "single", 1)
 
 
-@pytest.mark.parametrize("layout", ["ep2", "ep4", "dp2xep2"])
+@pytest.mark.parametrize("layout", ["ep2", "ep4", "dp2xep2", "dp2xep2-zero3"])
 def test_placement_matches_contiguous_and_single_process(tmp_path, single, layout):
     ranks, overrides = LAYOUTS[layout]
     contiguous_losses, contiguous_weights = train(tmp_path, "contiguous", ranks, overrides)
     losses, weights = train(tmp_path, "placed", ranks, overrides + placed(PLACEMENT))
     assert_run_matches(losses, weights, contiguous_losses, contiguous_weights)
     assert_run_matches(losses, weights, *single)
+
+
+def test_capacity_over_a_tensor_parallel_group_follows_the_placement(tmp_path):
+    """With a capacity under tensor parallelism every rank plans the group's assignments
+    (by position under a placement) and keeps its own."""
+    capacity = ["--set", "moe.capacity_factor=1.25"]
+    single_losses, single_weights = train(tmp_path, "single", 1, capacity)
+    ranks, overrides = LAYOUTS["tp2xep2"]
+    losses, weights = train(tmp_path, "placed", ranks, overrides + capacity + placed(PLACEMENT))
+    assert_run_matches(losses, weights, single_losses, single_weights)
 
 
 def rewind(run_dir, step):
