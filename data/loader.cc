@@ -127,6 +127,7 @@ absl::Status Loader::fill_block(Block& block, const std::vector<int64_t>& drawn)
   block.ids.resize(static_cast<size_t>(local_batch_ * seq));
   block.targets.resize(block.ids.size());
   if (options_.document_starts) block.doc_starts.resize(block.ids.size());
+  block.tokens.resize(static_cast<size_t>(local_batch_));
   const std::vector<int64_t> bounds = schedule_.bounds(block.step_start / options_.global_batch);
   const int64_t first = options_.dp_rank * local_batch_;
   size_t source = 0;
@@ -141,6 +142,7 @@ absl::Status Loader::fill_block(Block& block, const std::vector<int64_t>& drawn)
         dataset.read_window(window, seq, block.ids.data() + i * seq, block.targets.data() + i * seq));
     if (options_.document_starts)
       dataset.window_document_starts(window, seq, block.doc_starts.data() + i * seq);
+    block.tokens[static_cast<size_t>(i)] = static_cast<int32_t>(dataset.window_tokens(window, seq));
   }
   return absl::OkStatus();
 }
@@ -172,7 +174,7 @@ void Loader::read_ahead(int64_t step_start) {
 }
 
 absl::Status Loader::next_batch(int64_t micro_batch, int32_t* ids, int32_t* targets,
-                                int32_t* doc_starts) {
+                                int32_t* doc_starts, int32_t* tokens) {
   SY_CHECK_MSG((doc_starts != nullptr) == options_.document_starts,
                "next_batch: doc_starts must be given exactly when the loader hands them out");
   const int64_t seq = options_.seq_len;
@@ -192,6 +194,10 @@ absl::Status Loader::next_batch(int64_t micro_batch, int32_t* ids, int32_t* targ
     if (doc_starts) {
       std::copy_n(block->doc_starts.begin() + consumed_ * seq, take * seq, doc_starts);
       doc_starts += take * seq;
+    }
+    if (tokens) {
+      std::copy_n(block->tokens.begin() + consumed_, take, tokens);
+      tokens += take;
     }
     ids += take * seq;
     targets += take * seq;

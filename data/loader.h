@@ -78,10 +78,12 @@ class Loader {
 
   // Fills ids and targets (micro_batch x seq_len each, row-major) with this rank's next
   // micro_batch windows, and doc_starts (the same shape) with their document starts when
-  // the loader was made with document_starts (else it must be null). Errors (a shard that
-  // turned unreadable, an id at or above the vocabulary size) name the shard and position.
+  // the loader was made with document_starts (else it must be null), and tokens (when
+  // given: micro_batch entries) with each window's TokenDataset::window_tokens. Errors (a
+  // shard that turned unreadable, an id at or above the vocabulary size) name the shard
+  // and position.
   absl::Status next_batch(int64_t micro_batch, int32_t* ids, int32_t* targets,
-                          int32_t* doc_starts = nullptr);
+                          int32_t* doc_starts = nullptr, int32_t* tokens = nullptr);
 
   LoaderState state() const;
   // Continues exactly where `state` was taken. A state in the middle of a step
@@ -104,6 +106,7 @@ class Loader {
     std::vector<int32_t> ids;
     std::vector<int32_t> targets;
     std::vector<int32_t> doc_starts;  // with options_.document_starts
+    std::vector<int32_t> tokens;      // each window's window_tokens
     absl::Status status;
   };
 

@@ -179,6 +179,13 @@ absl::Status TokenDataset::read_packed_window(int64_t window, int64_t seq_len, i
   return mask_targets(window * seq_len + 1, seq_len, targets);
 }
 
+int64_t TokenDataset::window_tokens(int64_t window, int64_t seq_len) const {
+  if (!pad_documents_) return seq_len;
+  const size_t w = static_cast<size_t>(window);
+  const int64_t end = w + 1 < document_starts_.size() ? document_starts_[w + 1] : num_tokens();
+  return std::min(end - document_starts_[w], seq_len);
+}
+
 absl::Status TokenDataset::read_padded_window(int64_t window, int64_t seq_len, int32_t* ids,
                                               int32_t* targets) const {
   const size_t w = static_cast<size_t>(window);

@@ -83,6 +83,9 @@ class TokenDataset {
   // The id of padded windows' pad positions: the tokenizer's pad, else its eos, else 0.
   int32_t pad_id() const;
   bool pads_documents() const { return pad_documents_; }
+  // The positions of window `window` that hold its text, from the first: the rest are
+  // padding (pad_documents), which the MoE router leaves out. seq_len for packed windows.
+  int64_t window_tokens(int64_t window, int64_t seq_len) const;
   // Document-aware attention: fills starts (seq_len entries) with, for each position of
   // window `window`, the window position where its document starts (0 for the document
   // the window begins inside). The dataset must be opened with_documents. Thread-safe.

@@ -74,12 +74,18 @@ MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
 }
 
 Tensor MoeLayer::forward(Device& dev, const Tensor& x, bool training, Rng& rng,
-                         RouterStats& stats, int64_t seq_len) {
+                         RouterStats& stats, int64_t seq_len,
+                         std::span<const int32_t> real_tokens) {
+  window_ = seq_len;
+  real_tokens_.clear();
+  if (std::any_of(real_tokens.begin(), real_tokens.end(), [&](int32_t t) { return t < seq_len; }))
+    real_tokens_.assign(real_tokens.begin(), real_tokens.end());
   return run(dev, x, training, rng, stats, capacity_factor_, sequence_aux_ ? seq_len : 0);
 }
 
 Tensor MoeLayer::infer(Device& dev, const Tensor& x, RouterStats& stats) {
   Rng unused;
+  real_tokens_.clear();
   return run(dev, x, /*training=*/false, unused, stats, /*capacity_factor=*/0, /*seq_len=*/0);
 }
 
@@ -90,6 +96,9 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
   const int64_t total = x.rows();
   SY_CHECK_MSG(total % group == 0, "MoE tokens do not split evenly over the tensor-parallel group");
   const int64_t n = total / group;
+  SY_CHECK_MSG(real_tokens_.empty() || static_cast<int64_t>(real_tokens_.size()) * window_ == total,
+               "MoE real tokens do not describe the batch's sequences");
+  const int64_t routed = routed_tokens(total);
   const int64_t hidden = x.row_size();
   const int E = num_experts_;
   const DType dtype = x.dtype();
@@ -105,13 +114,13 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
   weights_ = activation(dev, {n, slots_});
   // This layer's routing sums (selections, probability sums, z-loss, kept assignments)
   // stay on the device until the forward's end (RouterStats::collect).
-  Tensor row = stats.add_layer(total, E, top_k_, capacity_factor).reshape({3 * E + 1, 1});
+  Tensor row = stats.add_layer(routed, E, top_k_, capacity_factor).reshape({3 * E + 1, 1});
   Tensor sums = row.slice_rows(0, 2 * E + 1).reshape({2 * E + 1});
   Tensor kept = row.slice_rows(2 * E + 1, 3 * E + 1).reshape({E});
   sequence_sums_ = Tensor();
   if (seq_len > 0) {
     SY_CHECK_MSG(total % seq_len == 0, "MoE tokens are not whole sequences");
-    sequence_sums_ = stats.add_sequence_sums(total / seq_len, seq_len);
+    sequence_sums_ = stats.add_sequence_sums(total / seq_len, seq_len, real_tokens_);
     sequence_rows_ = {.first_token = member * n, .seq_len = seq_len};
   }
   route(dev, member * n, capacity_factor, sums);
@@ -126,10 +135,15 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
     gshard_dispatch_ids(dev, expert_ids_, weights_, rng.seed(),
                         rng.counter() + static_cast<uint64_t>(member * n) + 1, dispatch_ids);
     rng = Rng(rng.seed(), rng.counter() + static_cast<uint64_t>(total));
+  } else if (!real_tokens_.empty()) {
+    dispatch_ids = activation(dev, {n, slots_}, DType::kI32);
+    dispatch_ids.copy_from(expert_ids_);
   }
+  // Padding goes to no expert (the router's own ids stay for its backward).
+  unroute_padding(member * n, dispatch_ids);
 
   // Expert choice's capacity is in its choice; its dispatch drops nothing more.
-  dispatcher_.plan(dev, dispatch_ids, weights_, total,
+  dispatcher_.plan(dev, dispatch_ids, weights_, routed,
                    gating_ == config::EXPERT_CHOICE ? 0 : capacity_factor);
   convert(dev, dispatcher_.tokens_per_expert(), kept);
   if (tp_) tp_->all_reduce_sum(row);
@@ -170,11 +184,70 @@ void MoeLayer::route(Device& dev, int64_t first_token, float capacity_factor, Te
     router_forward(dev, router_logits_, top_k_, gating_ != config::SOFTMAX_TOPK, probs_,
                    expert_ids_, weights_, sums);
   }
-  if (sequence_sums_.defined())
+  if (!real_tokens_.empty()) {
+    real_routing_sums(dev, first_token, sums);
+  } else if (sequence_sums_.defined()) {
     sequence_routing_sums(dev, probs_, expert_ids_, gating_ == config::SIGMOID_TOPK,
                           sequence_rows_, sequence_sums_);
+  }
   // The sums keep the router's own choice: the balance it would have had.
   if (force_balance_) round_robin_routing(dev, first_token, num_experts_, expert_ids_, weights_);
+}
+
+int64_t MoeLayer::routed_tokens(int64_t total) const {
+  return real_tokens_.empty()
+             ? total
+             : std::accumulate(real_tokens_.begin(), real_tokens_.end(), int64_t{0});
+}
+
+std::vector<std::pair<int64_t, int64_t>> MoeLayer::row_ranges(int64_t first_token, int64_t n,
+                                                              bool real) const {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (size_t b = 0; b < real_tokens_.size(); ++b) {
+    const int64_t start = static_cast<int64_t>(b) * window_;
+    const int64_t text_end = start + real_tokens_[b];
+    const int64_t begin = std::max(real ? start : text_end, first_token);
+    const int64_t end = std::min(real ? text_end : start + window_, first_token + n);
+    if (begin < end) ranges.emplace_back(begin - first_token, end - first_token);
+  }
+  return ranges;
+}
+
+void MoeLayer::unroute_padding(int64_t first_token, Tensor& ids) const {
+  for (const auto& [begin, end] : row_ranges(first_token, ids.rows(), /*real=*/false)) {
+    Tensor none = Tensor::empty({end - begin, ids.row_size()}, DType::kI32);
+    std::fill_n(none.data<int32_t>(), none.numel(), -1);
+    ids.slice_rows(begin, end).copy_from(none);
+  }
+}
+
+void MoeLayer::real_routing_sums(Device& dev, int64_t first_token, Tensor& sums) {
+  const int E = num_experts_;
+  Tensor selections = activation(dev, {E});
+  Tensor prob_sums = activation(dev, {E});
+  Tensor z = activation(dev, {1});
+  Tensor selections_total = sums.slice_rows(0, E);
+  Tensor prob_sums_total = sums.slice_rows(E, 2 * E);
+  Tensor z_total = sums.slice_rows(2 * E, 2 * E + 1);
+  sums.zero_();
+  Tensor sequence_part;
+  if (sequence_sums_.defined()) {
+    sequence_part = activation(dev, sequence_sums_.shape());
+    sequence_sums_.zero_();
+  }
+  for (const auto& [begin, end] : row_ranges(first_token, probs_.rows(), /*real=*/true)) {
+    const Tensor probs = probs_.slice_rows(begin, end);
+    const Tensor ids = expert_ids_.slice_rows(begin, end);
+    routing_counts(dev, probs, ids, selections, prob_sums);
+    router_z_loss_sum(dev, router_logits_.slice_rows(begin, end), z);
+    add_(dev, selections_total, selections);
+    add_(dev, prob_sums_total, prob_sums);
+    add_(dev, z_total, z);
+    if (!sequence_part.defined()) continue;
+    sequence_routing_sums(dev, probs, ids, gating_ == config::SIGMOID_TOPK,
+                          {.first_token = first_token + begin, .seq_len = window_}, sequence_part);
+    add_(dev, sequence_sums_, sequence_part);
+  }
 }
 
 Tensor MoeLayer::experts_forward(Device& dev) {
@@ -195,7 +268,6 @@ void MoeLayer::experts_hidden(Device& dev) {
 
 Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad,
                           float z_loss_scale, float seq_aux_loss_scale) {
-  const int group = tp_ ? tp_->size() : 1;
   const int64_t total = dy.rows();
   const int64_t n = x_.rows();
   const int64_t hidden = dy.row_size();
@@ -247,18 +319,21 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   } else {
     gating_backward(dev, probs_, expert_ids_, dweights, gating_ != config::SOFTMAX_TOPK, dlogits);
   }
-  // The z-loss is a mean over the group's tokens; the kernel divides by this rank's.
-  if (z_loss_scale != 0.0f)
-    router_z_loss_backward(dev, router_logits_, z_loss_scale / static_cast<float>(group), dlogits);
+  // The z-loss is a mean over the group's routed tokens; the kernel divides by this rank's
+  // rows.
+  const int64_t routed = routed_tokens(total);
+  if (z_loss_scale != 0.0f && routed > 0)
+    router_z_loss_backward(dev, router_logits_,
+                           static_cast<float>(static_cast<double>(z_loss_scale) *
+                                              static_cast<double>(n) / static_cast<double>(routed)),
+                           dlogits);
   aux_loss_backward(dev, probs_, aux_prob_grad, dlogits);
-  if (sequence_sums_.defined() && seq_aux_loss_scale != 0.0f) {
-    // d(scale * loss) / d(q[t, e]) = scale * E / (k T) * selections_se / T / sequences.
-    const double seq_len = static_cast<double>(sequence_rows_.seq_len);
-    const double per_selection = static_cast<double>(seq_aux_loss_scale) * E /
-                                 (top_k_ * seq_len * seq_len * sequence_sums_.dim(0));
-    sequence_aux_backward(dev, probs_, sequence_sums_, gating_ == config::SIGMOID_TOPK,
-                          sequence_rows_, static_cast<float>(per_selection), dlogits);
-  }
+  const int64_t first_token = (tp_ ? tp_->rank() : 0) * n;
+  // Padding rows are routed nowhere: nothing of the losses reaches their logits.
+  for (const auto& [begin, end] : row_ranges(first_token, n, /*real=*/false))
+    dlogits.slice_rows(begin, end).zero_();
+  if (sequence_sums_.defined() && seq_aux_loss_scale != 0.0f)
+    sequence_aux_grad(dev, first_token, seq_aux_loss_scale, dlogits);
   if (tp_) {
     // The router is replicated over the group but saw only this rank's tokens.
     Tensor drouter = Tensor::zeros(router_->grad.shape(), DType::kF32, MemoryKind::kActivations, dev);
@@ -288,6 +363,31 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   return dx;
 }
 
+void MoeLayer::sequence_aux_grad(Device& dev, int64_t first_token, float seq_aux_loss_scale,
+                                 Tensor& dlogits) const {
+  // d(scale * loss) / d(q[t, e]) = scale * E / (k T) * selections_se / T / sequences, T
+  // the tokens of t's sequence: seq_len, or with padding the sequence's real tokens.
+  const int64_t sequences = sequence_sums_.dim(0);
+  auto per_selection = [&](int64_t tokens) {
+    const double t = static_cast<double>(tokens);
+    return static_cast<float>(static_cast<double>(seq_aux_loss_scale) * num_experts_ /
+                              (top_k_ * t * t * static_cast<double>(sequences)));
+  };
+  const bool normalize = gating_ == config::SIGMOID_TOPK;
+  if (real_tokens_.empty()) {
+    sequence_aux_backward(dev, probs_, sequence_sums_, normalize, sequence_rows_,
+                          per_selection(sequence_rows_.seq_len), dlogits);
+    return;
+  }
+  for (const auto& [begin, end] : row_ranges(first_token, probs_.rows(), /*real=*/true)) {
+    const int64_t sequence = (first_token + begin) / window_;
+    Tensor rows = dlogits.slice_rows(begin, end);
+    sequence_aux_backward(dev, probs_.slice_rows(begin, end), sequence_sums_, normalize,
+                          {.first_token = first_token + begin, .seq_len = window_},
+                          per_selection(real_tokens_[static_cast<size_t>(sequence)]), rows);
+  }
+}
+
 void MoeLayer::discard() {
   x_whole_ = x_ = router_x_ = probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
   sequence_sums_ = Tensor();
@@ -308,6 +408,8 @@ MoeLayer::Saved MoeLayer::stash() {
   s.weights = std::exchange(weights_, Tensor());
   s.sequence_sums = std::exchange(sequence_sums_, Tensor());
   s.sequence_rows = sequence_rows_;
+  s.real_tokens = std::exchange(real_tokens_, {});
+  s.window = window_;
   s.xp = std::exchange(xp_, Tensor());
   s.gate_up_out = std::exchange(gate_up_out_, Tensor());
   s.act = std::exchange(act_, Tensor());
@@ -328,6 +430,8 @@ void MoeLayer::restore(Saved&& s) {
   weights_ = std::move(s.weights);
   sequence_sums_ = std::move(s.sequence_sums);
   sequence_rows_ = s.sequence_rows;
+  real_tokens_ = std::move(s.real_tokens);
+  window_ = s.window;
   xp_ = std::move(s.xp);
   gate_up_out_ = std::move(s.gate_up_out);
   act_ = std::move(s.act);

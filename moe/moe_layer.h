@@ -12,10 +12,18 @@
 // outputs are all-gathered back over the group. Routing statistics, the aux and z
 // losses and the capacity decisions are taken over all n tokens, exactly as one rank
 // would; the shared experts run on all n tokens, split Megatron-style over the group.
+//
+// Padded windows (data.packing PAD): each sequence's first real-token rows hold text and
+// the rest padding, which routes nowhere: a pad row is sent to no expert (expert id -1,
+// routed output zero), takes no capacity (capacity is over the real tokens), adds nothing
+// to the routing sums, and its router logits get no gradient.
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/config/recipe.pb.h"
 #include "engine/parallel/communicator.h"
@@ -54,8 +62,10 @@ class MoeLayer {
   // except that expert parallelism reads the exchanged expert counts back (they size the
   // all-to-all), a capacity under tensor parallelism reads the group's plan back, and f32
   // products on CUDA read the counts back once (group_sizes_for).
+  // `real_tokens`: empty (every row is a token), or one entry per sequence, its rows
+  // holding text (at most seq_len; the rest are padding).
   Tensor forward(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
-                 int64_t seq_len);
+                 int64_t seq_len, std::span<const int32_t> real_tokens = {});
   // The inference forward (generation): every token goes to all of its top-k experts,
   // with no capacity and no GShard drop, as transformers routes.
   Tensor infer(Device& dev, const Tensor& x, RouterStats& stats);
@@ -78,6 +88,8 @@ class MoeLayer {
     Tensor xp, gate_up_out, act, shared_out, shared_gate_logit;
     Tensor sequence_sums;
     SequenceRows sequence_rows;
+    std::vector<int32_t> real_tokens;
+    int64_t window = 0;
     TokenDispatcher::Saved dispatcher;
     SwigluFfn::Saved shared;
   };
@@ -108,6 +120,20 @@ class MoeLayer {
   // seq_len 0: no sequence-wise aux loss.
   Tensor run(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
              float capacity_factor, int64_t seq_len);
+  // The tokens the router sees, of the group's `total`: capacity, the routing sums and
+  // their means are over these (the real tokens with padding).
+  int64_t routed_tokens(int64_t total) const;
+  // Padded windows: the [begin, end) ranges of this rank's rows (those from group token
+  // `first_token`, n of them) holding text (`real` true) or padding.
+  std::vector<std::pair<int64_t, int64_t>> row_ranges(int64_t first_token, int64_t n,
+                                                      bool real) const;
+  // Sends this rank's padding rows of `ids` (n, slots) to no expert (-1).
+  void unroute_padding(int64_t first_token, Tensor& ids) const;
+  // The routing sums (2E + 1) and, when defined, sequence_sums_ over the real rows only.
+  void real_routing_sums(Device& dev, int64_t first_token, Tensor& sums);
+  // backward(): the sequence-wise aux loss's gradient into dlogits (this rank's rows).
+  void sequence_aux_grad(Device& dev, int64_t first_token, float seq_aux_loss_scale,
+                         Tensor& dlogits) const;
 
   int num_experts_;
   int num_local_experts_;
@@ -141,6 +167,8 @@ class MoeLayer {
   Tensor weights_;            // (n, slots)
   Tensor sequence_sums_;      // (sequences, 2E) the group's, with the sequence-wise aux loss
   SequenceRows sequence_rows_;  // where this rank's rows lie in those sequences
+  std::vector<int32_t> real_tokens_;  // forward's real_tokens; empty: no padding
+  int64_t window_ = 0;                // forward's seq_len with real_tokens
   Tensor xp_;                 // (rows, hidden) tokens in local-expert order
   Tensor gate_up_out_;        // (rows, 2 * ffn)
   Tensor act_;                // (rows, ffn)

@@ -37,7 +37,8 @@ Tensor RouterStats::add_layer(int64_t tokens, int experts, int k, float capacity
   return device_sums.slice_rows(row, row + 1).reshape({device_sums.row_size()});
 }
 
-Tensor RouterStats::add_sequence_sums(int64_t sequences, int64_t seq_len) {
+Tensor RouterStats::add_sequence_sums(int64_t sequences, int64_t seq_len,
+                                      std::span<const int32_t> real_tokens) {
   SY_CHECK_MSG(!layers.empty(), "RouterStats: add_sequence_sums() before add_layer()");
   const int64_t row = static_cast<int64_t>(layers.size()) - 1;
   const int64_t width = sequences * 2 * num_experts;
@@ -46,22 +47,29 @@ Tensor RouterStats::add_sequence_sums(int64_t sequences, int64_t seq_len) {
   SY_CHECK_MSG(sequence_sums.row_size() == width,
                "RouterStats: every MoE layer must see the same sequences");
   layers.back().seq_len = seq_len;
+  layers.back().sequence_tokens.assign(real_tokens.begin(), real_tokens.end());
   return sequence_sums.slice_rows(row, row + 1).reshape({sequences, 2 * int64_t{num_experts}});
 }
 
 namespace {
 // A layer's sequence-wise aux loss from its (sequences x 2E) sums.
-double sequence_aux_loss(const float* sums, int64_t width, int experts, int top_k,
-                         int64_t seq_len) {
+// T is each sequence's real tokens (layer.sequence_tokens), else seq_len.
+double sequence_aux_loss(const float* sums, int64_t width, int experts,
+                         const RouterStats::Layer& layer) {
   const int64_t sequences = width / (2 * experts);
   if (sequences == 0) return 0.0;
-  const double t = static_cast<double>(seq_len);
   double sum = 0;
   for (int64_t s = 0; s < sequences; ++s) {
+    const double t = static_cast<double>(
+        layer.sequence_tokens.empty() ? layer.seq_len
+                                      : layer.sequence_tokens[static_cast<size_t>(s)]);
+    if (t == 0) continue;  // an empty document's sequence: nothing routed
     const float* row = sums + s * 2 * experts;
-    for (int e = 0; e < experts; ++e) sum += row[e] * (row[experts + e] / t);
+    double sequence = 0;
+    for (int e = 0; e < experts; ++e) sequence += row[e] * (row[experts + e] / t);
+    sum += sequence / t;
   }
-  return static_cast<double>(experts) / (top_k * t) * sum / static_cast<double>(sequences);
+  return static_cast<double>(experts) / layer.top_k * sum / static_cast<double>(sequences);
 }
 }  // namespace
 
@@ -84,7 +92,7 @@ void RouterStats::collect() {
     if (layer.seq_len > 0) {
       const int64_t width = sequence_host.row_size();
       layer.sequence_aux_loss = sequence_aux_loss(sequence_host.data<float>() + l * width, width,
-                                                  E, layer.top_k, layer.seq_len);
+                                                  E, layer);
     }
     add_to_totals(layer);
     int64_t kept_total = 0, max_kept = 0;

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "engine/runtime/tensor.h"
@@ -37,9 +38,13 @@ struct RouterStats {
     float capacity_factor = 0;  // the forward's; <= 0: dropless
     double z_loss = 0;          // the mean z-loss over the layer's tokens
     // The mean over the layer's sequences of E / (k T) * sum_e selections_se *
-    // (normalised score sum_se / T), T = seq_len; 0 without sequence sums.
+    // (normalised score sum_se / T), T = seq_len (the sequence's real tokens with
+    // sequence_tokens); 0 without sequence sums.
     double sequence_aux_loss = 0;
     int64_t seq_len = 0;  // 0: the layer added no sequence sums
+    // Padded windows: each sequence's real tokens, its T (padding is not routed); empty:
+    // T = seq_len for every sequence.
+    std::vector<int32_t> sequence_tokens;
   };
   std::vector<Layer> layers;
   // The whole model's MoE layers when these statistics cover a pipeline chunk's (set
@@ -65,8 +70,10 @@ struct RouterStats {
   // returns its row of device_sums to fill.
   Tensor add_layer(int64_t tokens, int experts, int top_k, float capacity_factor);
   // Gives the layer added last a (sequences, 2E) row of sequence_sums to fill, for a
-  // batch of `sequences` sequences of `seq_len` tokens (the same for every layer).
-  Tensor add_sequence_sums(int64_t sequences, int64_t seq_len);
+  // batch of `sequences` sequences of `seq_len` tokens (the same for every layer), of
+  // which `real_tokens` (when not empty, one per sequence) hold text and the rest padding.
+  Tensor add_sequence_sums(int64_t sequences, int64_t seq_len,
+                           std::span<const int32_t> real_tokens = {});
   // Reads device_sums back (one host wait) and fills the per-layer and total sums.
   void collect();
   // The statistics of one micro-batch's pipeline chunks (each collected), in depth order,

@@ -97,6 +97,7 @@ struct Transformer::Activations::State {
   Tensor final_in, final_rstd, final_out, logits, lse;
   int64_t target_tokens = 0;
   Tensor doc_starts, doc_rope;
+  std::vector<int32_t> window_tokens;
   RouterStats stats;
   std::vector<Block::Saved> blocks;
 };
@@ -121,6 +122,7 @@ Transformer::Activations Transformer::stash_activations() {
   s->target_tokens = std::exchange(target_tokens_, 0);
   s->doc_starts = std::exchange(doc_starts_, Tensor());
   s->doc_rope = std::exchange(doc_rope_, Tensor());
+  s->window_tokens = std::exchange(window_tokens_, {});
   s->stats = std::exchange(stats_, RouterStats());
   for (auto& b : blocks_) s->blocks.push_back(b->stash());
   Activations saved;
@@ -145,6 +147,7 @@ void Transformer::restore_activations(Activations&& saved) {
   target_tokens_ = s.target_tokens;
   doc_starts_ = std::move(s.doc_starts);
   doc_rope_ = std::move(s.doc_rope);
+  window_tokens_ = std::move(s.window_tokens);
   stats_ = std::move(s.stats);
   for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i]->restore(std::move(s.blocks[i]));
   saved.state_.reset();
@@ -235,19 +238,19 @@ const Tensor& Transformer::rope_for(Device& dev, int64_t seq) {
 
 LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& targets,
                                bool training, const Rng& rng, Tensor* logits_out,
-                               const Tensor& doc_starts) {
+                               const Tensor& doc_starts, const Tensor& window_tokens) {
   SY_CHECK_MSG(has_embedding() && has_head(), "forward: the whole model (a chunk: forward_chunk)");
   return run_chunk(dev, Tensor(), ids, targets, training ? Pass::kTrain : Pass::kEval, rng,
-                   logits_out, doc_starts)
+                   logits_out, doc_starts, window_tokens)
       .losses;
 }
 
 Transformer::ChunkOutput Transformer::forward_chunk(Device& dev, const Tensor& input,
                                                     const Tensor& ids, const Tensor& targets,
                                                     const Rng& rng, const Tensor& doc_starts,
-                                                    bool training) {
+                                                    bool training, const Tensor& window_tokens) {
   return run_chunk(dev, input, ids, targets, training ? Pass::kTrain : Pass::kEval, rng, nullptr,
-                   doc_starts);
+                   doc_starts, window_tokens);
 }
 
 const Tensor& Transformer::forward_rope(Device& dev) {
@@ -258,7 +261,7 @@ Tensor Transformer::ffn(Device& dev, Block& block, const Tensor& in, Pass pass, 
                         RouterStats& stats) {
   if (!block.moe) return block.dense->forward(dev, in);
   if (pass == Pass::kGenerate) return block.moe->infer(dev, in, stats);
-  return block.moe->forward(dev, in, pass == Pass::kTrain, rng, stats, seq_);
+  return block.moe->forward(dev, in, pass == Pass::kTrain, rng, stats, seq_, window_tokens_);
 }
 
 Tensor Transformer::block_forward(Device& dev, Block& b, const Tensor& x, Pass pass, Rng& rng,
@@ -294,9 +297,16 @@ void Transformer::recompute_block(Device& dev, Block& b, const Tensor& rope) {
 }
 
 void Transformer::begin_forward(Device& dev, const Tensor& ids, const Tensor& targets,
-                                const Tensor& doc_starts) {
+                                const Tensor& doc_starts, const Tensor& window_tokens) {
   batch_ = ids.dim(0);
   seq_ = ids.dim(1);
+  window_tokens_.clear();
+  if (window_tokens.defined()) {
+    SY_CHECK_MSG(window_tokens.numel() == batch_,
+                 "forward: window_tokens needs one entry per window");
+    const int32_t* tokens = window_tokens.data<int32_t>();
+    window_tokens_.assign(tokens, tokens + batch_);
+  }
   const int64_t n = batch_ * seq_;
   doc_starts_ = doc_starts.defined() ? doc_starts.to(dev, MemoryKind::kActivations) : Tensor();
   doc_rope_ = doc_starts.defined() ? document_rope_table(rope_for(dev, seq_).on_host(), doc_starts)
@@ -352,8 +362,9 @@ Tensor Transformer::blocks_forward(Device& dev, Tensor x, Pass pass, const Rng& 
 Transformer::ChunkOutput Transformer::run_chunk(Device& dev, const Tensor& input,
                                                 const Tensor& ids, const Tensor& targets,
                                                 Pass pass, const Rng& rng, Tensor* logits_out,
-                                                const Tensor& doc_starts) {
-  begin_forward(dev, ids, targets, doc_starts);
+                                                const Tensor& doc_starts,
+                                                const Tensor& window_tokens) {
+  begin_forward(dev, ids, targets, doc_starts, window_tokens);
   Tensor x = blocks_forward(dev, has_embedding() ? embed(dev) : input, pass, rng);
   ChunkOutput out;
   if (has_head()) {
@@ -610,7 +621,7 @@ Tensor Transformer::logits(Device& dev, const Tensor& ids) {
   for (int64_t i = 0; i < targets.numel(); ++i) t[i] = -1;
   SY_CHECK_MSG(has_embedding() && has_head(), "logits: the whole model, not a chunk");
   Tensor out;
-  run_chunk(dev, Tensor(), ids, targets, Pass::kGenerate, Rng(0), &out, Tensor());
+  run_chunk(dev, Tensor(), ids, targets, Pass::kGenerate, Rng(0), &out, Tensor(), Tensor());
   logits_ = lse_ = final_in_ = final_out_ = final_rstd_ = Tensor();
   return out;
 }

@@ -74,10 +74,13 @@ class Transformer {
   // positions then restart at each document and attention stays inside it.
   // rng: the micro-batch's stream (GShard's random dispatch), left as it was: layer i
   // draws from rng.fork(i), whichever chunk holds it.
+  // window_tokens: undefined, or (batch) i32 on the host for padded windows (data.packing
+  // PAD): the positions of each window holding text, from its first; the rest are
+  // padding, which the MoE layers route nowhere (moe/moe_layer.h).
   // The whole model only (a chunk runs forward_chunk, backward_chunk).
   LossParts forward(Device& dev, const Tensor& ids, const Tensor& targets, bool training,
                     const Rng& rng, Tensor* logits_out = nullptr,
-                    const Tensor& doc_starts = Tensor());
+                    const Tensor& doc_starts = Tensor(), const Tensor& window_tokens = Tensor());
   // Backward of forward()'s total loss multiplied by `loss_scale` (e.g. 1 / micro-batches).
   // `ce_tokens`, when positive, replaces this batch's target count as the cross-entropy's
   // denominator: the mean count over a step's micro-batches, so that with loss-masked
@@ -86,7 +89,7 @@ class Transformer {
 
   // Pipeline passes: a forward and backward of this chunk (forward() and backward() are
   // the whole model's). Every chunk of a micro-batch takes the same ids, targets, rng,
-  // doc_starts and `training` as forward().
+  // doc_starts, window_tokens and `training` as forward().
   struct ChunkOutput {
     // The chunk's output hidden states, (batch * seq, hidden) in the compute dtype;
     // undefined on the last chunk.
@@ -101,7 +104,8 @@ class Transformer {
   // input): it must not be overwritten before then.
   ChunkOutput forward_chunk(Device& dev, const Tensor& input, const Tensor& ids,
                             const Tensor& targets, const Rng& rng,
-                            const Tensor& doc_starts = Tensor(), bool training = true);
+                            const Tensor& doc_starts = Tensor(), bool training = true,
+                            const Tensor& window_tokens = Tensor());
   // output_grad: the gradient of the chunk's output (undefined on the last chunk, which
   // starts from the loss). Returns the gradient of its input (undefined on the first
   // chunk). loss_scale and ce_tokens as backward()'s.
@@ -161,10 +165,11 @@ class Transformer {
   // forward(), forward_chunk() and logits().
   ChunkOutput run_chunk(Device& dev, const Tensor& input, const Tensor& ids,
                         const Tensor& targets, Pass pass, const Rng& rng, Tensor* logits_out,
-                        const Tensor& doc_starts);
-  // A forward's inputs on `dev` (ids, targets, documents) and its routing statistics' start.
+                        const Tensor& doc_starts, const Tensor& window_tokens);
+  // A forward's inputs on `dev` (ids, targets, documents, padding) and its routing
+  // statistics' start.
   void begin_forward(Device& dev, const Tensor& ids, const Tensor& targets,
-                     const Tensor& doc_starts);
+                     const Tensor& doc_starts, const Tensor& window_tokens);
   // The embedding of ids_: (batch * seq, hidden) in the compute dtype.
   Tensor embed(Device& dev);
   // The chunk's blocks on x, block i drawing from rng.fork(its layer).
@@ -222,6 +227,7 @@ class Transformer {
   Tensor rope_;
   int64_t rope_seq_ = 0;
   Tensor doc_starts_, doc_rope_;  // on the device, with documents (forward's doc_starts)
+  std::vector<int32_t> window_tokens_;  // forward's window_tokens; empty: no padding
   RouterStats stats_;
 
   // Saved for backward.

@@ -53,11 +53,13 @@ namespace {
 struct Batch {
   Tensor ids, targets;  // (micro_batch, seq) i32
   Tensor doc_starts;    // likewise with data.document_attention, else undefined
+  Tensor window_tokens;  // (micro_batch) i32 with data.packing PAD (Transformer::forward)
 };
 
-Batch make_batch(int64_t batch, int64_t seq, bool documents) {
+Batch make_batch(int64_t batch, int64_t seq, bool documents, bool padded) {
   return {Tensor::empty({batch, seq}, DType::kI32), Tensor::empty({batch, seq}, DType::kI32),
-          documents ? Tensor::empty({batch, seq}, DType::kI32) : Tensor()};
+          documents ? Tensor::empty({batch, seq}, DType::kI32) : Tensor(),
+          padded ? Tensor::empty({batch}, DType::kI32) : Tensor()};
 }
 
 // The targets that carry loss (the others are kIgnoredTarget).
@@ -707,7 +709,9 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   const int64_t global_micro_batches = accumulation * layout.data_parallel_size;
   const int64_t tokens_per_step = tc.global_batch_size() * tc.seq_len();
   std::vector<Batch> batches;
-  for (int64_t m = 0; m < accumulation; ++m) batches.push_back(make_batch(micro, tc.seq_len(), recipe.data().document_attention()));
+  for (int64_t m = 0; m < accumulation; ++m)
+    batches.push_back(make_batch(micro, tc.seq_len(), recipe.data().document_attention(),
+                                 recipe.data().packing() == config::PAD));
 
   auto window_start = clock::now();
   int64_t window_steps = 0;
@@ -749,7 +753,9 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     for (Batch& batch : batches) {
       SY_RETURN_IF_ERROR(
           loader->next_batch(micro, batch.ids.data<int32_t>(), batch.targets.data<int32_t>(),
-                             batch.doc_starts.defined() ? batch.doc_starts.data<int32_t>() : nullptr));
+                             batch.doc_starts.defined() ? batch.doc_starts.data<int32_t>() : nullptr,
+                             batch.window_tokens.defined() ? batch.window_tokens.data<int32_t>()
+                                                           : nullptr));
       step_targets += count_targets(batch.targets);
     }
     groups.dp->all_reduce_sum(&step_targets, 1);
@@ -797,7 +803,8 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     for (int64_t m = 0; m < accumulation && !pipelined; ++m) {
       const Batch& batch = batches[m];
       const LossParts parts = model.forward(dev, batch.ids, batch.targets, /*training=*/true,
-                                            routing_rng(m), nullptr, batch.doc_starts);
+                                            routing_rng(m), nullptr, batch.doc_starts,
+                                            batch.window_tokens);
       if (reducer) reducer->set_reducing(m == accumulation - 1);
       model.backward(dev, loss_scale, ce_tokens);
       count_forward(parts, model.router_stats());

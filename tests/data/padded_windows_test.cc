@@ -46,6 +46,8 @@ TEST(PaddedWindowsTest, EachWindowIsOneDocumentPaddedOrCut) {
         EXPECT_EQ(ids[i], i < count ? first + i : data.pad_id());
         EXPECT_EQ(targets[i], i + 1 < count ? first + i + 1 : kIgnoredTarget);
       }
+      // The positions holding text: the MoE router's real tokens.
+      EXPECT_EQ(data.window_tokens(w, seq), std::min(count, seq));
     }
   }
 }
@@ -60,10 +62,17 @@ TEST(PaddedWindowsTest, TheLoaderDrawsEveryDocumentOncePerEpoch) {
   options.global_batch = 5;
   auto loader = Loader::create(data, options);
   ASSERT_TRUE(loader.ok()) << loader.status();
-  std::vector<int32_t> ids(5 * 64), targets(5 * 64);
-  ASSERT_TRUE((*loader)->next_batch(5, ids.data(), targets.data()).ok());
+  std::vector<int32_t> ids(5 * 64), targets(5 * 64), tokens(5);
+  ASSERT_TRUE((*loader)->next_batch(5, ids.data(), targets.data(), nullptr, tokens.data()).ok());
   std::vector<int32_t> firsts;
-  for (int64_t b = 0; b < 5; ++b) firsts.push_back(ids[b * 64]);
+  for (int64_t b = 0; b < 5; ++b) {
+    firsts.push_back(ids[b * 64]);
+    // Each window's text tokens come with it: its document's length, at most 64.
+    const auto document = std::find_if(kDocuments.begin(), kDocuments.end(),
+                                       [&](const auto& d) { return d.first == ids[b * 64]; });
+    ASSERT_NE(document, kDocuments.end());
+    EXPECT_EQ(tokens[b], std::min<int64_t>(document->second - document->first, 64));
+  }
   std::sort(firsts.begin(), firsts.end());
   EXPECT_EQ(firsts, (std::vector<int32_t>{0, 50, 100, 120, 170}));
 }
