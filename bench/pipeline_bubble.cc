@@ -166,10 +166,6 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-double theory(const PipelineShape& s) {
-  return static_cast<double>(s.stages - 1) / (s.micro_batches * s.virtual_chunks + s.stages - 1);
-}
-
 // Writes the last step's events of `shape` on this rank into the events directory.
 void write_events(const Options& options, const PipelineShape& shape, int rank,
                   const std::vector<PipelineEvent>& events) {
@@ -199,7 +195,8 @@ void run_shape(const Options& options, const PipelineShape& shape, Communicator&
   const double b = median(bubbles);
   std::printf("%2d  %-17s %2d %4d %10.1f %8.3f %8.3f %8.2f\n", shape.stages,
               pipeline_schedule_name(shape.schedule).c_str(), shape.virtual_chunks,
-              shape.micro_batches, 1e3 * median(steps), b, theory(shape), b / theory(shape));
+              shape.micro_batches, 1e3 * median(steps), b, pipeline_bubble_fraction(shape),
+              b / pipeline_bubble_fraction(shape));
   std::fflush(stdout);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
+#include "engine/parallel/pipeline_schedule.h"
 #include "engine/parallel/topology.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
@@ -29,6 +31,7 @@ namespace {
 constexpr int kMaxPlanWorld = 4096;
 
 struct LayoutChoice {
+  int pp = 1;
   int tp = 1;
   int ep = 1;
   int zero = 0;
@@ -43,6 +46,8 @@ std::string recompute_name(config::Recompute mode) {
 }
 
 struct Machine {
+  // The model's shards, registered once for every layout planned on the machine.
+  std::shared_ptr<ShardCache> shards = std::make_shared<ShardCache>();
   double memory_bytes = 0;
   double peak_flops = 0;       // one device's
   double bandwidth_bytes = 0;  // one rank's, per second, for every collective
@@ -58,9 +63,12 @@ struct LayoutPlan {
   double recompute_s = 0;
   double all_to_all_s = 0;
   double tensor_parallel_s = 0;
+  double pipeline_s = 0;  // stage-to-stage messages
+  double bubble_s = 0;    // the pipeline's fill and drain
   double gradient_s = 0;
   double step_s() const {
-    return compute_s + recompute_s + all_to_all_s + tensor_parallel_s + gradient_s;
+    return compute_s + recompute_s + all_to_all_s + tensor_parallel_s + pipeline_s + bubble_s +
+           gradient_s;
   }
   bool fits = false;
   // Fits but leaves less than a tenth of the device (train warns, tight_fit_warning).
@@ -92,26 +100,27 @@ absl::StatusOr<double> parse_bytes(const std::string& text) {
   return value * unit;
 }
 
-// "tp=2,ep=8,zero=1,recompute=full": every key at most once, each a small positive (zero:
-// 0-3) integer, recompute none, selective or full. `*recompute_given`: whether it was named.
+// "pp=2,tp=2,ep=8,zero=1,recompute=full": every key at most once, each a small positive
+// (zero: 0-3) integer, recompute none, selective or full. `*recompute_given`: whether it
+// was named.
 absl::StatusOr<LayoutChoice> parse_layout(const std::string& text, bool* recompute_given) {
   const auto refuse = [&text] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--layout: want tp=N,ep=N,zero=0..3,recompute=none|selective|full (each at most once), "
-        "not \"",
+        "--layout: want pp=N,tp=N,ep=N,zero=0..3,recompute=none|selective|full (each at most "
+        "once), not \"",
         text, "\""));
   };
   LayoutChoice c;
-  bool seen[4] = {false, false, false, false};
+  bool seen[5] = {false, false, false, false, false};
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     const std::vector<std::string> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
-    const char* keys[] = {"tp", "ep", "zero", "recompute"};
+    const char* keys[] = {"pp", "tp", "ep", "zero", "recompute"};
     int key = -1;
-    for (int k = 0; k < 4; ++k)
+    for (int k = 0; k < 5; ++k)
       if (kv.size() == 2 && kv[0] == keys[k]) key = k;
     if (key < 0 || seen[key]) return refuse();
     seen[key] = true;
-    if (key == 3) {
+    if (key == 4) {
       const auto mode = std::find_if(std::begin(kRecomputeModes), std::end(kRecomputeModes),
                                      [&](config::Recompute m) { return recompute_name(m) == kv[1]; });
       if (mode == std::end(kRecomputeModes)) return refuse();
@@ -119,12 +128,12 @@ absl::StatusOr<LayoutChoice> parse_layout(const std::string& text, bool* recompu
       continue;
     }
     int value = 0;
-    int* fields[] = {&c.tp, &c.ep, &c.zero};
-    const int low = key == 2 ? 0 : 1, high = key == 2 ? 3 : kMaxPlanWorld;
+    int* fields[] = {&c.pp, &c.tp, &c.ep, &c.zero};
+    const int low = key == 3 ? 0 : 1, high = key == 3 ? 3 : kMaxPlanWorld;
     if (!absl::SimpleAtoi(kv[1], &value) || value < low || value > high) return refuse();
     *fields[key] = value;
   }
-  *recompute_given = seen[3];
+  *recompute_given = seen[4];
   return c;
 }
 
@@ -193,10 +202,13 @@ void estimate_step(const config::Recipe& recipe, const ModelStats& stats, const 
   const double hidden = static_cast<double>(r.model().hidden_size());
   const double routed = n / l.tensor_parallel_size * r.moe().top_k() * hidden * b;
   const double ep = l.expert_parallel_size;
+  // A rank runs its stage's layers: 1 / pp of them.
+  const double stage_share = 1.0 / l.pipeline_parallel_size;
   // Dispatch and combine, forward and backward.
-  p.all_to_all_s = passes * moe_layers * 4 * routed * (ep - 1) / ep / machine.bandwidth_bytes;
+  p.all_to_all_s = passes * moe_layers * stage_share * 4 * routed * (ep - 1) / ep /
+                   machine.bandwidth_bytes;
   // Per layer, forward and backward: two all-reduces of the activations over tp.
-  p.tensor_parallel_s = passes * r.model().num_layers() * 4 * 2 *
+  p.tensor_parallel_s = passes * r.model().num_layers() * stage_share * 4 * 2 *
                         ring_s(n * hidden * b, l.tensor_parallel_size, machine);
   // Gradients once per step: dense ones over dp (reduce-scatter under ZeRO-2/3, plus
   // ZeRO-3's gathers of the values in forward and backward), expert ones over expert dp.
@@ -207,6 +219,16 @@ void estimate_step(const config::Recipe& recipe, const ModelStats& stats, const 
   p.gradient_s = (zero >= 2 ? 1 : 2) * ring_s(dense, l.data_parallel_size, machine) +
                  (zero == 3 ? 2 * passes * ring_s(dense, l.data_parallel_size, machine) : 0) +
                  2 * ring_s(expert, l.expert_data_parallel_size, machine);
+  // Pipeline: per micro-batch, each of a rank's V chunks sends its output forward and its
+  // input gradient back; and every rank idles the bubble's share of the pipelined work.
+  const int pp = l.pipeline_parallel_size;
+  p.pipeline_s = pp > 1 ? passes * 2 * l.virtual_pipeline_size * n * hidden * b /
+                              machine.bandwidth_bytes
+                        : 0;
+  const double bubble = pipeline_bubble_fraction(l.pipeline_shape());
+  p.bubble_s = (p.compute_s + p.recompute_s + p.all_to_all_s + p.tensor_parallel_s +
+                p.pipeline_s) *
+               bubble / (1 - bubble);
 }
 
 // The plan of `c` on `world` ranks; nullopt for a layout the recipe refuses.
@@ -214,6 +236,16 @@ std::optional<LayoutPlan> plan_layout(const config::Recipe& base, const ModelSta
                                       const Machine& machine, int world, LayoutChoice c,
                                       std::string* refusal) {
   config::Recipe recipe = base;
+  config::ParallelConfig& parallel = *recipe.mutable_parallel();
+  if (c.pp != config::effective_pipeline_size(base.parallel())) {
+    // Another stage count: an even split, one chunk a stage, the recipe's schedule if it
+    // runs one chunk.
+    parallel.clear_pipeline_layers();
+    parallel.set_virtual_pipeline_size(0);
+    if (parallel.pipeline_schedule() == config::INTERLEAVED_1F1B)
+      parallel.set_pipeline_schedule(config::PIPELINE_SCHEDULE_UNSPECIFIED);
+  }
+  parallel.set_pipeline_parallel_size(c.pp);
   recipe.mutable_parallel()->set_tensor_parallel_size(c.tp);
   recipe.mutable_parallel()->set_expert_parallel_size(c.ep);
   recipe.mutable_parallel()->set_zero_stage(c.zero);
@@ -230,7 +262,7 @@ std::optional<LayoutPlan> plan_layout(const config::Recipe& base, const ModelSta
   p.choice = c;
   p.layout = *layout;
   const DType working = working_dtype(recipe.runtime().precision(), /*on_gpu=*/true);
-  for (const RankMemory& m : plan_rank_memory(recipe, p.layout, working))
+  for (const RankMemory& m : plan_rank_memory(recipe, p.layout, working, machine.shards.get()))
     if (m.total() > p.worst.total()) p.worst = m;
   p.fits = p.worst.total() <= machine.memory_bytes;
   p.tight = !tight_fit_warning("", p.worst.total(), machine.memory_bytes).empty();
@@ -255,8 +287,9 @@ std::optional<LayoutPlan> least_recompute(const config::Recipe& recipe, const Mo
 }
 
 std::string layout_name(const LayoutPlan& p) {
-  return absl::StrCat(absl::StrFormat("dp %d, tp %d, ep %d, zero %d", p.layout.data_parallel_size,
-                                      p.choice.tp, p.choice.ep, p.choice.zero),
+  return absl::StrCat(absl::StrFormat("pp %d, dp %d, tp %d, ep %d, zero %d", p.choice.pp,
+                                      p.layout.data_parallel_size, p.choice.tp, p.choice.ep,
+                                      p.choice.zero),
                       p.choice.recompute == config::NONE
                           ? ""
                           : absl::StrCat(", recompute ", recompute_name(p.choice.recompute)));
@@ -268,27 +301,40 @@ std::pair<std::string, double> largest_term(const RankMemory& m) {
       {"parameters", m.parameters},         {"working copies", m.working_copies},
       {"gradients", m.gradients},           {"gradient buckets", m.gradient_buckets},
       {"optimizer state", m.optimizer_state}, {"activations", m.activations},
-      {"all-to-all buffers", m.all_to_all}};
+      {"all-to-all buffers", m.all_to_all}, {"pipeline buffers", m.pipeline_buffers}};
   return *std::max_element(std::begin(terms), std::end(terms),
                            [](const auto& a, const auto& b) { return a.second < b.second; });
+}
+
+// ", stage 0 holding 8 micro-batches' activations" under a pipeline (in micro-batches
+// through all the stage's layers), "" without one.
+std::string in_flight_text(const LayoutPlan& p) {
+  const PipelineShape shape = p.layout.pipeline_shape();
+  if (shape.stages < 2) return "";
+  const double held = static_cast<double>(pipeline_peak_chunk_passes(shape, p.worst.pp_index)) /
+                      shape.virtual_chunks;
+  return absl::StrFormat(", stage %d holding %.3g micro-batches' activations", p.worst.pp_index,
+                         held);
 }
 
 std::string fit_text(const LayoutPlan& p, const Machine& machine) {
   if (p.fits)
     return absl::StrFormat("step %.4g s (compute %.4g, recompute %.4g, all-to-all %.4g, tp %.4g, "
-                           "gradients %.4g); %s on rank %d",
+                           "pipeline %.4g, bubble %.4g, gradients %.4g); %s on rank %d%s",
                            p.step_s(), p.compute_s, p.recompute_s, p.all_to_all_s,
-                           p.tensor_parallel_s, p.gradient_s, size_text(p.worst.total()),
-                           p.worst.rank) +
+                           p.tensor_parallel_s, p.pipeline_s, p.bubble_s, p.gradient_s,
+                           size_text(p.worst.total()), p.worst.rank, in_flight_text(p)) +
            (p.tight ? ", less than a tenth left" : "");
   const auto [term, bytes] = largest_term(p.worst);
-  return absl::StrFormat("does not fit: rank %d needs %s of %s, the most for %s (%s)",
+  return absl::StrFormat("does not fit: rank %d needs %s of %s, the most for %s (%s)%s",
                          p.worst.rank, size_text(p.worst.total()),
-                         size_text(machine.memory_bytes), term, size_text(bytes));
+                         size_text(machine.memory_bytes), term, size_text(bytes),
+                         in_flight_text(p));
 }
 
 nlohmann::ordered_json plan_json(const LayoutPlan& p) {
-  return {{"data_parallel_size", p.layout.data_parallel_size},
+  return {{"pipeline_parallel_size", p.choice.pp},
+          {"data_parallel_size", p.layout.data_parallel_size},
           {"tensor_parallel_size", p.choice.tp},
           {"expert_parallel_size", p.choice.ep},
           {"zero_stage", p.choice.zero},
@@ -302,6 +348,8 @@ nlohmann::ordered_json plan_json(const LayoutPlan& p) {
           {"recompute_s", p.recompute_s},
           {"all_to_all_s", p.all_to_all_s},
           {"tensor_parallel_s", p.tensor_parallel_s},
+          {"pipeline_s", p.pipeline_s},
+          {"bubble_s", p.bubble_s},
           {"gradient_s", p.gradient_s}};
 }
 
@@ -316,8 +364,8 @@ PlanCommand::PlanCommand(CLI::App& app) {
                     "memory of one device: bytes, or with a unit (80GB, 80GiB)")
       ->required();
   plan_->add_option("--layout", layout_,
-                    "one layout, tp=N,ep=N,zero=0..3,recompute=none|selective|full (unnamed: 1, "
-                    "1, 0, the least that fits); default: every valid one");
+                    "one layout, pp=N,tp=N,ep=N,zero=0..3,recompute=none|selective|full "
+                    "(unnamed: 1, 1, 1, 0, the least that fits); default: every valid one");
   plan_->add_option("--gpu", gpu_, "device whose dense bf16 peak sets the compute time");
   plan_->add_option("--peak-tflops", peak_tflops_, "one device's peak TFLOP/s, instead of --gpu's")
       ->check(finite_in(1e-3, 1e6));
@@ -346,18 +394,24 @@ absl::Status PlanCommand::run() {
     SY_ASSIGN_OR_RETURN(const LayoutChoice c, parse_layout(layout_, &recompute_given));
     choices.push_back(c);
   } else {
-    for (int tp : divisors(world_))
-      for (int ep : divisors(world_))
-        for (int zero = 0; zero <= 3; ++zero) choices.push_back({tp, ep, zero});
+    for (int pp : divisors(world_))
+      for (int tp : divisors(world_ / pp))
+        for (int ep : divisors(world_ / pp))
+          for (int zero = 0; zero <= 3; ++zero) choices.push_back({pp, tp, ep, zero});
   }
   const ModelStats stats = compute_model_stats(recipe);
   std::vector<LayoutPlan> plans;
-  std::string refusal;
-  for (const LayoutChoice& c : choices)
+  std::string refusal, pipeline_refusal;
+  for (const LayoutChoice& c : choices) {
     if (std::optional<LayoutPlan> p =
             recompute_given ? plan_layout(recipe, stats, machine, world_, c, &refusal)
                             : least_recompute(recipe, stats, machine, world_, c, &refusal))
       plans.push_back(*p);
+    else if (c.pp > 1 && pipeline_refusal.empty())
+      pipeline_refusal = refusal;
+  }
+  if (std::any_of(plans.begin(), plans.end(), [](const LayoutPlan& p) { return p.choice.pp > 1; }))
+    pipeline_refusal.clear();
   if (plans.empty())
     return absl::InvalidArgumentError(
         layout_.empty() ? absl::StrCat("no layout of ", world_, " ranks is valid for ",
@@ -382,6 +436,8 @@ absl::Status PlanCommand::run() {
                 fit_text(plans[i], machine).c_str());
     all.push_back(plan_json(plans[i]));
   }
+  if (!pipeline_refusal.empty())
+    std::printf("no layout with pp > 1 is valid: %s\n", pipeline_refusal.c_str());
   if (json_path_.empty()) return absl::OkStatus();
   const nlohmann::ordered_json j = {{"recipe", recipe.name()},
                                     {"world_size", world_},

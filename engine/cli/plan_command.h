@@ -1,9 +1,11 @@
 // `switchyard plan RECIPE --world N --device-memory BYTES
-//                 [--layout tp=T,ep=E,zero=Z[,recompute=none|selective|full]]
+//                 [--layout pp=P,tp=T,ep=E,zero=Z[,recompute=none|selective|full]]
 //                 [--gpu NAME | --peak-tflops T] [--bandwidth GB/s] [--set ...] [--json F]`:
 // the memory every rank of a layout needs (the trainer's own accounting,
-// engine/train/memory_plan.h), its FLOPs and an estimated step time, for one layout or
-// every valid layout of N ranks, each with the least activation recomputation that fits
+// engine/train/memory_plan.h, pipeline stages included), its FLOPs and an estimated step
+// time (with the pipeline's bubble), for one layout or every valid layout of N ranks
+// (pipeline, tensor and expert parallel sizes, ZeRO stages), each with the least activation
+// recomputation that fits
 // (unless named); the layouts that fit with a tenth of the device to spare ranked by step
 // time, then those that fit more tightly, and for each that does not, the term that
 // exceeds the device (docs/planning.md).

@@ -193,4 +193,9 @@ int pipeline_peak_chunk_passes(const PipelineShape& shape, int rank) {
   return peak;
 }
 
+double pipeline_bubble_fraction(const PipelineShape& shape) {
+  return static_cast<double>(shape.stages - 1) /
+         (static_cast<double>(shape.micro_batches) * shape.virtual_chunks + shape.stages - 1);
+}
+
 }  // namespace switchyard

@@ -87,4 +87,9 @@ std::vector<PipelineAction> pipeline_actions(const PipelineShape& shape, int ran
 // activation bytes per micro-batch.
 int pipeline_peak_chunk_passes(const PipelineShape& shape, int rank);
 
+// The share of a step each rank idles while the pipeline fills and drains, every pass
+// taking the same time: (P - 1) / (mV + P - 1), interleaving cutting the fill by V. What
+// the bubble benchmark measures against and `switchyard plan` adds to a step.
+double pipeline_bubble_fraction(const PipelineShape& shape);
+
 }  // namespace switchyard

@@ -421,14 +421,13 @@ void add_zero_buffers(const ParamStore& params, const std::vector<bool>& held, D
 // The shards the rank at (pp_index, tp_index, ep_index) of `layout` registers: those of
 // the stage's units, ZeRO residency marked.
 std::unique_ptr<ParamStore> placement_params(const config::Recipe& recipe, const Layout& layout,
-                                             int pp_index, int tp_index, int ep_index) {
-  PlacementOnly tp(tp_index, layout.tensor_parallel_size);
-  PlacementOnly ep(ep_index, layout.expert_parallel_size);
-  auto params = std::make_unique<ParamStore>(ShardPlacement{
-      tp_index, layout.tensor_parallel_size, ep_index, layout.expert_parallel_size});
-  { const Transformer model(recipe, *params, {&tp, &ep}); }
+                                             int pp_index, int tp_index, int ep_index,
+                                             ShardCache& cache) {
+  const ParamStore& whole = cache.whole_model(recipe, layout, tp_index, ep_index);
+  auto params = std::make_unique<ParamStore>(whole.placement());
   const std::vector<bool> held = stage_units(recipe, layout.pipeline_shape(), pp_index);
-  std::erase_if(params->params(), [&](const Param& p) { return !holds(held, p.unit); });
+  for (const Param& p : whole.params())
+    if (holds(held, p.unit)) params->params().push_back(p);
   const int zero_stage = recipe.parallel().zero_stage();
   if (zero_stage >= 2)
     for (Param& p : params->params()) mark_zero_residency(p, zero_stage);
@@ -516,6 +515,20 @@ RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, D
 
 }  // namespace
 
+const ParamStore& ShardCache::whole_model(const config::Recipe& recipe, const Layout& layout,
+                                          int tp_index, int ep_index) {
+  std::unique_ptr<ParamStore>& store = stores_[{tp_index, layout.tensor_parallel_size, ep_index,
+                                                layout.expert_parallel_size}];
+  if (!store) {
+    PlacementOnly tp(tp_index, layout.tensor_parallel_size);
+    PlacementOnly ep(ep_index, layout.expert_parallel_size);
+    store = std::make_unique<ParamStore>(ShardPlacement{
+        tp_index, layout.tensor_parallel_size, ep_index, layout.expert_parallel_size});
+    const Transformer model(recipe, *store, {&tp, &ep});
+  }
+  return *store;
+}
+
 RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStore& params,
                                    DType working, int dp_size, ReplicaIndex replica,
                                    int pp_index) {
@@ -525,7 +538,9 @@ RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStor
 }
 
 std::vector<RankMemory> plan_rank_memory(const config::Recipe& recipe, const Layout& layout,
-                                         DType working) {
+                                         DType working, ShardCache* cache) {
+  ShardCache own;
+  if (!cache) cache = &own;
   // Ranks differ by their stage, their shards and, under ZeRO, by the parameters they
   // own: each placement's shards and owners are found once.
   struct Placement {
@@ -540,7 +555,7 @@ std::vector<RankMemory> plan_rank_memory(const config::Recipe& recipe, const Lay
     auto it = placements.find({pp, tp, ep});
     if (it == placements.end()) {
       Placement p;
-      p.params = placement_params(recipe, layout, pp, tp, ep);
+      p.params = placement_params(recipe, layout, pp, tp, ep, *cache);
       p.owners = zero_owners(recipe, *p.params, layout.data_parallel_size);
       it = placements.emplace(std::tuple(pp, tp, ep), std::move(p)).first;
     }

@@ -6,6 +6,9 @@
 // (docs/planning.md).
 #pragma once
 
+#include <array>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,9 +58,23 @@ RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStor
                                    DType working, int dp_size, ReplicaIndex replica = {},
                                    int pp_index = 0);
 
-// Every rank of `layout`, from the parameters it would register.
+// The shards each placement of one model registers, registered once for the many layouts
+// of it that `switchyard plan` compares. One cache serves recipes of one model only (the
+// same model and moe fields).
+class ShardCache {
+ public:
+  // Every unit of the model as the rank at (tp_index, ep_index) of `layout` registers it.
+  const ParamStore& whole_model(const config::Recipe& recipe, const Layout& layout, int tp_index,
+                                int ep_index);
+
+ private:
+  std::map<std::array<int, 4>, std::unique_ptr<ParamStore>> stores_;
+};
+
+// Every rank of `layout`, from the parameters it would register (taken from `cache` when
+// given).
 std::vector<RankMemory> plan_rank_memory(const config::Recipe& recipe, const Layout& layout,
-                                         DType working);
+                                         DType working, ShardCache* cache = nullptr);
 
 // One line for `m`: "rank 3 (stage 0, tp 0, ep 3): at least 12.3 GiB: parameters ...".
 std::string describe_rank_memory(const RankMemory& m);

@@ -21,7 +21,7 @@ for recipe in "$root"/recipes/*.textproto; do
     fail "$name: exit status"; cat "$work/err"; continue
   fi
   if ! head -n 1 "$work/out" | grep -qE "^$name on $world ranks of 80.00 GiB, 989 TFLOP/s, 50 GB/s: [0-9]+ of [0-9]+ layouts fit$" ||
-     ! grep -qE '^  1\. dp [0-9]+, tp [0-9]+, ep [0-9]+, zero [0-3](, recompute (selective|full))? +(step|does not fit)' "$work/out"; then
+     ! grep -qE '^  1\. pp [0-9]+, dp [0-9]+, tp [0-9]+, ep [0-9]+, zero [0-3](, recompute (selective|full))? +(step|does not fit)' "$work/out"; then
     fail "$name: output"; cat "$work/out"; continue
   fi
   echo "ok   $name: $(head -n 1 "$work/out")"
@@ -29,15 +29,18 @@ done
 
 # Mixtral 8x7B fits on 64 H100s only with its experts spread and its state sharded; its
 # recipe ships the layout ranked first; the layouts that do not fit even with every layer
-# recomputed name the term that needs the most.
+# recomputed name the term that needs the most. Its aux loss over all layers together
+# keeps it to one stage, which plan says once.
 mixtral="$root/recipes/mixtral-8x7b.textproto"
 "$bin" plan "$mixtral" --world 64 --device-memory 80GiB --json "$work/plan.json" >"$work/out"
 shipped=$(sed -n 's/^  tensor_parallel_size: \([0-9]*\)$/tp \1/p; s/^  expert_parallel_size: \([0-9]*\)$/ep \1/p; s/^  zero_stage: \([0-9]\)$/zero \1/p; s/^  recompute: \([A-Z]*\).*/recompute \1/p' "$mixtral" |
   tr 'A-Z' 'a-z' | paste -sd, | sed 's/,/, /g')
-grep -qE "^  1\. dp [0-9]+, $shipped +step [0-9.]+ s" "$work/out" ||
+grep -qE "^  1\. pp 1, dp [0-9]+, $shipped +step [0-9.]+ s" "$work/out" ||
   { fail "mixtral: best layout ($shipped)"; cat "$work/out"; }
 grep -qE 'ep 1, zero 0, recompute full +does not fit: rank [0-9]+ needs .* the most for optimizer state' "$work/out" ||
   { fail "mixtral: refusal reason"; cat "$work/out"; }
+grep -qE '^no layout with pp > 1 is valid: moe.aux_loss_per_layer false needs' "$work/out" ||
+  { fail "mixtral: pipeline refusal"; cat "$work/out"; }
 python3 - "$work/plan.json" <<'PY' || fail "mixtral: json"
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -54,8 +57,33 @@ PY
 
 # One layout.
 "$bin" plan "$mixtral" --world 64 --device-memory 80GiB --layout tp=4,ep=8,zero=1 >"$work/out" &&
-  [[ $(grep -cE '^  1\. dp 16, tp 4, ep 8, zero 1(,| )' "$work/out") -eq 1 ]] &&
+  [[ $(grep -cE '^  1\. pp 1, dp 16, tp 4, ep 8, zero 1(,| )' "$work/out") -eq 1 ]] &&
   [[ $(wc -l <"$work/out") -eq 2 ]] || { fail "one layout"; cat "$work/out"; }
+
+# With a loss per layer, pipeline layouts are ranked with their bubble, and one that does not
+# fit names the micro-batches its fullest stage holds.
+"$bin" plan "$mixtral" --world 64 --device-memory 80GiB --set moe.aux_loss_per_layer=true \
+  --json "$work/pp.json" >"$work/out" || fail "mixtral per-layer aux: exit status"
+grep -qE "^ *[0-9]+\. pp 8, dp [0-9]+, .* does not fit: .*, stage 0 holding 8 micro-batches' activations\$" "$work/out" ||
+  { fail "mixtral: pipeline layout that does not fit"; cat "$work/out"; }
+python3 - "$work/pp.json" <<'PY' || fail "mixtral: pipeline json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+pp = [l for l in j["layouts"] if l["pipeline_parallel_size"] > 1 and l["fits"]]
+assert pp and all(l["bubble_s"] > 0 and l["pipeline_s"] > 0 for l in pp)
+assert all(l["bubble_s"] == 0 for l in j["layouts"] if l["pipeline_parallel_size"] == 1)
+PY
+# The bubble is (P - 1) / (m + P - 1) of the pipelined work and bubble together: 7 / (m + 7)
+# with pp 8, m = 1024 sequences / (8 replicas x micro-batch 1).
+"$bin" plan "$mixtral" --world 64 --device-memory 80GiB --set moe.aux_loss_per_layer=true \
+  --layout pp=8,tp=1,ep=8,zero=1 --json "$work/one_pp.json" >/dev/null &&
+  python3 - "$work/one_pp.json" <<'PY' || fail "pipeline bubble"
+import json, sys
+l = json.load(open(sys.argv[1]))["layouts"][0]
+m = 1024 // l["data_parallel_size"]
+work = l["step_s"] - l["bubble_s"] - l["gradient_s"]
+assert abs(l["bubble_s"] / (work + l["bubble_s"]) - 7 / (m + 7)) < 1e-9, l
+PY
 
 # One accounting: plan's fullest rank is the dry run's, term by term, with the recipe's
 # recomputation.
@@ -89,9 +117,10 @@ expect_error "nan memory" "--device-memory: want a size in bytes" -- "$tiny" --w
 expect_error "huge memory" "--device-memory: want a size in bytes" -- "$tiny" --world 2 --device-memory 1e30
 expect_error "no world" "--world is required" -- "$tiny" --device-memory 80GB
 expect_error "world too large" "--world: Value 5000 not in range" -- "$tiny" --world 5000 --device-memory 80GB
-expect_error "unknown layout key" "--layout: want tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout pp=2
-expect_error "repeated layout key" "--layout: want tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout tp=1,tp=2
-expect_error "zero stage 4" "--layout: want tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout zero=4
+expect_error "unknown layout key" "--layout: want pp=N,tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout vp=2
+expect_error "pipeline the world refuses" "parallel.pipeline_parallel_size (3) must divide the world size (2)" -- "$tiny" --world 2 --device-memory 80GB --layout pp=3
+expect_error "repeated layout key" "--layout: want pp=N,tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout tp=1,tp=2
+expect_error "zero stage 4" "--layout: want pp=N,tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout zero=4
 expect_error "unknown recomputation" "recompute=none|selective|full" -- "$tiny" --world 2 --device-memory 80GB --layout recompute=some
 expect_error "layout the recipe refuses" "must be divisible by parallel.tensor_parallel_size (4)" -- "$tiny" --world 4 --device-memory 80GB --layout tp=4
 expect_error "layout the world refuses" "(3)" -- "$tiny" --world 2 --device-memory 80GB --layout ep=3

@@ -214,13 +214,6 @@ std::string describe(const PipelineShape& s) {
          " V=" + std::to_string(s.virtual_chunks) + " m=" + std::to_string(s.micro_batches);
 }
 
-// (P - 1) / (m V + P - 1): the bubble of P - 1 chunk passes' fill and drain, each pass
-// taking 1 / V of a stage's work.
-double theoretical_bubble(const PipelineShape& s) {
-  return (s.stages - 1.0) /
-         (static_cast<double>(s.micro_batches) * s.virtual_chunks + s.stages - 1.0);
-}
-
 SimResult simulate(const PipelineShape& shape) {
   EXPECT_TRUE(validate_pipeline_shape(shape).ok()) << validate_pipeline_shape(shape);
   return Simulator(shape).run();
@@ -234,7 +227,7 @@ TEST(PipelineScheduleTest, OneFOneBHoldsAtMostPMicroBatchesAndMeetsTheBubble) {
       const SimResult result = simulate(shape);
       ASSERT_FALSE(result.deadlock);
       EXPECT_EQ(result.first_stage_in_flight, std::min(p, m));
-      EXPECT_NEAR(result.bubble, theoretical_bubble(shape), 1e-12);
+      EXPECT_NEAR(result.bubble, pipeline_bubble_fraction(shape), 1e-12);
     }
 }
 
@@ -246,7 +239,7 @@ TEST(PipelineScheduleTest, GpipeHoldsEveryMicroBatchAndMeetsTheBubble) {
       const SimResult result = simulate(shape);
       ASSERT_FALSE(result.deadlock);
       EXPECT_EQ(result.first_stage_in_flight, m);
-      EXPECT_NEAR(result.bubble, theoretical_bubble(shape), 1e-12);
+      EXPECT_NEAR(result.bubble, pipeline_bubble_fraction(shape), 1e-12);
     }
 }
 
@@ -266,7 +259,7 @@ TEST(PipelineScheduleTest, BubbleHoldsWhenBackwardTakesTwiceTheForward) {
     SCOPED_TRACE(describe(shape));
     const SimResult result = Simulator(shape, 1, 2).run();
     ASSERT_FALSE(result.deadlock);
-    EXPECT_NEAR(result.bubble, theoretical_bubble(shape), 1e-12);
+    EXPECT_NEAR(result.bubble, pipeline_bubble_fraction(shape), 1e-12);
   }
 }
 
@@ -278,7 +271,7 @@ TEST(PipelineScheduleTest, InterleavedDividesTheBubbleByV) {
         SCOPED_TRACE(describe(shape));
         const SimResult result = simulate(shape);
         ASSERT_FALSE(result.deadlock);
-        EXPECT_NEAR(result.bubble, theoretical_bubble(shape), 1e-12);
+        EXPECT_NEAR(result.bubble, pipeline_bubble_fraction(shape), 1e-12);
       }
 }
 
