@@ -352,7 +352,10 @@ BLOCKS = {
                 "--run-dir runs/history --report r.html | sed 's#runs/history#RUN#'"),
     # docs/planning.md
     ("docs/planning.md", "switchyard plan RECIPE"): Synopsis(),
-    ("docs/planning.md", "$ build/engine/cli/switchyard plan"): Session(),
+    ("docs/planning.md", "$ build/engine/cli/switchyard plan recipes/mixtral-8x7b.textproto "
+                         "--world 64 --device-memory 80GiB\n"): Session(),
+    ("docs/planning.md", "$ build/engine/cli/switchyard plan recipes/mixtral-8x7b.textproto "
+                         "--world 64 --device-memory 80GiB --set"): Session(),
     # docs/launch.md
     ("docs/launch.md", "model: 1.10M parameters"): Output(
         "the start-up lines of README's 4-rank mpirun run (the Slurm job is skipped)",

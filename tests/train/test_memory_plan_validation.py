@@ -1,5 +1,5 @@
 """The memory plan (`train --dry-run`, `plan`) against what a real run allocates: for each
-configuration, rank 0's planned parameters (with their working copies), gradients (with
+configuration (the tiny recipe, or deepseek-v3-tiny for latent attention), rank 0's planned parameters (with their working copies), gradients (with
 ZeRO's buckets), optimizer state and activations (with all-to-all buffers) against the
 peaks of each category its first step records in metrics.jsonl. The plan counts the
 allocations the model code makes, so the only gaps are the few small tensors it does not
@@ -25,7 +25,7 @@ import pytest
 
 SWITCHYARD = os.environ.get("SWITCHYARD", "")
 MPIEXEC = os.environ.get("MPIEXEC", "mpiexec")
-RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto")
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 TOLERANCE = 0.10
 COMMON = ["train.steps=1", "train.eval_interval=0", "train.log_interval=1",
           "model.num_layers=2", "train.seq_len=64", "train.global_batch_size=8",
@@ -33,7 +33,7 @@ COMMON = ["train.steps=1", "train.eval_interval=0", "train.log_interval=1",
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 BALANCED = ["moe.router_force_balance=true"]
 
-CONFIGS = {  # name: (ranks, overrides)
+CONFIGS = {  # name: (ranks, overrides[, recipe: tiny unless named])
     "1 rank fp32": (1, []),
     "1 rank bf16": (1, ["runtime.precision=bf16"]),
     "1 rank, micro-batch 8 x 128": (1, ["train.micro_batch_size=8", "train.seq_len=128"]),
@@ -75,6 +75,12 @@ CONFIGS = {  # name: (ranks, overrides)
     "dp2 tp2 zero3, recompute FULL": (4, ["parallel.tensor_parallel_size=2",
                                           "parallel.zero_stage=3", "train.global_batch_size=16",
                                           "train.recompute=FULL"]),
+    # Latent attention (docs/mla.md): its latents before and after their norms, the
+    # padded per-head q, k, v and core output; a dense first layer, shared experts.
+    "deepseek-v3-tiny": (1, [], "deepseek-v3-tiny"),
+    "deepseek-v3-tiny, recompute SELECTIVE": (1, ["train.recompute=SELECTIVE"],
+                                              "deepseek-v3-tiny"),
+    "deepseek-v3-tiny tp2": (2, ["parallel.tensor_parallel_size=2"], "deepseek-v3-tiny"),
 }
 
 # Planned terms (ranks[0] of the dry run's JSON) and the measured categories they sum to.
@@ -86,22 +92,28 @@ TERMS = {
 }
 
 
+def config(name):
+    """(ranks, overrides, recipe path) of a configuration."""
+    ranks, overrides, *recipe = CONFIGS[name]
+    return ranks, overrides, str(RECIPES / f"{recipe[0] if recipe else 'tiny'}.textproto")
+
+
 def sets(overrides):
     return [a for o in COMMON + overrides for a in ("--set", o)]
 
 
-def planned(ranks, overrides):
-    out = subprocess.run([SWITCHYARD, "train", RECIPE, "--dry-run", "--world", str(ranks),
+def planned(recipe, ranks, overrides):
+    out = subprocess.run([SWITCHYARD, "train", recipe, "--dry-run", "--world", str(ranks),
                           *sets(overrides)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     rank0 = json.loads(out.stdout.splitlines()[-1])["ranks"][0]
     return {t: sum(rank0[k] for k in keys) for t, (keys, _) in TERMS.items()}
 
 
-def measured(tmp_path, name, ranks, overrides):
+def measured(tmp_path, name, recipe, ranks, overrides):
     run_dir = tmp_path / name.replace(" ", "_").replace(",", "")
     launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
-    out = subprocess.run(launcher + [SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir),
+    out = subprocess.run(launcher + [SWITCHYARD, "train", recipe, "--run-dir", str(run_dir),
                                      "--dataset-cache", str(tmp_path / "datasets"),
                                      *sets(overrides)],
                          capture_output=True, text=True, env=ENV, timeout=300)
@@ -113,9 +125,9 @@ def measured(tmp_path, name, ranks, overrides):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_plan_agrees_with_the_measured_peaks(tmp_path, name):
-    ranks, overrides = CONFIGS[name]
-    plan = planned(ranks, overrides)
-    real = measured(tmp_path, name, ranks, overrides)
+    ranks, overrides, recipe = config(name)
+    plan = planned(recipe, ranks, overrides)
+    real = measured(tmp_path, name, recipe, ranks, overrides)
     for term in compared(overrides):
         assert real[term] > 0 or term == "optimizer state", (term, real)
         assert abs(plan[term] - real[term]) <= TOLERANCE * real[term], (term, plan, real)
@@ -136,9 +148,10 @@ if __name__ == "__main__":
         f"{t} planned / measured (MiB)" for t in TERMS) + " | worst gap |")
     print("|---|---|" + "---|" * len(TERMS) + "---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (ranks, overrides) in CONFIGS.items():
-            plan = planned(ranks, overrides)
-            real = measured(Path(tmp), name, ranks, overrides)
+        for name in CONFIGS:
+            ranks, overrides, recipe = config(name)
+            plan = planned(recipe, ranks, overrides)
+            real = measured(Path(tmp), name, recipe, ranks, overrides)
             gap = max(abs(plan[t] - real[t]) / real[t] for t in compared(overrides))
             cells = " | ".join(f"{mib(plan[t])} / {mib(real[t])}" for t in TERMS)
             print(f"| {name} | {ranks} | {cells} | {100 * gap:.1f}% |", flush=True)
