@@ -87,12 +87,13 @@ void TokenDispatcher::plan_positions(Device& dev, const Tensor& ids, const Tenso
   // Capacity keeps each expert's highest-weight assignments among all the group's
   // tokens: every rank plans the whole group's assignments (a few bytes per token) and
   // then sends only its own kept ones.
-  Tensor all_ids = activation(dev, {total_tokens, slots_}, DType::kI32);
-  Tensor all_weights = activation(dev, {total_tokens, slots_});
+  const int64_t group_rows = n * tp_->size();
+  Tensor all_ids = activation(dev, {group_rows, slots_}, DType::kI32);
+  Tensor all_weights = activation(dev, {group_rows, slots_});
   tp_->all_gather(ids, all_ids);
   tp_->all_gather(weights, all_weights);
   Tensor all_per_expert = activation(dev, {E}, DType::kI32);
-  Tensor all_dest = activation(dev, {total_tokens, slots_}, DType::kI32);
+  Tensor all_dest = activation(dev, {group_rows, slots_}, DType::kI32);
   permute_plan(dev, all_ids, all_weights, E, capacity, all_per_expert, all_dest);
   Tensor kept_ids = activation(cpu_device(), {n, slots_}, DType::kI32);
   kept_ids.copy_from(ids);

@@ -31,8 +31,9 @@ class TokenDispatcher {
                   const std::vector<int>& expert_order = {});
 
   // The dispatch plan of this rank's assignments (ids: (n, slots), -1 not sent) at
-  // `capacity_factor` over the group's `total_tokens` (<= 0: dropless). On one
-  // tensor-parallel rank every assignment keeps a row, n * slots, whatever capacity and
+  // `capacity_factor` over the group's `total_tokens` routed tokens (its rows less any
+  // padding, which has ids -1; <= 0: dropless). On one tensor-parallel rank every
+  // assignment keeps a row, n * slots, whatever capacity and
   // GShard drop (the kept ones come first, grouped by expert, and the grouped products
   // skip the rest), so nothing waits for the host. A capacity over a tensor-parallel
   // group plans the whole group's assignments and keeps only this rank's kept rows.

@@ -1,0 +1,76 @@
+"""Padded windows (data.packing PAD) under tensor and expert parallelism against one
+process: the MoE layers route only each conversation's tokens, with capacity over them
+and the routing sums and sequence-wise aux loss taken over them, the tensor-parallel
+ranks each routing a share of the group's rows (padding included) and adding their sums.
+The losses, the term reported apart and the final weights must match the single run.
+
+Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
+"""
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_seq_aux_layouts import seq_aux_losses
+from test_train_equivalence import ENV, LAYOUTS, SWITCHYARD, assert_run_matches, train
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "data" / "corpus" / "tinyshakespeare.txt"
+# A capacity that drops assignments and the sequence-wise aux loss, with softmax routing
+# and its aux loss, or sigmoid routing and its bias update: padding would move each.
+ROUTING = ["--set", "moe.capacity_factor=1.0", "--set", "moe.seq_aux_loss_coef=0.5"]
+GATINGS = {
+    "softmax": ["--set", "moe.gating=TOPK_SOFTMAX"],
+    "sigmoid": ["--set", "moe.gating=SIGMOID_TOPK", "--set", "moe.aux_loss_coef=0",
+                "--set", "moe.norm_topk_prob=true", "--set", "moe.bias_update_rate=0.001"],
+}
+
+def run(argv):
+    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=ENV,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory):
+    """Pairs of speeches as prompt and answer with the Mistral template, trained one
+    conversation per window: most are shorter than the window."""
+    root = tmp_path_factory.mktemp("data")
+    run([SWITCHYARD, "data", "tokenizer", "--input", CORPUS, "--vocab-size", "1024",
+         "--out", root / "tok.model"])
+    paragraphs = [p for p in CORPUS.read_text().split("\n\n") if p.strip()][:200]
+    lines = [json.dumps({"prompt": paragraphs[i], "response": paragraphs[i + 1]})
+             for i in range(0, len(paragraphs) - 1, 2)]
+    (root / "chats.jsonl").write_text("\n".join(lines) + "\n")
+    run([SWITCHYARD, "data", "prepare", "--tokenizer", root / "tok.model",
+         "--input", root / "chats.jsonl", "--out", root / "chat",
+         "--chat-template", ROOT / "data" / "templates" / "mistral.json"])
+    return ["--set", "data.corpus=", "--set", f"data.dataset={root / 'chat'}",
+            "--set", "data.packing=PAD", "--set", "train.seq_len=96"] + ROUTING
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, padded):
+    runs = {}
+
+    def run_single(gating):
+        if gating not in runs:
+            where = tmp_path_factory.mktemp(gating)
+            runs[gating] = (train(where, "single", 1, padded + GATINGS[gating]),
+                            seq_aux_losses(where, "single"))
+        return runs[gating]
+
+    return run_single
+
+
+@pytest.mark.parametrize("gating", GATINGS)
+@pytest.mark.parametrize("layout", ["tp2", "tp2xep2", "ep2"])
+def test_padded_layout_matches_single_process(tmp_path, padded, single, layout, gating):
+    (single_losses, single_weights), single_seq_aux = single(gating)
+    assert np.all(single_seq_aux > 0), single_seq_aux
+    ranks, overrides = LAYOUTS[layout]
+    losses, weights = train(tmp_path, layout, ranks, overrides + padded + GATINGS[gating])
+    assert_run_matches(losses, weights, single_losses, single_weights)
+    np.testing.assert_allclose(seq_aux_losses(tmp_path, layout), single_seq_aux, rtol=2e-4)
