@@ -23,6 +23,16 @@ int64_t evaluation_windows(const TokenDataset& data, int64_t seq_len, int64_t ev
 absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
                                             const TokenDataset& data, int64_t seq_len,
                                             int64_t windows, Communicator* replicas) {
+  const EvalForward forward = [&](const Tensor& ids, const Tensor& targets,
+                                  const Tensor& doc_starts) {
+    return model.forward(dev, ids, targets, /*training=*/false, Rng(0), nullptr, doc_starts);
+  };
+  return evaluate_windows(forward, data, seq_len, windows, replicas);
+}
+
+absl::StatusOr<EvalResult> evaluate_windows(const EvalForward& forward, const TokenDataset& data,
+                                            int64_t seq_len, int64_t windows,
+                                            Communicator* replicas) {
   const int64_t size = replicas ? replicas->size() : 1;
   const int64_t index = replicas ? replicas->rank() : 0;
   const int64_t batches = (windows + kEvalWindowsPerForward - 1) / kEvalWindowsPerForward;
@@ -47,9 +57,7 @@ absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
       if (data.has_documents())
         data.window_document_starts(begin + w, seq_len, doc_starts.data<int32_t>() + w * seq_len);
     }
-    Rng rng(0);
-    const LossParts parts =
-        model.forward(dev, ids, targets, /*training=*/false, rng, nullptr, doc_starts);
+    const LossParts parts = forward(ids, targets, doc_starts);
     std::fill(losses.begin(), losses.end(), 0.0);
     std::fill(tokens.begin(), tokens.end(), 0);
     if (mine) {
@@ -71,14 +79,14 @@ absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
   return result;
 }
 
-absl::StatusOr<BlendEvalResult> evaluate_blend(Device& dev, Transformer& model,
+absl::StatusOr<BlendEvalResult> evaluate_blend(const EvalForward& forward,
                                                const std::vector<EvalSource>& sources,
                                                int64_t seq_len, Communicator* replicas) {
   BlendEvalResult result;
   double total_weight = 0;
   for (const EvalSource& source : sources) total_weight += source.weight;
   for (const EvalSource& source : sources) {
-    SY_ASSIGN_OR_RETURN(const EvalResult one, evaluate_windows(dev, model, *source.data, seq_len,
+    SY_ASSIGN_OR_RETURN(const EvalResult one, evaluate_windows(forward, *source.data, seq_len,
                                                                source.windows, replicas));
     result.by_source.emplace_back(source.name, one.loss);
     result.loss += source.weight / total_weight * one.loss;

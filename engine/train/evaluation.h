@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,17 @@ absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
                                             const TokenDataset& data, int64_t seq_len,
                                             int64_t windows, Communicator* replicas);
 
+// An evaluation forward of one batch, (batch, seq) i32 ids, targets and document starts
+// (undefined without documents): its cross-entropy parts. A model's forward, or a
+// forward through pipeline stages.
+using EvalForward =
+    std::function<LossParts(const Tensor& ids, const Tensor& targets, const Tensor& doc_starts)>;
+
+// evaluate_windows with `forward` in place of a model's.
+absl::StatusOr<EvalResult> evaluate_windows(const EvalForward& forward, const TokenDataset& data,
+                                            int64_t seq_len, int64_t windows,
+                                            Communicator* replicas);
+
 // One validation set of a blend: its name, split, weight and evaluation windows.
 struct EvalSource {
   std::string name;
@@ -49,7 +61,7 @@ struct BlendEvalResult {
 };
 
 // Evaluates every source with evaluate_windows.
-absl::StatusOr<BlendEvalResult> evaluate_blend(Device& dev, Transformer& model,
+absl::StatusOr<BlendEvalResult> evaluate_blend(const EvalForward& forward,
                                                const std::vector<EvalSource>& sources,
                                                int64_t seq_len, Communicator* replicas);
 

@@ -94,7 +94,8 @@ Tensor ChunkStages::forward(int micro_batch, int chunk, const Tensor& input) {
   const MicroBatchInput& in = inputs_[micro_batch];
   Transformer& model = *chunks_[chunk];
   Transformer::ChunkOutput out =
-      model.forward_chunk(dev_, input, in.ids, in.targets, in.rng, in.doc_starts);
+      model.forward_chunk(dev_, input, in.ids, in.targets, in.rng, in.doc_starts,
+                          /*training=*/true, in.window_tokens);
   forward_done_(chunk, out.losses, model.router_stats());
   stashed_[chunk][micro_batch] = model.stash_activations();
   return out.hidden;
@@ -111,6 +112,43 @@ Tensor ChunkStages::receive_buffer(TransferKind /*kind*/, int micro_batch, int /
   // Activations and their gradients alike: (batch * seq, hidden) in the compute dtype.
   const Tensor& ids = inputs_[micro_batch].ids;
   return Tensor::empty({ids.numel(), hidden_size_}, dtype_, MemoryKind::kActivations, dev_);
+}
+
+LossParts pipeline_eval_forward(Device& dev, const std::vector<std::unique_ptr<Transformer>>& chunks,
+                                const Layout& layout, Communicator& pipeline,
+                                int64_t hidden_size, DType dtype, const Tensor& ids,
+                                const Tensor& targets, const Tensor& doc_starts) {
+  const PipelineShape shape = layout.pipeline_shape();
+  const int me = pipeline.rank();
+  Tensor input;  // the previous chunk's output, received
+  LossParts parts;
+  for (int k = 0; k < shape.num_chunks(); ++k) {
+    if (shape.rank_of(k) != me) continue;
+    if (k > 0) {
+      std::vector<Communicator::Message> receive = {
+          {false, shape.rank_of(k - 1),
+           Tensor::empty({ids.numel(), hidden_size}, dtype, MemoryKind::kActivations, dev)}};
+      pipeline.exchange(receive);
+      input = receive.front().tensor;
+    }
+    Transformer::ChunkOutput out =
+        chunks[shape.local_chunk(k)]->forward_chunk(dev, input, ids, targets, Rng(0), doc_starts,
+                                                    /*training=*/false);
+    if (k + 1 < shape.num_chunks()) {
+      std::vector<Communicator::Message> send = {{true, shape.rank_of(k + 1), out.hidden}};
+      pipeline.exchange(send);
+    } else {
+      parts = out.losses;
+    }
+  }
+  // The last stage's figures to every stage (the others add zeros).
+  std::vector<double> figures = {parts.cross_entropy, static_cast<double>(parts.target_tokens)};
+  pipeline.all_reduce_sum(figures.data(), 2);
+  LossParts all;
+  all.cross_entropy = figures[0];
+  all.target_tokens = static_cast<int64_t>(figures[1]);
+  all.total = all.cross_entropy;
+  return all;
 }
 
 RouterStats gather_pipeline_router_stats(const config::Recipe& recipe, const Layout& layout,

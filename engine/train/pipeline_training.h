@@ -32,7 +32,7 @@ std::vector<std::unique_ptr<Transformer>> build_model_chunks(const config::Recip
 // One micro-batch's inputs, the same on every stage (only the first embeds the ids, only
 // the last scores the targets).
 struct MicroBatchInput {
-  Tensor ids, targets, doc_starts;
+  Tensor ids, targets, doc_starts, window_tokens;  // as Transformer::forward takes them
   Rng rng;  // GShard's draws: layer i takes rng.fork(i) whichever stage holds it
 };
 
@@ -68,6 +68,16 @@ class ChunkStages : public PipelineStages {
   // [chunk][micro-batch]: what a forward saved for its backward.
   std::vector<std::vector<Transformer::Activations>> stashed_;
 };
+
+// An evaluation forward of one batch through every stage: each model chunk in depth
+// order on the pipeline rank that holds it, its output sent to the next chunk's rank. The
+// cross-entropy parts, the last stage's, are returned on every rank of `pipeline` (a
+// collective over it).
+// hidden_size and dtype: the hidden states' width and compute dtype.
+LossParts pipeline_eval_forward(Device& dev, const std::vector<std::unique_ptr<Transformer>>& chunks,
+                                const Layout& layout, Communicator& pipeline,
+                                int64_t hidden_size, DType dtype, const Tensor& ids,
+                                const Tensor& targets, const Tensor& doc_starts);
 
 // Every MoE layer's routing statistics of the whole model, in layer order, from each
 // pipeline rank's chunks (`mine`, in local chunk order): a collective over `pipeline`.

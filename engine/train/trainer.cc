@@ -449,12 +449,10 @@ std::string describe_non_finite(double loss, const StepReport& report) {
 // work.
 absl::Status check_pipeline_training(const config::Recipe& recipe, const Layout& layout) {
   if (layout.pipeline_parallel_size == 1) return absl::OkStatus();
-  const config::TrainConfig& tc = recipe.train();
   std::string field;
   if (recipe.parallel().zero_stage() >= 2) field = "parallel.zero_stage 2 or 3";
-  else if (tc.eval_interval() > 0) field = "evaluation (train.eval_interval above 0)";
   else if (recipe.moe().bias_update_rate() > 0) field = "moe.bias_update_rate";
-  else if (tc.freeze_size() > 0) field = "train.freeze";
+  else if (recipe.train().freeze_size() > 0) field = "train.freeze";
   if (field.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "parallel.pipeline_parallel_size (", layout.pipeline_parallel_size,
@@ -729,13 +727,27 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
           {source.where.name, &*source.val, source.where.weight,
            evaluation_windows(*source.val, tc.seq_len(), tc.eval_tokens())});
   auto run_eval = [&](int64_t step) -> absl::Status {
+    const EvalForward forward = [&](const Tensor& ids, const Tensor& targets,
+                                    const Tensor& doc_starts) {
+      if (pipelined)
+        return pipeline_eval_forward(dev, chunks, layout, *groups.pipeline,
+                                     recipe.model().hidden_size(), working, ids, targets,
+                                     doc_starts);
+      return model.forward(dev, ids, targets, /*training=*/false, Rng(0), nullptr, doc_starts);
+    };
     SY_ASSIGN_OR_RETURN(const BlendEvalResult result,
-                        evaluate_blend(dev, model, eval_sources, tc.seq_len(), groups.dp.get()));
+                        evaluate_blend(forward, eval_sources, tc.seq_len(), groups.dp.get()));
     EvalRecord record;
     record.step = step;
     record.val_loss = result.loss;
     if (blend) record.by_source = result.by_source;
-    record.router_stats = &model.router_stats();
+    std::vector<RouterStats> chunk_routing;
+    for (const auto& chunk : chunks) chunk_routing.push_back(chunk->router_stats());
+    const RouterStats layers_routing =
+        pipelined ? gather_pipeline_router_stats(recipe, layout, pipeline_rank, chunk_routing,
+                                                 *groups.pipeline)
+                  : model.router_stats();
+    record.router_stats = &layers_routing;
     return records.on_eval(record);
   };
   // The untrained baseline, so every curve starts from a measured point.
@@ -783,7 +795,8 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     if (pipelined) {
       std::vector<MicroBatchInput> inputs;
       for (int64_t m = 0; m < accumulation; ++m)
-        inputs.push_back({batches[m].ids, batches[m].targets, batches[m].doc_starts, routing_rng(m)});
+        inputs.push_back({batches[m].ids, batches[m].targets, batches[m].doc_starts,
+                          batches[m].window_tokens, routing_rng(m)});
       ChunkStages stages(dev, chunks, inputs, recipe.model().hidden_size(), working, loss_scale,
                          ce_tokens, reducer.get(), [&](int chunk, const LossParts& parts, const RouterStats& rs) {
                            count_forward(parts, rs);

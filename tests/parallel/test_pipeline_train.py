@@ -1,7 +1,7 @@
 """Pipeline layouts in `switchyard train`: each pipeline rank trains its chunks of the
 model under GPipe, 1F1B and interleaved 1F1B, and the losses, routing statistics and
 final weights equal one process's (with data-parallel replicas in each stage, to the
-data-parallel layouts' tolerances); a pipeline run's checkpoints resume under one process
+data-parallel layouts' tolerances), as do its evaluations through the stages; a pipeline run's checkpoints resume under one process
 and the other way round, and its final weights convert to Hugging Face format. What
 pipeline training does not take yet is refused in one line before any work.
 
@@ -147,15 +147,28 @@ def test_pipeline_final_weights_convert_to_hugging_face(tmp_path):
     assert (tmp_path / "hf" / "config.json").exists()
 
 
-def test_evaluation_with_pipeline_stages_is_refused_before_any_work(tmp_path):
+def test_evaluation_through_the_stages_matches_one_process(tmp_path):
+    evaluating = ["--set", "train.eval_interval=2", "--set", "train.eval_tokens=1024"]
+    single, _ = train(tmp_path, "single", 1, evaluating)
+    staged, _ = train(tmp_path, "staged", 2, [*evaluating,
+                                              "--set", "parallel.pipeline_parallel_size=2"])
+
+    def val_losses(run_dir):
+        lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [(m["step"], m["val_loss"]) for m in lines if "val_loss" in m]
+    assert [step for step, _ in val_losses(single)] == [0, 2, 4]
+    assert val_losses(staged) == val_losses(single)
+
+
+def test_what_pipeline_stages_do_not_take_yet_is_refused_before_any_work(tmp_path):
     result = subprocess.run(
         mpirun(2) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(tmp_path / "run"),
                      *PIPELINE_COMMON, "--set", "parallel.pipeline_parallel_size=2",
-                     "--set", "train.eval_interval=2"],
+                     "--set", "train.freeze=router"],
         capture_output=True, text=True, env=ENV, timeout=120)
     assert result.returncode != 0
-    assert ("parallel.pipeline_parallel_size (2) trains without evaluation "
-            "(train.eval_interval above 0) so far") in result.stderr
+    assert ("parallel.pipeline_parallel_size (2) trains without train.freeze so far"
+            in result.stderr)
     assert not (tmp_path / "run").exists()
 
 
