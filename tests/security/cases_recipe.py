@@ -77,6 +77,20 @@ CASES = [
          "model.mla.qk_rope_head_dim (3) must be even"),
     Case("set-mla-without-latent", "--set value", "model.mla.q_lora_rank=64 with no kv_lora_rank",
          _override("model.mla.q_lora_rank=64"), "model.mla needs kv_lora_rank > 0"),
+    Case("set-placement-not-an-expert", "--set value",
+         "parallel.expert_placement=0,1,2,3,4,5,6,2147483647 (8 experts, ep 2)",
+         _override("parallel.expert_placement=0,1,2,3,4,5,6,2147483647",
+                   ("--set", "parallel.expert_parallel_size=2")),
+         "parallel.expert_placement[7] (2147483647) is not an expert"),
+    Case("set-placement-repeated-expert", "--set value",
+         "parallel.expert_placement=0,1,2,3,4,5,6,6 (8 experts, ep 2)",
+         _override("parallel.expert_placement=0,1,2,3,4,5,6,6",
+                   ("--set", "parallel.expert_parallel_size=2")),
+         "parallel.expert_placement[7] (6) lists an expert twice"),
+    Case("set-placement-overflow", "--set value",
+         "parallel.expert_placement=99999999999 (past int32)",
+         _override("parallel.expert_placement=99999999999"),
+         "parallel.expert_placement takes comma-separated integers"),
 ]
 
 
