@@ -103,7 +103,9 @@ def test_interleaved_uneven_stages_match_one_process(tmp_path, single_nine_layer
 @pytest.mark.parametrize("overrides", [
     [],
     ["--set", "parallel.expert_parallel_size=2", "--set", "parallel.zero_stage=1"],
-], ids=["pp2xdp2", "pp2xdp2xep2-zero1"])
+    ["--set", "parallel.zero_stage=2"],
+    ["--set", "parallel.expert_parallel_size=2", "--set", "parallel.zero_stage=3"],
+], ids=["pp2xdp2", "pp2xdp2xep2-zero1", "pp2xdp2-zero2", "pp2xdp2xep2-zero3"])
 def test_stages_with_data_parallel_replicas_match_one_process(tmp_path, single_two_layers,
                                                                overrides):
     # The replicas' gradients add up in another order than one process's micro-batches:
