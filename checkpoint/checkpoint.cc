@@ -91,9 +91,8 @@ absl::StatusOr<std::vector<checkpoint::TensorSlice>> write_rank_file(
     const SliceToSave& s = mine[i];
     // A rank may write several runs of one tensor's rows (experts under a placement):
     // each after the first gets a dataset of its own.
-    const std::string dataset_name = datasets.insert(s.key).second
-                                         ? s.key
-                                         : absl::StrCat(s.key, ".rows_", s.first_row);
+    const std::string dataset_name =
+        datasets.insert(s.key).second ? s.key : absl::StrCat(s.key, ".rows_", s.first_row);
     const Shape& shape = s.value.shape();
     const std::vector<hsize_t> dims = shape.empty() ? std::vector<hsize_t>{1}
                                                     : std::vector<hsize_t>(shape.begin(), shape.end());

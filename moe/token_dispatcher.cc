@@ -154,7 +154,8 @@ void TokenDispatcher::dispatch_backward(Device& dev, const Tensor& dlocal_rows, 
 }
 
 void TokenDispatcher::release() {
-  tokens_per_expert_ = logical_tokens_per_expert_ = dest_rows_ = regroup_rows_ = local_counts_ = expert_out_ = Tensor();
+  tokens_per_expert_ = logical_tokens_per_expert_ = dest_rows_ = regroup_rows_ = local_counts_ =
+      expert_out_ = Tensor();
 }
 
 TokenDispatcher::Saved TokenDispatcher::stash() {

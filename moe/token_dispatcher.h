@@ -74,8 +74,8 @@ class TokenDispatcher {
   Tensor exchange(Device& dev, const Tensor& rows);
   Tensor return_rows(Device& dev, const Tensor& expert_rows);
   // plan() for ids by position.
-  void plan_positions(Device& dev, const Tensor& ids, const Tensor& weights,
-                      int64_t total_tokens, float capacity_factor);
+  void plan_positions(Device& dev, const Tensor& ids, const Tensor& weights, int64_t total_tokens,
+                      float capacity_factor);
   // Under an expert placement: the ids by position, and the kept counts back by expert.
   Tensor positions_of(Device& dev, const Tensor& ids) const;
   void count_by_expert(Device& dev);
@@ -91,7 +91,7 @@ class TokenDispatcher {
 
   Tensor tokens_per_expert_;          // (E) i32 on the device, by position
   Tensor logical_tokens_per_expert_;  // (E) i32 on the device, by expert (a placement only)
-  Tensor dest_rows_;          // (n, slots) i32: each assignment's permuted row, -1 dropped
+  Tensor dest_rows_;                  // (n, slots) i32: each assignment's permuted row, -1 dropped
   int64_t permuted_rows_ = 0;
   // Exchange plan (expert parallelism): rows sent to / received from each rank, the
   // received rows' places in local-expert order, and the rows per local expert.
