@@ -4,7 +4,7 @@
 //
 // Every rank builds the reference layer (no communicator, all experts) with the same
 // seeded parameters, and a parallel layer over the world holding the router and this
-// rank's E/P experts copied from it.
+// rank's E/P experts copied from it (those an expert placement gives it, where one does).
 //  - Expert parallelism: each rank routes its own tokens; the reference processes them
 //    alone, the expert-parallel layer sends them to the experts' ranks.
 //  - Tensor parallelism (parallel folding) on top: every rank holds the same P x n
@@ -100,10 +100,12 @@ struct Layer {
   }
 };
 
+// `expert_order`: the expert placement (empty: contiguous).
 std::unique_ptr<Layer> make_layer(const config::ModelConfig& model, const config::MoeConfig& moe,
-                                  Communicator* ep, Communicator* tp = nullptr) {
+                                  Communicator* ep, Communicator* tp = nullptr,
+                                  const std::vector<int>& expert_order = {}) {
   ShardPlacement placement;
-  if (ep) placement = {0, 1, ep->rank(), ep->size()};
+  if (ep) placement = {0, 1, ep->rank(), ep->size(), expert_order};
   auto l = std::make_unique<Layer>(placement);
   l->layer = std::make_unique<MoeLayer>(l->params, kPrefix, model, moe, ep, tp);
   l->params.allocate(cpu_device());
@@ -146,8 +148,8 @@ Setup make_setup(int experts, float capacity_factor) {
 }
 
 // Fills the reference layer's parameters (the same on every rank: same seeds) and copies
-// the router and this rank's experts into the parallel layer.
-void share_parameters(Layer& ref, Layer& parallel, int experts, int rank, int local) {
+// the router and this rank's experts (those its placement gives it) into the parallel layer.
+void share_parameters(Layer& ref, Layer& parallel, int experts, int local) {
   // The experts compute exactly, whatever the GEMMs' summation order: tokens are
   // positive integers and gate rows integers in [2, 3], so every gate pre-activation is
   // at least 32, where silu(g) = g / (1 + exp(-g)) rounds to g; every product and sum
@@ -163,22 +165,37 @@ void share_parameters(Layer& ref, Layer& parallel, int experts, int rank, int lo
        random_integers<float>(experts * kHidden * kFfn, 13, -1, 1));
   parallel.param("gate.weight").value.copy_from(ref.param("gate.weight").value);
   for (const char* name : {"experts.gate_up_proj", "experts.down_proj"}) {
-    EXPECT_EQ(parallel.param(name).value.dim(0), local);
-    parallel.param(name).value.copy_from(
-        ref.param(name).value.slice_rows(rank * local, (rank + 1) * local));
+    const Param& shard = parallel.param(name);
+    EXPECT_EQ(shard.value.dim(0), local);
+    for (int64_t row = 0; row < local; ++row) {
+      const int64_t expert = shard.whole_row(row);
+      const Tensor whole_row = ref.param(name).value.slice_rows(expert, expert + 1);
+      shard.value.slice_rows(row, row + 1).copy_from(whole_row);
+    }
   }
 }
 
-// The expert-parallel shards of `name`'s gradient, gathered in rank order.
-std::vector<float> gathered_expert_grad(Communicator& comm, Layer& parallel, const char* name) {
+// The expert-parallel shards of `name`'s gradient, gathered in rank order and put back in
+// expert order when `expert_order` places them.
+std::vector<float> gathered_expert_grad(Communicator& comm, Layer& parallel, const char* name,
+                                        const std::vector<int>& expert_order = {}) {
   const Tensor& shard = parallel.param(name).grad;
   Tensor all = Tensor::empty({shard.numel() * comm.size()});
   comm.all_gather(shard, all);
-  return values_of<float>(all);
+  const std::vector<float> placed = values_of<float>(all);
+  if (expert_order.empty()) return placed;
+  const size_t per_expert = placed.size() / expert_order.size();
+  std::vector<float> in_order(placed.size());
+  for (size_t position = 0; position < expert_order.size(); ++position)
+    std::copy_n(placed.begin() + position * per_expert, per_expert,
+                in_order.begin() + expert_order[position] * per_expert);
+  return in_order;
 }
 
 // capacity_factor 0: dropless; 1: tokens beyond ceil(n * k / E) per expert are dropped.
-void check_against_reference(int experts, float capacity_factor) {
+// `expert_order`: the expert placement (empty: contiguous).
+void check_against_reference(int experts, float capacity_factor,
+                             const std::vector<int>& expert_order = {}) {
   Communicator& comm = world();
   const int P = comm.size();
   const int rank = comm.rank();
@@ -186,8 +203,8 @@ void check_against_reference(int experts, float capacity_factor) {
   const int local = experts / P;
   const Setup setup = make_setup(experts, capacity_factor);
   std::unique_ptr<Layer> ref = make_layer(setup.model, setup.moe, nullptr);
-  std::unique_ptr<Layer> ep = make_layer(setup.model, setup.moe, &comm);
-  share_parameters(*ref, *ep, experts, rank, local);
+  std::unique_ptr<Layer> ep = make_layer(setup.model, setup.moe, &comm, nullptr, expert_order);
+  share_parameters(*ref, *ep, experts, local);
 
   // This rank's own tokens and output gradient.
   Tensor x = tensor_of(random_integers<float>(kTokens * kHidden, 100 + rank, 1, 2),
@@ -204,7 +221,7 @@ void check_against_reference(int experts, float capacity_factor) {
   // sum over ranks of every rank's reference gradients for all experts.
   std::vector<std::vector<float>> gathered, summed;
   for (const char* name : {"experts.gate_up_proj", "experts.down_proj"}) {
-    gathered.push_back(gathered_expert_grad(comm, *ep, name));
+    gathered.push_back(gathered_expert_grad(comm, *ep, name, expert_order));
     Tensor ref_grad = Tensor::empty(ref->param(name).grad.shape());
     ref_grad.copy_from(ref->param(name).grad);
     comm.all_reduce_sum(ref_grad);
@@ -251,7 +268,7 @@ void check_tensor_parallel_against_reference(int experts, float capacity_factor)
   const Setup setup = make_setup(experts, capacity_factor);
   std::unique_ptr<Layer> ref = make_layer(setup.model, setup.moe, nullptr);
   std::unique_ptr<Layer> tp = make_layer(setup.model, setup.moe, &comm, &comm);
-  share_parameters(*ref, *tp, experts, rank, experts / P);
+  share_parameters(*ref, *tp, experts, experts / P);
 
   const int64_t tokens = kTokens * P;
   Tensor x = tensor_of(random_integers<float>(tokens * kHidden, 400, 1, 2), {tokens, kHidden});
@@ -300,6 +317,16 @@ TEST(MoeDispatchTest, CapacityDropsMatchSingleProcessReference) {
 }
 
 TEST(MoeDispatchTest, FourExpertsMatchSingleProcessReference) { check_against_reference(4, 0.0f); }
+
+// parallel.expert_placement: the dispatcher sends each assignment to the rank and slot
+// holding its expert; outputs and statistics are those of one process, bit for bit.
+TEST(MoeDispatchTest, PlacedExpertsMatchSingleProcessReference) {
+  check_against_reference(8, 0.0f, {5, 2, 7, 0, 1, 6, 3, 4});
+}
+
+TEST(MoeDispatchTest, PlacedExpertsWithCapacityMatchSingleProcessReference) {
+  check_against_reference(8, 1.0f, {5, 2, 7, 0, 1, 6, 3, 4});
+}
 
 TEST(MoeDispatchTest, TensorParallelDroplessMatchesSingleProcessReference) {
   check_tensor_parallel_against_reference(8, 0.0f);
