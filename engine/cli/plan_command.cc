@@ -248,6 +248,8 @@ std::optional<LayoutPlan> plan_layout(const config::Recipe& base, const ModelSta
   parallel.set_pipeline_parallel_size(c.pp);
   recipe.mutable_parallel()->set_tensor_parallel_size(c.tp);
   recipe.mutable_parallel()->set_expert_parallel_size(c.ep);
+  // A placement places experts over expert-parallel ranks: one rank has none to place.
+  if (c.ep == 1) recipe.mutable_parallel()->clear_expert_placement();
   recipe.mutable_parallel()->set_zero_stage(c.zero);
   if (c.recompute != base.train().recompute()) recipe.mutable_train()->set_recompute_layers(0);
   recipe.mutable_train()->set_recompute(c.recompute);
