@@ -24,8 +24,9 @@ absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
                                             const TokenDataset& data, int64_t seq_len,
                                             int64_t windows, Communicator* replicas) {
   const EvalForward forward = [&](const Tensor& ids, const Tensor& targets,
-                                  const Tensor& doc_starts) {
-    return model.forward(dev, ids, targets, /*training=*/false, Rng(0), nullptr, doc_starts);
+                                  const Tensor& doc_starts, const Tensor& window_tokens) {
+    return model.forward(dev, ids, targets, /*training=*/false, Rng(0), nullptr, doc_starts,
+                         window_tokens);
   };
   return evaluate_windows(forward, data, seq_len, windows, replicas);
 }
@@ -51,13 +52,17 @@ absl::StatusOr<EvalResult> evaluate_windows(const EvalForward& forward, const To
     Tensor targets = Tensor::empty({count, seq_len}, DType::kI32);
     Tensor doc_starts =
         data.has_documents() ? Tensor::empty({count, seq_len}, DType::kI32) : Tensor();
+    Tensor window_tokens = data.pads_documents() ? Tensor::empty({count}, DType::kI32) : Tensor();
     for (int64_t w = 0; w < count; ++w) {
       SY_RETURN_IF_ERROR(data.read_window(begin + w, seq_len, ids.data<int32_t>() + w * seq_len,
                                           targets.data<int32_t>() + w * seq_len));
       if (data.has_documents())
         data.window_document_starts(begin + w, seq_len, doc_starts.data<int32_t>() + w * seq_len);
+      if (data.pads_documents())
+        window_tokens.data<int32_t>()[w] =
+            static_cast<int32_t>(data.window_tokens(begin + w, seq_len));
     }
-    const LossParts parts = forward(ids, targets, doc_starts);
+    const LossParts parts = forward(ids, targets, doc_starts, window_tokens);
     std::fill(losses.begin(), losses.end(), 0.0);
     std::fill(tokens.begin(), tokens.end(), 0);
     if (mine) {

@@ -35,10 +35,12 @@ absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
                                             int64_t windows, Communicator* replicas);
 
 // An evaluation forward of one batch, (batch, seq) i32 ids, targets and document starts
-// (undefined without documents): its cross-entropy parts. A model's forward, or a
+// (undefined without documents), and (batch) i32 window tokens (undefined but for padded
+// windows; Transformer::forward): its cross-entropy parts. A model's forward, or a
 // forward through pipeline stages.
-using EvalForward =
-    std::function<LossParts(const Tensor& ids, const Tensor& targets, const Tensor& doc_starts)>;
+using EvalForward = std::function<LossParts(const Tensor& ids, const Tensor& targets,
+                                            const Tensor& doc_starts,
+                                            const Tensor& window_tokens)>;
 
 // evaluate_windows with `forward` in place of a model's.
 absl::StatusOr<EvalResult> evaluate_windows(const EvalForward& forward, const TokenDataset& data,

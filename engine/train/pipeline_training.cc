@@ -117,7 +117,8 @@ Tensor ChunkStages::receive_buffer(TransferKind /*kind*/, int micro_batch, int /
 LossParts pipeline_eval_forward(Device& dev, const std::vector<std::unique_ptr<Transformer>>& chunks,
                                 const Layout& layout, Communicator& pipeline,
                                 int64_t hidden_size, DType dtype, const Tensor& ids,
-                                const Tensor& targets, const Tensor& doc_starts) {
+                                const Tensor& targets, const Tensor& doc_starts,
+                                const Tensor& window_tokens) {
   const PipelineShape shape = layout.pipeline_shape();
   const int me = pipeline.rank();
   Tensor input;  // the previous chunk's output, received
@@ -133,7 +134,7 @@ LossParts pipeline_eval_forward(Device& dev, const std::vector<std::unique_ptr<T
     }
     Transformer::ChunkOutput out =
         chunks[shape.local_chunk(k)]->forward_chunk(dev, input, ids, targets, Rng(0), doc_starts,
-                                                    /*training=*/false);
+                                                    /*training=*/false, window_tokens);
     if (k + 1 < shape.num_chunks()) {
       std::vector<Communicator::Message> send = {{true, shape.rank_of(k + 1), out.hidden}};
       pipeline.exchange(send);

@@ -77,7 +77,8 @@ class ChunkStages : public PipelineStages {
 LossParts pipeline_eval_forward(Device& dev, const std::vector<std::unique_ptr<Transformer>>& chunks,
                                 const Layout& layout, Communicator& pipeline,
                                 int64_t hidden_size, DType dtype, const Tensor& ids,
-                                const Tensor& targets, const Tensor& doc_starts);
+                                const Tensor& targets, const Tensor& doc_starts,
+                                const Tensor& window_tokens);
 
 // Every MoE layer's routing statistics of the whole model, in layer order, from each
 // pipeline rank's chunks (`mine`, in local chunk order): a collective over `pipeline`.

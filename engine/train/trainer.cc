@@ -727,12 +727,13 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
            evaluation_windows(*source.val, tc.seq_len(), tc.eval_tokens())});
   auto run_eval = [&](int64_t step) -> absl::Status {
     const EvalForward forward = [&](const Tensor& ids, const Tensor& targets,
-                                    const Tensor& doc_starts) {
+                                    const Tensor& doc_starts, const Tensor& window_tokens) {
       if (pipelined)
         return pipeline_eval_forward(dev, chunks, layout, *groups.pipeline,
                                      recipe.model().hidden_size(), working, ids, targets,
-                                     doc_starts);
-      return model.forward(dev, ids, targets, /*training=*/false, Rng(0), nullptr, doc_starts);
+                                     doc_starts, window_tokens);
+      return model.forward(dev, ids, targets, /*training=*/false, Rng(0), nullptr, doc_starts,
+                           window_tokens);
     };
     SY_ASSIGN_OR_RETURN(const BlendEvalResult result,
                         evaluate_blend(forward, eval_sources, tc.seq_len(), groups.dp.get()));
