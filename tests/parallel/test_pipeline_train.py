@@ -162,15 +162,19 @@ def test_evaluation_through_the_stages_matches_one_process(tmp_path):
     assert val_losses(staged) == val_losses(single)
 
 
-def test_what_pipeline_stages_do_not_take_yet_is_refused_before_any_work(tmp_path):
+@pytest.mark.parametrize("ranks,setting,named", [
+    (2, "train.freeze=router", "train.freeze"),
+    (4, "parallel.tensor_parallel_size=2", "tensor parallelism (parallel.tensor_parallel_size)"),
+])
+def test_what_pipeline_stages_do_not_take_yet_is_refused_before_any_work(tmp_path, ranks,
+                                                                         setting, named):
     result = subprocess.run(
-        mpirun(2) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(tmp_path / "run"),
-                     *PIPELINE_COMMON, "--set", "parallel.pipeline_parallel_size=2",
-                     "--set", "train.freeze=router"],
+        mpirun(ranks) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(tmp_path / "run"),
+                         *PIPELINE_COMMON, "--set", "parallel.pipeline_parallel_size=2",
+                         "--set", setting],
         capture_output=True, text=True, env=ENV, timeout=120)
     assert result.returncode != 0
-    assert ("parallel.pipeline_parallel_size (2) trains without train.freeze so far"
-            in result.stderr)
+    assert f"parallel.pipeline_parallel_size (2) trains without {named} so far" in result.stderr
     assert not (tmp_path / "run").exists()
 
 
