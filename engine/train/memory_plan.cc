@@ -302,10 +302,10 @@ ChunkPass chunk_pass(const config::Recipe& recipe, const StepShape& s, const Chu
   } else {
     pass.peak = {held, 0, x};  // the output, sent to the next stage
   }
-  // Through the layers: the head's input gradient (or the one received), the gradient
-  // flowing down and the aux-loss gradients stay.
+  // Through the layers: the gradient flowing down (from the head, or the one received)
+  // and the aux-loss gradients stay.
   const Live received{0, 0, span.head ? 0 : x};
-  held += (span.head ? 2 * x : x) + moe_layers * s.experts * 4;
+  held += (span.head ? x : 0) + moe_layers * s.experts * 4;
   for (int i = end - 1; i >= span.first; --i) {
     const bool moe = config::is_moe_layer(recipe, i);
     const bool whole = recomputes_layer(recipe, i);

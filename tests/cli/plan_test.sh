@@ -35,6 +35,7 @@ mixtral="$root/recipes/mixtral-8x7b.textproto"
 "$bin" plan "$mixtral" --world 64 --device-memory 80GiB --json "$work/plan.json" >"$work/out"
 shipped=$(sed -n 's/^  tensor_parallel_size: \([0-9]*\)$/tp \1/p; s/^  expert_parallel_size: \([0-9]*\)$/ep \1/p; s/^  zero_stage: \([0-9]\)$/zero \1/p; s/^  recompute: \([A-Z]*\).*/recompute \1/p' "$mixtral" |
   tr 'A-Z' 'a-z' | paste -sd, | sed 's/,/, /g')
+[[ $shipped == tp* ]] || shipped="tp 1, $shipped"  # tensor_parallel_size unset: 1
 grep -qE "^  1\. pp 1, dp [0-9]+, $shipped +step [0-9.]+ s" "$work/out" ||
   { fail "mixtral: best layout ($shipped)"; cat "$work/out"; }
 grep -qE 'ep 1, zero 0, recompute full +does not fit: rank [0-9]+ needs .* the most for optimizer state' "$work/out" ||
