@@ -513,6 +513,16 @@ RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, D
   return m;
 }
 
+// The pipeline stage whose units `params` holds: a trainer's chunks register only theirs
+// (the first parameter's unit decides; stage 0 for an empty store).
+int stage_of(const config::Recipe& recipe, const ParamStore& params, const PipelineShape& shape) {
+  if (params.params().empty()) return 0;
+  const int unit = params.params().front().unit;
+  for (int r = 0; r < shape.stages; ++r)
+    if (holds(stage_units(recipe, shape, r), unit)) return r;
+  return 0;
+}
+
 }  // namespace
 
 const ParamStore& ShardCache::whole_model(const config::Recipe& recipe, const Layout& layout,
@@ -534,7 +544,9 @@ RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStor
                                    int pp_index) {
   const std::vector<int> owners =
       replica.dense >= 0 ? zero_owners(recipe, params, dp_size) : std::vector<int>();
-  return rank_memory(recipe, params, working, dp_size, replica, owners, pp_index);
+  const int stage =
+      pp_index >= 0 ? pp_index : stage_of(recipe, params, recipe_pipeline_shape(recipe, dp_size));
+  return rank_memory(recipe, params, working, dp_size, replica, owners, stage);
 }
 
 std::vector<RankMemory> plan_rank_memory(const config::Recipe& recipe, const Layout& layout,

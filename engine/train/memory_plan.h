@@ -47,7 +47,8 @@ struct ReplicaIndex {
   int expert = -1;
 };
 
-// What a rank of pipeline stage `pp_index` holding `params` (its shards, ZeRO residency
+// What a rank of pipeline stage `pp_index` (-1: the stage whose units `params` holds, as
+// a trainer's chunks register only theirs) holding `params` (its shards, ZeRO residency
 // marked; only the stage's units count) needs at least, with `dp_size` data-parallel
 // replicas per stage, for the recipe's micro-batch shape: one micro-batch's activations
 // at their peak, on top of what the stage holds from the micro-batches the pipeline
@@ -56,7 +57,7 @@ struct ReplicaIndex {
 // fragmentation come on top.
 RankMemory rank_memory_lower_bound(const config::Recipe& recipe, const ParamStore& params,
                                    DType working, int dp_size, ReplicaIndex replica = {},
-                                   int pp_index = 0);
+                                   int pp_index = -1);
 
 // The shards each placement of one model registers, registered once for the many layouts
 // of it that `switchyard plan` compares. One cache serves recipes of one model only (the

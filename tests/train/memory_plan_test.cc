@@ -179,6 +179,20 @@ TEST(MemoryPlanTest, PipelineStagesHoldTheirOwnLayers) {
   EXPECT_EQ(uneven[1].parameters, (layer + 128 + 131072) * 4);
 }
 
+// The trainer's check: a stage's chunk registers only its layers, and the plan finds its
+// stage from them (the second of 2 stages: layers 2 and 3, the final norm and head).
+TEST(MemoryPlanTest, AChunksParametersTellItsStage) {
+  const config::Recipe recipe = tiny({"parallel.pipeline_parallel_size=2"});
+  ParamStore params;
+  const Transformer model(recipe, params, {}, ModelChunk{2, 2});
+  const RankMemory chunk = rank_memory_lower_bound(recipe, params, DType::kF32, 1);
+  const RankMemory planned = plan(recipe, 2)[1];
+  EXPECT_EQ(chunk.pp_index, 1);
+  EXPECT_EQ(chunk.parameters, planned.parameters);
+  EXPECT_EQ(chunk.activations, planned.activations);
+  EXPECT_EQ(chunk.pipeline_buffers, planned.pipeline_buffers);
+}
+
 // 1F1B holds at most P micro-batches' activations on the first stage where GPipe holds
 // all m: the tiny model on 4 stages of one layer each, 8 micro-batches of 2 x 128
 // tokens. Stage 0's peak is its last micro-batch's backward over the stashes of the
