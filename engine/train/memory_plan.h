@@ -31,9 +31,10 @@ struct RankMemory {
   double gradients = 0;        // fp32 gradients this rank keeps (ZeRO-2/3: its rows)
   double gradient_buckets = 0; // ZeRO-2/3: whole-layer gradients being reduce-scattered
   double optimizer_state = 0;  // AdamW's two moments of the parameters this rank updates
-  double activations = 0;      // peak of one micro-batch's forward and backward, beyond:
+  double activations = 0;      // peak of one micro-batch's forward and backward (over the
+                               // others a pipeline schedule holds), beyond:
   double all_to_all = 0;       // the expert-parallel send and receive buffers at that peak
-  double pipeline_buffers = 0; // the messages from and to the neighbouring stages at it
+  double pipeline_buffers = 0; // the gradient received from the next stage, at that peak
   double total() const {
     return parameters + working_copies + gradients + gradient_buckets + optimizer_state +
            activations + all_to_all + pipeline_buffers;
