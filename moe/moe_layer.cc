@@ -170,7 +170,9 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
 }
 
 void MoeLayer::route(Device& dev, int64_t first_token, float capacity_factor, Tensor& sums) {
-  if (gating_ == config::EXPERT_CHOICE) {
+  if (gating_ == config::EXPERT_CHOICE && !real_tokens_.empty()) {
+    expert_choice_among_real(dev, first_token, capacity_factor, sums);
+  } else if (gating_ == config::EXPERT_CHOICE) {
     // Capacity factor 0 (dropless elsewhere, and inference) takes k tokens per expert's
     // share: n k / E.
     const int64_t capacity =
@@ -192,6 +194,38 @@ void MoeLayer::route(Device& dev, int64_t first_token, float capacity_factor, Te
   }
   // The sums keep the router's own choice: the balance it would have had.
   if (force_balance_) round_robin_routing(dev, first_token, num_experts_, expert_ids_, weights_);
+}
+
+void MoeLayer::expert_choice_among_real(Device& dev, int64_t first_token, float capacity_factor,
+                                        Tensor& sums) {
+  const std::vector<std::pair<int64_t, int64_t>> real =
+      row_ranges(first_token, router_logits_.rows(), /*real=*/true);
+  int64_t m = 0;
+  for (const auto& [begin, end] : real) m += end - begin;
+  probs_.zero_();
+  weights_.zero_();
+  unroute_padding(first_token, expert_ids_);
+  if (m == 0) return;
+  // The real rows one after another, chosen among as a batch of their own.
+  Tensor logits = activation(dev, {m, num_experts_});
+  int64_t row = 0;
+  for (const auto& [begin, end] : real) {
+    logits.slice_rows(row, row + end - begin).copy_from(router_logits_.slice_rows(begin, end));
+    row += end - begin;
+  }
+  Tensor probs = activation(dev, {m, num_experts_});
+  Tensor ids = activation(dev, {m, slots_}, DType::kI32);
+  Tensor weights = activation(dev, {m, slots_});
+  const int64_t capacity = expert_choice_capacity(capacity_factor, m, top_k_, num_experts_);
+  expert_choice_router_forward(dev, logits, capacity, probs, ids, weights, sums);
+  row = 0;
+  for (const auto& [begin, end] : real) {
+    const int64_t rows = end - begin;
+    probs_.slice_rows(begin, end).copy_from(probs.slice_rows(row, row + rows));
+    expert_ids_.slice_rows(begin, end).copy_from(ids.slice_rows(row, row + rows));
+    weights_.slice_rows(begin, end).copy_from(weights.slice_rows(row, row + rows));
+    row += rows;
+  }
 }
 
 int64_t MoeLayer::routed_tokens(int64_t total) const {

@@ -129,6 +129,10 @@ class MoeLayer {
                                                       bool real) const;
   // Sends this rank's padding rows of `ids` (n, slots) to no expert (-1).
   void unroute_padding(int64_t first_token, Tensor& ids) const;
+  // Expert choice with padding: the experts choose among this rank's real rows alone (the
+  // capacity over them); the padding is chosen by none.
+  void expert_choice_among_real(Device& dev, int64_t first_token, float capacity_factor,
+                                Tensor& sums);
   // The routing sums (2E + 1) and, when defined, sequence_sums_ over the real rows only.
   void real_routing_sums(Device& dev, int64_t first_token, Tensor& sums);
   // backward(): the sequence-wise aux loss's gradient into dlogits (this rank's rows).
