@@ -321,7 +321,8 @@ void Transformer::begin_forward(Device& dev, const Tensor& ids, const Tensor& ta
     Tensor both = activation(cpu_device(), {2, n}, DType::kI32);
     Tensor ids_part = both.slice_rows(0, 1).reshape({n});
     Tensor targets_part = both.slice_rows(1, 2).reshape({n});
-    ids_part.copy_from(tp_ ? shard_ids(ids.on_host().reshape({n})) : ids.on_host().reshape({n}));
+    ids_part.copy_from(tp_ && embed_ ? shard_ids(ids.on_host().reshape({n}))
+                                  : ids.on_host().reshape({n}));
     targets_part.copy_from(targets_host_);
     both = both.to(dev, MemoryKind::kActivations);
     ids_ = both.slice_rows(0, 1).reshape({n});

@@ -450,8 +450,7 @@ std::string describe_non_finite(double loss, const StepReport& report) {
 absl::Status check_pipeline_training(const config::Recipe& recipe, const Layout& layout) {
   if (layout.pipeline_parallel_size == 1) return absl::OkStatus();
   std::string field;
-  if (layout.tensor_parallel_size > 1) field = "tensor parallelism (parallel.tensor_parallel_size)";
-  else if (recipe.moe().bias_update_rate() > 0) field = "moe.bias_update_rate";
+  if (recipe.moe().bias_update_rate() > 0) field = "moe.bias_update_rate";
   else if (recipe.train().freeze_size() > 0) field = "train.freeze";
   if (field.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(

@@ -118,11 +118,16 @@ def test_interleaved_uneven_stages_match_one_process(tmp_path, single_nine_layer
     ["--set", "parallel.expert_parallel_size=2", "--set", "parallel.zero_stage=1"],
     ["--set", "parallel.zero_stage=2"],
     ["--set", "parallel.expert_parallel_size=2", "--set", "parallel.zero_stage=3"],
-], ids=["pp2xdp2", "pp2xdp2xep2-zero1", "pp2xdp2-zero2", "pp2xdp2xep2-zero3"])
+    ["--set", "parallel.tensor_parallel_size=2"],
+    ["--set", "parallel.tensor_parallel_size=2", "--set", "parallel.expert_parallel_size=2",
+     "--set", "parallel.zero_stage=1"],
+], ids=["pp2xdp2", "pp2xdp2xep2-zero1", "pp2xdp2-zero2", "pp2xdp2xep2-zero3", "pp2xtp2",
+        "pp2xtp2xep2-zero1"])
 def test_stages_with_data_parallel_replicas_match_one_process(tmp_path, single_two_layers,
                                                                overrides):
-    # The replicas' gradients add up in another order than one process's micro-batches:
-    # the data-parallel layouts' tolerances (test_train_equivalence.assert_run_matches).
+    # The replicas' gradients (or the tensor-parallel shards' partial sums) add up in
+    # another order than one process's: the layouts' tolerances
+    # (test_train_equivalence.assert_run_matches).
     run_dir, _ = train(tmp_path, "run", 4, ["--set", "parallel.pipeline_parallel_size=2",
                                             *overrides])
     def losses(steps):
@@ -177,7 +182,6 @@ def test_evaluation_through_the_stages_matches_one_process(tmp_path):
 
 @pytest.mark.parametrize("ranks,setting,named", [
     (2, "train.freeze=router", "train.freeze"),
-    (4, "parallel.tensor_parallel_size=2", "tensor parallelism (parallel.tensor_parallel_size)"),
 ])
 def test_what_pipeline_stages_do_not_take_yet_is_refused_before_any_work(tmp_path, ranks,
                                                                          setting, named):
