@@ -25,7 +25,8 @@ void router_forward(Device& dev, const Tensor& logits, int k, bool renormalize, 
 void gshard_dispatch_ids(Device& dev, const Tensor& expert_ids, const Tensor& weights,
                          uint64_t seed, uint64_t first_draw, Tensor& dispatch_ids);
 // dweights: (n, k) -> dlogits: (n, E) written, through the top-k selection (held
-// fixed), the optional renormalisation and the softmax.
+// fixed), the optional renormalisation and the softmax. An expert id of -1 (no expert)
+// selects nothing: the row's gradient is that of its other slots alone.
 void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,
                      const Tensor& dweights, bool renormalize, Tensor& dlogits);
 
@@ -43,7 +44,8 @@ void sigmoid_router_forward(Device& dev, const Tensor& logits, const Tensor& bia
                             const SigmoidGating& g, Tensor& scores, Tensor& expert_ids,
                             Tensor& weights, Tensor& sums);
 // dweights: (n, k) -> dlogits: (n, E) written, through the weights and the sigmoid, the
-// selection held fixed (the bias only selects, so it has no gradient).
+// selection held fixed (the bias only selects, so it has no gradient). An expert id of -1
+// selects nothing, as in gating_backward.
 void sigmoid_gating_backward(Device& dev, const Tensor& scores, const Tensor& expert_ids,
                              const Tensor& dweights, const SigmoidGating& g, Tensor& dlogits);
 // moe.router_force_balance: expert_ids (n, k) i32 and weights (n, k) f32 written as

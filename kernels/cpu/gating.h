@@ -53,7 +53,8 @@ void gating_forward(const T* logits, T* probs, int32_t* expert_ids, T* weights, 
 
 // dweights: (n, k) -> dlogits: (n, E) written. The selection is held fixed; with
 // renormalisation w_j = p_j / S, so dp_i = (dw_i - sum_j dw_j w_j) / S on the selected
-// experts and 0 elsewhere, then dlogit = p * (dp - sum(p * dp)).
+// experts and 0 elsewhere, then dlogit = p * (dp - sum(p * dp)). An expert id of -1 (no
+// expert) is a slot that selects nothing: it is skipped, as if the row had one fewer.
 template <typename T>
 void gating_backward(const T* probs, const int32_t* expert_ids, const T* dweights, T* dlogits,
                      int64_t n, int64_t num_experts, int k, bool renormalize) {
@@ -66,6 +67,7 @@ void gating_backward(const T* probs, const int32_t* expert_ids, const T* dweight
     T sum_p = T(0);
     T sum_dw_p = T(0);
     for (int j = 0; j < k; ++j) {
+      if (ids[j] < 0) continue;
       sum_p += p[ids[j]];
       sum_dw_p += dw[j] * p[ids[j]];
     }
@@ -73,9 +75,11 @@ void gating_backward(const T* probs, const int32_t* expert_ids, const T* dweight
     const T a = renormalize ? T(1) / sum_p : T(1);
     const T b = renormalize ? -sum_dw_p / (sum_p * sum_p) : T(0);
     T p_dot_dp = T(0);
-    for (int j = 0; j < k; ++j) p_dot_dp += p[ids[j]] * (a * dw[j] + b);
+    for (int j = 0; j < k; ++j)
+      if (ids[j] >= 0) p_dot_dp += p[ids[j]] * (a * dw[j] + b);
     for (int64_t e = 0; e < num_experts; ++e) dl[e] = -p[e] * p_dot_dp;
-    for (int j = 0; j < k; ++j) dl[ids[j]] = p[ids[j]] * (a * dw[j] + b - p_dot_dp);
+    for (int j = 0; j < k; ++j)
+      if (ids[j] >= 0) dl[ids[j]] = p[ids[j]] * (a * dw[j] + b - p_dot_dp);
   }
 }
 
@@ -95,7 +99,8 @@ void sigmoid_gating_forward(const T* logits, const float* bias, T* scores, int32
 
 // dweights: (n, k) -> dlogits: (n, E) written, the selection held fixed. With
 // w_j = c s_j / (S + eps), S the sum of the chosen scores, ds_i = c (dw_i - sum_j dw_j
-// s_j / (S + eps)) / (S + eps) (renormalised) or c dw_i; then dlogit = ds s (1 - s).
+// s_j / (S + eps)) / (S + eps) (renormalised) or c dw_i; then dlogit = ds s (1 - s). An
+// expert id of -1 (no expert) is skipped, as in gating_backward.
 template <typename T>
 void sigmoid_gating_backward(const T* scores, const int32_t* expert_ids, const T* dweights,
                              T* dlogits, int64_t n, int64_t num_experts, const SigmoidGating& g) {
@@ -107,6 +112,7 @@ void sigmoid_gating_backward(const T* scores, const int32_t* expert_ids, const T
     T* dl = dlogits + r * num_experts;
     T total = T(0), dw_dot_s = T(0);
     for (int j = 0; j < g.k; ++j) {
+      if (ids[j] < 0) continue;
       total += s[ids[j]];
       dw_dot_s += dw[j] * s[ids[j]];
     }
@@ -114,6 +120,7 @@ void sigmoid_gating_backward(const T* scores, const int32_t* expert_ids, const T
     const T c = static_cast<T>(g.scaling);
     for (int64_t e = 0; e < num_experts; ++e) dl[e] = T(0);
     for (int j = 0; j < g.k; ++j) {
+      if (ids[j] < 0) continue;
       const T ds = g.renormalize ? c * (dw[j] - dw_dot_s / denominator) / denominator : c * dw[j];
       const T si = s[ids[j]];
       dl[ids[j]] = ds * si * (T(1) - si);

@@ -93,6 +93,54 @@ Gated gate_double(const std::vector<double>& logits, int64_t n, int64_t num_expe
   return g;
 }
 
+// Expert ids of -1 (no expert: a dropped or unsent slot) among rows that keep theirs:
+// row 1's last slot, every slot of row 2, row 3's first and the last row's first.
+void punch_no_expert_slots(std::vector<int32_t>& ids, int64_t n, int k) {
+  ids[k + k - 1] = -1;
+  std::fill_n(ids.begin() + 2 * k, k, -1);
+  ids[3 * k] = -1;
+  ids[(n - 1) * k] = -1;
+}
+
+// One row's backward on `kept` slots: (probs, ids, dweights, dlogits) of that row.
+using RowBackward =
+    std::function<void(const double*, const int32_t*, const double*, double*, int kept)>;
+
+// The reference for rows with -1 slots: each row's backward on its other slots alone
+// (zeros for a row with none), one row at a time, so no row can reach another.
+std::vector<double> backward_of_kept_slots(const std::vector<double>& probs,
+                                           const std::vector<int32_t>& ids,
+                                           const std::vector<double>& dweights, int64_t n,
+                                           int64_t num_experts, int k,
+                                           const RowBackward& backward) {
+  std::vector<double> dlogits(n * num_experts, 0.0);
+  for (int64_t r = 0; r < n; ++r) {
+    std::vector<int32_t> kept_ids;
+    std::vector<double> kept_dweights;
+    for (int j = 0; j < k; ++j) {
+      if (ids[r * k + j] < 0) continue;
+      kept_ids.push_back(ids[r * k + j]);
+      kept_dweights.push_back(dweights[r * k + j]);
+    }
+    if (kept_ids.empty()) continue;
+    backward(&probs[r * num_experts], kept_ids.data(), kept_dweights.data(),
+             &dlogits[r * num_experts], static_cast<int>(kept_ids.size()));
+  }
+  return dlogits;
+}
+
+// Row by row, so a failure names the row a -1 slot reached.
+void expect_rows_match(const std::vector<float>& got, const std::vector<double>& expected,
+                       int64_t n, int64_t num_experts) {
+  for (int64_t r = 0; r < n; ++r) {
+    const std::vector<float> row(got.begin() + r * num_experts, got.begin() + (r + 1) * num_experts);
+    const std::vector<double> want(expected.begin() + r * num_experts,
+                                   expected.begin() + (r + 1) * num_experts);
+    EXPECT_LT(max_relative_error(row, want), 1e-6) << "row " << r;
+  }
+  EXPECT_TRUE(any_nonzero(got));
+}
+
 TEST(GatingTest, ForwardMatchesDoubleReference) {
   const int64_t n = 33, num_experts = 8;
   const int k = 2;
@@ -209,6 +257,36 @@ TEST(GatingTest, FloatBackwardMatchesDoubleTemplate) {
     cpu::gating_backward(g.probs.data(), g.ids.data(), dweights_d.data(), expected.data(), n,
                          num_experts, k, renormalize);
     EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
+  }
+}
+
+// A slot with expert id -1 selects nothing: its row's gradient is that of its other slots
+// alone, and the rows beside it keep theirs (read as a column, -1 is the row before's
+// last expert).
+TEST(GatingTest, BackwardSkipsNoExpertSlots) {
+  const int64_t n = 6, num_experts = 5;
+  const int k = 3;
+  const auto logits = random_vector<float>(n * num_experts, 16, -3.0, 3.0);
+  const auto dweights = random_vector<float>(n * k, 17);
+  for (bool renormalize : {false, true}) {
+    SCOPED_TRACE(renormalize ? "renormalized" : "plain");
+    Tensor probs = Tensor::empty({n, num_experts});
+    Tensor ids = Tensor::empty({n, k}, DType::kI32);
+    Tensor weights = Tensor::empty({n, k});
+    gating_forward(cpu_device(), make_tensor({n, num_experts}, logits), k, renormalize, probs, ids,
+                   weights);
+    std::vector<int32_t> holed = values_of<int32_t>(ids);
+    punch_no_expert_slots(holed, n, k);
+    Tensor dlogits =
+        make_tensor({n, num_experts}, std::vector<float>(n * num_experts, std::nanf("")));
+    gating_backward(cpu_device(), probs, make_tensor({n, k}, holed), make_tensor({n, k}, dweights),
+                    renormalize, dlogits);
+    const auto expected = backward_of_kept_slots(
+        to_double(values_of<float>(probs)), holed, to_double(dweights), n, num_experts, k,
+        [&](const double* p, const int32_t* kept_ids, const double* dw, double* dl, int kept) {
+          cpu::gating_backward(p, kept_ids, dw, dl, 1, num_experts, kept, renormalize);
+        });
+    expect_rows_match(values_of<float>(dlogits), expected, n, num_experts);
   }
 }
 
@@ -373,6 +451,37 @@ TEST(SigmoidGatingTest, FloatBackwardMatchesDoubleTemplate) {
     cpu::sigmoid_gating_backward(d.probs.data(), d.ids.data(), dweights_d.data(), expected.data(),
                                  n, num_experts, g);
     EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
+  }
+}
+
+// As GatingTest.BackwardSkipsNoExpertSlots, for the sigmoid router.
+TEST(SigmoidGatingTest, BackwardSkipsNoExpertSlots) {
+  const int64_t n = 7, num_experts = 16;
+  const auto logits = random_vector<float>(n * num_experts, 41, -3.0, 3.0);
+  const auto bias = random_vector<float>(num_experts, 42, -0.2, 0.2);
+  for (const SigmoidGating& g : sigmoid_cases()) {
+    SCOPED_TRACE(::testing::Message() << "k " << g.k << ", groups " << g.top_groups << " of "
+                                      << g.num_groups);
+    const auto dweights = random_vector<float>(n * g.k, 43);
+    Tensor scores = Tensor::empty({n, num_experts});
+    Tensor ids = Tensor::empty({n, g.k}, DType::kI32);
+    Tensor weights = Tensor::empty({n, g.k});
+    sigmoid_gating_forward(cpu_device(), make_tensor({n, num_experts}, logits),
+                           make_tensor({num_experts}, bias), g, scores, ids, weights);
+    std::vector<int32_t> holed = values_of<int32_t>(ids);
+    punch_no_expert_slots(holed, n, g.k);
+    Tensor dlogits =
+        make_tensor({n, num_experts}, std::vector<float>(n * num_experts, std::nanf("")));
+    sigmoid_gating_backward(cpu_device(), scores, make_tensor({n, g.k}, holed),
+                            make_tensor({n, g.k}, dweights), g, dlogits);
+    const auto expected = backward_of_kept_slots(
+        to_double(values_of<float>(scores)), holed, to_double(dweights), n, num_experts, g.k,
+        [&](const double* s, const int32_t* kept_ids, const double* dw, double* dl, int kept) {
+          SigmoidGating fewer = g;
+          fewer.k = kept;
+          cpu::sigmoid_gating_backward(s, kept_ids, dw, dl, 1, num_experts, fewer);
+        });
+    expect_rows_match(values_of<float>(dlogits), expected, n, num_experts);
   }
 }
 
