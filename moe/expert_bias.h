@@ -4,7 +4,8 @@
 // one more, with no loss term and no gradient. The load is that of the whole global
 // batch: every micro-batch of the step on every data-parallel rank (and every expert-
 // and tensor-parallel rank of it), summed before the update, so the update is the same
-// whatever the layout and the micro-batch size.
+// whatever the layout and the micro-batch size. With pipeline stages each stage keeps
+// the loads of its own layers only and updates their biases.
 #pragma once
 
 #include <vector>
@@ -20,7 +21,8 @@ class ExpertBiasBalancer {
   ExpertBiasBalancer(float rate, int num_experts);
 
   // Adds one forward's top-k selections per expert, layer by layer (after each of the
-  // step's micro-batches on this rank).
+  // step's micro-batches on this rank): the forwards of one model, or of one pipeline
+  // chunk, whose MoE layers (none at all in a chunk of dense layers) the balancer keeps.
   void add(const RouterStats& stats);
   // Collective over `data_parallel`: the step's update of each MoE layer's bias,
   // (layers, E), from the loads summed over the group; then starts the next step. Every

@@ -449,13 +449,10 @@ std::string describe_non_finite(double loss, const StepReport& report) {
 // work.
 absl::Status check_pipeline_training(const config::Recipe& recipe, const Layout& layout) {
   if (layout.pipeline_parallel_size == 1) return absl::OkStatus();
-  std::string field;
-  if (recipe.moe().bias_update_rate() > 0) field = "moe.bias_update_rate";
-  else if (recipe.train().freeze_size() > 0) field = "train.freeze";
-  if (field.empty()) return absl::OkStatus();
+  if (recipe.train().freeze_size() == 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "parallel.pipeline_parallel_size (", layout.pipeline_parallel_size,
-      ") trains without ", field, " so far; set it to 1 or leave that out (docs/pipeline.md)"));
+      ") trains without train.freeze so far; set it to 1 or leave that out (docs/pipeline.md)"));
 }
 
 MemoryRecord memory_record(const MemoryStats& mem) {
@@ -753,10 +750,12 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   // The untrained baseline, so every curve starts from a measured point.
   if (evaluates && first_step == 1) SY_RETURN_IF_ERROR(run_eval(0));
 
-  // Loss-free balancing's loads of the step under way (moe.bias_update_rate).
-  std::optional<ExpertBiasBalancer> balancer;
+  // Loss-free balancing's loads of the step under way (moe.bias_update_rate), one balancer
+  // per local chunk: each stage updates the biases of its own layers.
+  std::vector<ExpertBiasBalancer> balancers;
   if (recipe.moe().bias_update_rate() > 0)
-    balancer.emplace(recipe.moe().bias_update_rate(), recipe.moe().num_experts());
+    balancers.assign(chunks.size(), ExpertBiasBalancer(recipe.moe().bias_update_rate(),
+                                                       recipe.moe().num_experts()));
   for (int64_t step = first_step; step <= tc.steps(); ++step) {
     LossParts step_loss;
     // The cross-entropy is the mean over the targets of the whole global batch (loss-masked
@@ -773,14 +772,14 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     groups.dp->all_reduce_sum(&step_targets, 1);
     const double ce_tokens = static_cast<double>(step_targets) / global_micro_batches;
     double cross_entropy_sum = 0;  // over this rank's targets
-    // One forward's losses and routing, on any chunk.
-    auto count_forward = [&](const LossParts& parts, const RouterStats& rs) {
+    // One forward's losses and routing, on local chunk `chunk`.
+    auto count_forward = [&](int chunk, const LossParts& parts, const RouterStats& rs) {
       step_loss.total += (parts.total - parts.cross_entropy) / accumulation;
       cross_entropy_sum += parts.cross_entropy * static_cast<double>(parts.target_tokens);
       step_loss.aux_loss += parts.aux_loss / accumulation;
       step_loss.z_loss += parts.z_loss / accumulation;
       step_loss.seq_aux_loss += parts.seq_aux_loss / accumulation;
-      if (balancer) balancer->add(rs);
+      if (!balancers.empty()) balancers[chunk].add(rs);
       dropped += rs.dropped_assignments;
       assignments += rs.assignments;
       worst_load = std::max(worst_load, rs.worst_load_ratio);
@@ -799,7 +798,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
                           batches[m].window_tokens, routing_rng(m)});
       ChunkStages stages(dev, chunks, inputs, recipe.model().hidden_size(), working, loss_scale,
                          ce_tokens, reducer.get(), [&](int chunk, const LossParts& parts, const RouterStats& rs) {
-                           count_forward(parts, rs);
+                           count_forward(chunk, parts, rs);
                            last_router_stats[chunk] = rs;
                          });
       run_pipeline_step(layout.pipeline_shape(), *groups.pipeline, stages);
@@ -820,7 +819,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
                                             batch.window_tokens);
       if (reducer) reducer->set_reducing(m == accumulation - 1);
       model.backward(dev, loss_scale, ce_tokens);
-      count_forward(parts, model.router_stats());
+      count_forward(0, parts, model.router_stats());
     }
     // Dense gradients were reduced layer by layer during the last backward: all-reduced
     // (below stage 2) or reduce-scattered onto their rows' owners (ZeRO-2/3).
@@ -841,9 +840,10 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
     if (std::isfinite(step_loss.total)) report = optimizer.step(dev);
     else optimizer.skip_step();
     const std::string non_finite = describe_non_finite(step_loss.total, report);
-    if (balancer) {
-      const std::vector<std::vector<float>> updates = balancer->take_updates(*groups.dp);
-      if (non_finite.empty()) apply_bias_updates(params, zero.get(), zero_stage, model, updates);
+    for (size_t c = 0; c < balancers.size(); ++c) {
+      const std::vector<std::vector<float>> updates = balancers[c].take_updates(*groups.dp);
+      if (non_finite.empty())
+        apply_bias_updates(params, zero.get(), zero_stage, *chunks[c], updates);
     }
     if (!non_finite.empty()) {
       if (!tc.skip_non_finite_steps())

@@ -137,6 +137,60 @@ def test_stages_with_data_parallel_replicas_match_one_process(tmp_path, single_t
                                final_weights(single_two_layers))
 
 
+# SIGMOID_TOPK's loss-free balancing: each stage moves the biases of its own MoE layers
+# from their loads over every micro-batch and data-parallel replica of the step.
+SIGMOID = ["--set", "moe.gating=SIGMOID_TOPK", "--set", "moe.aux_loss_coef=0",
+           "--set", "moe.bias_update_rate=0.01", "--set", "moe.norm_topk_prob=true",
+           "--set", "moe.num_groups=4", "--set", "moe.top_groups=2"]
+
+
+def biases(weights, layers=2):
+    found = {name: value for name, value in weights.items()
+             if name.endswith(".mlp.gate.e_score_correction_bias")}
+    assert len(found) == layers, sorted(weights)
+    return found
+
+
+@pytest.fixture(scope="module")
+def single_sigmoid(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("sigmoid"), "run", 1, SIGMOID)[0]
+
+
+def test_bias_balancing_on_two_stages_matches_one_process_bit_for_bit(tmp_path, single_sigmoid):
+    # The weights, biases included, and the cross-entropy are one process's bit for bit;
+    # the loss adds each stage's (loss - cross-entropy) in another order than one
+    # process's one sum (an ulp: 1e-15).
+    run_dir, _ = train(tmp_path, "run", 2, [*SIGMOID, "--set", "parallel.pipeline_parallel_size=2"])
+    assert_run_matches(run_dir, single_sigmoid, loss_rtol=1e-15)
+    assert all(np.any(bias != 0) for bias in biases(final_weights(run_dir)).values())
+
+
+def test_bias_balancing_with_a_stage_of_dense_layers_matches_one_process(tmp_path):
+    # The first of four stages holds the one dense layer and no bias to move.
+    dense = ["--set", "model.num_layers=4", "--set", "model.first_dense_layers=1",
+             "--set", "model.ffn_hidden_size=64"]
+    single, _ = train(tmp_path, "single", 1, [*SIGMOID, *dense])
+    staged, _ = train(tmp_path, "staged", 4, [*SIGMOID, *dense,
+                                              "--set", "parallel.pipeline_parallel_size=4"])
+    assert_run_matches(staged, single, loss_rtol=1e-15)
+    assert all(np.any(bias != 0) for bias in biases(final_weights(staged), layers=3).values())
+
+
+def test_bias_balancing_on_two_stages_of_two_replicas_matches_one_process(tmp_path,
+                                                                          single_sigmoid):
+    # The loads are counts, summed exactly in any order: the biases are one process's bit
+    # for bit, the rest to the data-parallel layouts' tolerances.
+    run_dir, _ = train(tmp_path, "run", 4, [*SIGMOID, "--set", "parallel.pipeline_parallel_size=2"])
+    weights, reference = final_weights(run_dir), final_weights(single_sigmoid)
+    for name, bias in biases(weights).items():
+        assert np.any(bias != 0), name
+        np.testing.assert_array_equal(bias, reference[name], err_msg=name)
+    def losses(steps):
+        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
+    layouts.assert_run_matches(losses(logged_steps(run_dir)), weights,
+                               losses(logged_steps(single_sigmoid)), reference)
+
+
 def rewind(run_dir, step):
     """Makes step_<step> the newest checkpoint, as if the run had stopped there."""
     checkpoints = run_dir / "checkpoints"
