@@ -161,24 +161,29 @@ const std::map<std::string, std::vector<std::string>>& freeze_groups() {
 }
 
 // Marks the parameters train.freeze names as frozen; an entry that names none is refused.
-absl::Status apply_freeze(const config::TrainConfig& tc, ParamStore& params, ProgressSink& sink) {
-  int64_t frozen = 0, total = 0;
-  for (const Param& p : params.params()) total += shape_numel(p.whole_shape);
+// With pipeline stages each rank freezes what it holds, and the counts are the whole
+// model's, summed over `pipeline` (a collective over it).
+absl::Status apply_freeze(const config::TrainConfig& tc, ParamStore& params,
+                          Communicator& pipeline, ProgressSink& sink) {
+  std::vector<int64_t> counts = {0, 0};  // frozen, all: elements of the whole tensors
+  int64_t& frozen = counts[0];
+  for (const Param& p : params.params()) counts[1] += shape_numel(p.whole_shape);
   for (const std::string& entry : tc.freeze()) {
     const auto group = freeze_groups().find(entry);
     const std::vector<std::string> parts =
         group != freeze_groups().end() ? group->second : std::vector<std::string>{entry};
-    bool matched = false;
+    int64_t matched = 0;
     for (Param& p : params.params()) {
       const bool named = std::any_of(parts.begin(), parts.end(), [&](const std::string& part) {
         return p.name.find(part) != std::string::npos;
       });
       if (!named) continue;
-      matched = true;
+      ++matched;
       if (p.trainable) frozen += shape_numel(p.whole_shape);
       p.trainable = false;
     }
-    if (!matched) {
+    pipeline.all_reduce_sum(&matched, 1);
+    if (matched == 0) {
       std::vector<std::string> names;
       for (const auto& [name, unused] : freeze_groups()) names.push_back(name);
       return absl::InvalidArgumentError(absl::StrCat(
@@ -186,9 +191,10 @@ absl::Status apply_freeze(const config::TrainConfig& tc, ParamStore& params, Pro
           "; or a part of parameter names, such as model.layers.0.)"));
     }
   }
+  pipeline.all_reduce_sum(counts.data(), static_cast<int64_t>(counts.size()));
   if (frozen > 0)
     sink.on_message(absl::StrFormat("frozen by train.freeze: %.3fM of %.3fM parameters",
-                                    frozen / 1e6, total / 1e6));
+                                    frozen / 1e6, counts[1] / 1e6));
   return absl::OkStatus();
 }
 
@@ -445,16 +451,6 @@ std::string describe_non_finite(double loss, const StepReport& report) {
   return absl::StrCat("the gradient of ", report.non_finite_grad, " is not finite");
 }
 
-// What training with pipeline stages does not take yet, refused in one line before any
-// work.
-absl::Status check_pipeline_training(const config::Recipe& recipe, const Layout& layout) {
-  if (layout.pipeline_parallel_size == 1) return absl::OkStatus();
-  if (recipe.train().freeze_size() == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallel.pipeline_parallel_size (", layout.pipeline_parallel_size,
-      ") trains without train.freeze so far; set it to 1 or leave that out (docs/pipeline.md)"));
-}
-
 MemoryRecord memory_record(const MemoryStats& mem) {
   auto peak = [&](MemoryKind k) { return mem.peak_bytes[static_cast<int>(k)]; };
   MemoryRecord r;
@@ -479,7 +475,6 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   const bool reporter = rank == 0;
   RankZeroSink sink(terminal, reporter);
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
-  SY_RETURN_IF_ERROR(check_pipeline_training(recipe, layout));
   // Gathered while the world communicator is still the host one.
   const std::string rank_hosts = describe_hosts(gather_host_names(*groups.world));
 
@@ -585,7 +580,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   const std::vector<std::unique_ptr<Transformer>> chunks = build_model_chunks(
       recipe, layout, pipeline_rank, params, {groups.tp.get(), groups.ep.get()});
   Transformer& model = *chunks.front();
-  SY_RETURN_IF_ERROR(apply_freeze(tc, params, sink));
+  SY_RETURN_IF_ERROR(apply_freeze(tc, params, *groups.pipeline, sink));
   // ZeRO stages 2 and 3 split the dense gradients and state (and at 3 the values) by
   // rows over the data-parallel replicas.
   std::unique_ptr<ZeroShards> zero;
