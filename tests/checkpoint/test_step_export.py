@@ -1,8 +1,9 @@
 """`convert to-hf` of a checkpoints/step_N of any layout: the slices of a tensor-, expert-
 and data-parallel ZeRO-1 run (4 ranks: tp 2, ep 2, dp 2) are gathered on one process,
 and the export equals, tensor for tensor, the export of the final weights of the same
-run stopped at that step. The model has OLMoE's q/k norm, so the export is an
-OlmoeForCausalLM directory.
+run stopped at that step; a two-stage pipeline run's step_N, each stage's slices in a
+file of its own, exports as one process's step_N. The model has OLMoE's q/k norm, so the
+export is an OlmoeForCausalLM directory.
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
@@ -24,8 +25,9 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
 SETS = ["model.num_layers=2", "train.seq_len=32", "train.global_batch_size=4",
         "train.micro_batch_size=1", "optimizer.decay=CONSTANT", "optimizer.warmup_steps=0",
         "train.eval_interval=0", "train.log_interval=1", "checkpoint.interval_steps=2",
-        "checkpoint.keep=0", "model.qk_norm=true", "parallel.tensor_parallel_size=2",
-        "parallel.expert_parallel_size=2", "parallel.zero_stage=1"]
+        "checkpoint.keep=0", "model.qk_norm=true"]
+TP_EP_ZERO1 = ["parallel.tensor_parallel_size=2", "parallel.expert_parallel_size=2",
+               "parallel.zero_stage=1"]
 
 
 def run(argv, ranks=1):
@@ -36,13 +38,12 @@ def run(argv, ranks=1):
     return result
 
 
-def train(run_dir, cache, steps):
+def train(run_dir, cache, steps, layout=TP_EP_ZERO1, ranks=4):
     args = [SWITCHYARD, "train", RECIPE, "--run-dir", run_dir, "--dataset-cache", cache,
             "--set", f"train.steps={steps}"]
-    for s in SETS:
+    for s in SETS + layout:
         args += ["--set", s]
-    assert "; 4 ranks (dp 2, tp 2, ep 2" in run(args, ranks=4).stdout
-    return run_dir / "checkpoints"
+    return run_dir / "checkpoints", run(args, ranks=ranks).stdout
 
 
 def export(weights, out):
@@ -51,8 +52,9 @@ def export(weights, out):
 
 
 def test_step_checkpoint_exports_as_the_final_weights_of_that_step(tmp_path):
-    longer = train(tmp_path / "four", tmp_path / "cache", 4)
-    stopped = train(tmp_path / "two", tmp_path / "cache", 2)
+    longer, out = train(tmp_path / "four", tmp_path / "cache", 4)
+    assert "; 4 ranks (dp 2, tp 2, ep 2" in out
+    stopped, _ = train(tmp_path / "two", tmp_path / "cache", 2)
     step = export(longer / "step_2", tmp_path / "hf-step2")
     final = export(stopped / "final", tmp_path / "hf-final")
     assert set(step) == set(final)
@@ -65,3 +67,21 @@ def test_step_checkpoint_exports_as_the_final_weights_of_that_step(tmp_path):
     # The 4-step run went on after step 2: the export read step 2, not its end.
     later = export(longer / "final", tmp_path / "hf-step4")
     assert any(not np.array_equal(later[name], value) for name, value in step.items())
+
+
+def test_pipeline_step_checkpoint_exports_as_one_process_step(tmp_path):
+    """Two stages train one process's weights bit for bit, so their step_2, whose rank
+    files each hold one stage's layers, exports exactly as one process's step_2."""
+    staged, _ = train(tmp_path / "staged", tmp_path / "cache", 4,
+                      ["parallel.pipeline_parallel_size=2"], ranks=2)
+    single, _ = train(tmp_path / "single", tmp_path / "cache", 4, [], ranks=1)
+    assert sorted(p.name for p in (staged / "step_2").glob("rank_*.h5")) == ["rank_0.h5",
+                                                                            "rank_1.h5"]
+    step = export(staged / "step_2", tmp_path / "hf-staged")
+    reference = export(single / "step_2", tmp_path / "hf-single")
+    assert set(step) == set(reference)
+    for name, value in reference.items():
+        np.testing.assert_array_equal(step[name], value, err_msg=name)
+    for name in ("config.json", "tokenizer.model", "tokenizer_config.json"):
+        assert (tmp_path / "hf-staged" / name).read_bytes() == (
+            tmp_path / "hf-single" / name).read_bytes()
