@@ -68,9 +68,9 @@ class FixedCostStages final : public PipelineStages {
         weight_(static_cast<size_t>(n_) * n_, 1.0f / static_cast<float>(n_)),
         weight_grad_(weight_.size()) {}
 
-  Tensor forward(int micro_batch, int chunk, const Tensor& input) override {
+  StageMessage forward(int micro_batch, int chunk, const StageMessage& input) override {
     std::vector<Tensor>& saved = saved_[{micro_batch, chunk}];
-    Tensor x = input.defined() ? input : filled(0.5f);
+    Tensor x = input.tensor.defined() ? input.tensor : filled(0.5f);
     for (int l = 0; l < layers_per_chunk_; ++l) {
       saved.push_back(x);
       x = layer_forward(x);
@@ -78,15 +78,15 @@ class FixedCostStages final : public PipelineStages {
     return x;
   }
 
-  Tensor backward(int micro_batch, int chunk, const Tensor& output_grad) override {
+  StageMessage backward(int micro_batch, int chunk, const StageMessage& output_grad) override {
     auto it = saved_.find({micro_batch, chunk});
-    Tensor dy = output_grad.defined() ? output_grad : filled(1.0f);
+    Tensor dy = output_grad.tensor.defined() ? output_grad.tensor : filled(1.0f);
     for (int l = layers_per_chunk_ - 1; l >= 0; --l) dy = layer_backward(it->second[l], dy);
     saved_.erase(it);
     return dy;
   }
 
-  Tensor receive_buffer(TransferKind, int, int) override {
+  StageMessage receive_buffer(TransferKind, int, int) override {
     return Tensor::empty({n_, n_}, DType::kF32);
   }
 

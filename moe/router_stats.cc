@@ -1,6 +1,7 @@
 #include "moe/router_stats.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "engine/runtime/check.h"
 
@@ -11,12 +12,14 @@ void RouterStats::reset(int experts) {
   num_experts = experts;
   selections_per_expert.assign(experts, 0.0);
   prob_sum_per_expert.assign(experts, 0.0);
+  all_layers = {selections_per_expert, prob_sum_per_expert, 0};
 }
 
-void RouterStats::begin(Device& dev, int moe_layers) {
+void RouterStats::begin(Device& dev, int moe_layers, RoutingSums before) {
   reset(0);
   device_ = &dev;
   room_ = moe_layers;
+  all_layers = std::move(before);
 }
 
 Tensor RouterStats::add_layer(int64_t tokens, int experts, int k, float capacity_factor) {
@@ -26,6 +29,10 @@ Tensor RouterStats::add_layer(int64_t tokens, int experts, int k, float capacity
     num_experts = experts;
     selections_per_expert.assign(experts, 0.0);
     prob_sum_per_expert.assign(experts, 0.0);
+    if (all_layers.selections.empty()) all_layers = {selections_per_expert, prob_sum_per_expert, 0};
+    SY_CHECK_MSG(static_cast<int>(all_layers.selections.size()) == experts &&
+                     static_cast<int>(all_layers.prob_sums.size()) == experts,
+                 "RouterStats: the sums before these layers route other experts");
     device_sums = Tensor::empty({room_, 3 * static_cast<int64_t>(experts) + 1}, DType::kF32,
                                 MemoryKind::kActivations, *device_);
   }
@@ -113,9 +120,12 @@ void RouterStats::add_to_totals(const Layer& layer) {
   seq_aux_loss += layer.sequence_aux_loss;
   routed_tokens += layer.tokens;
   assignments += layer.tokens * layer.top_k;
+  all_layers.tokens += layer.tokens;
   for (int e = 0; e < num_experts; ++e) {
     selections_per_expert[e] += layer.selections_per_expert[e];
     prob_sum_per_expert[e] += layer.prob_sum_per_expert[e];
+    all_layers.selections[e] += layer.selections_per_expert[e];
+    all_layers.prob_sums[e] += layer.prob_sum_per_expert[e];
   }
 }
 
@@ -148,7 +158,8 @@ double balance_loss(const std::vector<double>& selections, const std::vector<dou
 }  // namespace
 
 double RouterStats::aux_loss(bool per_layer) const {
-  if (!per_layer) return balance_loss(selections_per_expert, prob_sum_per_expert, routed_tokens);
+  if (!per_layer)
+    return balance_loss(all_layers.selections, all_layers.prob_sums, all_layers.tokens);
   if (layers.empty()) return 0.0;
   double sum = 0;
   for (const Layer& l : layers)
@@ -164,8 +175,8 @@ std::vector<float> RouterStats::aux_loss_prob_gradient(double coef, bool per_lay
                                                        size_t layer) const {
   std::vector<float> g(num_experts, 0.0f);
   const std::vector<double>& selections =
-      per_layer ? layers[layer].selections_per_expert : selections_per_expert;
-  const int64_t tokens = per_layer ? layers[layer].tokens : routed_tokens;
+      per_layer ? layers[layer].selections_per_expert : all_layers.selections;
+  const int64_t tokens = per_layer ? layers[layer].tokens : all_layers.tokens;
   if (tokens == 0) return g;
   const double t = static_cast<double>(tokens);
   const double scale = per_layer ? coef / mean_layers() : coef;

@@ -14,6 +14,15 @@
 
 namespace switchyard {
 
+// Per expert the top-k selections and the router probability sums, and the tokens
+// routed (tokens x layers), added over a run of MoE layers in depth order: what the
+// all-layer aux loss reads. Empty: no layers yet.
+struct RoutingSums {
+  std::vector<double> selections;
+  std::vector<double> prob_sums;
+  int64_t tokens = 0;
+};
+
 struct RouterStats {
   int num_experts = 0;
   // Summed over layers: top-k selections per expert (before capacity) and router
@@ -47,6 +56,13 @@ struct RouterStats {
     std::vector<int32_t> sequence_tokens;
   };
   std::vector<Layer> layers;
+  // The all-layer aux loss's sums: those of the model's MoE layers before these
+  // statistics' (given to begin(): a pipeline chunk's, carried from the chunk before),
+  // followed by each of its layers, added as the totals above are. So on the whole model
+  // they are the totals, and on a micro-batch's last chunk the whole model's bit for bit.
+  // A chunk below the last takes the whole model's before its backward (its forward's
+  // stop at its own last layer).
+  RoutingSums all_layers;
   // The whole model's MoE layers when these statistics cover a pipeline chunk's (set
   // after begin()); 0: the layers above are all. The per-layer aux loss is a mean over
   // the whole model's layers, so that the chunks' losses and gradients add up to it.
@@ -63,8 +79,9 @@ struct RouterStats {
   // tensor-parallel group; collect() reads them with device_sums.
   Tensor sequence_sums;
 
-  // Starts one forward's statistics (reset) with room for `moe_layers` rows on `dev`.
-  void begin(Device& dev, int moe_layers);
+  // Starts one forward's statistics (reset) with room for `moe_layers` rows on `dev`,
+  // the all-layer sums starting from `before` (the MoE layers before these; empty: none).
+  void begin(Device& dev, int moe_layers, RoutingSums before = {});
   // Adds a layer of `tokens` tokens routed over `experts` experts (the same for every
   // layer; the first sizes device_sums) to `top_k` each at `capacity_factor`, and
   // returns its row of device_sums to fill.
@@ -82,11 +99,12 @@ struct RouterStats {
   static RouterStats merge(const std::vector<RouterStats>& chunks);
   void reset(int experts);
   // All layers together (transformers' formula): aux = E * sum_e (selections_e / T) *
-  // (prob_sum_e / T), T = routed_tokens. Per layer: the mean over layers of the same
-  // formula on each layer's sums. A perfect balance gives the layers' top-k either way.
+  // (prob_sum_e / T) over all_layers' sums, T their tokens. Per layer: the mean over
+  // layers of the same formula on each layer's sums. A perfect balance gives the layers'
+  // top-k either way.
   double aux_loss(bool per_layer) const;
   // d(coef * aux) / d prob[t, e] for every token routed by MoE layer `layer`:
-  // coef * E * selections_e / T^2 (all layers together), or
+  // coef * E * selections_e / T^2 (all layers together, all_layers' sums), or
   // coef * E * selections_le / T_l^2 / layers (per layer).
   std::vector<float> aux_loss_prob_gradient(double coef, bool per_layer, size_t layer) const;
   // The layers the per-layer aux loss averages over: model_layers, or layers.size().

@@ -407,12 +407,6 @@ absl::Status validate_pipeline(const Recipe& recipe) {
     return invalid(absl::StrCat("model.tie_embeddings needs parallel.pipeline_parallel_size 1 (not ",
                                 parallel.pipeline_parallel_size(),
                                 "): the embedding lives on the first stage, the LM head on the last"));
-  if (effective_pipeline_size(parallel) > 1 && recipe.moe().aux_loss_coef() != 0 &&
-      !recipe.moe().aux_loss_per_layer())
-    return invalid(absl::StrCat(
-        "moe.aux_loss_per_layer false needs parallel.pipeline_parallel_size 1 (not ",
-        parallel.pipeline_parallel_size(), "): the aux loss over all layers' routing together "
-        "couples every stage's gradient; set moe.aux_loss_per_layer true or moe.aux_loss_coef 0"));
   const int64_t chunks =
       int64_t{effective_pipeline_size(parallel)} * effective_virtual_pipeline_size(parallel);
   const int32_t layers = recipe.model().num_layers();

@@ -167,8 +167,6 @@ Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
                "ModelChunk: layers outside the model");
   const bool whole = first_layer_ == 0 && end == m.num_layers();
   SY_CHECK_MSG(whole || !m.tie_embeddings(), "ModelChunk: tied embeddings need the whole model");
-  SY_CHECK_MSG(whole || recipe.moe().aux_loss_per_layer() || recipe.moe().aux_loss_coef() == 0,
-               "ModelChunk: the all-layer aux loss needs the whole model");
   for (int i = 0; i < m.num_layers(); ++i) model_moe_layers_ += config::is_moe_layer(recipe, i);
   if (first_layer_ == 0) {
     enter_unit(params, 0);
@@ -248,9 +246,10 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
 Transformer::ChunkOutput Transformer::forward_chunk(Device& dev, const Tensor& input,
                                                     const Tensor& ids, const Tensor& targets,
                                                     const Rng& rng, const Tensor& doc_starts,
-                                                    bool training, const Tensor& window_tokens) {
+                                                    bool training, const Tensor& window_tokens,
+                                                    const RoutingSums& before) {
   return run_chunk(dev, input, ids, targets, training ? Pass::kTrain : Pass::kEval, rng, nullptr,
-                   doc_starts, window_tokens);
+                   doc_starts, window_tokens, before);
 }
 
 const Tensor& Transformer::forward_rope(Device& dev) {
@@ -297,7 +296,8 @@ void Transformer::recompute_block(Device& dev, Block& b, const Tensor& rope) {
 }
 
 void Transformer::begin_forward(Device& dev, const Tensor& ids, const Tensor& targets,
-                                const Tensor& doc_starts, const Tensor& window_tokens) {
+                                const Tensor& doc_starts, const Tensor& window_tokens,
+                                const RoutingSums& before) {
   batch_ = ids.dim(0);
   seq_ = ids.dim(1);
   window_tokens_.clear();
@@ -328,7 +328,7 @@ void Transformer::begin_forward(Device& dev, const Tensor& ids, const Tensor& ta
     ids_ = both.slice_rows(0, 1).reshape({n});
     targets_ = both.slice_rows(1, 2).reshape({n});
   }
-  stats_.begin(dev, num_moe_layers_);
+  stats_.begin(dev, num_moe_layers_, before);
   stats_.model_layers = model_moe_layers_;
 }
 
@@ -364,8 +364,9 @@ Transformer::ChunkOutput Transformer::run_chunk(Device& dev, const Tensor& input
                                                 const Tensor& ids, const Tensor& targets,
                                                 Pass pass, const Rng& rng, Tensor* logits_out,
                                                 const Tensor& doc_starts,
-                                                const Tensor& window_tokens) {
-  begin_forward(dev, ids, targets, doc_starts, window_tokens);
+                                                const Tensor& window_tokens,
+                                                const RoutingSums& before) {
+  begin_forward(dev, ids, targets, doc_starts, window_tokens, before);
   Tensor x = blocks_forward(dev, has_embedding() ? embed(dev) : input, pass, rng);
   ChunkOutput out;
   if (has_head()) {
@@ -375,6 +376,7 @@ Transformer::ChunkOutput Transformer::run_chunk(Device& dev, const Tensor& input
     stats_.collect();
   }
   add_routing_losses(out.losses);
+  out.sums = stats_.all_layers;
   return out;
 }
 
@@ -436,7 +438,9 @@ LossParts Transformer::head_forward(Device& dev, const Tensor& x, Tensor* logits
 }
 
 void Transformer::add_routing_losses(LossParts& parts) const {
-  parts.aux_loss = stats_.aux_loss(recipe_.moe().aux_loss_per_layer());
+  const bool per_layer = recipe_.moe().aux_loss_per_layer();
+  // The all-layer sums are the whole model's only on the last chunk.
+  parts.aux_loss = per_layer || has_head() ? stats_.aux_loss(per_layer) : 0.0;
   parts.z_loss = stats_.z_loss;
   parts.seq_aux_loss = stats_.seq_aux_loss;
   parts.total = parts.cross_entropy + recipe_.moe().aux_loss_coef() * parts.aux_loss +
@@ -506,7 +510,12 @@ void Transformer::backward(Device& dev, float loss_scale, double ce_tokens) {
 }
 
 Tensor Transformer::backward_chunk(Device& dev, const Tensor& output_grad, float loss_scale,
-                                   double ce_tokens) {
+                                   double ce_tokens, const RoutingSums& model_sums) {
+  if (!has_head() && !recipe_.moe().aux_loss_per_layer()) {
+    SY_CHECK_MSG(num_moe_layers_ == 0 || !model_sums.selections.empty(),
+                 "backward_chunk: the all-layer aux loss needs the whole model's sums");
+    stats_.all_layers = model_sums;
+  }
   Tensor dx = blocks_backward(
       dev, has_head() ? head_backward(dev, loss_scale, ce_tokens) : output_grad, loss_scale);
   if (has_embedding()) {

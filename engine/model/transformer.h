@@ -60,8 +60,7 @@ class Transformer {
   // Registers every parameter of `chunk` in `params` (allocation is the caller's), under
   // the whole model's names and ZeRO units (set_param_hooks); chunks built in depth order
   // may share one ParamStore (a stage's interleaved chunks). A chunk of part of the model
-  // needs untied embeddings and, with an aux-loss coefficient, moe.aux_loss_per_layer:
-  // the all-layer formula couples every layer's routing (recipe validation refuses both).
+  // needs untied embeddings (recipe validation refuses tied ones with pipeline stages).
   Transformer(const config::Recipe& recipe, ParamStore& params, ModelParallel parallel = {},
               ModelChunk chunk = {});
   ~Transformer();
@@ -96,22 +95,34 @@ class Transformer {
     Tensor hidden;
     // The cross-entropy parts on the last chunk only; aux_loss and z_loss of this chunk's
     // MoE layers (per-layer aux losses are means over the whole model's MoE layers, so
-    // the chunks' add up to the model's).
+    // the chunks' add up to the model's; the all-layer aux loss is the last chunk's alone,
+    // from the sums carried to it).
     LossParts losses;
+    // The all-layer aux loss's sums through this chunk: `before` followed by its own MoE
+    // layers (RouterStats::all_layers), for the next chunk's forward.
+    RoutingSums sums;
   };
   // input: the previous chunk's output hidden states; undefined on the first chunk, which
   // embeds `ids`. The chunk keeps `input` for its backward (as its first layer's saved
   // input): it must not be overwritten before then.
+  // before: with the all-layer aux loss (moe.aux_loss_per_layer false), the previous
+  // chunk's output sums (empty on the first chunk): the last chunk's aux loss is the
+  // whole model's only when every chunk passes them on.
   ChunkOutput forward_chunk(Device& dev, const Tensor& input, const Tensor& ids,
                             const Tensor& targets, const Rng& rng,
                             const Tensor& doc_starts = Tensor(), bool training = true,
-                            const Tensor& window_tokens = Tensor());
+                            const Tensor& window_tokens = Tensor(),
+                            const RoutingSums& before = {});
   // output_grad: the gradient of the chunk's output (undefined on the last chunk, which
   // starts from the loss). Returns the gradient of its input (undefined on the first
   // chunk). loss_scale and ce_tokens as backward()'s.
+  // model_sums: with the all-layer aux loss, below the last chunk, the whole model's sums
+  // (the last chunk's router_stats().all_layers after its forward), which every MoE
+  // layer's router gradient reads; router_stats().all_layers holds them afterwards.
   Tensor backward_chunk(Device& dev, const Tensor& output_grad, float loss_scale,
-                        double ce_tokens = 0);
+                        double ce_tokens = 0, const RoutingSums& model_sums = {});
   bool has_embedding() const { return embed_ != nullptr; }
+  const config::Recipe& recipe() const { return recipe_; }
   bool has_head() const { return lm_head_ != nullptr; }
 
   // One micro-batch's activations: everything a training forward saved for its backward,
@@ -165,11 +176,13 @@ class Transformer {
   // forward(), forward_chunk() and logits().
   ChunkOutput run_chunk(Device& dev, const Tensor& input, const Tensor& ids,
                         const Tensor& targets, Pass pass, const Rng& rng, Tensor* logits_out,
-                        const Tensor& doc_starts, const Tensor& window_tokens);
+                        const Tensor& doc_starts, const Tensor& window_tokens,
+                        const RoutingSums& before = {});
   // A forward's inputs on `dev` (ids, targets, documents, padding) and its routing
   // statistics' start.
   void begin_forward(Device& dev, const Tensor& ids, const Tensor& targets,
-                     const Tensor& doc_starts, const Tensor& window_tokens);
+                     const Tensor& doc_starts, const Tensor& window_tokens,
+                     const RoutingSums& before);
   // The embedding of ids_: (batch * seq, hidden) in the compute dtype.
   Tensor embed(Device& dev);
   // The chunk's blocks on x, block i drawing from rng.fork(its layer).

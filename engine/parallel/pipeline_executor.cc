@@ -15,12 +15,12 @@ namespace {
 // A tensor between a pass and a message: (kind, micro-batch, local chunk).
 using Key = std::tuple<TransferKind, int, int>;
 
-Tensor take(std::map<Key, Tensor>& tensors, const Key& key) {
-  auto it = tensors.find(key);
-  SY_CHECK_MSG(it != tensors.end(), "pipeline pass without its input");
-  Tensor tensor = std::move(it->second);
-  tensors.erase(it);
-  return tensor;
+StageMessage take(std::map<Key, StageMessage>& messages, const Key& key) {
+  auto it = messages.find(key);
+  SY_CHECK_MSG(it != messages.end(), "pipeline pass without its input");
+  StageMessage message = std::move(it->second);
+  messages.erase(it);
+  return message;
 }
 
 class StepRunner {
@@ -76,29 +76,34 @@ class StepRunner {
     return event;
   }
 
+  // Each transfer is one message, or two to the same peer when a side travels with it.
   void exchange(const std::vector<Transfer>& transfers) {
     std::vector<Communicator::Message> messages;
-    std::vector<Key> receives;
+    std::vector<std::pair<Key, bool>> receives;  // each received message: its key, a side?
     for (const Transfer& t : transfers) {
       const Key key{t.kind, t.micro_batch, t.chunk};
-      if (t.send) {
-        messages.push_back({true, t.peer, take(to_send_, key)});
-      } else {
-        messages.push_back({false, t.peer, stages_.receive_buffer(t.kind, t.micro_batch, t.chunk)});
-        receives.push_back(key);
-      }
+      StageMessage message =
+          t.send ? take(to_send_, key) : stages_.receive_buffer(t.kind, t.micro_batch, t.chunk);
+      messages.push_back({t.send, t.peer, std::move(message.tensor)});
+      if (!t.send) receives.emplace_back(key, false);
+      if (!message.side.defined()) continue;
+      messages.push_back({t.send, t.peer, std::move(message.side)});
+      if (!t.send) receives.emplace_back(key, true);
     }
     pipeline_.exchange(messages);
     size_t next = 0;
-    for (const Communicator::Message& m : messages)
-      if (!m.send) received_[receives[next++]] = m.tensor;
+    for (const Communicator::Message& m : messages) {
+      if (m.send) continue;
+      const auto& [key, side] = receives[next++];
+      (side ? received_[key].side : received_[key].tensor) = m.tensor;
+    }
   }
 
   void forward(int micro_batch, int chunk) {
     const int k = shape_.model_chunk(rank_, chunk);
     const Key key{TransferKind::kActivation, micro_batch, chunk};
-    const Tensor input = k > 0 ? take(received_, key) : Tensor();
-    Tensor output = stages_.forward(micro_batch, chunk, input);
+    const StageMessage input = k > 0 ? take(received_, key) : StageMessage();
+    StageMessage output = stages_.forward(micro_batch, chunk, input);
     if (k + 1 < shape_.num_chunks()) to_send_[key] = std::move(output);
     stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight_);
   }
@@ -106,8 +111,9 @@ class StepRunner {
   void backward(int micro_batch, int chunk) {
     const int k = shape_.model_chunk(rank_, chunk);
     const Key key{TransferKind::kGradient, micro_batch, chunk};
-    const Tensor output_grad = k + 1 < shape_.num_chunks() ? take(received_, key) : Tensor();
-    Tensor input_grad = stages_.backward(micro_batch, chunk, output_grad);
+    const StageMessage output_grad =
+        k + 1 < shape_.num_chunks() ? take(received_, key) : StageMessage();
+    StageMessage input_grad = stages_.backward(micro_batch, chunk, output_grad);
     if (k > 0) to_send_[key] = std::move(input_grad);
     --in_flight_;
   }
@@ -117,8 +123,8 @@ class StepRunner {
   PipelineStages& stages_;
   const int rank_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  std::map<Key, Tensor> received_;  // inputs of passes still to run
-  std::map<Key, Tensor> to_send_;   // outputs of passes run, for the next exchange
+  std::map<Key, StageMessage> received_;  // inputs of passes still to run
+  std::map<Key, StageMessage> to_send_;   // outputs of passes run, for the next exchange
   int in_flight_ = 0;
   PipelineStepStats stats_;
 };

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/parallel/communicator.h"
@@ -11,6 +12,18 @@
 #include "engine/runtime/tensor.h"
 
 namespace switchyard {
+
+// What one transfer between two chunks carries: the activation or gradient, and a small
+// tensor that travels with it when `side` is defined (the MoE routing sums of
+// docs/pipeline.md). The side goes as a second message to the same peer right after
+// the first, so both ends must agree on whether there is one.
+struct StageMessage {
+  StageMessage() = default;
+  StageMessage(Tensor tensor, Tensor side = Tensor())  // NOLINT(google-explicit-constructor)
+      : tensor(std::move(tensor)), side(std::move(side)) {}
+  Tensor tensor;
+  Tensor side;
+};
 
 // The chunks this rank holds. Chunks are local indices (PipelineShape::model_chunk maps
 // them to the model's).
@@ -20,16 +33,16 @@ class PipelineStages {
   // Forward of one micro-batch on one chunk. `input` is the previous chunk's output, or
   // undefined on model chunk 0 (which reads the micro-batch itself). Returns the output
   // the next chunk takes; the last model chunk's is not used.
-  virtual Tensor forward(int micro_batch, int chunk, const Tensor& input) = 0;
+  virtual StageMessage forward(int micro_batch, int chunk, const StageMessage& input) = 0;
   // Backward of a micro-batch whose forward ran on this chunk. `output_grad` is the next
   // chunk's input gradient, or undefined on the last model chunk (whose backward starts
   // from the loss). Returns the gradient of the chunk's input; model chunk 0's is not
   // used.
-  virtual Tensor backward(int micro_batch, int chunk, const Tensor& output_grad) = 0;
-  // A tensor of the shape and dtype a message of `kind` for this micro-batch and chunk
+  virtual StageMessage backward(int micro_batch, int chunk, const StageMessage& output_grad) = 0;
+  // Tensors of the shapes and dtypes a message of `kind` for this micro-batch and chunk
   // carries (an activation the chunk takes, a gradient of its output): what a receive
-  // fills.
-  virtual Tensor receive_buffer(TransferKind kind, int micro_batch, int chunk) = 0;
+  // fills, its side undefined when none travels with it.
+  virtual StageMessage receive_buffer(TransferKind kind, int micro_batch, int chunk) = 0;
 };
 
 // One action of a step as it ran on this rank: a pass, or an exchange (posting its

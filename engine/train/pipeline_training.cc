@@ -1,5 +1,6 @@
 #include "engine/train/pipeline_training.h"
 
+#include <bit>
 #include <map>
 #include <utility>
 
@@ -55,7 +56,36 @@ RouterStats::Layer unpack_layer(const double* in, int num_experts) {
   return layer;
 }
 
+// Routing sums as a message: 2E + 1 doubles (selections, probability sums, tokens) as
+// their bits in i64 elements, so that they travel exactly (tensors have no f64).
+Tensor pack_sums(const RoutingSums& sums, int num_experts) {
+  Tensor packed = Tensor::empty({2 * int64_t{num_experts} + 1}, DType::kI64);
+  int64_t* out = packed.data<int64_t>();
+  for (int e = 0; e < num_experts; ++e) {
+    out[e] = std::bit_cast<int64_t>(sums.selections.empty() ? 0.0 : sums.selections[e]);
+    out[num_experts + e] = std::bit_cast<int64_t>(sums.prob_sums.empty() ? 0.0 : sums.prob_sums[e]);
+  }
+  out[2 * num_experts] = std::bit_cast<int64_t>(static_cast<double>(sums.tokens));
+  return packed;
+}
+
+RoutingSums unpack_sums(const Tensor& packed, int num_experts) {
+  const int64_t* in = packed.data<int64_t>();
+  RoutingSums sums;
+  for (int e = 0; e < num_experts; ++e) {
+    sums.selections.push_back(std::bit_cast<double>(in[e]));
+    sums.prob_sums.push_back(std::bit_cast<double>(in[num_experts + e]));
+  }
+  sums.tokens = static_cast<int64_t>(std::bit_cast<double>(in[2 * num_experts]));
+  return sums;
+}
+
 }  // namespace
+
+bool carries_routing_sums(const config::Recipe& recipe) {
+  return !recipe.moe().aux_loss_per_layer() &&
+         moe_layers_before(recipe, recipe.model().num_layers()) > 0;
+}
 
 std::vector<std::unique_ptr<Transformer>> build_model_chunks(const config::Recipe& recipe,
                                                              const Layout& layout,
@@ -86,32 +116,45 @@ ChunkStages::ChunkStages(Device& dev, const std::vector<std::unique_ptr<Transfor
       ce_tokens_(ce_tokens),
       reducer_(reducer),
       forward_done_(std::move(forward_done)),
+      routing_sums_(carries_routing_sums(chunks.front()->recipe())),
+      num_experts_(chunks.front()->recipe().moe().num_experts()),
       stashed_(chunks.size()) {
   for (auto& per_chunk : stashed_) per_chunk.resize(inputs.size());
 }
 
-Tensor ChunkStages::forward(int micro_batch, int chunk, const Tensor& input) {
-  const MicroBatchInput& in = inputs_[micro_batch];
-  Transformer& model = *chunks_[chunk];
-  Transformer::ChunkOutput out =
-      model.forward_chunk(dev_, input, in.ids, in.targets, in.rng, in.doc_starts,
-                          /*training=*/true, in.window_tokens);
-  forward_done_(chunk, out.losses, model.router_stats());
-  stashed_[chunk][micro_batch] = model.stash_activations();
-  return out.hidden;
+Tensor ChunkStages::side_of(const RoutingSums& sums) const {
+  return routing_sums_ ? pack_sums(sums, num_experts_) : Tensor();
 }
 
-Tensor ChunkStages::backward(int micro_batch, int chunk, const Tensor& output_grad) {
+StageMessage ChunkStages::forward(int micro_batch, int chunk, const StageMessage& input) {
+  const MicroBatchInput& in = inputs_[micro_batch];
+  Transformer& model = *chunks_[chunk];
+  const RoutingSums before =
+      input.side.defined() ? unpack_sums(input.side, num_experts_) : RoutingSums();
+  Transformer::ChunkOutput out =
+      model.forward_chunk(dev_, input.tensor, in.ids, in.targets, in.rng, in.doc_starts,
+                          /*training=*/true, in.window_tokens, before);
+  forward_done_(chunk, out.losses, model.router_stats());
+  stashed_[chunk][micro_batch] = model.stash_activations();
+  return {out.hidden, side_of(out.sums)};
+}
+
+StageMessage ChunkStages::backward(int micro_batch, int chunk, const StageMessage& output_grad) {
   Transformer& model = *chunks_[chunk];
   model.restore_activations(std::move(stashed_[chunk][micro_batch]));
   if (reducer_) reducer_->set_reducing(micro_batch + 1 == static_cast<int>(inputs_.size()));
-  return model.backward_chunk(dev_, output_grad, loss_scale_, ce_tokens_);
+  const RoutingSums model_sums =
+      output_grad.side.defined() ? unpack_sums(output_grad.side, num_experts_) : RoutingSums();
+  Tensor input_grad =
+      model.backward_chunk(dev_, output_grad.tensor, loss_scale_, ce_tokens_, model_sums);
+  return {input_grad, side_of(model.router_stats().all_layers)};
 }
 
-Tensor ChunkStages::receive_buffer(TransferKind /*kind*/, int micro_batch, int /*chunk*/) {
+StageMessage ChunkStages::receive_buffer(TransferKind /*kind*/, int micro_batch, int /*chunk*/) {
   // Activations and their gradients alike: (batch * seq, hidden) in the compute dtype.
   const Tensor& ids = inputs_[micro_batch].ids;
-  return Tensor::empty({ids.numel(), hidden_size_}, dtype_, MemoryKind::kActivations, dev_);
+  return {Tensor::empty({ids.numel(), hidden_size_}, dtype_, MemoryKind::kActivations, dev_),
+          routing_sums_ ? Tensor::empty({2 * int64_t{num_experts_} + 1}, DType::kI64) : Tensor()};
 }
 
 LossParts pipeline_eval_forward(Device& dev, const std::vector<std::unique_ptr<Transformer>>& chunks,

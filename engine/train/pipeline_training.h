@@ -36,6 +36,11 @@ struct MicroBatchInput {
   Rng rng;  // GShard's draws: layer i takes rng.fork(i) whichever stage holds it
 };
 
+// Whether stage messages carry the all-layer aux loss's routing sums (docs/pipeline.md):
+// under moe.aux_loss_per_layer false with MoE layers, every activation carries the sums
+// through its chunk and every gradient the whole model's.
+bool carries_routing_sums(const config::Recipe& recipe);
+
 // One step's passes on this rank's chunks: a forward runs forward_chunk and stashes the
 // micro-batch's activations; its backward restores them and runs backward_chunk.
 class ChunkStages : public PipelineStages {
@@ -46,16 +51,19 @@ class ChunkStages : public PipelineStages {
   // `reducer` (null without data parallelism) reduces a chunk's dense gradients over the
   // replicas during its backward of the step's last micro-batch, the last of that chunk
   // in every schedule.
+  // Messages carry the routing sums when the chunks' recipe asks (carries_routing_sums).
   ChunkStages(Device& dev, const std::vector<std::unique_ptr<Transformer>>& chunks,
               const std::vector<MicroBatchInput>& inputs, int64_t hidden_size, DType dtype,
               float loss_scale, double ce_tokens, OverlappedGradReduce* reducer,
               ForwardDone forward_done);
 
-  Tensor forward(int micro_batch, int chunk, const Tensor& input) override;
-  Tensor backward(int micro_batch, int chunk, const Tensor& output_grad) override;
-  Tensor receive_buffer(TransferKind kind, int micro_batch, int chunk) override;
+  StageMessage forward(int micro_batch, int chunk, const StageMessage& input) override;
+  StageMessage backward(int micro_batch, int chunk, const StageMessage& output_grad) override;
+  StageMessage receive_buffer(TransferKind kind, int micro_batch, int chunk) override;
 
  private:
+  // A message's side: the sums, or undefined without them.
+  Tensor side_of(const RoutingSums& sums) const;
   Device& dev_;
   const std::vector<std::unique_ptr<Transformer>>& chunks_;
   const std::vector<MicroBatchInput>& inputs_;
@@ -65,6 +73,8 @@ class ChunkStages : public PipelineStages {
   double ce_tokens_;
   OverlappedGradReduce* reducer_;
   ForwardDone forward_done_;
+  bool routing_sums_;
+  int num_experts_;
   // [chunk][micro-batch]: what a forward saved for its backward.
   std::vector<std::vector<Transformer::Activations>> stashed_;
 };

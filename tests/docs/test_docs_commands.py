@@ -354,8 +354,6 @@ BLOCKS = {
     ("docs/planning.md", "switchyard plan RECIPE"): Synopsis(),
     ("docs/planning.md", "$ build/engine/cli/switchyard plan recipes/mixtral-8x7b.textproto "
                          "--world 64 --device-memory 80GiB\n"): Session(),
-    ("docs/planning.md", "$ build/engine/cli/switchyard plan recipes/mixtral-8x7b.textproto "
-                         "--world 64 --device-memory 80GiB --set"): Session(),
     # docs/launch.md
     ("docs/launch.md", "model: 1.10M parameters"): Output(
         "the start-up lines of README's 4-rank mpirun run (the Slurm job is skipped)",

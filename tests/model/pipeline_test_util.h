@@ -85,7 +85,8 @@ inline void perturb_norms(ParamStore& params) {
 
 // The recipes every pipeline model test runs: dense and MoE layers, recomputation,
 // latent attention, documents, GShard's random dispatch and a capacity with the
-// sequence-wise aux loss.
+// sequence-wise aux loss; and transformers' aux loss over all layers together, whose sums
+// the chunks carry.
 inline const Case kCases[] = {
     {"dense_moe", "first_dense_layers: 1 qk_norm: true",
      "num_experts: 4 top_k: 2 gating: TOPK_SOFTMAX aux_loss_coef: 0.1 z_loss_coef: 0.01 "
@@ -113,6 +114,11 @@ inline const Case kCases[] = {
      "num_experts: 4 top_k: 2 gating: GSHARD_TOP2 capacity_factor: 1.0 aux_loss_coef: 0.1 "
      "aux_loss_per_layer: true z_loss_coef: 0.01 seq_aux_loss_coef: 0.01",
      "", false},
+    {"all_layer_aux", "first_dense_layers: 1",
+     "num_experts: 4 top_k: 2 aux_loss_coef: 0.1 z_loss_coef: 0.01", "recompute: FULL", false},
+    {"all_layer_gshard", "",
+     "num_experts: 4 top_k: 2 gating: GSHARD_TOP2 capacity_factor: 1.0 aux_loss_coef: 0.1",
+     "", true},
 };
 
 }  // namespace switchyard::pipeline_test

@@ -29,6 +29,7 @@ float input(int micro_batch, int j) { return (30 * micro_batch - 20 * j + 10) / 
 
 struct Saved {
   std::vector<float> x, y;
+  float side = 0;  // the side this chunk's forward sent on (ToyStages)
 };
 
 // Not inlined, here or in backward: one compiled body serves the executor and the
@@ -52,36 +53,55 @@ struct Saved {
   return dx;
 }
 
+// Odd micro-batches carry a side with each message: forward, the sum of (100 i + k) over
+// the model chunks k run so far; backward, the sum over all of them, from the last chunk.
+bool has_side(int micro_batch) { return micro_batch % 2 == 1; }
+float side_total(int micro_batch, int chunks) {
+  return static_cast<float>(100 * micro_batch * chunks + chunks * (chunks - 1) / 2);
+}
+
 class ToyStages final : public PipelineStages {
  public:
   ToyStages(const PipelineShape& shape, int rank)
       : shape_(shape), rank_(rank), grads_(shape.virtual_chunks, std::vector<float>(kWidth)) {}
 
-  Tensor forward(int micro_batch, int chunk, const Tensor& in) override {
+  StageMessage forward(int micro_batch, int chunk, const StageMessage& in) override {
     const int k = shape_.model_chunk(rank_, chunk);
     Saved& saved = saved_[{micro_batch, chunk}];
     if (k == 0) {
       for (int j = 0; j < kWidth; ++j) saved.x.push_back(input(micro_batch, j));
     } else {
-      saved.x = testing::values_of<float>(in);
+      saved.x = testing::values_of<float>(in.tensor);
     }
     saved.y = chunk_forward(k, saved.x);
-    return testing::tensor_of<float>(saved.y, {kWidth});
+    const Tensor y = testing::tensor_of<float>(saved.y, {kWidth});
+    if (!has_side(micro_batch)) return y;
+    const float before = k == 0 ? 0.0f : testing::values_of<float>(in.side).at(0);
+    saved.side = before + static_cast<float>(100 * micro_batch + k);
+    return {y, testing::tensor_of<float>({saved.side}, {1})};
   }
 
-  Tensor backward(int micro_batch, int chunk, const Tensor& output_grad) override {
+  StageMessage backward(int micro_batch, int chunk, const StageMessage& output_grad) override {
     const int k = shape_.model_chunk(rank_, chunk);
+    const bool last = k + 1 == shape_.num_chunks();
     auto it = saved_.find({micro_batch, chunk});
     EXPECT_NE(it, saved_.end());
     const std::vector<float> dy =
-        k + 1 == shape_.num_chunks() ? it->second.y : testing::values_of<float>(output_grad);
+        last ? it->second.y : testing::values_of<float>(output_grad.tensor);
     const std::vector<float> dx = chunk_backward(k, it->second, dy, grads_[chunk]);
+    const float total = it->second.side;
     saved_.erase(it);
-    return testing::tensor_of<float>(dx, {kWidth});
+    const Tensor grad = testing::tensor_of<float>(dx, {kWidth});
+    if (!has_side(micro_batch)) return grad;
+    const float carried = last ? total : testing::values_of<float>(output_grad.side).at(0);
+    EXPECT_EQ(carried, side_total(micro_batch, shape_.num_chunks()))
+        << "micro-batch " << micro_batch;
+    return {grad, testing::tensor_of<float>({carried}, {1})};
   }
 
-  Tensor receive_buffer(TransferKind, int, int) override {
-    return Tensor::empty({kWidth}, DType::kF32);
+  StageMessage receive_buffer(TransferKind, int micro_batch, int) override {
+    return {Tensor::empty({kWidth}, DType::kF32),
+            has_side(micro_batch) ? Tensor::empty({1}, DType::kF32) : Tensor()};
   }
 
   const std::vector<float>& grad(int chunk) const { return grads_[chunk]; }

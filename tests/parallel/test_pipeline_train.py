@@ -20,8 +20,12 @@ from safetensors.numpy import load_file
 import test_train_equivalence as layouts
 from test_train_equivalence import COMMON, ENV, RECIPE, SWITCHYARD, mpirun
 
-# The per-layer aux loss: the all-layer formula couples every stage's routing.
+# tiny's aux loss per layer; ALL_LAYER below takes transformers' formula instead.
 PIPELINE_COMMON = [*COMMON, "--set", "moe.aux_loss_per_layer=true"]
+# Transformers' aux loss over all layers together (the transformers-parity recipes'): each
+# activation carries the routing sums through its chunk and each gradient the whole
+# model's, so every router's gradient is one process's.
+ALL_LAYER = ["--set", "moe.aux_loss_per_layer=false"]
 
 
 def uneven_recipe(tmp_path, layers):
@@ -112,6 +116,61 @@ def test_interleaved_uneven_stages_match_one_process(tmp_path, single_nine_layer
                                             "--set", "parallel.virtual_pipeline_size=2"],
                        recipe=recipe)
     assert_run_matches(run_dir, single_nine_layers, loss_rtol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def single_all_layer(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("single_all"), "run", 1, ALL_LAYER)[0]
+
+
+@pytest.mark.parametrize("schedule", ["GPIPE", "ONE_F_ONE_B"])
+def assert_aux_losses_equal(run_dir, single_dir):
+    mine, theirs = logged_steps(run_dir), logged_steps(single_dir)
+    assert mine[0]["aux_loss"] > 0
+    assert [m["aux_loss"] for m in mine] == [m["aux_loss"] for m in theirs]
+
+
+# The aux loss is the last stage's, from sums added in one process's order, and the
+# weights are one process's: both bit for bit. The loss adds the first stage's z-loss
+# term apart from the last stage's aux and z terms, another order than one process's
+# (an ulp): 1e-12.
+@pytest.mark.parametrize("schedule", ["GPIPE", "ONE_F_ONE_B"])
+def test_all_layer_aux_loss_on_two_stages_matches_one_process(tmp_path, single_all_layer,
+                                                              schedule):
+    run_dir, _ = train(tmp_path, "run", 2, [*ALL_LAYER,
+                                            "--set", "parallel.pipeline_parallel_size=2",
+                                            "--set", f"parallel.pipeline_schedule={schedule}"])
+    assert_run_matches(run_dir, single_all_layer, loss_rtol=1e-12)
+    assert_aux_losses_equal(run_dir, single_all_layer)
+
+
+def test_all_layer_aux_loss_on_interleaved_uneven_stages_matches_one_process(tmp_path):
+    nine = ["--set", "model.num_layers=9", *ALL_LAYER]
+    single, _ = train(tmp_path, "single", 1, nine)
+    recipe = uneven_recipe(tmp_path, [2, 1, 1, 1, 1, 1, 1, 1])
+    run_dir, _ = train(tmp_path, "run", 4, [*nine, "--set", "parallel.pipeline_parallel_size=4",
+                                            "--set", "parallel.virtual_pipeline_size=2"],
+                       recipe=recipe)
+    assert_run_matches(run_dir, single, loss_rtol=1e-12)
+    assert_aux_losses_equal(run_dir, single)
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["--set", "parallel.expert_parallel_size=2", "--set", "parallel.zero_stage=1"],
+], ids=["pp2xdp2", "pp2xdp2xep2-zero1"])
+def test_all_layer_aux_loss_with_replicas_matches_one_process(tmp_path, single_all_layer,
+                                                               overrides):
+    # Mixtral's shape of recipe: each replica carries its own micro-batches' sums; the
+    # replicas' gradients add up to the data-parallel layouts' tolerances.
+    run_dir, _ = train(tmp_path, "run", 4, [*ALL_LAYER,
+                                            "--set", "parallel.pipeline_parallel_size=2",
+                                            *overrides])
+    def losses(steps):
+        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
+    layouts.assert_run_matches(losses(logged_steps(run_dir)), final_weights(run_dir),
+                               losses(logged_steps(single_all_layer)),
+                               final_weights(single_all_layer))
 
 
 @pytest.mark.parametrize("overrides", [
