@@ -137,7 +137,8 @@ __global__ void gshard_dispatch_kernel(const int32_t* expert_ids, const float* w
 }
 
 // With renormalisation w_j = p_j / S, so dp_j = (dw_j - sum_i dw_i w_i) / S on the selected
-// experts and 0 elsewhere; then dlogit = p * (dp - sum(p * dp)).
+// experts and 0 elsewhere; then dlogit = p * (dp - sum(p * dp)). An expert id of -1 (no
+// expert) is skipped, as on the CPU.
 __global__ void gating_backward_kernel(const float* probs, const int32_t* expert_ids,
                                        const float* dweights, float* dlogits, int64_t n,
                                        int64_t num_experts, int k, bool renormalize) {
@@ -149,15 +150,18 @@ __global__ void gating_backward_kernel(const float* probs, const int32_t* expert
     float sum_p = 0.0f;
     float sum_dw_p = 0.0f;
     for (int j = 0; j < k; ++j) {
+      if (ids[j] < 0) continue;
       sum_p += p[ids[j]];
       sum_dw_p += dw[j] * p[ids[j]];
     }
     const float a = renormalize ? 1.0f / sum_p : 1.0f;
     const float b = renormalize ? -sum_dw_p / (sum_p * sum_p) : 0.0f;
     float p_dot_dp = 0.0f;
-    for (int j = 0; j < k; ++j) p_dot_dp += p[ids[j]] * (a * dw[j] + b);
+    for (int j = 0; j < k; ++j)
+      if (ids[j] >= 0) p_dot_dp += p[ids[j]] * (a * dw[j] + b);
     for (int64_t e = 0; e < num_experts; ++e) dl[e] = -p[e] * p_dot_dp;
-    for (int j = 0; j < k; ++j) dl[ids[j]] = p[ids[j]] * (a * dw[j] + b - p_dot_dp);
+    for (int j = 0; j < k; ++j)
+      if (ids[j] >= 0) dl[ids[j]] = p[ids[j]] * (a * dw[j] + b - p_dot_dp);
   }
 }
 
@@ -173,7 +177,7 @@ __global__ void sigmoid_gating_forward_kernel(const float* logits, const float* 
 }
 
 // As the CPU: ds_i = c (dw_i - sum_j dw_j s_j / (S + eps)) / (S + eps) renormalised, else
-// c dw_i, on the chosen experts; dlogit = ds s (1 - s).
+// c dw_i, on the chosen experts (an id of -1 skipped); dlogit = ds s (1 - s).
 __global__ void sigmoid_gating_backward_kernel(const float* scores, const int32_t* expert_ids,
                                                const float* dweights, float* dlogits, int64_t n,
                                                int64_t num_experts, SigmoidGating g) {
@@ -184,12 +188,14 @@ __global__ void sigmoid_gating_backward_kernel(const float* scores, const int32_
     float* dl = dlogits + r * num_experts;
     float total = 0.0f, dw_dot_s = 0.0f;
     for (int j = 0; j < g.k; ++j) {
+      if (ids[j] < 0) continue;
       total += s[ids[j]];
       dw_dot_s += dw[j] * s[ids[j]];
     }
     const float denominator = total + 1e-20f;
     for (int64_t e = 0; e < num_experts; ++e) dl[e] = 0.0f;
     for (int j = 0; j < g.k; ++j) {
+      if (ids[j] < 0) continue;
       const float ds = g.renormalize ? g.scaling * (dw[j] - dw_dot_s / denominator) / denominator
                                      : g.scaling * dw[j];
       const float si = s[ids[j]];

@@ -29,7 +29,8 @@ void router_forward(const float* logits, float* probs, int32_t* expert_ids, floa
 // Rng::uniform_at(seed, first_draw + t), as the CPU does.
 void gshard_dispatch_ids(const int32_t* expert_ids, const float* weights, int64_t n, uint64_t seed,
                          uint64_t first_draw, int32_t* dispatch_ids, cudaStream_t stream);
-// dweights: (n, k) -> dlogits: (n, E) written, the selection held fixed.
+// dweights: (n, k) -> dlogits: (n, E) written, the selection held fixed (ids of -1
+// skipped).
 void gating_backward(const float* probs, const int32_t* expert_ids, const float* dweights,
                      float* dlogits, int64_t n, int64_t num_experts, int k, bool renormalize,
                      cudaStream_t stream);
@@ -38,7 +39,8 @@ void gating_backward(const float* probs, const int32_t* expert_ids, const float*
 void sigmoid_gating_forward(const float* logits, const float* bias, float* scores,
                             int32_t* expert_ids, float* weights, int64_t n, int64_t num_experts,
                             const SigmoidGating& g, cudaStream_t stream);
-// dweights: (n, k) -> dlogits: (n, E) written, the selection held fixed.
+// dweights: (n, k) -> dlogits: (n, E) written, the selection held fixed (ids of -1
+// skipped).
 void sigmoid_gating_backward(const float* scores, const int32_t* expert_ids,
                              const float* dweights, float* dlogits, int64_t n,
                              int64_t num_experts, const SigmoidGating& g, cudaStream_t stream);

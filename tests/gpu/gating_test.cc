@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "engine/runtime/rng.h"
@@ -210,6 +211,57 @@ TEST(GatingGpu, SigmoidRouterMatchesCpu) {
   round_robin_routing(gpu, 17, 8, gids, gweights);
   EXPECT_TRUE(all_equal(gids, ids));
   EXPECT_TRUE(all_equal(gweights, weights));
+}
+
+// `ids` with slots of expert id -1 (no expert): row r's slot r mod (k + 1), so some rows
+// keep every slot, others lose one, row 0 its first; and every slot of row 1.
+Tensor with_no_expert_slots(const Tensor& ids) {
+  const int64_t k = ids.dim(1);
+  std::vector<int32_t> holed = testing::values_of<int32_t>(ids);
+  for (int64_t r = 0; r < ids.dim(0); ++r)
+    if (r % (k + 1) < k) holed[r * k + r % (k + 1)] = -1;
+  if (ids.dim(0) > 1) std::fill_n(holed.begin() + k, k, -1);
+  return host_tensor(ids.shape(), holed);
+}
+
+// Slots of expert id -1 select nothing on the GPU as on the CPU, and reach no other row.
+TEST(GatingGpu, BackwardSkipsNoExpertSlotsAsTheCpu) {
+  CudaDevice gpu(0);
+  const int64_t n = 257, experts = 16;
+  const Tensor logits = router_logits(n, experts, 13);
+  for (const int k : {1, 3}) {
+    for (bool renormalize : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "softmax top-" << k
+                                        << (renormalize ? ", renormalized" : ""));
+      Tensor probs = Tensor::empty({n, experts});
+      Tensor ids = Tensor::empty({n, k}, DType::kI32);
+      Tensor weights = Tensor::empty({n, k});
+      gating_forward(cpu_device(), logits, k, renormalize, probs, ids, weights);
+      const Tensor holed = with_no_expert_slots(ids);
+      const Tensor dweights = random_tensor({n, k}, 14);
+      Tensor dlogits = Tensor::empty({n, experts});
+      gating_backward(cpu_device(), probs, holed, dweights, renormalize, dlogits);
+      Tensor gdlogits = poisoned(gpu, {n, experts});
+      gating_backward(gpu, to_device(gpu, probs), to_device(gpu, holed), to_device(gpu, dweights),
+                      renormalize, gdlogits);
+      EXPECT_TRUE(all_close(gdlogits, dlogits, kTol));
+    }
+  }
+  const SigmoidGating g{.k = 4, .renormalize = true, .scaling = 2.5f, .num_groups = 4,
+                        .top_groups = 2};
+  const Tensor bias = random_tensor({experts}, 15, -0.005, 0.005);
+  Tensor scores = Tensor::empty({n, experts});
+  Tensor ids = Tensor::empty({n, g.k}, DType::kI32);
+  Tensor weights = Tensor::empty({n, g.k});
+  sigmoid_gating_forward(cpu_device(), logits, bias, g, scores, ids, weights);
+  const Tensor holed = with_no_expert_slots(ids);
+  const Tensor dweights = random_tensor({n, g.k}, 16);
+  Tensor dlogits = Tensor::empty({n, experts});
+  sigmoid_gating_backward(cpu_device(), scores, holed, dweights, g, dlogits);
+  Tensor gdlogits = poisoned(gpu, {n, experts});
+  sigmoid_gating_backward(gpu, to_device(gpu, scores), to_device(gpu, holed),
+                          to_device(gpu, dweights), g, gdlogits);
+  EXPECT_TRUE(all_close(gdlogits, dlogits, kTol));
 }
 
 // Expert choice against the CPU: the same tokens taken (probabilities far apart per
