@@ -99,6 +99,7 @@ absl::Status read_yarn(const JsonFields& rope, const std::string& key, config::M
 // RoPE, or YaRN for DeepSeek-V3. Reads max_position_embeddings first.
 absl::Status read_rope(const JsonFields& c, Family family, config::ModelConfig& model) {
   SY_ASSIGN_OR_RETURN(const float theta, float_or(c, "rope_theta", 10000.0));
+  model.set_rope_theta(theta);
   const char* key = c.has("rope_scaling") ? "rope_scaling"
                     : c.has("rope_parameters") ? "rope_parameters"
                                                 : nullptr;

@@ -47,6 +47,21 @@ TEST(HfConfig, ValidConfigGivesItsRecipe) {
   EXPECT_EQ(recipe->moe().expert_ffn_hidden_size(), 256);
 }
 
+// The RoPE base of a 4.x config is its top-level rope_theta; a 5.x rope_parameters'
+// rope_theta takes its place.
+TEST(HfConfig, RopeThetaFromEitherPlace) {
+  const auto top_level =
+      recipe_from_hf_config_text(with("rope_theta", 1e6).dump(), "config.json", "m");
+  ASSERT_TRUE(top_level.ok()) << top_level.status();
+  EXPECT_EQ(top_level->model().rope_theta(), 1e6f);
+  nlohmann::json nested = mixtral_config();
+  nested.erase("rope_theta");
+  nested["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5e5}};
+  const auto from_parameters = recipe_from_hf_config_text(nested.dump(), "config.json", "m");
+  ASSERT_TRUE(from_parameters.ok()) << from_parameters.status();
+  EXPECT_EQ(from_parameters->model().rope_theta(), 5e5f);
+}
+
 TEST(HfConfig, WrongTypesNullsAndMissingFieldsNamed) {
   EXPECT_EQ(error_of(with("hidden_size", "128")),
             "config.json: field hidden_size must be an integer in [1, 2147483647]");
