@@ -44,11 +44,10 @@ config::Recipe recipe_of(const Case& c) {
   return recipe;
 }
 
-class ModelChunkTest : public ::testing::TestWithParam<Case> {};
-
-TEST_P(ModelChunkTest, ChunksGiveTheWholeModelBitForBit) {
-  const config::Recipe recipe = recipe_of(GetParam());
-  const pipeline_test::MicroBatch mb = pipeline_test::micro_batch(7, GetParam().documents);
+// Runs `recipe` whole and as `split`, chunk after chunk, and compares them.
+void expect_chunks_give_the_whole_model(const config::Recipe& recipe, bool documents,
+                                        const std::vector<ModelChunk>& split) {
+  const pipeline_test::MicroBatch mb = pipeline_test::micro_batch(7, documents);
   const Rng rng(21);
 
   Built whole = build(recipe, {});
@@ -57,7 +56,7 @@ TEST_P(ModelChunkTest, ChunksGiveTheWholeModelBitForBit) {
   whole.model->backward(cpu_device(), 0.5f);
 
   std::vector<Built> chunks;
-  for (const ModelChunk& c : kChunks) chunks.push_back(build(recipe, c));
+  for (const ModelChunk& c : split) chunks.push_back(build(recipe, c));
   Tensor hidden;
   RoutingSums sums;
   LossParts sum;
@@ -114,6 +113,21 @@ TEST_P(ModelChunkTest, ChunksGiveTheWholeModelBitForBit) {
   }
   EXPECT_EQ(held.size(), whole.params->params().size());
   for (const auto& [name, count] : held) EXPECT_EQ(count, 1) << name;
+}
+
+class ModelChunkTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ModelChunkTest, ChunksGiveTheWholeModelBitForBit) {
+  expect_chunks_give_the_whole_model(recipe_of(GetParam()), GetParam().documents, kChunks);
+}
+
+// A first chunk of dense layers only starts the all-layer sums at zero and passes the
+// whole model's back untouched.
+TEST(ModelChunk, ADenseChunkPassesTheAllLayerSumsOn) {
+  config::Recipe recipe = recipe_of(pipeline_test::kCases[6]);
+  ASSERT_FALSE(recipe.moe().aux_loss_per_layer());
+  recipe.mutable_model()->set_first_dense_layers(2);
+  expect_chunks_give_the_whole_model(recipe, false, {{0, 2}, {2, 1}, {3, 2}});
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelChunkTest,
