@@ -171,7 +171,9 @@ double recompute_flops_per_token(const config::Recipe& r, const ModelStats& stat
   const double layers = m.num_layers();
   if (r.train().recompute() == config::FULL) {
     const double head = 2.0 * static_cast<double>(m.vocab_size()) * m.hidden_size();
-    const double recomputed = r.train().recompute_layers() > 0 ? r.train().recompute_layers() : layers;
+    int recomputed = 0;
+    for (int chunk : config::pipeline_chunk_layers(r))
+      for (int j = 0; j < chunk; ++j) recomputed += config::recomputes_layer(r.train(), j);
     return (stats.forward_flops_per_token - head) * recomputed / layers;
   }
   if (r.train().recompute() != config::SELECTIVE) return 0;

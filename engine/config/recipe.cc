@@ -786,6 +786,11 @@ std::vector<int> pipeline_chunk_layers(const Recipe& recipe) {
   return split;
 }
 
+bool recomputes_layer(const TrainConfig& train, int index_in_chunk) {
+  return train.recompute() == FULL &&
+         (train.recompute_layers() == 0 || index_in_chunk < train.recompute_layers());
+}
+
 bool is_moe_layer(const Recipe& recipe, int layer) {
   const int32_t interval = effective_moe_layer_interval(recipe);
   return interval > 0 && layer >= recipe.model().first_dense_layers() &&

@@ -77,6 +77,12 @@ PipelineSchedule effective_pipeline_schedule(const ParallelConfig& parallel);
 // a validated recipe.
 std::vector<int> pipeline_chunk_layers(const Recipe& recipe);
 
+// Whether train.recompute FULL keeps only the input of the layer at `index_in_chunk`
+// (0-based) of its model chunk: every layer, or with train.recompute_layers N the first N
+// of each chunk (of each pipeline stage, when it holds one chunk; of the model without
+// pipeline stages).
+bool recomputes_layer(const TrainConfig& train, int index_in_chunk);
+
 // Whether decoder layer `layer` (0-based) is an MoE layer, per
 // model.moe_layer_interval and model.first_dense_layers.
 bool is_moe_layer(const Recipe& recipe, int layer);

@@ -282,12 +282,6 @@ Tensor Transformer::block_forward(Device& dev, Block& b, const Tensor& x, Pass p
   return f;
 }
 
-bool Transformer::recomputes_layer(int layer) const {
-  const config::TrainConfig& train = recipe_.train();
-  return train.recompute() == config::FULL &&
-         (train.recompute_layers() == 0 || layer < train.recompute_layers());
-}
-
 void Transformer::recompute_block(Device& dev, Block& b, const Tensor& rope) {
   RouterStats counted_apart;
   counted_apart.begin(dev, b.moe ? 1 : 0);
@@ -349,7 +343,7 @@ Tensor Transformer::blocks_forward(Device& dev, Tensor x, Pass pass, const Rng& 
     Block& b = *blocks_[i];
     const int layer = first_layer_ + static_cast<int>(i);
     acquire({1 + layer});
-    b.input_only = pass == Pass::kTrain && recomputes_layer(layer);
+    b.input_only = pass == Pass::kTrain && config::recomputes_layer(recipe_.train(), static_cast<int>(i));
     // Each layer's own stream of the micro-batch's, whichever chunk runs it.
     b.rng = rng.fork(static_cast<uint64_t>(layer));
     Rng stream = b.rng;

@@ -205,8 +205,6 @@ class Transformer {
   // modules, and returns its output.
   Tensor block_forward(Device& dev, Block& block, const Tensor& x, Pass pass, Rng& rng,
                        const Tensor& rope, RouterStats& stats);
-  // Whether the training forward keeps only block `layer`'s input (train.recompute FULL).
-  bool recomputes_layer(int layer) const;
   // Full recomputation: the block's forward again from its saved input and random state,
   // with its routing counted apart, so that its backward finds what it reads.
   void recompute_block(Device& dev, Block& block, const Tensor& rope);

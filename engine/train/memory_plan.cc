@@ -239,13 +239,6 @@ Live moe_backward(const StepShape& s, double recomputed) {
   return larger(Live{routed} + larger(exchange, router), {shared_peak});
 }
 
-// Whether the training forward keeps only layer `i`'s input (Transformer::recomputes_layer).
-bool recomputes_layer(const config::Recipe& recipe, int i) {
-  const config::TrainConfig& train = recipe.train();
-  return train.recompute() == config::FULL &&
-         (train.recompute_layers() == 0 || i < train.recompute_layers());
-}
-
 // The layers [first, first + layers) of one model chunk, and whether it embeds the
 // tokens (the first chunk) and ends in the final norm, head and loss (the last).
 struct ChunkSpan {
@@ -283,7 +276,7 @@ ChunkPass chunk_pass(const config::Recipe& recipe, const StepShape& s, const Chu
     const bool moe = config::is_moe_layer(recipe, i);
     moe_layers += moe;
     saved[i - span.first] = block + (moe ? moe_saved(s) : dense_ffn_saved(s));
-    kept[i - span.first] = recomputes_layer(recipe, i)
+    kept[i - span.first] = config::recomputes_layer(recipe.train(), i - span.first)
                                ? x
                                : saved[i - span.first] - core_again - (moe ? experts_again : 0);
   }
@@ -308,7 +301,7 @@ ChunkPass chunk_pass(const config::Recipe& recipe, const StepShape& s, const Chu
   held += (span.head ? x : 0) + moe_layers * s.experts * 4;
   for (int i = end - 1; i >= span.first; --i) {
     const bool moe = config::is_moe_layer(recipe, i);
-    const bool whole = recomputes_layer(recipe, i);
+    const bool whole = config::recomputes_layer(recipe.train(), i - span.first);
     const int j = i - span.first;
     if (whole) held += saved[j] - kept[j];
     const double experts = moe && !whole ? experts_again : 0;

@@ -106,6 +106,18 @@ def test_gshard_with_a_capacity_matches_one_process_bit_for_bit(tmp_path):
     assert_run_matches(staged, single, loss_rtol=0)
 
 
+def test_recomputing_each_stages_first_layer_matches_one_process(tmp_path):
+    # train.recompute_layers counts each stage's layers (layers 0 and 2 of 4 here); the
+    # recomputation replays the forward bit for bit. Two layers a stage add their aux
+    # losses in another order than one process (1e-12).
+    four = ["--set", "model.num_layers=4"]
+    single, _ = train(tmp_path, "single", 1, four)
+    staged, _ = train(tmp_path, "staged", 2, [*four, "--set", "parallel.pipeline_parallel_size=2",
+                                              "--set", "train.recompute=FULL",
+                                              "--set", "train.recompute_layers=1"])
+    assert_run_matches(staged, single, loss_rtol=1e-12)
+
+
 def test_interleaved_uneven_stages_match_one_process(tmp_path, single_nine_layers):
     # 4 stages x 2 chunks over 9 layers, the first chunk 2 of them. The weights are one
     # process's bit for bit; the reported aux loss and gradient norm add the stages'

@@ -179,6 +179,24 @@ TEST(MemoryPlanTest, PipelineStagesHoldTheirOwnLayers) {
   EXPECT_EQ(uneven[1].parameters, (layer + 128 + 131072) * 4);
 }
 
+// train.recompute_layers counts the layers of each chunk: with 2 stages of 2 layers,
+// recompute_layers 1 keeps only the input of layer 0 on the first stage and of layer 2 on
+// the second, so both stages hold less than without recomputation (counted from the
+// model's first layer, the second stage would recompute nothing).
+TEST(MemoryPlanTest, RecomputeLayersCountsEachStagesLayers) {
+  const std::vector<std::string> two = {"parallel.pipeline_parallel_size=2"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), two.begin(), two.end());
+    return plan(tiny(more), 2);
+  };
+  const std::vector<RankMemory> none = with({});
+  const std::vector<RankMemory> first = with({"train.recompute=FULL", "train.recompute_layers=1"});
+  ASSERT_EQ(first.size(), 2u);
+  for (int stage : {0, 1}) {
+    EXPECT_LT(first[stage].activations, none[stage].activations) << stage;
+  }
+}
+
 // The trainer's check: a stage's chunk registers only its layers, and the plan finds its
 // stage from them (the second of 2 stages: layers 2 and 3, the final norm and head).
 TEST(MemoryPlanTest, AChunksParametersTellItsStage) {
