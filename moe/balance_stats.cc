@@ -289,6 +289,7 @@ BalanceSummary summarize_balance(const BalanceCounts& c, int64_t hidden) {
     router.prob_sum_per_expert[e] = c.prob_sums[e];
   }
   router.routed_tokens = c.tokens;
+  router.all_layers = {router.selections_per_expert, router.prob_sum_per_expert, c.tokens};
   s.aux_loss = router.aux_loss(/*per_layer=*/false);
   s.z_loss = c.tokens > 0 ? c.z_sum / static_cast<double>(c.tokens) : 0.0;
 
