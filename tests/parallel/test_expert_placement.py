@@ -8,7 +8,6 @@ resumes under another.
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
-import shutil
 import subprocess
 
 import h5py
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from run_dirs import rewind
 from test_train_equivalence import (COMMON, ENV, LAYOUTS, RECIPE, SWITCHYARD,
                                     assert_run_matches, mpirun, train)
 
@@ -57,15 +57,6 @@ def test_capacity_over_a_tensor_parallel_group_follows_the_placement(tmp_path):
     ranks, overrides = LAYOUTS["tp2xep2"]
     losses, weights = train(tmp_path, "placed", ranks, overrides + capacity + placed(PLACEMENT))
     assert_run_matches(losses, weights, single_losses, single_weights)
-
-
-def rewind(run_dir, step):
-    """Makes step_<step> the newest checkpoint, as if the run had stopped there."""
-    checkpoints = run_dir / "checkpoints"
-    for entry in checkpoints.iterdir():
-        if entry.name.startswith("step_") and int(entry.name[5:]) > step:
-            shutil.rmtree(entry)
-    (checkpoints / "latest").write_text(f"step_{step}\n")
 
 
 def run(tmp_path, name, ranks, extra):

@@ -10,7 +10,6 @@ Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
 import pathlib
-import shutil
 import subprocess
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import test_train_equivalence as layouts
+from run_dirs import rewind
 from test_train_equivalence import COMMON, ENV, RECIPE, SWITCHYARD, mpirun
 
 # tiny's aux loss per layer; ALL_LAYER below takes transformers' formula instead.
@@ -292,15 +292,6 @@ def test_freeze_on_two_stages_of_two_replicas_matches_one_process(tmp_path, zero
     for name in reference:
         if ".self_attn." in name or "embed_tokens" in name:
             np.testing.assert_array_equal(weights[name], reference[name], err_msg=name)
-
-
-def rewind(run_dir, step):
-    """Makes step_<step> the newest checkpoint, as if the run had stopped there."""
-    checkpoints = run_dir / "checkpoints"
-    for entry in checkpoints.iterdir():
-        if entry.name.startswith("step_") and int(entry.name[5:]) > step:
-            shutil.rmtree(entry)
-    (checkpoints / "latest").write_text(f"step_{step}\n")
 
 
 @pytest.mark.parametrize("saved_by,resumed_by", [(2, 1), (1, 2)])
