@@ -10,6 +10,7 @@ Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
 import pathlib
+import shutil
 import subprocess
 
 import numpy as np
@@ -305,6 +306,38 @@ def test_a_checkpoint_resumes_across_pipeline_layouts(tmp_path, single_two_layer
     _, out = train(tmp_path, "run", resumed_by, pipeline(resumed_by))
     assert "(step 2)" in out and "resuming from" in out
     assert_run_matches(run_dir, single_two_layers, loss_rtol=0)
+
+
+@pytest.mark.parametrize("layout", [
+    ["--set", "parallel.pipeline_parallel_size=4"],
+    ["--set", "parallel.pipeline_parallel_size=2", "--set", "parallel.tensor_parallel_size=2",
+     "--set", "parallel.zero_stage=1"],
+    ["--set", "parallel.pipeline_parallel_size=2", "--set", "parallel.expert_parallel_size=2",
+     "--set", "parallel.zero_stage=3"],
+], ids=["pp4", "pp2xtp2-zero1", "pp2xdp2xep2-zero3"])
+def test_a_one_process_checkpoint_resumes_under_four_ranks(tmp_path, layout):
+    # A one-process run of 4 layers stopped after step 2 resumes under 4 ranks: 4 stages,
+    # or 2 stages with tensor parallelism, or with replicas, expert parallelism and ZeRO-3.
+    four = ["--set", "model.num_layers=4", "--set", "checkpoint.interval_steps=2"]
+    single, _ = train(tmp_path, "single", 1, four)
+    run_dir = tmp_path / "run"
+    shutil.copytree(single, run_dir)
+    rewind(run_dir, 2)
+    # As if it had stopped there: no final weights, no metrics past step 2.
+    shutil.rmtree(run_dir / "checkpoints" / "final")
+    metrics = run_dir / "metrics.jsonl"
+    kept = [l for l in metrics.read_text().splitlines() if json.loads(l).get("step", 0) <= 2]
+    metrics.write_text("".join(l + "\n" for l in kept))
+    _, out = train(tmp_path, "run", 4, [*four, *layout])
+    assert "(step 2)" in out and "resuming from" in out
+    if layout == ["--set", "parallel.pipeline_parallel_size=4"]:
+        # One layer a stage adds the aux losses in another order (1e-12).
+        assert_run_matches(run_dir, single, loss_rtol=1e-12)
+        return
+    def losses(steps):
+        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
+    layouts.assert_run_matches(losses(logged_steps(run_dir)), final_weights(run_dir),
+                               losses(logged_steps(single)), final_weights(single))
 
 
 def test_pipeline_final_weights_convert_to_hugging_face(tmp_path):
