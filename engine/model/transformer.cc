@@ -43,6 +43,7 @@ struct Transformer::Block {
   // Full recomputation: the forward kept only x, and the random state it started from.
   bool input_only = false;
   Rng rng;
+  int moe_before = 0;  // the model's MoE layers before this one
   // Drops what the block and its modules saved, but its input.
   void discard() {
     attn_rstd = attn_in = h = ffn_rstd = ffn_in = Tensor();
@@ -179,6 +180,7 @@ Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
     enter_unit(params, 1 + i);
     auto block = std::make_unique<Block>();
     block->eps = m.norm_eps();
+    for (int j = 0; j < i; ++j) block->moe_before += config::is_moe_layer(recipe, j);
     block->attn_norm = &params.add(prefix + "input_layernorm.weight", {hidden}, ShardSpec{},
                                    ParamInit::kOnes);
     block->attention = std::make_unique<Attention>(params, prefix + "self_attn.", m, tp_);
@@ -344,8 +346,10 @@ Tensor Transformer::blocks_forward(Device& dev, Tensor x, Pass pass, const Rng& 
     const int layer = first_layer_ + static_cast<int>(i);
     acquire({1 + layer});
     b.input_only = pass == Pass::kTrain && config::recomputes_layer(recipe_.train(), static_cast<int>(i));
-    // Each layer's own stream of the micro-batch's, whichever chunk runs it.
-    b.rng = rng.fork(static_cast<uint64_t>(layer));
+    // The micro-batch's stream where one process's earlier MoE layers leave it (GShard
+    // takes one number per token and layer), whichever chunk runs this one.
+    b.rng = Rng(rng.seed(), rng.counter() + static_cast<uint64_t>(x.rows()) *
+                                                static_cast<uint64_t>(b.moe_before));
     Rng stream = b.rng;
     x = block_forward(dev, b, x, pass, stream, rope, stats_);
     if (b.input_only) b.discard();

@@ -71,8 +71,10 @@ class Transformer {
   // doc_starts: undefined, or (batch, seq) i32 on the host for document-aware attention
   // (data.document_attention): where each position's document starts in its window;
   // positions then restart at each document and attention stays inside it.
-  // rng: the micro-batch's stream (GShard's random dispatch), left as it was: layer i
-  // draws from rng.fork(i), whichever chunk holds it.
+  // rng: the micro-batch's stream (GShard's random dispatch), left as it was: every MoE
+  // layer takes one number per token, layer after layer, so a layer's draws start after
+  // the model's earlier MoE layers' (counter + tokens x MoE layers before it), whichever
+  // chunk holds it.
   // window_tokens: undefined, or (batch) i32 on the host for padded windows (data.packing
   // PAD): the positions of each window holding text, from its first; the rest are
   // padding, which the MoE layers route nowhere (moe/moe_layer.h).
@@ -185,7 +187,7 @@ class Transformer {
                      const RoutingSums& before);
   // The embedding of ids_: (batch * seq, hidden) in the compute dtype.
   Tensor embed(Device& dev);
-  // The chunk's blocks on x, block i drawing from rng.fork(its layer).
+  // The chunk's blocks on x, each drawing where the model's earlier MoE layers leave rng.
   Tensor blocks_forward(Device& dev, Tensor x, Pass pass, const Rng& rng);
   // Final norm, LM head and cross-entropy of the last block's output; collects the
   // routing statistics. Returns the cross-entropy parts.

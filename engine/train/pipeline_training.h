@@ -33,7 +33,7 @@ std::vector<std::unique_ptr<Transformer>> build_model_chunks(const config::Recip
 // the last scores the targets).
 struct MicroBatchInput {
   Tensor ids, targets, doc_starts, window_tokens;  // as Transformer::forward takes them
-  Rng rng;  // GShard's draws: layer i takes rng.fork(i) whichever stage holds it
+  Rng rng;  // GShard's draws, the same for every stage (Transformer::forward)
 };
 
 // Whether stage messages carry the all-layer aux loss's routing sums (docs/pipeline.md):
