@@ -3,29 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "engine/config/recipe.h"
+#include "tests/config/parallel_recipe.h"
 
 namespace switchyard::config {
 namespace {
 
-constexpr char kRecipe[] = R"pb(
-  name: "placement"
-  model { vocab_size: 512 hidden_size: 64 num_layers: 2 num_heads: 4 moe_layer_interval: 1 }
-  moe { num_experts: 4 top_k: 2 expert_ffn_hidden_size: 128 }
-  optimizer { lr: 1e-3 }
-  train { global_batch_size: 8 micro_batch_size: 2 seq_len: 32 steps: 10 }
-  data { corpus: "corpus.txt" }
-)pb";
-
 Recipe recipe_with(const std::string& parallel) {
-  absl::StatusOr<Recipe> recipe =
-      parse_recipe(absl::StrCat(kRecipe, " parallel { ", parallel, " }"), "placement");
-  EXPECT_TRUE(recipe.ok()) << recipe.status();
-  return recipe.ok() ? *recipe : Recipe();
+  return testing::recipe_with_parallel("placement", /*num_layers=*/2, parallel);
 }
 
 TEST(ExpertPlacementRecipeTest, APermutationOverExpertParallelRanksIsValid) {
@@ -49,7 +36,7 @@ TEST(ExpertPlacementRecipeTest, SetTakesCommaSeparatedIntegers) {
 }
 
 TEST(ExpertPlacementRecipeTest, RefusesInOneLineNamingTheField) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
+  const std::vector<testing::ParallelRefusal> cases = {
       {"expert_parallel_size: 2 expert_placement: [0, 1, 2]",
        "parallel.expert_placement has 3 entries; it must list each of the moe.num_experts (4) "
        "experts once"},
@@ -65,13 +52,7 @@ TEST(ExpertPlacementRecipeTest, RefusesInOneLineNamingTheField) {
        "parallel.expert_placement places experts over expert-parallel ranks: it needs "
        "parallel.expert_parallel_size > 1"},
   };
-  for (const auto& [parallel, message] : cases) {
-    SCOPED_TRACE(parallel);
-    const absl::Status status = validate_recipe(recipe_with(parallel));
-    ASSERT_FALSE(status.ok());
-    EXPECT_NE(std::string(status.message()).find(message), std::string::npos) << status;
-    EXPECT_EQ(std::string(status.message()).find('\n'), std::string::npos);
-  }
+  testing::expect_parallel_refusals("placement", /*num_layers=*/2, cases);
 }
 
 }  // namespace

@@ -4,26 +4,14 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "engine/config/recipe.h"
+#include "tests/config/parallel_recipe.h"
 
 namespace switchyard::config {
 namespace {
 
-constexpr char kRecipe[] = R"pb(
-  name: "pipeline"
-  model { vocab_size: 512 hidden_size: 64 num_layers: 10 num_heads: 4 moe_layer_interval: 1 }
-  moe { num_experts: 4 top_k: 2 expert_ffn_hidden_size: 128 }
-  optimizer { lr: 1e-3 }
-  train { global_batch_size: 8 micro_batch_size: 2 seq_len: 32 steps: 10 }
-  data { corpus: "corpus.txt" }
-)pb";
-
 Recipe recipe_with(const std::string& parallel) {
-  absl::StatusOr<Recipe> recipe =
-      parse_recipe(absl::StrCat(kRecipe, " parallel { ", parallel, " }"), "pipeline");
-  EXPECT_TRUE(recipe.ok()) << recipe.status();
-  return recipe.ok() ? *recipe : Recipe();
+  return testing::recipe_with_parallel("pipeline", /*num_layers=*/10, parallel);
 }
 
 TEST(PipelineRecipeTest, DefaultsAreOneStageOneChunkAndOneFOneB) {
@@ -41,16 +29,16 @@ TEST(PipelineRecipeTest, DefaultsAreOneStageOneChunkAndOneFOneB) {
 TEST(PipelineRecipeTest, LayersSplitEvenlyOrAsListed) {
   EXPECT_EQ(pipeline_chunk_layers(recipe_with("pipeline_parallel_size: 4")),
             (std::vector<int>{3, 3, 2, 2}));
-  EXPECT_EQ(pipeline_chunk_layers(
-                recipe_with("pipeline_parallel_size: 2 virtual_pipeline_size: 2")),
-            (std::vector<int>{3, 3, 2, 2}));
+  EXPECT_EQ(
+      pipeline_chunk_layers(recipe_with("pipeline_parallel_size: 2 virtual_pipeline_size: 2")),
+      (std::vector<int>{3, 3, 2, 2}));
   const Recipe listed = recipe_with("pipeline_parallel_size: 2 pipeline_layers: [4, 6]");
   ASSERT_TRUE(validate_recipe(listed).ok()) << validate_recipe(listed);
   EXPECT_EQ(pipeline_chunk_layers(listed), (std::vector<int>{4, 6}));
 }
 
 TEST(PipelineRecipeTest, RefusesInOneLineNamingTheField) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
+  const std::vector<testing::ParallelRefusal> cases = {
       {"pipeline_parallel_size: -1", "parallel.pipeline_parallel_size (-1) must be >= 0"},
       {"virtual_pipeline_size: -2", "parallel.virtual_pipeline_size (-2) must be >= 0"},
       {"pipeline_parallel_size: 11",
@@ -66,18 +54,10 @@ TEST(PipelineRecipeTest, RefusesInOneLineNamingTheField) {
       {"pipeline_parallel_size: 2 pipeline_layers: [2147483647, 2147483647]",
        "parallel.pipeline_layers sum to 4294967294 layers"},
   };
-  for (const auto& [parallel, message] : cases) {
-    SCOPED_TRACE(parallel);
-    const absl::Status status = validate_recipe(recipe_with(parallel));
-    ASSERT_FALSE(status.ok());
-    EXPECT_NE(std::string(status.message()).find(message), std::string::npos) << status;
-    EXPECT_EQ(std::string(status.message()).find('\n'), std::string::npos);
-  }
-  absl::StatusOr<Recipe> tied = parse_recipe(
-      absl::StrCat(kRecipe, " parallel { pipeline_parallel_size: 2 }"), "tied");
-  ASSERT_TRUE(tied.ok());
-  tied->mutable_model()->set_tie_embeddings(true);
-  EXPECT_NE(std::string(validate_recipe(*tied).message())
+  testing::expect_parallel_refusals("pipeline", /*num_layers=*/10, cases);
+  Recipe tied = recipe_with("pipeline_parallel_size: 2");
+  tied.mutable_model()->set_tie_embeddings(true);
+  EXPECT_NE(std::string(validate_recipe(tied).message())
                 .find("model.tie_embeddings needs parallel.pipeline_parallel_size 1"),
             std::string::npos);
 }
