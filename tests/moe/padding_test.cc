@@ -12,23 +12,16 @@
 
 #include "engine/runtime/rng.h"
 #include "moe/moe_layer.h"
+#include "tests/moe/small_moe_layer.h"
 
 namespace switchyard {
 namespace {
 
-constexpr int kExperts = 4;
-constexpr int kTopK = 2;
-constexpr int64_t kHidden = 6;
+constexpr int kExperts = testing::kSmallLayerExperts;
+constexpr int64_t kHidden = testing::kSmallLayerHidden;
 constexpr int64_t kWindow = 6;
 // Sequence lengths: a short one, a full window, a two-token one and an empty document.
 const std::vector<int32_t> kRealTokens = {4, 6, 2, 0};
-
-Tensor random_tensor(const Shape& shape, uint64_t seed) {
-  Tensor t = Tensor::empty(shape, DType::kF32);
-  Rng rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(rng.normal());
-  return t;
-}
 
 // The real rows of a padded (sequences x kWindow, width) tensor, one after another.
 Tensor real_rows(const Tensor& padded) {
@@ -45,35 +38,14 @@ Tensor real_rows(const Tensor& padded) {
   return out;
 }
 
-struct LayerSetup {
-  config::ModelConfig model;
-  config::MoeConfig moe;
-};
-
-LayerSetup make_setup(config::Gating gating, float capacity_factor, float seq_aux_coef) {
-  LayerSetup s;
-  s.model.set_hidden_size(kHidden);
-  s.model.set_init_std(0.5f);
-  s.moe.set_num_experts(kExperts);
-  s.moe.set_top_k(kTopK);
-  s.moe.set_gating(gating);
-  s.moe.set_expert_ffn_hidden_size(3);
-  s.moe.set_routed_scaling_factor(1.0f);
-  s.moe.set_num_groups(1);
-  s.moe.set_top_groups(1);
-  s.moe.set_capacity_factor(capacity_factor);
-  s.moe.set_seq_aux_loss_coef(seq_aux_coef);
-  return s;
-}
-
 // One layer's forward and backward (aux and z losses weighted by 1) with its outputs.
 struct LayerRun {
   Tensor y, dx, router_grad, experts_grad;
   RouterStats stats;
 };
 
-LayerRun run_layer(const LayerSetup& setup, const Tensor& x, const Tensor& dy, int64_t seq_len,
-              std::span<const int32_t> real_tokens, float seq_aux_scale) {
+LayerRun run_layer(const testing::SmallLayerConfig& setup, const Tensor& x, const Tensor& dy,
+                   int64_t seq_len, std::span<const int32_t> real_tokens, float seq_aux_scale) {
   ParamStore params;
   MoeLayer layer(params, "mlp.", setup.model, setup.moe, nullptr);
   params.allocate(cpu_device());
@@ -106,10 +78,11 @@ class WholeBatchPaddingTest : public ::testing::TestWithParam<config::Gating> {}
 
 TEST_P(WholeBatchPaddingTest, PaddedBatchEqualsItsRealTokensAlone) {
   // Capacity factor 1 drops assignments, so capacity over the real tokens shows.
-  const LayerSetup setup = make_setup(GetParam(), /*capacity_factor=*/1.0f, /*seq_aux_coef=*/0);
+  const testing::SmallLayerConfig setup =
+      testing::small_layer_config(GetParam(), /*capacity_factor=*/1.0f, /*seq_aux_coef=*/0);
   const int64_t n = static_cast<int64_t>(kRealTokens.size()) * kWindow;
-  const Tensor x = random_tensor({n, kHidden}, 7);
-  const Tensor dy = random_tensor({n, kHidden}, 8);
+  const Tensor x = testing::normal_tensor({n, kHidden}, 7);
+  const Tensor dy = testing::normal_tensor({n, kHidden}, 8);
   const LayerRun padded = run_layer(setup, x, dy, kWindow, kRealTokens, 0);
   const LayerRun alone = run_layer(setup, real_rows(x), real_rows(dy), kWindow, {}, 0);
 
@@ -118,7 +91,9 @@ TEST_P(WholeBatchPaddingTest, PaddedBatchEqualsItsRealTokensAlone) {
   EXPECT_EQ(padded.stats.assignments, alone.stats.assignments);
   EXPECT_EQ(padded.stats.dropped_assignments, alone.stats.dropped_assignments);
   // The capacity binds (expert choice's is in its choice, which drops nothing more).
-  if (GetParam() != config::EXPERT_CHOICE) EXPECT_GT(alone.stats.dropped_assignments, 0);
+  if (GetParam() != config::EXPERT_CHOICE) {
+    EXPECT_GT(alone.stats.dropped_assignments, 0);
+  }
   EXPECT_EQ(padded.stats.selections_per_expert, alone.stats.selections_per_expert);
   for (int e = 0; e < kExperts; ++e)
     EXPECT_NEAR(padded.stats.prob_sum_per_expert[e], alone.stats.prob_sum_per_expert[e], 1e-5);
@@ -143,9 +118,10 @@ TEST_P(WholeBatchPaddingTest, PaddedBatchEqualsItsRealTokensAlone) {
 }
 
 TEST_P(PaddingTest, SequenceAuxLossTakesEachSequenceAtItsOwnLength) {
-  const LayerSetup setup = make_setup(GetParam(), /*capacity_factor=*/0, /*seq_aux_coef=*/1.0f);
+  const testing::SmallLayerConfig setup =
+      testing::small_layer_config(GetParam(), /*capacity_factor=*/0, /*seq_aux_coef=*/1.0f);
   const int64_t n = static_cast<int64_t>(kRealTokens.size()) * kWindow;
-  const Tensor x = random_tensor({n, kHidden}, 9);
+  const Tensor x = testing::normal_tensor({n, kHidden}, 9);
   const Tensor no_dy = Tensor::zeros({n, kHidden}, DType::kF32);
   const float scale = 0.5f;
   const LayerRun padded = run_layer(setup, x, no_dy, kWindow, kRealTokens, scale);
@@ -159,14 +135,14 @@ TEST_P(PaddingTest, SequenceAuxLossTakesEachSequenceAtItsOwnLength) {
     const int32_t t = kRealTokens[b];
     if (t == 0) continue;
     const int64_t first = static_cast<int64_t>(b) * kWindow;
-    const LayerRun alone = run_layer(setup, x.slice_rows(first, first + t),
-                                Tensor::zeros({t, kHidden}, DType::kF32), t, {},
-                                static_cast<float>(scale / sequences));
+    const LayerRun alone =
+        run_layer(setup, x.slice_rows(first, first + t), Tensor::zeros({t, kHidden}, DType::kF32),
+                  t, {}, static_cast<float>(scale / sequences));
     loss += alone.stats.seq_aux_loss / sequences;
     // run_layer adds the aux and z losses' gradients too: take the sequence-wise part
     // alone by running once more without it.
     const LayerRun no_seq = run_layer(setup, x.slice_rows(first, first + t),
-                                 Tensor::zeros({t, kHidden}, DType::kF32), t, {}, 0);
+                                      Tensor::zeros({t, kHidden}, DType::kF32), t, {}, 0);
     for (int64_t i = 0; i < router_grad.numel(); ++i)
       router_grad.data<float>()[i] +=
           alone.router_grad.data<float>()[i] - no_seq.router_grad.data<float>()[i];

@@ -16,24 +16,17 @@
 #include "engine/runtime/rng.h"
 #include "kernels/sequence_aux.h"
 #include "moe/moe_layer.h"
+#include "tests/moe/small_moe_layer.h"
 
 namespace switchyard {
 namespace {
 
-constexpr int kExperts = 4;
-constexpr int kTopK = 2;
-constexpr int64_t kHidden = 6;
+constexpr int kExperts = testing::kSmallLayerExperts;
+constexpr int kTopK = testing::kSmallLayerTopK;
+constexpr int64_t kHidden = testing::kSmallLayerHidden;
 constexpr int64_t kSeqLen = 5;
 constexpr int64_t kSequences = 3;
 constexpr int64_t kTokens = kSeqLen * kSequences;
-
-Tensor random_tensor(const Shape& shape, uint64_t seed, double scale = 1.0) {
-  Tensor t = Tensor::empty(shape, DType::kF32);
-  Rng rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.data<float>()[i] = static_cast<float>(scale * rng.normal());
-  return t;
-}
 
 // Probabilities that sum to 1 per row (normalize false) or sigmoid-like scores in (0, 1).
 Tensor random_scores(int64_t n, bool sum_to_one, uint64_t seed) {
@@ -106,24 +99,8 @@ TEST(SequenceAuxSums, MatchSumsTakenApartForEveryRowSplit) {
   }
 }
 
-struct LayerConfig {
-  config::ModelConfig model;
-  config::MoeConfig moe;
-};
-
-LayerConfig make_setup(config::Gating gating) {
-  LayerConfig s;
-  s.model.set_hidden_size(kHidden);
-  s.model.set_init_std(0.5f);
-  s.moe.set_num_experts(kExperts);
-  s.moe.set_top_k(kTopK);
-  s.moe.set_gating(gating);
-  s.moe.set_expert_ffn_hidden_size(3);
-  s.moe.set_routed_scaling_factor(1.0f);
-  s.moe.set_num_groups(1);
-  s.moe.set_top_groups(1);
-  s.moe.set_seq_aux_loss_coef(1.0f);
-  return s;
+testing::SmallLayerConfig make_setup(config::Gating gating) {
+  return testing::small_layer_config(gating, /*capacity_factor=*/0, /*seq_aux_loss_coef=*/1.0f);
 }
 
 // The loss computed apart in double from the router weights W (E, hidden) and the
@@ -164,12 +141,12 @@ class SequenceAuxLayerTest : public ::testing::TestWithParam<config::Gating> {};
 
 TEST_P(SequenceAuxLayerTest, LossAndRouterGradientMatchTheReference) {
   const bool sigmoid = GetParam() == config::SIGMOID_TOPK;
-  const LayerConfig setup = make_setup(GetParam());
+  const testing::SmallLayerConfig setup = make_setup(GetParam());
   ParamStore params;
   MoeLayer layer(params, "mlp.", setup.model, setup.moe, nullptr);
   params.allocate(cpu_device());
   params.initialize(21);
-  const Tensor x = random_tensor({kTokens, kHidden}, 22);
+  const Tensor x = testing::normal_tensor({kTokens, kHidden}, 22);
   RouterStats stats;
   stats.begin(cpu_device(), 1);
   Rng rng(1);
@@ -218,7 +195,7 @@ INSTANTIATE_TEST_SUITE_P(Gatings, SequenceAuxLayerTest,
 // A micro-batch stashed while another runs its forward and backward (pipeline schedules)
 // gets back its own sequence sums: its router gradient is the one it has alone.
 TEST(SequenceAuxLayer, StashKeepsEachMicroBatchsSums) {
-  const LayerConfig setup = make_setup(config::TOPK_SOFTMAX);
+  const testing::SmallLayerConfig setup = make_setup(config::TOPK_SOFTMAX);
   ParamStore params;
   MoeLayer layer(params, "mlp.", setup.model, setup.moe, nullptr);
   params.allocate(cpu_device());
@@ -239,8 +216,8 @@ TEST(SequenceAuxLayer, StashKeepsEachMicroBatchsSums) {
     router->grad.zero_();
     return g;
   };
-  const Tensor first = random_tensor({kTokens, kHidden}, 22);
-  const Tensor second = random_tensor({kTokens, kHidden}, 23, 3.0);
+  const Tensor first = testing::normal_tensor({kTokens, kHidden}, 22);
+  const Tensor second = testing::normal_tensor({kTokens, kHidden}, 23, 3.0);
   forward(first);
   layer.backward(cpu_device(), dy, no_aux, 0, 1.0f);
   const std::vector<float> alone = router_grad();
@@ -257,7 +234,7 @@ TEST(SequenceAuxLayer, StashKeepsEachMicroBatchsSums) {
 }
 
 TEST(SequenceAuxLayer, OffWithoutTheCoefficient) {
-  LayerConfig setup = make_setup(config::TOPK_SOFTMAX);
+  testing::SmallLayerConfig setup = make_setup(config::TOPK_SOFTMAX);
   setup.moe.set_seq_aux_loss_coef(0);
   ParamStore params;
   MoeLayer layer(params, "mlp.", setup.model, setup.moe, nullptr);
@@ -266,7 +243,8 @@ TEST(SequenceAuxLayer, OffWithoutTheCoefficient) {
   RouterStats stats;
   stats.begin(cpu_device(), 1);
   Rng rng(1);
-  layer.forward(cpu_device(), random_tensor({kTokens, kHidden}, 22), true, rng, stats, kSeqLen);
+  layer.forward(cpu_device(), testing::normal_tensor({kTokens, kHidden}, 22), true, rng, stats,
+                kSeqLen);
   stats.collect();
   EXPECT_EQ(stats.seq_aux_loss, 0.0);
   EXPECT_FALSE(stats.sequence_sums.defined());
