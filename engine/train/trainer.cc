@@ -539,13 +539,6 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
         "--extend-schedule continues the learning-rate schedule of a resumed run, but ",
         checkpoints_dir, " holds no checkpoint to resume: drop the flag to start afresh"));
 
-  // The terminal, metrics.jsonl and TensorBoard, on the reporting rank only.
-  RecordSinks records;
-  if (reporter) {
-    SY_ASSIGN_OR_RETURN(records, open_record_sinks(terminal, options.run_dir,
-                                                   resume_dir.empty() ? -1 : manifest.step()));
-  }
-
   set_cpu_threads(recipe.runtime().threads() > 0 ? recipe.runtime().threads()
                                                  : options.threads_per_rank);
   std::string device_error;
@@ -690,6 +683,14 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       zero_stage, dev.name(), working == DType::kBF16 ? "bf16" : "fp32", cpu_threads(),
       describe_training_data(sources)));
   sink.on_message(absl::StrCat("hosts: ", rank_hosts));
+  // The terminal, metrics.jsonl and TensorBoard, on the reporting rank only: opened once
+  // every refusal that the recipe or the checkpoint can cause has passed, so that a refused
+  // run writes nothing into the run directory.
+  RecordSinks records;
+  if (reporter) {
+    SY_ASSIGN_OR_RETURN(records, open_record_sinks(terminal, options.run_dir,
+                                                   resume_dir.empty() ? -1 : manifest.step()));
+  }
 
   const int64_t micro = tc.micro_batch_size();
   const int64_t accumulation = layout.micro_batches_per_step;
