@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from chat_dataset import prepare_chats
+
 SWITCHYARD = os.environ["SWITCHYARD"]
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny.textproto"
-CORPUS = ROOT / "data" / "corpus" / "tinyshakespeare.txt"
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 SEQ = 96
 SMALL = ["--set", "model.num_layers=2", "--set", f"train.seq_len={SEQ}",
@@ -44,17 +45,7 @@ def metrics(run_dir):
 def chat(tmp_path_factory):
     """Pairs of consecutive speeches as prompt and answer, prepared with the Mistral
     template: some conversations fit a window, some are longer."""
-    root = tmp_path_factory.mktemp("data")
-    run([SWITCHYARD, "data", "tokenizer", "--input", CORPUS, "--vocab-size", "1024",
-         "--out", root / "tok.model"])
-    paragraphs = [p for p in CORPUS.read_text().split("\n\n") if p.strip()][:300]
-    lines = [json.dumps({"prompt": paragraphs[i], "response": paragraphs[i + 1]})
-             for i in range(0, len(paragraphs) - 1, 2)]
-    (root / "chats.jsonl").write_text("\n".join(lines) + "\n")
-    run([SWITCHYARD, "data", "prepare", "--tokenizer", root / "tok.model",
-         "--input", root / "chats.jsonl", "--out", root / "chat", "--val-fraction", "0.2",
-         "--chat-template", ROOT / "data" / "templates" / "mistral.json"])
-    return root / "chat"
+    return prepare_chats(run, SWITCHYARD, tmp_path_factory.mktemp("data"), 300)
 
 
 def train(run_dir, chat, *extra):

@@ -9,6 +9,7 @@ Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,11 @@ import pytest
 from test_seq_aux_layouts import seq_aux_losses
 from test_train_equivalence import ENV, LAYOUTS, SWITCHYARD, assert_run_matches, train
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+from chat_dataset import prepare_chats  # noqa: E402
+
 PAD_LAYOUTS = {**LAYOUTS, "pp2": (2, ["--set", "parallel.pipeline_parallel_size=2"])}
 
-ROOT = Path(__file__).resolve().parents[2]
-CORPUS = ROOT / "data" / "corpus" / "tinyshakespeare.txt"
 # A capacity that drops assignments and the sequence-wise aux loss, with softmax routing
 # and its aux loss (per layer, which pipeline stages need), or sigmoid routing and its
 # bias update: padding would move each. Evaluation routes the padded windows too.
@@ -48,17 +50,8 @@ def val_losses(tmp_path, name):
 def padded(tmp_path_factory):
     """Pairs of speeches as prompt and answer with the Mistral template, trained one
     conversation per window: most are shorter than the window."""
-    root = tmp_path_factory.mktemp("data")
-    run([SWITCHYARD, "data", "tokenizer", "--input", CORPUS, "--vocab-size", "1024",
-         "--out", root / "tok.model"])
-    paragraphs = [p for p in CORPUS.read_text().split("\n\n") if p.strip()][:200]
-    lines = [json.dumps({"prompt": paragraphs[i], "response": paragraphs[i + 1]})
-             for i in range(0, len(paragraphs) - 1, 2)]
-    (root / "chats.jsonl").write_text("\n".join(lines) + "\n")
-    run([SWITCHYARD, "data", "prepare", "--tokenizer", root / "tok.model",
-         "--input", root / "chats.jsonl", "--out", root / "chat", "--val-fraction", "0.2",
-         "--chat-template", ROOT / "data" / "templates" / "mistral.json"])
-    return ["--set", "data.corpus=", "--set", f"data.dataset={root / 'chat'}",
+    chat = prepare_chats(run, SWITCHYARD, tmp_path_factory.mktemp("data"), 200)
+    return ["--set", "data.corpus=", "--set", f"data.dataset={chat}",
             "--set", "data.packing=PAD", "--set", "train.seq_len=96"] + ROUTING
 
 
