@@ -1,6 +1,8 @@
 // The entries of the op table (tests/ops/op_table.h), one per op.
 #include "tests/ops/op_table.h"
 
+#include "tests/ops/op_entries.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -71,32 +73,34 @@ double stored(double x, DType dtype) {
   return dtype == DType::kF32 ? static_cast<double>(static_cast<float>(x)) : x;
 }
 
-namespace {
-
-constexpr DType kF32 = DType::kF32;
-constexpr DType kBF16 = DType::kBF16;
-
-// Both operand dtypes of an op with two, in every combination.
 const std::vector<std::vector<DType>> kTwoDtypes = {
     {kF32, kF32}, {kF32, kBF16}, {kBF16, kF32}, {kBF16, kBF16}};
 const std::vector<std::vector<DType>> kOneDtype = {{kF32}, {kBF16}};
 
-// A host input of `shape` in `dtype`: uniform fractions in [lo, hi), or integers in
-// [lo, hi] for a case with integer inputs.
-Tensor input(const Shape& shape, DType dtype, uint64_t seed, const OpCase& c, double lo = -1.0,
-             double hi = 1.0) {
+Tensor input(const Shape& shape, DType dtype, uint64_t seed, const OpCase& c, double lo,
+             double hi) {
   const Tensor f = c.integers
                        ? integer_tensor(shape, seed, static_cast<int>(lo), static_cast<int>(hi))
                        : random_tensor(shape, seed, lo, hi);
   return to_dtype(f, dtype);
 }
 
-// The inputs of products and long sums: integers in [-4, 4], or fractions in [-1, 1),
-// whose f32 sums stay within the relative tolerance where they cancel.
 double value_range(const OpCase& c) { return c.integers ? 4 : 1; }
 
-// Writable copies of reference inputs, for templates that work in place.
 std::vector<double> copy(const std::vector<double>& v) { return v; }
+
+std::vector<int32_t> as_ids(const std::vector<double>& v) {
+  return std::vector<int32_t>(v.begin(), v.end());
+}
+
+Tensor expert_ids(int64_t n, int64_t k, int64_t experts, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> ids(n * k);
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng.below(experts + 1)) - 1;
+  return host_tensor({n, k}, ids);
+}
+
+namespace {
 
 // y += alpha x and x *= alpha, each from the same inputs. The largest size runs past one
 // grid of GPU blocks, through the grid-stride loops.
@@ -338,60 +342,98 @@ OpEntry rope() {
   return e;
 }
 
-// dims (batch, seq, heads, kv_heads, head_dim). Inputs q, k, v, dout and doc_starts: in
-// each window documents of 5, 1, 70, 3, 64, ... positions (cycling), so they end inside
-// and across the CPU's row blocks and the GPU's tiles. Results out, lse, dq, dk, dv.
-Tensor document_starts(int64_t batch, int64_t seq) {
-  const int64_t lengths[] = {5, 1, 70, 3, 64};
+// Causal attention with grouped KV heads, plain or over documents. dims (batch, seq,
+// heads, kv_heads, head_dim, documents): head_dim 64 and 128 (the GPU's two tile widths),
+// 40, 8 and 6 (zero-padded columns); seq 1, inside one tile and over several with a
+// partial last one; 2 query heads per KV head, all on one, or one each; no batch.
+// documents: none (0), or pattern d of kDocuments, cycled through each window from
+// another start, so documents end inside and across the CPU's row blocks and the GPU's
+// tiles (64 rows in bf16, 32 in f32), one of a single position among them, and whole key
+// tiles are skipped. Inputs q, k, v, dout (and doc_starts). Results out, lse, dq, dk, dv,
+// and the backward again: no atomics, so the same bits.
+const std::vector<int64_t> kDocuments[] = {
+    {}, {5, 1, 70, 3, 64}, {5, 1, 70, 3, 150}, {64, 1, 100, 31}, {1, 2, 3}};
+
+Tensor document_starts(int64_t batch, int64_t seq, const std::vector<int64_t>& lengths) {
+  const size_t n = lengths.size();
   std::vector<int32_t> starts;
   for (int64_t b = 0; b < batch; ++b) {
-    int64_t begin = 0, doc = b;  // each window starts at another length
+    int64_t begin = 0;
+    size_t doc = static_cast<size_t>(b);  // each window starts at another length
     for (int64_t i = 0; i < seq; ++i) {
-      if (i == begin + lengths[doc % 5]) begin += lengths[doc++ % 5];
+      if (i == begin + lengths[doc % n]) begin += lengths[doc++ % n];
       starts.push_back(static_cast<int32_t>(begin));
     }
   }
   return host_tensor({batch, seq}, starts);
 }
 
-OpEntry document_attention() {
+OpEntry attention() {
   OpEntry e;
-  e.name = "document_attention";
-  e.dims = {{2, 150, 4, 2, 6}, {1, 1, 2, 1, 8}, {2, 130, 4, 4, 128}, {0, 4, 2, 1, 8}};
-  e.dtypes = {{kF32}};
+  e.name = "attention";
+  e.dims = {{2, 1, 4, 2, 64, 0},    {2, 17, 4, 2, 64, 0},   {2, 300, 4, 2, 64, 0},
+            {2, 300, 4, 1, 64, 0},  {2, 1, 4, 1, 128, 0},   {2, 17, 4, 1, 128, 0},
+            {2, 300, 4, 2, 128, 0}, {2, 300, 4, 1, 128, 0}, {1, 70, 6, 2, 40, 0},
+            {3, 33, 2, 1, 8, 0},    {0, 5, 2, 1, 8, 0},     {2, 150, 4, 2, 6, 1},
+            {1, 1, 2, 1, 8, 1},     {2, 130, 4, 4, 128, 1}, {0, 4, 2, 1, 8, 1},
+            {2, 300, 4, 2, 64, 2},  {2, 300, 4, 1, 128, 3}, {3, 33, 2, 1, 8, 4}};
+  e.dtypes = kOneDtype;
   e.inputs = [](const OpCase& c) {
     const int64_t b = c.dims[0], s = c.dims[1], h = c.dims[2], kv = c.dims[3], d = c.dims[4];
-    return std::vector<Tensor>{input({b, s, h, d}, c.dtypes[0], 60, c, -2, 2),
-                               input({b, s, kv, d}, c.dtypes[0], 61, c, -2, 2),
-                               input({b, s, kv, d}, c.dtypes[0], 62, c),
-                               input({b, s, h, d}, c.dtypes[0], 63, c), document_starts(b, s)};
+    std::vector<Tensor> in{input({b, s, h, d}, c.dtypes[0], 60, c, -2, 2),
+                           input({b, s, kv, d}, c.dtypes[0], 61, c, -2, 2),
+                           input({b, s, kv, d}, c.dtypes[0], 62, c),
+                           input({b, s, h, d}, c.dtypes[0], 63, c)};
+    if (c.dims[5] != 0) in.push_back(document_starts(b, s, kDocuments[c.dims[5]]));
+    return in;
   };
   e.run = [](const OpRun& r, const OpCase& c) {
     const int64_t b = c.dims[0], s = c.dims[1], h = c.dims[2], kv = c.dims[3], d = c.dims[4];
-    Tensor out = r.written({b, s, h, d}), lse = r.written({b, h, s});
-    attention_forward(r.device(), r.in(0), r.in(1), r.in(2), out, lse, r.in(4));
-    Tensor dq = r.written({b, s, h, d}), dk = r.written({b, s, kv, d}), dv = r.written({b, s, kv, d});
-    attention_backward(r.device(), r.in(3), r.in(0), r.in(1), r.in(2), out, lse, dq, dk, dv,
-                       r.in(4));
-    return std::vector<OpResult>{result("out", out), result("lse", lse), result("dq", dq),
-                                 result("dk", dk), result("dv", dv)};
+    const DType dtype = c.dtypes[0];
+    const Tensor starts = c.dims[5] != 0 ? r.in(4) : Tensor();
+    Tensor out = r.written({b, s, h, d}, dtype), lse = r.written({b, h, s});
+    attention_forward(r.device(), r.in(0), r.in(1), r.in(2), out, lse, starts);
+    std::vector<OpResult> results{result("out", out), result("lse", lse)};
+    for (const char* pass : {"", " again"}) {
+      Tensor dq = r.written({b, s, h, d}, dtype), dk = r.written({b, s, kv, d}, dtype),
+             dv = r.written({b, s, kv, d}, dtype);
+      attention_backward(r.device(), r.in(3), r.in(0), r.in(1), r.in(2), out, lse, dq, dk, dv,
+                         starts);
+      results.insert(results.end(), {result(std::string("dq") + pass, dq),
+                                     result(std::string("dk") + pass, dk),
+                                     result(std::string("dv") + pass, dv)});
+    }
+    return results;
   };
   e.reference = [](const Values& in, const OpCase& c) {
     const cpu::AttentionShape s{c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]};
-    const std::vector<int32_t> starts(in[4].begin(), in[4].end());
+    const std::vector<int32_t> starts = c.dims[5] != 0 ? as_ids(in[4]) : std::vector<int32_t>{};
+    const int32_t* doc_starts = c.dims[5] != 0 ? starts.data() : nullptr;
     std::vector<double> out(in[0].size()), lse(s.batch * s.heads * s.seq), dq(in[0].size()),
         dk(in[1].size()), dv(in[2].size());
     cpu::attention_forward<double>(in[0].data(), in[1].data(), in[2].data(), s, out.data(),
-                                   lse.data(), starts.data());
+                                   lse.data(), doc_starts);
     cpu::attention_backward<double>(in[3].data(), in[0].data(), in[1].data(), in[2].data(),
                                     out.data(), lse.data(), s, dq.data(), dk.data(), dv.data(),
-                                    starts.data());
-    return Values{out, lse, dq, dk, dv};
+                                    doc_starts);
+    return Values{out, lse, dq, dk, dv, dq, dk, dv};
   };
-  e.gradient_dims = {2, 9, 2, 1, 4};
+  e.gradient_dims = {2, 9, 2, 1, 4, 1};
   e.loss_result = 0;
   e.upstream = 3;
   e.gradients = {{0, 2}, {1, 3}, {2, 4}};
+  // f32: the backends differ in the order of their f32 sums. bf16: the GPU rounds the
+  // probabilities (in [0, 1]) and the score gradients to bf16 as tensor-core operands, a
+  // relative error of at most 2^-9 per term of the sums over keys or queries, which the
+  // CPU does not; outputs with |x| < 1 are compared absolutely and stay within a few 2^-9;
+  // a final rounding to the other side of a bf16 tie adds one ulp, 2^-7 relative at
+  // most. 1/64 leaves room for both.
+  e.tol.f32 = 1e-4;
+  e.tol.bf16 = 1.0 / 64;
+  e.invariant = [](const std::vector<OpResult>& results) {
+    for (size_t i = 2; i < 5; ++i)
+      EXPECT_TRUE(results[i].values == results[i + 3].values) << results[i].name << " differs";
+  };
   return e;
 }
 
@@ -407,10 +449,6 @@ Tensor token_ids(int64_t n, int64_t vocab, uint64_t seed) {
   for (int64_t t = 3; t < n; t += 11) ids[t] = -1;
   if (n > 0) ids[n - 1] = static_cast<int32_t>(vocab - 1);
   return host_tensor({n}, ids);
-}
-
-std::vector<int32_t> as_ids(const std::vector<double>& v) {
-  return std::vector<int32_t>(v.begin(), v.end());
 }
 
 // dims (tokens, vocab, hidden); dtypes (table, out and dout); dtable is f32, accumulated
@@ -928,12 +966,16 @@ OpEntry columns() {
 }  // namespace
 
 const std::vector<OpEntry>& op_table() {
-  static const std::vector<OpEntry> table = {
-      add_and_scale(), bias(),           sigmoid_gate(), sum_squares_entry(), rmsnorm(),
-      swiglu(),        rope(),           embedding(),    convert_entry(),     adamw(),
-      matmul_entry(),  grouped_matmul(), permute(),      regroup(),           document_attention(),
-      columns(),
-  };
+  static const std::vector<OpEntry> table = [] {
+    std::vector<OpEntry> entries = {
+        add_and_scale(),  bias(),           sigmoid_gate(), sum_squares_entry(),
+        rmsnorm(),        swiglu(),         rope(),         embedding(),
+        convert_entry(),  adamw(),          matmul_entry(), grouped_matmul(),
+        permute(),        regroup(),        attention(),    columns(),
+    };
+    for (OpEntry& e : routing_entries()) entries.push_back(std::move(e));
+    return entries;
+  }();
   return table;
 }
 
