@@ -108,10 +108,9 @@ absl::Status dry_run(const config::Recipe& recipe, const Layout& layout) {
               recipe.name().c_str(), s.total_params / 1e9, s.active_params / 1e9,
               s.forward_flops_per_token / 1e9, s.train_flops_per_token / 1e9,
               static_cast<long long>(recipe.train().seq_len()));
-  std::printf("memory per rank before the first step, %d rank%s (dp %d, tp %d, ep %d, zero %d) "
-              "on %s in %s:\n",
-              layout.world_size, layout.world_size == 1 ? "" : "s", layout.data_parallel_size, layout.tensor_parallel_size,
-              layout.expert_parallel_size, recipe.parallel().zero_stage(),
+  std::printf("memory per rank before the first step, %d rank%s (%s) on %s in %s:\n",
+              layout.world_size, layout.world_size == 1 ? "" : "s",
+              describe_layout(layout, recipe.parallel().zero_stage()).c_str(),
               on_gpu ? "GPUs" : "the CPU", working == DType::kBF16 ? "bf16" : "fp32");
   for (const RankMemory& m : memory) std::printf("  %s\n", describe_rank_memory(m).c_str());
   std::printf("%s\n", j.dump().c_str());

@@ -466,6 +466,15 @@ MemoryRecord memory_record(const MemoryStats& mem) {
 
 }  // namespace
 
+std::string describe_layout(const Layout& layout, int zero_stage) {
+  const std::string chunks = layout.virtual_pipeline_size > 1
+                                 ? absl::StrCat(", V ", layout.virtual_pipeline_size)
+                                 : "";
+  return absl::StrFormat("dp %d, tp %d, ep %d, pp %d%s, zero %d", layout.data_parallel_size,
+                         layout.tensor_parallel_size, layout.expert_parallel_size,
+                         layout.pipeline_parallel_size, chunks, zero_stage);
+}
+
 absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions& options,
                                ProgressSink& terminal) {
   ProcessGroups local_groups;
@@ -676,11 +685,11 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
 
   const ModelStats stats = compute_model_stats(recipe);
   sink.on_message(absl::StrFormat(
-      "model: %.2fM parameters, %.2fM active per token; %d ranks (dp %d, tp %d, ep %d, "
-      "zero %d) on %s in %s, %d threads; data: %s",
+      "model: %.2fM parameters, %.2fM active per token; %d ranks (%s) on %s in %s, %d "
+      "threads; data: %s",
       stats.total_params / 1e6, stats.active_params / 1e6, layout.world_size,
-      layout.data_parallel_size, layout.tensor_parallel_size, layout.expert_parallel_size,
-      zero_stage, dev.name(), working == DType::kBF16 ? "bf16" : "fp32", cpu_threads(),
+      describe_layout(layout, zero_stage), dev.name(),
+      working == DType::kBF16 ? "bf16" : "fp32", cpu_threads(),
       describe_training_data(sources)));
   sink.on_message(absl::StrCat("hosts: ", rank_hosts));
   // The terminal, metrics.jsonl and TensorBoard, on the reporting rank only: opened once

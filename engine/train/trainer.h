@@ -86,6 +86,10 @@ enum class TrainEnd {
   kStopped,   // stopped on request (options.stop_requested) after saving a checkpoint
 };
 
+// The parallel layout as the trainer's start line and `train --dry-run` name it:
+// "dp 2, tp 1, ep 2, pp 4, V 2, zero 1" (V only with more than one chunk per stage).
+std::string describe_layout(const Layout& layout, int zero_stage);
+
 // Trains `recipe` (already validated, paths resolved) and writes into options.run_dir:
 // metrics.jsonl, checkpoints under <checkpoint.dir> (every checkpoint.interval_steps,
 // at the end, and when stopped), and the final weights (with the tokenizer) under

@@ -2,7 +2,7 @@
 # `train --dry-run` on every shipped recipe plans the layout the recipe gives (the fewest
 # ranks its tensor and expert parallel sizes both divide, their least common multiple)
 # without launching it: exit 0, one memory line per rank, as many as the JSON's
-# world_size, and --world plans another.
+# world_size, and --world plans another; the header names the layout, stages included.
 #   dry_run_test.sh SWITCHYARD_BINARY REPO_ROOT
 set -u
 bin="$1"
@@ -40,4 +40,14 @@ for recipe in "$root"/recipes/*.textproto; do
 done
 check_plan "mixtral on 16 ranks" 16 -- "$bin" train "$root/recipes/mixtral-8x7b.textproto" \
   --dry-run --world 16
+# The header names the whole layout, pipeline stages and their chunks included.
+check_plan "tiny in 2 stages of 2 chunks" 4 -- "$bin" train "$root/recipes/tiny.textproto" \
+  --dry-run --world 4 --set parallel.pipeline_parallel_size=2 \
+  --set parallel.virtual_pipeline_size=2 --set parallel.expert_parallel_size=2 \
+  --set train.micro_batch_size=4
+if ! grep -q '^memory per rank before the first step, 4 ranks (dp 2, tp 1, ep 2, pp 2, V 2, zero 0) ' \
+     "$work/out"; then
+  echo "FAIL the header names the layout as dp 2, tp 1, ep 2, pp 2, V 2, zero 0"; cat "$work/out"
+  failures=$((failures + 1))
+fi
 exit $((failures > 0))

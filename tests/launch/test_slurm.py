@@ -277,7 +277,7 @@ def submit_and_stop(slurm, tmp_path, cache, *stop):
     assert first.count("switchyard: stopping after this step's checkpoint") == 2, first
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped}\n"
     # The start block: layout and where each rank runs.
-    assert "2 ranks (dp 2, tp 1, ep 2, zero 0)" in first, first
+    assert "2 ranks (dp 2, tp 1, ep 2, pp 1, zero 0)" in first, first
     assert re.search(rf"hosts: ranks 0-1 on {re.escape(socket.gethostname())}\n", first), first
     return job, output, stopped
 
