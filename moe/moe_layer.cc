@@ -20,6 +20,19 @@ namespace {
 Tensor activation(Device& dev, const Shape& shape, DType dtype = DType::kF32) {
   return Tensor::empty(shape, dtype, MemoryKind::kActivations, dev);
 }
+
+// The rows of `t` in `ranges`, one after another, in a new host tensor.
+Tensor host_rows(const Tensor& t, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  int64_t rows = 0;
+  for (const auto& [begin, end] : ranges) rows += end - begin;
+  Tensor out = Tensor::empty({rows, t.row_size()}, t.dtype());
+  int64_t row = 0;
+  for (const auto& [begin, end] : ranges) {
+    out.slice_rows(row, row + end - begin).copy_from(t.slice_rows(begin, end));
+    row += end - begin;
+  }
+  return out;
+}
 }  // namespace
 
 MoeLayer::MoeLayer(ParamStore& params, const std::string& prefix,
@@ -226,6 +239,15 @@ void MoeLayer::expert_choice_among_real(Device& dev, int64_t first_token, float 
     weights_.slice_rows(begin, end).copy_from(weights.slice_rows(row, row + rows));
     row += rows;
   }
+}
+
+MoeRouting MoeLayer::last_routing() const {
+  if (real_tokens_.empty()) return {router_logits_, probs_, expert_ids_, weights_};
+  const int64_t n = router_logits_.rows();
+  const std::vector<std::pair<int64_t, int64_t>> real =
+      row_ranges((tp_ ? tp_->rank() : 0) * n, n, /*real=*/true);
+  return {host_rows(router_logits_, real), host_rows(probs_, real), host_rows(expert_ids_, real),
+          host_rows(weights_, real)};
 }
 
 int64_t MoeLayer::routed_tokens(int64_t total) const {

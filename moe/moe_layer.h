@@ -38,9 +38,9 @@
 
 namespace switchyard {
 
-// One forward's routing, sharing the layer's saved tensors: router logits and softmax
-// probabilities (sigmoid scores for SIGMOID_TOPK) (n, E) f32, top-k expert ids (n, k) i32
-// and their weights (n, k) f32.
+// One forward's routing of its n tokens: router logits and softmax probabilities (sigmoid
+// scores for SIGMOID_TOPK) (n, E) f32, top-k expert ids (n, k) i32 and their weights
+// (n, k) f32.
 struct MoeRouting {
   Tensor logits;
   Tensor probs;
@@ -102,8 +102,10 @@ class MoeLayer {
   // trains (loss-free balancing moves it, ExpertBiasBalancer); null for other gatings.
   Param* expert_bias() const { return expert_bias_; }
   // The routing of the last forward (this rank's tokens), for load-balance analysis
-  // (`bench balance`).
-  MoeRouting last_routing() const { return {router_logits_, probs_, expert_ids_, weights_}; }
+  // (`bench balance`): the layer's saved tensors, or with padded windows a host copy of
+  // the rows holding text, one after another (padding is routed nowhere, so it is left
+  // out).
+  MoeRouting last_routing() const;
 
  private:
   // Runs the local experts on xp_, rows grouped by local expert (the dispatcher's

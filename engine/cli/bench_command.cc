@@ -196,6 +196,10 @@ class TokenSource {
  public:
   virtual ~TokenSource() = default;
   virtual absl::Status next(int64_t batch, int64_t seq, int32_t* ids, int32_t* targets) = 0;
+  // With padded windows (data.packing PAD), the positions of each window of the last
+  // next() that hold text, from the first (Transformer::forward's window_tokens); else
+  // empty.
+  virtual std::vector<int32_t> window_tokens() const { return {}; }
 };
 
 // Token i of the vocabulary with probability proportional to 1 / (i + 1)^S.
@@ -227,7 +231,8 @@ class ZipfSource : public TokenSource {
   std::vector<double> cdf_;
 };
 
-// Consecutive windows of the train split, wrapping around.
+// Consecutive windows of the train split, wrapping around: packed, or with data.packing
+// PAD one document each, padded.
 class DatasetSource : public TokenSource {
  public:
   explicit DatasetSource(TokenDataset dataset) : dataset_(std::move(dataset)) {}
@@ -236,15 +241,22 @@ class DatasetSource : public TokenSource {
     if (windows == 0)
       return absl::InvalidArgumentError(absl::StrCat(
           "the train split is shorter than one window of ", seq + 1, " tokens"));
-    for (int64_t b = 0; b < batch; ++b, ++window_)
+    window_tokens_.clear();
+    for (int64_t b = 0; b < batch; ++b, ++window_) {
       SY_RETURN_IF_ERROR(
           dataset_.read_window(window_ % windows, seq, ids + b * seq, targets + b * seq));
+      if (dataset_.pads_documents())
+        window_tokens_.push_back(
+            static_cast<int32_t>(dataset_.window_tokens(window_ % windows, seq)));
+    }
     return absl::OkStatus();
   }
+  std::vector<int32_t> window_tokens() const override { return window_tokens_; }
 
  private:
   TokenDataset dataset_;
   int64_t window_ = 0;
+  std::vector<int32_t> window_tokens_;
 };
 
 class PrintMessages : public DataProgressSink {
@@ -281,6 +293,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> make_source(const config::Recipe& r
   if (dir.empty())
     return absl::InvalidArgumentError("no data: pass --data DATASET_DIR or --synthetic zipf:S");
   DatasetOpenOptions open_options;
+  open_options.pad_documents = recipe.data().packing() == config::PAD;
   if (weights) {
     open_options.expected_tokenizer_sha256 = weights->tokenizer->sha256();
     open_options.expected_vocab_size = weights->tokenizer->vocab_size();
@@ -639,9 +652,10 @@ absl::StatusOr<ImbalanceHistory> run_history(const std::string& run_dir) {
   return history;
 }
 
-// One batch of token ids and targets, (micro_batch, seq) i32 each.
+// One batch of token ids and targets, (micro_batch, seq) i32 each, and with padded
+// windows each window's text length, (micro_batch) i32 (TokenSource::window_tokens).
 struct TokenBatch {
-  Tensor ids, targets;
+  Tensor ids, targets, window_tokens;
 };
 
 // Routes every batch through the variant's model and gathers each MoE layer's counts.
@@ -656,7 +670,8 @@ absl::StatusOr<BalanceRun> measure(const config::Recipe& recipe, const std::stri
       make_balance_counts(recipe.moe().num_experts(), recipe.moe().top_k(), ep));
   Rng rng(recipe.train().seed());
   for (const TokenBatch& b : batches) {
-    bm.model->forward(cpu_device(), b.ids, b.targets, /*training=*/false, rng);
+    bm.model->forward(cpu_device(), b.ids, b.targets, /*training=*/false, rng,
+                      /*logits_out=*/nullptr, /*doc_starts=*/Tensor(), b.window_tokens);
     for (size_t l = 0; l < moe_layers.size(); ++l)
       add_routing(routing_sample(moe_layers[l]->last_routing()), counts[l]);
   }
@@ -733,8 +748,14 @@ absl::Status BenchCommand::run_balance() {
   std::vector<TokenBatch> batches;
   for (int64_t b = 0; b < batches_; ++b) {
     TokenBatch& tb = batches.emplace_back(TokenBatch{Tensor::empty({batch, seq}, DType::kI32),
-                                                     Tensor::empty({batch, seq}, DType::kI32)});
+                                                     Tensor::empty({batch, seq}, DType::kI32),
+                                                     /*window_tokens=*/Tensor()});
     SY_RETURN_IF_ERROR(source->next(batch, seq, tb.ids.data<int32_t>(), tb.targets.data<int32_t>()));
+    const std::vector<int32_t> window_tokens = source->window_tokens();
+    if (!window_tokens.empty()) {
+      tb.window_tokens = Tensor::empty({batch}, DType::kI32);
+      std::copy(window_tokens.begin(), window_tokens.end(), tb.window_tokens.data<int32_t>());
+    }
   }
   std::vector<BalanceRun> runs;
   for (const Variant& v : variants) {

@@ -42,7 +42,15 @@ Tensor real_rows(const Tensor& padded) {
 struct LayerRun {
   Tensor y, dx, router_grad, experts_grad;
   RouterStats stats;
+  MoeRouting routing;  // last_routing() after the forward, copied
 };
+
+// A copy of `t` on the host that no later forward or backward can overwrite.
+Tensor host_copy(const Tensor& t) {
+  Tensor copy = Tensor::empty(t.shape(), t.dtype());
+  copy.copy_from(t);
+  return copy;
+}
 
 LayerRun run_layer(const testing::SmallLayerConfig& setup, const Tensor& x, const Tensor& dy,
                    int64_t seq_len, std::span<const int32_t> real_tokens, float seq_aux_scale) {
@@ -56,6 +64,9 @@ LayerRun run_layer(const testing::SmallLayerConfig& setup, const Tensor& x, cons
   r.y = layer.forward(cpu_device(), x, /*training=*/true, rng, r.stats, seq_len, real_tokens)
             .on_host();
   r.stats.collect();
+  const MoeRouting routing = layer.last_routing();
+  r.routing = {host_copy(routing.logits), host_copy(routing.probs), host_copy(routing.expert_ids),
+               host_copy(routing.weights)};
   const std::vector<float> g = r.stats.aux_loss_prob_gradient(1.0, /*per_layer=*/false, 0);
   Tensor aux_grad = Tensor::empty({kExperts}, DType::kF32);
   std::copy(g.begin(), g.end(), aux_grad.data<float>());
@@ -115,6 +126,16 @@ TEST_P(WholeBatchPaddingTest, PaddedBatchEqualsItsRealTokensAlone) {
   }
   expect_near(padded.router_grad, alone.router_grad, 1e-5, "router gradient");
   expect_near(padded.experts_grad, alone.experts_grad, 1e-5, "expert gradient");
+  // The routing the layer reports (bench balance) is that of the real tokens: padding,
+  // routed nowhere, is left out of it.
+  expect_near(padded.routing.logits, alone.routing.logits, 1e-5, "reported router logits");
+  expect_near(padded.routing.probs, alone.routing.probs, 1e-5, "reported probabilities");
+  expect_near(padded.routing.weights, alone.routing.weights, 1e-5, "reported weights");
+  ASSERT_EQ(padded.routing.expert_ids.rows(), 12);
+  const int32_t* padded_ids = padded.routing.expert_ids.data<int32_t>();
+  const int32_t* alone_ids = alone.routing.expert_ids.data<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(padded_ids, padded_ids + padded.routing.expert_ids.numel()),
+            std::vector<int32_t>(alone_ids, alone_ids + alone.routing.expert_ids.numel()));
 }
 
 TEST_P(PaddingTest, SequenceAuxLossTakesEachSequenceAtItsOwnLength) {
