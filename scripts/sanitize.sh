@@ -26,7 +26,7 @@ case "$kind" in
     # Python side differs), and train.train_learns_test's 2.5 ASan minutes are steps that
     # the shorter training tests take too. data.prepare_memory measures resident memory,
     # which under ASan is its shadow and its quarantine of freed blocks (256 MiB).
-    asan_skip='^(parallel\.train_equivalence|parallel\.bias_balance|parallel\.pad_layouts|train\.checkpoint_resume|train\.memory_plan_validation|train\.train_learns_test|data\.prepare_memory|docs\.commands|security\.hostile_inputs|launch\.slurm|interop\..*_transformers4)$'
+    asan_skip='^(parallel\.train_equivalence|parallel\.pipeline_matrix|parallel\.bias_balance|parallel\.pad_layouts|train\.checkpoint_resume|train\.memory_plan_validation|train\.train_learns_test|data\.prepare_memory|docs\.commands|security\.hostile_inputs|launch\.slurm|interop\..*_transformers4)$'
     select=(-LE gpu -E "$asan_skip")
     # Open MPI and HDF5 keep global allocations until exit; leaks are the fuzzers' job.
     export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0

@@ -78,6 +78,15 @@ def assert_run_matches(run_dir, single_dir, loss_rtol):
         assert np.array_equal(weights[name], value), name
 
 
+def assert_layout_matches(run_dir, single_dir):
+    """A run with data-parallel replicas or tensor-parallel shards in its stages against
+    one process, to the layouts' tolerances (test_train_equivalence.assert_run_matches)."""
+    def losses(steps):
+        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
+    layouts.assert_run_matches(losses(logged_steps(run_dir)), final_weights(run_dir),
+                               losses(logged_steps(single_dir)), final_weights(single_dir))
+
+
 @pytest.fixture(scope="module")
 def single_two_layers(tmp_path_factory):
     return train(tmp_path_factory.mktemp("single2"), "run", 1)[0]
@@ -140,7 +149,6 @@ def single_all_layer(tmp_path_factory):
     return train(tmp_path_factory.mktemp("single_all"), "run", 1, ALL_LAYER)[0]
 
 
-@pytest.mark.parametrize("schedule", ["GPIPE", "ONE_F_ONE_B"])
 def assert_aux_losses_equal(run_dir, single_dir):
     mine, theirs = logged_steps(run_dir), logged_steps(single_dir)
     assert mine[0]["aux_loss"] > 0
@@ -183,11 +191,7 @@ def test_all_layer_aux_loss_with_replicas_matches_one_process(tmp_path, single_a
     run_dir, _ = train(tmp_path, "run", 4, [*ALL_LAYER,
                                             "--set", "parallel.pipeline_parallel_size=2",
                                             *overrides])
-    def losses(steps):
-        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
-    layouts.assert_run_matches(losses(logged_steps(run_dir)), final_weights(run_dir),
-                               losses(logged_steps(single_all_layer)),
-                               final_weights(single_all_layer))
+    assert_layout_matches(run_dir, single_all_layer)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -207,11 +211,7 @@ def test_stages_with_data_parallel_replicas_match_one_process(tmp_path, single_t
     # (test_train_equivalence.assert_run_matches).
     run_dir, _ = train(tmp_path, "run", 4, ["--set", "parallel.pipeline_parallel_size=2",
                                             *overrides])
-    def losses(steps):
-        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
-    layouts.assert_run_matches(losses(logged_steps(run_dir)), final_weights(run_dir),
-                               losses(logged_steps(single_two_layers)),
-                               final_weights(single_two_layers))
+    assert_layout_matches(run_dir, single_two_layers)
 
 
 # SIGMOID_TOPK's loss-free balancing: each stage moves the biases of its own MoE layers
@@ -262,10 +262,7 @@ def test_bias_balancing_on_two_stages_of_two_replicas_matches_one_process(tmp_pa
     for name, bias in biases(weights).items():
         assert np.any(bias != 0), name
         np.testing.assert_array_equal(bias, reference[name], err_msg=name)
-    def losses(steps):
-        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
-    layouts.assert_run_matches(losses(logged_steps(run_dir)), weights,
-                               losses(logged_steps(single_sigmoid)), reference)
+    assert_layout_matches(run_dir, single_sigmoid)
 
 
 def frozen_line(out):
@@ -289,11 +286,8 @@ def test_freeze_on_two_stages_of_two_replicas_matches_one_process(tmp_path, zero
     frozen = ["--set", "train.freeze=attention,embeddings", "--set", f"parallel.zero_stage={zero}"]
     single, _ = train(tmp_path, "single", 1, frozen)
     staged, _ = train(tmp_path, "staged", 4, [*frozen, "--set", "parallel.pipeline_parallel_size=2"])
-    def losses(steps):
-        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
     weights, reference = final_weights(staged), final_weights(single)
-    layouts.assert_run_matches(losses(logged_steps(staged)), weights,
-                               losses(logged_steps(single)), reference)
+    assert_layout_matches(staged, single)
     for name in reference:
         if ".self_attn." in name or "embed_tokens" in name:
             np.testing.assert_array_equal(weights[name], reference[name], err_msg=name)
@@ -338,10 +332,7 @@ def test_a_one_process_checkpoint_resumes_under_four_ranks(tmp_path, layout):
         # One layer a stage adds the aux losses in another order (1e-12).
         assert_run_matches(run_dir, single, loss_rtol=1e-12)
         return
-    def losses(steps):
-        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
-    layouts.assert_run_matches(losses(logged_steps(run_dir)), final_weights(run_dir),
-                               losses(logged_steps(single)), final_weights(single))
+    assert_layout_matches(run_dir, single)
 
 
 def test_pipeline_final_weights_convert_to_hugging_face(tmp_path):
