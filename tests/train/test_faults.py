@@ -238,20 +238,37 @@ def rank_pids(launcher_pid):
 # (about 4 s of steps on an idle 2-core machine); checkpoints only at the end, so the one
 # a stop saves is the stop's own.
 MPI_STEPS = 300
-MPI_RUN = ["--set", f"train.steps={MPI_STEPS}", "--set", "parallel.expert_parallel_size=2",
-           "--set", "train.log_interval=5", "--set", "checkpoint.interval_steps=0"]
+# Two ranks: expert parallelism, or two pipeline stages of one layer each (a survivor
+# then waits in a point-to-point message, not a collective).
+MPI_LAYOUTS = {
+    "ep2": ["--set", "parallel.expert_parallel_size=2"],
+    "pp2": ["--set", "parallel.pipeline_parallel_size=2", "--set", "model.num_layers=2"],
+}
+
+
+def mpi_run(layout):
+    return ["--set", f"train.steps={MPI_STEPS}", "--set", "train.log_interval=5",
+            "--set", "checkpoint.interval_steps=0", *MPI_LAYOUTS[layout]]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted_np2(tmp_path_factory, cache):
-    run_dir = tmp_path_factory.mktemp("whole_np2") / "run"
-    run(mpi(2, train_args(run_dir, cache, *MPI_RUN)))
-    return run_dir
+    """layout -> the run of MPI_STEPS steps under it that nothing stopped, run once."""
+    runs = {}
+
+    def run_once(layout):
+        if layout not in runs:
+            runs[layout] = tmp_path_factory.mktemp(f"whole_{layout}") / "run"
+            run(mpi(2, train_args(runs[layout], cache, *mpi_run(layout))))
+        return runs[layout]
+
+    return run_once
 
 
+@pytest.mark.parametrize("layout", MPI_LAYOUTS)
 @pytest.mark.parametrize("victim", [0, 1])
-def test_a_killed_rank_ends_every_rank_in_bounded_time(tmp_path, cache, victim):
-    process = subprocess.Popen(mpi(2, train_args(tmp_path / "run", cache, *MPI_RUN)),
+def test_a_killed_rank_ends_every_rank_in_bounded_time(tmp_path, cache, victim, layout):
+    process = subprocess.Popen(mpi(2, train_args(tmp_path / "run", cache, *mpi_run(layout))),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=ENV)
     lines = Lines(process)
@@ -260,7 +277,8 @@ def test_a_killed_rank_ends_every_rank_in_bounded_time(tmp_path, cache, victim):
     assert sorted(ranks) == [0, 1], ranks
     start = time.monotonic()
     os.kill(ranks[victim], signal.SIGKILL)
-    # A survivor waits in a collective for the dead rank until mpirun's SIGKILL.
+    # A survivor waits for the dead rank (in a collective, or for the other stage's
+    # activations or gradients) until mpirun's SIGKILL.
     bound = 2 * SIGKILL_TIMEOUT_S + 3
     assert process.wait(timeout=bound + 30) != 0
     wait_for_path(lambda: not any(alive(pid) for pid in ranks.values()), timeout=bound + 30)
@@ -276,10 +294,11 @@ def alive(pid):
         return False
 
 
+@pytest.mark.parametrize("layout", MPI_LAYOUTS)
 def test_sigterm_to_mpirun_checkpoints_one_agreed_step_and_resumes_exactly(
-        tmp_path, cache, uninterrupted_np2):
+        tmp_path, cache, uninterrupted_np2, layout):
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(mpi(2, train_args(run_dir, cache, *MPI_RUN)),
+    process = subprocess.Popen(mpi(2, train_args(run_dir, cache, *mpi_run(layout))),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=ENV)
     lines = Lines(process)
@@ -294,9 +313,9 @@ def test_sigterm_to_mpirun_checkpoints_one_agreed_step_and_resumes_exactly(
     assert output.count("switchyard: stopping after this step's checkpoint") == 2, output
     assert 5 <= stopped < MPI_STEPS, output
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped}\n"
-    resumed = run(mpi(2, train_args(run_dir, cache, *MPI_RUN)))
+    resumed = run(mpi(2, train_args(run_dir, cache, *mpi_run(layout))))
     assert resumed_step(resumed.stdout) == stopped
-    assert losses(run_dir) == losses(uninterrupted_np2)
+    assert losses(run_dir) == losses(uninterrupted_np2(layout))
 
 
 def blow_up(lr):
