@@ -89,6 +89,7 @@ double value_range(const OpCase& c) { return c.integers ? 4 : 1; }
 
 std::vector<double> copy(const std::vector<double>& v) { return v; }
 
+
 std::vector<int32_t> as_ids(const std::vector<double>& v) {
   return std::vector<int32_t>(v.begin(), v.end());
 }
@@ -685,65 +686,117 @@ OpEntry matmul_entry() {
 }
 
 // Grouped products over row blocks, a layer's forward and backward: out = a w[g]^T, and
-// da = dy w[g], dw[g] += dy^T a. dims (n, k, group sizes...): empty groups first, inside
-// and last; one group; all empty. The sizes on the host for the forward and where the
-// operands are for the backward. dtypes (a, w, dy, out and da); dw is f32, accumulated
-// onto. Inputs: sizes, a, w, dy, dw.
+// da = dy w[g], dw[g] += dy^T a, each with the sizes on the host and where the operands
+// are. dims (n, k, spare, group sizes...): empty groups first, inside and last, one-row
+// groups; one group; row tiles just past, at and short of the GPU's 128; N and K no
+// multiple of 16 (element-wise reads) or multiples of 8 only (16-byte reads with tails);
+// whole column tiles and several reduction slices; 64 skewed groups; more groups than
+// one launch passes host sizes in (1000); all empty. `spare` rows past the groups (the
+// MoE layer's buffers sized for every assignment while a capacity drops some): NaN in
+// a and dy, which must not be read, and the outputs' rows there must stay unwritten.
+// dtypes (a, w and dy; out, da and dw). With integer inputs the empty groups' dw starts
+// NaN, which only an op that writes there (even a 0) loses. Inputs: sizes, a, w, dy, dw.
 struct GroupedShape {
-  int64_t n, k, groups, rows;
+  int64_t n, k, groups, used, rows;
   std::vector<int32_t> sizes;
 };
 
 GroupedShape grouped_shape(const OpCase& c) {
-  GroupedShape s{c.dims[0], c.dims[1], static_cast<int64_t>(c.dims.size()) - 2, 0, {}};
-  for (size_t g = 2; g < c.dims.size(); ++g) {
+  GroupedShape s{c.dims[0], c.dims[1], static_cast<int64_t>(c.dims.size()) - 3, 0, 0, {}};
+  for (size_t g = 3; g < c.dims.size(); ++g) {
     s.sizes.push_back(static_cast<int32_t>(c.dims[g]));
-    s.rows += c.dims[g];
+    s.used += c.dims[g];
   }
+  s.rows = s.used + c.dims[2];
   return s;
+}
+
+// dims of grouped_matmul: n, k, no spare rows, `sizes`.
+Shape grouped_dims(int64_t n, int64_t k, const std::vector<int32_t>& sizes) {
+  Shape dims{n, k, 0};
+  dims.insert(dims.end(), sizes.begin(), sizes.end());
+  return dims;
+}
+
+// (rows, cols) operand rows: the used ones as `input` makes them, NaN past them.
+Tensor grouped_operand(const GroupedShape& s, int64_t cols, DType dtype, uint64_t seed,
+                       const OpCase& c) {
+  const double r = value_range(c);
+  std::vector<double> v = as_doubles(input({s.used, cols}, kF32, seed, c, -r, r));
+  v.resize(s.rows * cols, NAN);
+  return to_dtype(host_tensor({s.rows, cols}, std::vector<float>(v.begin(), v.end())), dtype);
+}
+
+Tensor weight_gradient(const GroupedShape& s, DType dtype, const OpCase& c) {
+  const double r = value_range(c);
+  std::vector<double> v = as_doubles(input({s.groups, s.n, s.k}, kF32, 30, c, -r, r));
+  for (int64_t g = 0; g < s.groups; ++g)
+    if (c.integers && s.sizes[g] == 0)
+      std::fill_n(v.begin() + g * s.n * s.k, s.n * s.k, NAN);
+  return to_dtype(host_tensor({s.groups, s.n, s.k}, std::vector<float>(v.begin(), v.end())),
+                  dtype);
 }
 
 OpEntry grouped_matmul() {
   OpEntry e;
   e.name = "grouped_matmul";
-  e.dims = {
-      {65, 129, 0, 5, 0, 37, 1, 33, 0}, {65, 129, 64}, {65, 129, 0, 0, 0}, {65, 129, 5, 0, 17, 1}};
-  e.dtypes = kOneDtype;
+  std::vector<int32_t> many(1000);
+  for (int g = 0; g < 1000; ++g) many[g] = g % 3;
+  e.dims = {grouped_dims(65, 129, {0, 5, 0, 37, 1, 33, 0}),
+            grouped_dims(65, 129, {64}),
+            grouped_dims(33, 65, {300}),
+            grouped_dims(129, 33, {129, 128, 127, 1, 256}),
+            grouped_dims(48, 136, skewed_group_sizes()),
+            grouped_dims(256, 128, {200, 0, 57}),
+            grouped_dims(16, 24, many),
+            grouped_dims(65, 129, {5, 0, 17, 1}),
+            grouped_dims(24, 40, {0, 7, 0}),
+            grouped_dims(65, 129, {0, 0, 0}),
+            {48, 136, 150, 0, 70, 3, 129}};
+  e.dtypes = {{kF32, kF32}, {kBF16, kBF16}, {kBF16, kF32}};
   e.integers = {true, false};
   e.inputs = [](const OpCase& c) {
     const GroupedShape s = grouped_shape(c);
     const DType d = c.dtypes[0];
     const double r = value_range(c);
-    return std::vector<Tensor>{
-        host_tensor({s.groups}, s.sizes), input({s.rows, s.k}, d, 27, c, -r, r),
-        input({s.groups, s.n, s.k}, d, 28, c, -r, r), input({s.rows, s.n}, d, 29, c, -r, r),
-        input({s.groups, s.n, s.k}, kF32, 30, c, -r, r)};
+    return std::vector<Tensor>{host_tensor({s.groups}, s.sizes), grouped_operand(s, s.k, d, 27, c),
+                               input({s.groups, s.n, s.k}, d, 28, c, -r, r),
+                               grouped_operand(s, s.n, d, 29, c), weight_gradient(s, c.dtypes[1], c)};
   };
   e.run = [](const OpRun& r, const OpCase& c) {
     const GroupedShape s = grouped_shape(c);
-    const DType d = c.dtypes[0];
-    Tensor out = r.written({s.rows, s.n}, d), da = r.written({s.rows, s.k}, d);
-    Tensor dw = r.updated(4);
-    grouped_matmul_nt(r.device(), r.in(1), r.in(2), r.in(0).on_host(), out);
-    grouped_matmul_nn(r.device(), r.in(3), r.in(2), r.in(0), da);
-    grouped_matmul_tn_accumulate(r.device(), r.in(3), r.in(1), r.in(0), dw);
-    return std::vector<OpResult>{result("a w^T", out), result("da", da), result("dw", dw)};
+    const DType d = c.dtypes[1];
+    std::vector<OpResult> results;
+    for (const Tensor& sizes : {r.in(0).on_host(), r.in(0)}) {
+      const std::string where = sizes.device().is_cuda() ? " (sizes on the GPU)" : "";
+      Tensor out = r.written({s.rows, s.n}, d), da = r.written({s.rows, s.k}, d);
+      Tensor dw = r.updated(4);
+      grouped_matmul_nt(r.device(), r.in(1), r.in(2), sizes, out);
+      grouped_matmul_nn(r.device(), r.in(3), r.in(2), sizes, da);
+      grouped_matmul_tn_accumulate(r.device(), r.in(3), r.in(1), sizes, dw);
+      results.insert(results.end(),
+                     {result("a w^T" + where, out), result("da" + where, da), result("dw" + where, dw)});
+    }
+    return results;
   };
   e.reference = [](const Values& in, const OpCase& c) {
     const GroupedShape s = grouped_shape(c);
-    std::vector<double> out(s.rows * s.n), da(s.rows * s.k), dw = copy(in[4]);
+    std::vector<double> out(s.rows * s.n, NAN), da(s.rows * s.k, NAN), dw = copy(in[4]);
     cpu::grouped_matmul_nt<double>(in[1].data(), in[2].data(), s.sizes.data(), s.groups, s.n, s.k,
                                    out.data());
     cpu::grouped_matmul_nn<double>(in[3].data(), in[2].data(), s.sizes.data(), s.groups, s.n, s.k,
                                    da.data());
     cpu::grouped_matmul_tn_accumulate<double>(in[3].data(), in[1].data(), s.sizes.data(), s.groups,
                                               s.n, s.k, dw.data());
-    return Values{out, da, dw};
+    return Values{out, da, dw, out, da, dw};
   };
-  e.gradient_dims = {3, 4, 2, 0, 3};
+  e.gradient_dims = {3, 4, 0, 2, 0, 3};
   e.loss_result = 0;
   e.upstream = 3;
   e.gradients = {{1, 1}, {2, 2, 4}};
+  // f32 results from bf16 operands: the tensor cores' f32 additions round otherwise than
+  // the CPU's.
+  e.tol.f32_from_bf16 = 2e-4;
   return e;
 }
 

@@ -120,6 +120,15 @@ struct OpEntry {
 double bf16_rounded(double x);
 double stored(double x, DType dtype);
 
+// 64 group sizes: every fifth empty, the others 1 to 28 rows, and one of 700 (for the
+// grouped products, and the GPU's layout of their groups).
+inline std::vector<int32_t> skewed_group_sizes() {
+  std::vector<int32_t> sizes(64);
+  for (int g = 0; g < 64; ++g) sizes[g] = g % 5 == 0 ? 0 : 1 + g * 37 % 28;
+  sizes[3] = 700;
+  return sizes;
+}
+
 // Every entry, in the order the tests run them.
 const std::vector<OpEntry>& op_table();
 

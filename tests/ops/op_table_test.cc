@@ -113,19 +113,35 @@ std::vector<double> as_stored(const std::vector<double>& values, const OpResult&
   return out;
 }
 
+// The elements of `values` where `actual` and `expected` are not both NaN (an element
+// the op leaves unwritten, as the template says it must).
+std::vector<double> where_not_both_nan(const std::vector<double>& values,
+                                       const std::vector<double>& actual,
+                                       const std::vector<double>& expected) {
+  if (actual.size() != expected.size()) return values;
+  std::vector<double> kept;
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!std::isnan(actual[i]) || !std::isnan(expected[i])) kept.push_back(values[i]);
+  return kept;
+}
+
 // `actual` against `expected` as its Match says: exact (when `exact`), within tol of the
-// sum bound `magnitudes`, or within tol relative to |expected|.
+// sum bound `magnitudes`, or within tol relative to |expected|; NaN matches NaN.
 ::testing::AssertionResult matches(const OpResult& actual, const std::vector<double>& expected,
                                    const std::vector<double>* magnitudes, double tol, bool exact) {
   ::testing::AssertionResult outcome = ::testing::AssertionSuccess();
+  const std::vector<double>& a = actual.values;
   if (exact) {
-    outcome = same_values(actual.values, expected);
+    outcome = same_values(a, expected);
   } else if (actual.match == Match::kSum || actual.match == Match::kExactSum) {
-    outcome = all_within(actual.values, expected, *magnitudes, tol);
+    outcome = all_within(where_not_both_nan(a, a, expected),
+                         where_not_both_nan(expected, a, expected),
+                         where_not_both_nan(*magnitudes, a, expected), tol);
   } else {
-    std::vector<double> scale = expected;
+    std::vector<double> scale = where_not_both_nan(expected, a, expected);
     for (double& x : scale) x = std::abs(x);
-    outcome = all_within(actual.values, expected, scale, tol);
+    outcome = all_within(where_not_both_nan(a, a, expected), where_not_both_nan(expected, a, expected),
+                         scale, tol);
   }
   if (!outcome) outcome << " (" << actual.name << ")";
   return outcome;
