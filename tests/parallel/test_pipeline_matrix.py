@@ -1,8 +1,8 @@
 """The pipeline layouts' matrix against one process: every schedule x P in {2, 4} x V in
 {1, 2} where valid, each non-default schedule composed with tensor and expert parallelism
 and ZeRO 1, 2 and 3 inside its stages, top-k capacity dropping and GShard's sampled
-experts with a capacity inside stages of tensor- or expert-parallel ranks, and
-checkpoints that move between pipeline layouts. test_pipeline_train.py holds the rest
+experts with a capacity over stages and interleaved chunks and inside stages of tensor-
+or expert-parallel ranks, and checkpoints that move between pipeline layouts. test_pipeline_train.py holds the rest
 (two stages under each schedule, 1F1B with every composition, interleaved uneven stages,
 routing statistics, freezing, evaluation, conversion).
 
@@ -75,6 +75,20 @@ def test_every_schedule_stage_and_chunk_count_matches_one_process(tmp_path, sing
     stages, schedule, chunks = {**SCHEDULES, **FOUR_STAGES}[name]
     run_dir, _ = train(tmp_path, "run", stages, [*EIGHT, *pipeline(stages, schedule, chunks)])
     assert_run_matches(run_dir, single(8), loss_rtol=1e-12)
+
+
+# A layer's GShard draws start where the model's earlier MoE layers leave the
+# micro-batch's stream, on whichever rank and chunk they run; a capacity drops the same
+# tokens in every chunk as in one process.
+@pytest.mark.parametrize("routing", ["capacity", "gshard"])
+@pytest.mark.parametrize("name", ["gpipe", "pp4-interleaved-v2"])
+def test_dropping_routing_on_stages_and_chunks_matches_one_process(tmp_path, single, name,
+                                                                   routing):
+    stages, schedule, chunks = {**SCHEDULES, **FOUR_STAGES}[name]
+    run_dir, _ = train(tmp_path, "run", stages, [*EIGHT, *ROUTING[routing],
+                                                 *pipeline(stages, schedule, chunks)])
+    assert all(m["dropped_fraction"] > 0 for m in logged_steps(single(8, routing)))
+    assert_run_matches(run_dir, single(8, routing), loss_rtol=1e-12)
 
 
 @pytest.mark.parametrize("inside", INSIDE)
