@@ -1,5 +1,6 @@
-// The main() of the GPU tests, which run each op on the GPU and on the CPU from the same
-// inputs and compare (tests/tensor_test_util.h).
+// The main() of the GPU tests: the op table (tests/ops/op_table.h), which runs every op
+// on the GPU and on the CPU from the same inputs and compares, and the tests of what is
+// not an op comparison (the device, cuBLAS, NCCL, whole steps).
 #pragma once
 
 #include <gtest/gtest.h>
