@@ -241,6 +241,11 @@ absl::Status validate_rope_scaling(const RopeScaling& scaling) {
     SY_RETURN_IF_ERROR(check_at_most(path, value, kMaxRopeScalingFactor));
   }
   SY_RETURN_IF_ERROR(check_positive("model.rope_scaling.factor", scaling.factor()));
+  // Below 1 YaRN would shrink the context, and a tiny factor makes the inverse
+  // frequencies e / factor overflow to infinity.
+  if (scaling.factor() < 1)
+    return invalid(absl::StrCat("model.rope_scaling.factor (", scaling.factor(),
+                                ") must be >= 1: YaRN extends the original context by it"));
   SY_RETURN_IF_ERROR(check_positive("model.rope_scaling.original_max_position_embeddings",
                                     scaling.original_max_position_embeddings()));
   return check_at_most("model.rope_scaling.original_max_position_embeddings",

@@ -157,6 +157,27 @@ def _deepseek_config(key, value):
     return make
 
 
+def _yarn(key="rope_parameters", **fields):
+    """An import of DeepSeek-V3's config.json (as _deepseek_config) whose `key` object is
+    YaRN's, factor 4 over an original context of 32, with `fields` changed."""
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 32, **fields}
+    return _deepseek_config(key, rope)
+
+
+def _yarn_text(old, new):
+    """As _yarn(), with `old` replaced by `new` in config.json's text (a number json.dumps
+    cannot write)."""
+    make_yarn = _yarn()
+
+    def make(world, tmp):
+        argv = make_yarn(world, tmp)
+        config = tmp / "hf" / "config.json"
+        config.write_text(config.read_text().replace(old, new, 1))
+        return argv
+    return make
+
+
 def _sharded(shard_name, prepare=None):
     """An import whose model.safetensors.index.json names every tensor's shard
     `shard_name`; prepare(hf, tmp) makes that name's file."""
@@ -324,6 +345,54 @@ CASES = [
          "model.num_kv_heads (2) must equal model.num_heads with latent attention"),
     Case("hf-deepseek-topk-method", "HF config.json", "DeepSeek-V3's topk_method \"greedy\"",
          _deepseek_config("topk_method", "greedy"), "topk_method \"greedy\""),
+    Case("hf-yarn-factor-negative", "HF config.json", "DeepSeek-V3's YaRN factor -4",
+         _yarn(factor=-4.0), "field rope_parameters.factor must be a finite number in [0, 65536]"),
+    Case("hf-yarn-factor-zero", "HF config.json", "DeepSeek-V3's YaRN factor 0",
+         _yarn(factor=0.0), "model.rope_scaling.factor (0) must be > 0 and finite"),
+    Case("hf-yarn-factor-below-one", "HF config.json", "DeepSeek-V3's YaRN factor 0.5",
+         _yarn(factor=0.5), "model.rope_scaling.factor (0.5) must be >= 1"),
+    Case("hf-yarn-factor-nan", "HF config.json", "DeepSeek-V3's YaRN factor NaN",
+         _yarn(factor=math.nan), "config.json"),
+    Case("hf-yarn-factor-huge", "HF config.json", "DeepSeek-V3's YaRN factor 1e30",
+         _yarn(factor=1e30), "field rope_parameters.factor must be a finite number in [0, 65536]"),
+    Case("hf-yarn-factor-overflow", "HF config.json", "DeepSeek-V3's YaRN factor 1e999",
+         _yarn_text('"factor": 4.0', '"factor": 1e999'), "config.json"),
+    Case("hf-yarn-factor-string", "HF config.json", "DeepSeek-V3's YaRN factor \"4\"",
+         _yarn(factor="4"), "field rope_parameters.factor must be a finite number"),
+    Case("hf-yarn-factor-missing", "HF config.json", "DeepSeek-V3's YaRN factor null",
+         _yarn(factor=None), "rope_parameters.factor"),
+    Case("hf-yarn-legacy-factor-negative", "HF config.json",
+         "DeepSeek-V3's 4.x rope_scaling {\"type\": \"yarn\", \"factor\": -4}",
+         _yarn("rope_scaling", rope_type=None, type="yarn", factor=-4.0),
+         "field rope_scaling.factor must be a finite number in [0, 65536]"),
+    Case("hf-yarn-original-zero", "HF config.json",
+         "DeepSeek-V3's YaRN original_max_position_embeddings 0",
+         _yarn(original_max_position_embeddings=0),
+         "field rope_parameters.original_max_position_embeddings must be an integer in "
+         "[1, 2147483647]"),
+    Case("hf-yarn-original-2-40", "HF config.json",
+         "DeepSeek-V3's YaRN original_max_position_embeddings 2^40",
+         _yarn(original_max_position_embeddings=1 << 40),
+         "field rope_parameters.original_max_position_embeddings must be an integer in "
+         "[1, 2147483647]"),
+    Case("hf-yarn-original-huge", "HF config.json",
+         "DeepSeek-V3's YaRN original_max_position_embeddings 2^31 - 1",
+         _yarn(original_max_position_embeddings=(1 << 31) - 1),
+         "model.rope_scaling.original_max_position_embeddings (2147483647) must be <= 16777216"),
+    Case("hf-yarn-original-float", "HF config.json",
+         "DeepSeek-V3's YaRN original_max_position_embeddings 4096.5",
+         _yarn(original_max_position_embeddings=4096.5),
+         "field rope_parameters.original_max_position_embeddings must be an integer"),
+    Case("hf-rope-parameters-list", "HF config.json", "DeepSeek-V3's rope_parameters [4, 32]",
+         _deepseek_config("rope_parameters", [4, 32]), "field rope_parameters must be an object"),
+    Case("hf-rope-type-number", "HF config.json", "DeepSeek-V3's rope_parameters.rope_type 5",
+         _yarn(rope_type=5), "rope_parameters.rope_type"),
+    Case("hf-rope-type-unknown", "HF config.json",
+         "DeepSeek-V3's rope_parameters.rope_type \"dynamic\"", _yarn(rope_type="dynamic"),
+         "rope_parameters.rope_type"),
+    Case("hf-yarn-not-deepseek", "HF config.json", "Mixtral's rope_scaling YaRN", _config(_config_set("rope_scaling", {"rope_type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 32})),
+         "rope_scaling.rope_type"),
     Case("hf-index-dotdot", "HF model.safetensors.index.json", "every shard named \"../x.safetensors\"",
          _sharded("../x.safetensors"), "is not a plain file name inside"),
     Case("hf-index-absolute", "HF model.safetensors.index.json", "every shard named \"/etc/passwd\"",

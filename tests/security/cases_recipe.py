@@ -166,3 +166,61 @@ def _train_imported_without_data(world, tmp):
 CASES.append(Case("train-imported-placeholder", "recipe written by `convert from-hf`",
                   "trained as written, its placeholder data unset", _train_imported_without_data,
                   "data.dataset is the placeholder"))
+
+
+def _yarn(field, value):
+    """The tiny recipe with YaRN rope scaling (factor 4 over an original context of 32),
+    then --set model.rope_scaling.<field>=<value>."""
+    def make(world, tmp):
+        return world.train_args(TINY_RECIPE, tmp / "run",
+                                "--set", "model.rope_scaling.type=YARN",
+                                "--set", "model.rope_scaling.factor=4",
+                                "--set", "model.rope_scaling.original_max_position_embeddings=32",
+                                "--set", f"model.rope_scaling.{field}={value}")
+    return make
+
+
+def _rope_type_number(world, tmp):
+    text = TINY_RECIPE.read_text().replace(
+        "model {", "model {\n  rope_scaling { type: 7 factor: 4 original_max_position_embeddings: 32 }",
+        1)
+    return world.train_args(_recipe_copy(tmp, text), tmp / "run")
+
+
+CASES += [
+    Case("set-yarn-factor-negative", "--set value", "model.rope_scaling.factor=-4 under YaRN",
+         _yarn("factor", "-4"), "model.rope_scaling.factor (-4) must be >= 0 and finite"),
+    Case("set-yarn-factor-zero", "--set value", "model.rope_scaling.factor=0 under YaRN",
+         _yarn("factor", "0"), "model.rope_scaling.factor (0) must be > 0 and finite"),
+    Case("set-yarn-factor-tiny", "--set value",
+         "model.rope_scaling.factor=1e-40 under YaRN (its inverse frequencies overflow)",
+         _yarn("factor", "1e-40"), "must be >= 1: YaRN extends the original context by it"),
+    Case("set-yarn-factor-nan", "--set value", "model.rope_scaling.factor=nan under YaRN",
+         _yarn("factor", "nan"), "model.rope_scaling.factor (nan) must be >= 0 and finite"),
+    Case("set-yarn-factor-huge", "--set value", "model.rope_scaling.factor=1e30 under YaRN",
+         _yarn("factor", "1e30"), "model.rope_scaling.factor (1e+30) must be <= 65536"),
+    Case("set-yarn-factor-not-a-number", "--set value", "model.rope_scaling.factor=four",
+         _yarn("factor", "four"), "model.rope_scaling.factor"),
+    Case("set-yarn-mscale-infinite", "--set value", "model.rope_scaling.mscale=inf under YaRN",
+         _yarn("mscale", "inf"), "model.rope_scaling.mscale (inf) must be >= 0 and finite"),
+    Case("set-yarn-original-zero", "--set value",
+         "model.rope_scaling.original_max_position_embeddings=0 under YaRN",
+         _yarn("original_max_position_embeddings", "0"),
+         "model.rope_scaling.original_max_position_embeddings (0) must be > 0"),
+    Case("set-yarn-original-huge", "--set value",
+         "model.rope_scaling.original_max_position_embeddings=2^40 under YaRN",
+         _yarn("original_max_position_embeddings", str(1 << 40)),
+         "model.rope_scaling.original_max_position_embeddings (1099511627776) must be <= 16777216"),
+    Case("set-yarn-original-overflow", "--set value",
+         "model.rope_scaling.original_max_position_embeddings=99999999999999999999",
+         _yarn("original_max_position_embeddings", "99999999999999999999"),
+         "model.rope_scaling.original_max_position_embeddings"),
+    Case("set-rope-type-unknown", "--set value", "model.rope_scaling.type=DYNAMIC",
+         _override("model.rope_scaling.type=DYNAMIC"), "model.rope_scaling.type"),
+    Case("set-rope-factor-without-yarn", "--set value",
+         "model.rope_scaling.factor=4 with no rope scaling type",
+         _override("model.rope_scaling.factor=4"),
+         "model.rope_scaling.factor is set but model.rope_scaling.type is not YARN"),
+    Case("recipe-rope-type-number", "recipe", "rope_scaling { type: 7 } (no such type)",
+         _rope_type_number, "model.rope_scaling.type (7) is not YARN"),
+]
