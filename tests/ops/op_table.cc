@@ -350,8 +350,10 @@ OpEntry rope() {
 // documents: none (0), or pattern d of kDocuments, cycled through each window from
 // another start, so documents end inside and across the CPU's row blocks and the GPU's
 // tiles (64 rows in bf16, 32 in f32), one of a single position among them, and whole key
-// tiles are skipped. Inputs q, k, v, dout (and doc_starts). Results out, lse, dq, dk, dv,
-// and the backward again: no atomics, so the same bits.
+// tiles are skipped. Inputs q, k, v, dout, the CPU forward's out and lse (which both
+// backends' backwards read, so that they differ by their own arithmetic alone; the
+// template's reads its own) and doc_starts. Results out, lse, dq, dk, dv, and the
+// backward again: no atomics, so the same bits.
 const std::vector<int64_t> kDocuments[] = {
     {}, {5, 1, 70, 3, 64}, {5, 1, 70, 3, 150}, {64, 1, 100, 31}, {1, 2, 3}};
 
@@ -381,25 +383,29 @@ OpEntry attention() {
   e.dtypes = kOneDtype;
   e.inputs = [](const OpCase& c) {
     const int64_t b = c.dims[0], s = c.dims[1], h = c.dims[2], kv = c.dims[3], d = c.dims[4];
+    const Tensor starts =
+        c.dims[5] != 0 ? document_starts(b, s, kDocuments[c.dims[5]]) : Tensor();
     std::vector<Tensor> in{input({b, s, h, d}, c.dtypes[0], 60, c, -2, 2),
                            input({b, s, kv, d}, c.dtypes[0], 61, c, -2, 2),
                            input({b, s, kv, d}, c.dtypes[0], 62, c),
-                           input({b, s, h, d}, c.dtypes[0], 63, c)};
-    if (c.dims[5] != 0) in.push_back(document_starts(b, s, kDocuments[c.dims[5]]));
+                           input({b, s, h, d}, c.dtypes[0], 63, c),
+                           Tensor::empty({b, s, h, d}, c.dtypes[0]), Tensor::empty({b, h, s})};
+    attention_forward(cpu_device(), in[0], in[1], in[2], in[4], in[5], starts);
+    if (starts.defined()) in.push_back(starts);
     return in;
   };
   e.run = [](const OpRun& r, const OpCase& c) {
     const int64_t b = c.dims[0], s = c.dims[1], h = c.dims[2], kv = c.dims[3], d = c.dims[4];
     const DType dtype = c.dtypes[0];
-    const Tensor starts = c.dims[5] != 0 ? r.in(4) : Tensor();
+    const Tensor starts = c.dims[5] != 0 ? r.in(6) : Tensor();
     Tensor out = r.written({b, s, h, d}, dtype), lse = r.written({b, h, s});
     attention_forward(r.device(), r.in(0), r.in(1), r.in(2), out, lse, starts);
     std::vector<OpResult> results{result("out", out), result("lse", lse)};
     for (const char* pass : {"", " again"}) {
       Tensor dq = r.written({b, s, h, d}, dtype), dk = r.written({b, s, kv, d}, dtype),
              dv = r.written({b, s, kv, d}, dtype);
-      attention_backward(r.device(), r.in(3), r.in(0), r.in(1), r.in(2), out, lse, dq, dk, dv,
-                         starts);
+      attention_backward(r.device(), r.in(3), r.in(0), r.in(1), r.in(2), r.in(4), r.in(5), dq, dk,
+                         dv, starts);
       results.insert(results.end(), {result(std::string("dq") + pass, dq),
                                      result(std::string("dk") + pass, dk),
                                      result(std::string("dv") + pass, dv)});
@@ -408,7 +414,7 @@ OpEntry attention() {
   };
   e.reference = [](const Values& in, const OpCase& c) {
     const cpu::AttentionShape s{c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]};
-    const std::vector<int32_t> starts = c.dims[5] != 0 ? as_ids(in[4]) : std::vector<int32_t>{};
+    const std::vector<int32_t> starts = c.dims[5] != 0 ? as_ids(in[6]) : std::vector<int32_t>{};
     const int32_t* doc_starts = c.dims[5] != 0 ? starts.data() : nullptr;
     std::vector<double> out(in[0].size()), lse(s.batch * s.heads * s.seq), dq(in[0].size()),
         dk(in[1].size()), dv(in[2].size());
