@@ -1,7 +1,8 @@
 // Padded windows (data.packing PAD) in the MoE layer: a batch of padded sequences routes,
 // drops, counts and differentiates exactly as the batch of its real tokens alone (the
 // sequences' text rows one after another): pad rows go to no expert, take no capacity,
-// add nothing to the routing sums and their logits get no gradient. The sequence-wise aux
+// add nothing to the routing sums, are left out of the routing the layer reports
+// (last_routing) and their logits get no gradient. The sequence-wise aux
 // loss of a padded batch is the mean of each sequence's loss run alone at its own length.
 #include <gtest/gtest.h>
 
