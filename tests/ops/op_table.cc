@@ -1,7 +1,6 @@
-// The entries of the op table (tests/ops/op_table.h), one per op.
+// The entries of the op table (tests/ops/op_table.h), one per op (the router's in
+// tests/ops/routing_entries.cc).
 #include "tests/ops/op_table.h"
-
-#include "tests/ops/op_entries.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,12 +10,12 @@
 
 #include "engine/runtime/rng.h"
 #include "kernels/adamw.h"
-#include "kernels/columns.h"
 #include "kernels/attention.h"
+#include "kernels/columns.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/adamw.h"
-#include "kernels/cpu/columns.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/columns.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gemm.h"
@@ -32,6 +31,7 @@
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
 #include "tests/bf16_test_util.h"
+#include "tests/ops/op_entries.h"
 #include "tests/tensor_test_util.h"
 
 namespace switchyard::testing {
@@ -88,7 +88,6 @@ Tensor input(const Shape& shape, DType dtype, uint64_t seed, const OpCase& c, do
 double value_range(const OpCase& c) { return c.integers ? 4 : 1; }
 
 std::vector<double> copy(const std::vector<double>& v) { return v; }
-
 
 std::vector<int32_t> as_ids(const std::vector<double>& v) {
   return std::vector<int32_t>(v.begin(), v.end());
@@ -383,13 +382,13 @@ OpEntry attention() {
   e.dtypes = kOneDtype;
   e.inputs = [](const OpCase& c) {
     const int64_t b = c.dims[0], s = c.dims[1], h = c.dims[2], kv = c.dims[3], d = c.dims[4];
-    const Tensor starts =
-        c.dims[5] != 0 ? document_starts(b, s, kDocuments[c.dims[5]]) : Tensor();
+    const Tensor starts = c.dims[5] != 0 ? document_starts(b, s, kDocuments[c.dims[5]]) : Tensor();
     std::vector<Tensor> in{input({b, s, h, d}, c.dtypes[0], 60, c, -2, 2),
                            input({b, s, kv, d}, c.dtypes[0], 61, c, -2, 2),
                            input({b, s, kv, d}, c.dtypes[0], 62, c),
                            input({b, s, h, d}, c.dtypes[0], 63, c),
-                           Tensor::empty({b, s, h, d}, c.dtypes[0]), Tensor::empty({b, h, s})};
+                           Tensor::empty({b, s, h, d}, c.dtypes[0]),
+                           Tensor::empty({b, h, s})};
     attention_forward(cpu_device(), in[0], in[1], in[2], in[4], in[5], starts);
     if (starts.defined()) in.push_back(starts);
     return in;
@@ -406,9 +405,9 @@ OpEntry attention() {
              dv = r.written({b, s, kv, d}, dtype);
       attention_backward(r.device(), r.in(3), r.in(0), r.in(1), r.in(2), r.in(4), r.in(5), dq, dk,
                          dv, starts);
-      results.insert(results.end(), {result(std::string("dq") + pass, dq),
-                                     result(std::string("dk") + pass, dk),
-                                     result(std::string("dv") + pass, dv)});
+      results.insert(results.end(),
+                     {result(std::string("dq") + pass, dq), result(std::string("dk") + pass, dk),
+                      result(std::string("dv") + pass, dv)});
     }
     return results;
   };
@@ -737,10 +736,8 @@ Tensor weight_gradient(const GroupedShape& s, DType dtype, const OpCase& c) {
   const double r = value_range(c);
   std::vector<double> v = as_doubles(input({s.groups, s.n, s.k}, kF32, 30, c, -r, r));
   for (int64_t g = 0; g < s.groups; ++g)
-    if (c.integers && s.sizes[g] == 0)
-      std::fill_n(v.begin() + g * s.n * s.k, s.n * s.k, NAN);
-  return to_dtype(host_tensor({s.groups, s.n, s.k}, std::vector<float>(v.begin(), v.end())),
-                  dtype);
+    if (c.integers && s.sizes[g] == 0) std::fill_n(v.begin() + g * s.n * s.k, s.n * s.k, NAN);
+  return to_dtype(host_tensor({s.groups, s.n, s.k}, std::vector<float>(v.begin(), v.end())), dtype);
 }
 
 OpEntry grouped_matmul() {
@@ -767,7 +764,8 @@ OpEntry grouped_matmul() {
     const double r = value_range(c);
     return std::vector<Tensor>{host_tensor({s.groups}, s.sizes), grouped_operand(s, s.k, d, 27, c),
                                input({s.groups, s.n, s.k}, d, 28, c, -r, r),
-                               grouped_operand(s, s.n, d, 29, c), weight_gradient(s, c.dtypes[1], c)};
+                               grouped_operand(s, s.n, d, 29, c),
+                               weight_gradient(s, c.dtypes[1], c)};
   };
   e.run = [](const OpRun& r, const OpCase& c) {
     const GroupedShape s = grouped_shape(c);
@@ -780,8 +778,8 @@ OpEntry grouped_matmul() {
       grouped_matmul_nt(r.device(), r.in(1), r.in(2), sizes, out);
       grouped_matmul_nn(r.device(), r.in(3), r.in(2), sizes, da);
       grouped_matmul_tn_accumulate(r.device(), r.in(3), r.in(1), sizes, dw);
-      results.insert(results.end(),
-                     {result("a w^T" + where, out), result("da" + where, da), result("dw" + where, dw)});
+      results.insert(results.end(), {result("a w^T" + where, out), result("da" + where, da),
+                                     result("dw" + where, dw)});
     }
     return results;
   };
@@ -1027,10 +1025,10 @@ OpEntry columns() {
 const std::vector<OpEntry>& op_table() {
   static const std::vector<OpEntry> table = [] {
     std::vector<OpEntry> entries = {
-        add_and_scale(),  bias(),           sigmoid_gate(), sum_squares_entry(),
-        rmsnorm(),        swiglu(),         rope(),         embedding(),
-        convert_entry(),  adamw(),          matmul_entry(), grouped_matmul(),
-        permute(),        regroup(),        attention(),    columns(),
+        add_and_scale(), bias(),    sigmoid_gate(), sum_squares_entry(),
+        rmsnorm(),       swiglu(),  rope(),         embedding(),
+        convert_entry(), adamw(),   matmul_entry(), grouped_matmul(),
+        permute(),       regroup(), attention(),    columns(),
     };
     for (OpEntry& e : routing_entries()) entries.push_back(std::move(e));
     return entries;

@@ -134,14 +134,14 @@ std::vector<double> where_not_both_nan(const std::vector<double>& values,
   if (exact) {
     outcome = same_values(a, expected);
   } else if (actual.match == Match::kSum || actual.match == Match::kExactSum) {
-    outcome = all_within(where_not_both_nan(a, a, expected),
-                         where_not_both_nan(expected, a, expected),
-                         where_not_both_nan(*magnitudes, a, expected), tol);
+    outcome =
+        all_within(where_not_both_nan(a, a, expected), where_not_both_nan(expected, a, expected),
+                   where_not_both_nan(*magnitudes, a, expected), tol);
   } else {
     std::vector<double> scale = where_not_both_nan(expected, a, expected);
     for (double& x : scale) x = std::abs(x);
-    outcome = all_within(where_not_both_nan(a, a, expected), where_not_both_nan(expected, a, expected),
-                         scale, tol);
+    outcome = all_within(where_not_both_nan(a, a, expected),
+                         where_not_both_nan(expected, a, expected), scale, tol);
   }
   if (!outcome) outcome << " (" << actual.name << ")";
   return outcome;

@@ -66,7 +66,8 @@ Tensor with_no_expert_slots(const Tensor& ids) {
 void add_sums(std::vector<OpResult>& results, const Tensor& sums, int64_t experts) {
   const Tensor flat = sums.reshape({2 * experts + 1, 1});
   results.push_back(result("selections", flat.slice_rows(0, experts), Match::kExact));
-  results.push_back(result("probability and z-loss sums", flat.slice_rows(experts, 2 * experts + 1)));
+  results.push_back(
+      result("probability and z-loss sums", flat.slice_rows(experts, 2 * experts + 1)));
 }
 
 // The template's sums of a router forward: selections, then probability sums and z-loss.
@@ -94,8 +95,8 @@ OpEntry softmax_gating() {
   OpEntry e;
   e.name = "softmax_gating";
   for (int64_t renormalize : {0, 1})
-    for (const Shape& s : std::vector<Shape>{{257, 13, 3}, {1000, 64, 8}, {5, 1, 1}, {0, 8, 2},
-                                             {257, 16, 1}})
+    for (const Shape& s : std::vector<Shape>{
+             {257, 13, 3}, {1000, 64, 8}, {5, 1, 1}, {0, 8, 2}, {257, 16, 1}, {257, 16, 3}})
       e.dims.push_back({s[0], s[1], s[2], renormalize, 1});
   e.dtypes = kF32Only;
   e.inputs = [](const OpCase& c) {
@@ -112,10 +113,8 @@ OpEntry softmax_gating() {
     Tensor dlogits = r.written({n, experts}), dholed = r.written({n, experts});
     gating_backward(r.device(), probs, ids, r.in(1), renormalize, dlogits);
     gating_backward(r.device(), probs, with_no_expert_slots(ids), r.in(1), renormalize, dholed);
-    return std::vector<OpResult>{result("probs", probs),
-                                 result("expert_ids", ids, Match::kExact),
-                                 result("weights", weights),
-                                 result("dlogits", dlogits),
+    return std::vector<OpResult>{result("probs", probs), result("expert_ids", ids, Match::kExact),
+                                 result("weights", weights), result("dlogits", dlogits),
                                  result("dlogits, slots of no expert", dholed)};
   };
   e.reference = [](const Values& in, const OpCase& c) {
@@ -127,8 +126,8 @@ OpEntry softmax_gating() {
     std::vector<int32_t> ids(n * k);
     cpu::gating_forward<double>(in[0].data(), probs.data(), ids.data(), weights.data(), n, experts,
                                 k, renormalize);
-    cpu::gating_backward<double>(probs.data(), ids.data(), in[1].data(), dlogits.data(), n,
-                                 experts, k, renormalize);
+    cpu::gating_backward<double>(probs.data(), ids.data(), in[1].data(), dlogits.data(), n, experts,
+                                 k, renormalize);
     const std::vector<int32_t> holed = with_no_expert_slots(ids, n, k);
     cpu::gating_backward<double>(probs.data(), holed.data(), in[1].data(), dholed.data(), n,
                                  experts, k, renormalize);
@@ -233,8 +232,7 @@ OpEntry sigmoid_router() {
   e.inputs = [](const OpCase& c) {
     const SigmoidGating& g = kSigmoidSettings[c.dims[2]];
     return std::vector<Tensor>{sigmoid_logits(c.dims[0], c.dims[1], 8, c.dims[3] != 0),
-                               sigmoid_bias(c.dims[1], 9),
-                               random_tensor({c.dims[0], g.k}, 10)};
+                               sigmoid_bias(c.dims[1], 9), random_tensor({c.dims[0], g.k}, 10)};
   };
   e.run = [](const OpRun& r, const OpCase& c) {
     const int64_t n = c.dims[0], experts = c.dims[1];
@@ -246,8 +244,7 @@ OpEntry sigmoid_router() {
     sigmoid_gating_backward(r.device(), scores, ids, r.in(2), g, dlogits);
     sigmoid_gating_backward(r.device(), scores, with_no_expert_slots(ids), r.in(2), g, dholed);
     Tensor even_ids = r.written({n, g.k}, DType::kI32), even_weights = r.written({n, g.k});
-    round_robin_routing(r.device(), kFirstToken, static_cast<int>(experts), even_ids,
-                        even_weights);
+    round_robin_routing(r.device(), kFirstToken, static_cast<int>(experts), even_ids, even_weights);
     std::vector<OpResult> results{result("scores", scores),
                                   result("expert_ids", ids, Match::kExact),
                                   result("weights", weights)};
@@ -269,13 +266,13 @@ OpEntry sigmoid_router() {
                                         weights.data(), n, experts, g);
     Values out{scores, id_values(ids), weights};
     add_reference_sums(out, in[0], scores, ids, n, experts, g.k);
-    cpu::sigmoid_gating_backward<double>(scores.data(), ids.data(), in[2].data(), dlogits.data(),
-                                         n, experts, g);
+    cpu::sigmoid_gating_backward<double>(scores.data(), ids.data(), in[2].data(), dlogits.data(), n,
+                                         experts, g);
     const std::vector<int32_t> holed = with_no_expert_slots(ids, n, g.k);
     cpu::sigmoid_gating_backward<double>(scores.data(), holed.data(), in[2].data(), dholed.data(),
                                          n, experts, g);
-    cpu::round_robin_routing<double>(kFirstToken, even_ids.data(), even_weights.data(), n,
-                                     experts, g.k);
+    cpu::round_robin_routing<double>(kFirstToken, even_ids.data(), even_weights.data(), n, experts,
+                                     g.k);
     out.insert(out.end(), {dlogits, dholed, id_values(even_ids), even_weights});
     return out;
   };
@@ -445,8 +442,8 @@ OpEntry router_aux() {
     const int64_t n = c.dims[0];
     const std::vector<int32_t> ids = as_ids(in[1]);
     std::vector<double> selections(kAuxExperts), prob_sums(kAuxExperts), dlogits = copy(in[3]);
-    cpu::routing_counts<double>(in[0].data(), ids.data(), n, kAuxExperts, kAuxK,
-                                selections.data(), prob_sums.data());
+    cpu::routing_counts<double>(in[0].data(), ids.data(), n, kAuxExperts, kAuxK, selections.data(),
+                                prob_sums.data());
     cpu::aux_loss_backward<double>(in[0].data(), in[2].data(), n, kAuxExperts, dlogits.data());
     return Values{selections, prob_sums, dlogits};
   };
@@ -595,8 +592,7 @@ OpEntry cross_entropy() {
                            shard);
     cross_entropy_backward(r.device(), in_place, r.in(1), r.in(2), kCrossEntropyScale, in_place,
                            shard);
-    cross_entropy_backward(r.device(), r.in(0), r.in(1), r.in(2), kCrossEntropyScale, dbf16,
-                           shard);
+    cross_entropy_backward(r.device(), r.in(0), r.in(1), r.in(2), kCrossEntropyScale, dbf16, shard);
     results.insert(results.end(), {result("dlogits", dlogits), result("dlogits in place", in_place),
                                    result("bf16 dlogits", dbf16)});
     // An lse near 1009 carries a rounding of 6e-5, which the losses inherit.
@@ -625,9 +621,9 @@ OpEntry cross_entropy() {
 }  // namespace
 
 std::vector<OpEntry> routing_entries() {
-  return {softmax_gating(), router_forward_entry(), sigmoid_router(), expert_choice(),
-          gshard_dispatch(), router_z_loss(),        router_aux(),     sequence_aux(),
-          cross_entropy()};
+  return {softmax_gating(), router_forward_entry(), sigmoid_router(),
+          expert_choice(),  gshard_dispatch(),      router_z_loss(),
+          router_aux(),     sequence_aux(),         cross_entropy()};
 }
 
 }  // namespace switchyard::testing
