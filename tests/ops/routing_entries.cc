@@ -521,7 +521,9 @@ Tensor targets(int64_t n, int64_t first, int64_t last, int64_t whole, uint64_t s
 // start, whole, large): vocabularies below and far above a GPU block (256), GPT-2's
 // included, more rows than one grid of blocks, none; shards inside, at the end and of
 // one column; large: logits near 1000 (exp overflows unshifted) whose first 300
-// columns are -inf as masked columns are. Inputs: logits, targets, lse.
+// columns are -inf as masked columns are. Inputs: logits, targets, lse, and each row's
+// weight in the loss the backward differentiates (kCrossEntropyScale; the upstream of
+// the finite differences, over the whole vocabulary).
 constexpr float kCrossEntropyScale = 0.37f;
 
 Tensor cross_entropy_logits(const OpCase& c) {
@@ -572,7 +574,8 @@ OpEntry cross_entropy() {
     const Tensor logits = cross_entropy_logits(c);
     const Tensor t = c.dims[4] == 0 ? targets(rows, start, start + width - 1, whole, 2)
                                     : unmasked_targets(rows, width);
-    return std::vector<Tensor>{logits, t, backward_lse(logits, t, shard)};
+    return std::vector<Tensor>{logits, t, backward_lse(logits, t, shard),
+                               host_tensor({rows}, std::vector<float>(rows, kCrossEntropyScale))};
   };
   e.run = [](const OpRun& r, const OpCase& c) {
     const int64_t rows = c.dims[0], width = c.dims[1];
@@ -615,6 +618,10 @@ OpEntry cross_entropy() {
                                         rows, width, start, dlogits.data());
     return Values{first, lse, dlogits, dlogits, dlogits};
   };
+  e.gradient_dims = {3, 5, 0, 0, 0};
+  e.loss_result = 0;
+  e.upstream = 3;
+  e.gradients = {{0, 2}};
   return e;
 }
 
