@@ -74,6 +74,11 @@ class Communicator {
   // group of one has no peer and refuses.
   void exchange(std::vector<Message>& messages);
 
+  // The device whose memory the tensor collectives take: the CPU for the host
+  // communicators; a device communicator returns its GPU. Host data a tensor collective
+  // carries goes there first (Tensor::to), which on a host communicator copies nothing.
+  virtual Device& tensor_device() const { return cpu_device(); }
+
   // Returns once every rank of the group has called it.
   virtual void barrier() = 0;
 
@@ -101,9 +106,6 @@ class Communicator {
   // Communicators without point-to-point messages (the local one, whose group has no
   // peer) keep this refusal.
   virtual void exchange_impl(std::vector<Message>& messages);
-  // The device whose memory the tensor collectives take: the CPU for the host
-  // communicators; a device communicator returns its GPU.
-  virtual const Device& tensor_device() const { return cpu_device(); }
 
  private:
   // CHECKs that `tensor` is defined and lives on tensor_device() (anywhere for a group

@@ -353,6 +353,8 @@ void use_nccl(ProcessGroups& groups, CudaDevice& device) {
   replace(groups.ep, true);
   replace(groups.expert_dp, true);
   replace(groups.dp_background, false);
+  // Stage-to-stage messages: a pass reads what the exchange before it received.
+  replace(groups.pipeline, true);
   groups.background_collectives = false;
 }
 

@@ -71,6 +71,7 @@ class NcclCommunicator final : public Communicator {
   // Waits for the collectives queued so far, then for every rank (over `cpu`).
   void barrier() override;
   void join_compute() override;
+  Device& tensor_device() const override { return device_; }
 
   CudaDevice& device() const { return device_; }
   // The stream the collectives run on: the same for every NCCL communicator of this
@@ -91,7 +92,6 @@ class NcclCommunicator final : public Communicator {
   void broadcast_impl(Tensor& tensor, int root) override;
   // One NCCL group of ncclSend and ncclRecv calls, in the order given.
   void exchange_impl(std::vector<Message>& messages) override;
-  const Device& tensor_device() const override { return device_; }
 
  private:
   // Takes ownership of `comm`.
@@ -133,11 +133,12 @@ class NcclCommunicator final : public Communicator {
 // Replaces each group of `groups` larger than one rank, world aside, with an
 // NcclCommunicator on `device` made over it (collective: every rank calls it, after
 // make_process_groups); the host communicators move to groups.hosts. The world group
-// stays a host one (barriers, checkpoints). The compute stream does not wait for
-// dp_background's collectives: they reduce gradients while backward goes on, and their
-// users join them (OverlappedGradReduce::wait, ZeroShards). background_collectives turns
-// off: NCCL calls only queue work, so its stream gives the overlap that the background
-// thread gives MPI. Ranks that would share a GPU are refused.
+// stays a host one (barriers, checkpoints); the pipeline group's stage-to-stage
+// messages (exchange) go over NCCL like the other groups' collectives. The compute
+// stream does not wait for dp_background's collectives: they reduce gradients while
+// backward goes on, and their users join them (OverlappedGradReduce::wait, ZeroShards).
+// background_collectives turns off: NCCL calls only queue work, so its stream gives the
+// overlap that the background thread gives MPI. Ranks that would share a GPU are refused.
 void use_nccl(ProcessGroups& groups, CudaDevice& device);
 
 }  // namespace switchyard

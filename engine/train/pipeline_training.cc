@@ -56,21 +56,32 @@ RouterStats::Layer unpack_layer(const double* in, int num_experts) {
   return layer;
 }
 
-// Routing sums as a message: 2E + 1 doubles (selections, probability sums, tokens) as
-// their bits in i64 elements, so that they travel exactly (tensors have no f64).
-Tensor pack_sums(const RoutingSums& sums, int num_experts) {
-  Tensor packed = Tensor::empty({2 * int64_t{num_experts} + 1}, DType::kI64);
+}  // namespace
+
+bool carries_routing_sums(const config::Recipe& recipe) {
+  return !recipe.moe().aux_loss_per_layer() &&
+         moe_layers_before(recipe, recipe.model().num_layers()) > 0;
+}
+
+int64_t routing_sums_side_elements(int num_experts) { return 2 * int64_t{num_experts} + 1; }
+
+Tensor pack_routing_sums(const RoutingSums& sums, int num_experts, Device& dev) {
+  Tensor packed = Tensor::empty({routing_sums_side_elements(num_experts)}, DType::kI64);
   int64_t* out = packed.data<int64_t>();
   for (int e = 0; e < num_experts; ++e) {
     out[e] = std::bit_cast<int64_t>(sums.selections.empty() ? 0.0 : sums.selections[e]);
     out[num_experts + e] = std::bit_cast<int64_t>(sums.prob_sums.empty() ? 0.0 : sums.prob_sums[e]);
   }
   out[2 * num_experts] = std::bit_cast<int64_t>(static_cast<double>(sums.tokens));
-  return packed;
+  return packed.to(dev);
 }
 
-RoutingSums unpack_sums(const Tensor& packed, int num_experts) {
-  const int64_t* in = packed.data<int64_t>();
+RoutingSums unpack_routing_sums(const Tensor& side, int num_experts) {
+  SY_CHECK_MSG(side.dtype() == DType::kI64 &&
+                   side.numel() == routing_sums_side_elements(num_experts),
+               "routing sums side of the wrong size");
+  const Tensor host = side.on_host();
+  const int64_t* in = host.data<int64_t>();
   RoutingSums sums;
   for (int e = 0; e < num_experts; ++e) {
     sums.selections.push_back(std::bit_cast<double>(in[e]));
@@ -78,13 +89,6 @@ RoutingSums unpack_sums(const Tensor& packed, int num_experts) {
   }
   sums.tokens = static_cast<int64_t>(std::bit_cast<double>(in[2 * num_experts]));
   return sums;
-}
-
-}  // namespace
-
-bool carries_routing_sums(const config::Recipe& recipe) {
-  return !recipe.moe().aux_loss_per_layer() &&
-         moe_layers_before(recipe, recipe.model().num_layers()) > 0;
 }
 
 std::vector<std::unique_ptr<Transformer>> build_model_chunks(const config::Recipe& recipe,
@@ -123,14 +127,14 @@ ChunkStages::ChunkStages(Device& dev, const std::vector<std::unique_ptr<Transfor
 }
 
 Tensor ChunkStages::side_of(const RoutingSums& sums) const {
-  return routing_sums_ ? pack_sums(sums, num_experts_) : Tensor();
+  return routing_sums_ ? pack_routing_sums(sums, num_experts_, dev_) : Tensor();
 }
 
 StageMessage ChunkStages::forward(int micro_batch, int chunk, const StageMessage& input) {
   const MicroBatchInput& in = inputs_[micro_batch];
   Transformer& model = *chunks_[chunk];
   const RoutingSums before =
-      input.side.defined() ? unpack_sums(input.side, num_experts_) : RoutingSums();
+      input.side.defined() ? unpack_routing_sums(input.side, num_experts_) : RoutingSums();
   Transformer::ChunkOutput out =
       model.forward_chunk(dev_, input.tensor, in.ids, in.targets, in.rng, in.doc_starts,
                           /*training=*/true, in.window_tokens, before);
@@ -144,17 +148,21 @@ StageMessage ChunkStages::backward(int micro_batch, int chunk, const StageMessag
   model.restore_activations(std::move(stashed_[chunk][micro_batch]));
   if (reducer_) reducer_->set_reducing(micro_batch + 1 == static_cast<int>(inputs_.size()));
   const RoutingSums model_sums =
-      output_grad.side.defined() ? unpack_sums(output_grad.side, num_experts_) : RoutingSums();
+      output_grad.side.defined() ? unpack_routing_sums(output_grad.side, num_experts_)
+                                 : RoutingSums();
   Tensor input_grad =
       model.backward_chunk(dev_, output_grad.tensor, loss_scale_, ce_tokens_, model_sums);
   return {input_grad, side_of(model.router_stats().all_layers)};
 }
 
 StageMessage ChunkStages::receive_buffer(TransferKind /*kind*/, int micro_batch, int /*chunk*/) {
-  // Activations and their gradients alike: (batch * seq, hidden) in the compute dtype.
+  // Activations and their gradients alike: (batch * seq, hidden) in the compute dtype,
+  // and the side beside them on the same device.
   const Tensor& ids = inputs_[micro_batch].ids;
   return {Tensor::empty({ids.numel(), hidden_size_}, dtype_, MemoryKind::kActivations, dev_),
-          routing_sums_ ? Tensor::empty({2 * int64_t{num_experts_} + 1}, DType::kI64) : Tensor()};
+          routing_sums_ ? Tensor::empty({routing_sums_side_elements(num_experts_)}, DType::kI64,
+                                        MemoryKind::kOther, dev_)
+                        : Tensor()};
 }
 
 LossParts pipeline_eval_forward(Device& dev, const std::vector<std::unique_ptr<Transformer>>& chunks,
@@ -237,16 +245,20 @@ std::vector<std::pair<std::string, Tensor>> gather_pipeline_weights(
   const std::vector<int> first = chunk_first_layers(recipe);
   const std::map<std::string, Tensor> held(mine.begin(), mine.end());
   std::vector<std::pair<std::string, Tensor>> whole;
+  // Broadcast where the group's collectives take their tensors (no copy on a host
+  // communicator) and returned on the host, as `mine` is.
+  Device& where = pipeline.tensor_device();
   for (int k = 0; k < shape.num_chunks(); ++k) {
     // The chunk's names and whole shapes, from a model of that chunk on one rank.
     ParamStore names;
     const Transformer chunk(recipe, names, {}, ModelChunk{first[k], first[k + 1] - first[k]});
     const int root = shape.rank_of(k);
     for (const Param& p : names.params()) {
-      Tensor value = root == pipeline.rank() ? held.at(p.name)
-                                             : Tensor::empty(p.whole_shape, DType::kF32);
+      Tensor value = root == pipeline.rank()
+                         ? held.at(p.name).to(where)
+                         : Tensor::empty(p.whole_shape, DType::kF32, MemoryKind::kOther, where);
       pipeline.broadcast(value, root);
-      whole.emplace_back(p.name, value);
+      whole.emplace_back(p.name, value.on_host());
     }
   }
   return whole;

@@ -41,6 +41,17 @@ struct MicroBatchInput {
 // through its chunk and every gradient the whole model's.
 bool carries_routing_sums(const config::Recipe& recipe);
 
+// The routing sums as a stage message's side, on `dev`: 2E + 1 doubles (per expert the
+// selections, then the probability sums, then the tokens) as their bits in i64 elements,
+// so that they travel exactly (tensors have no f64). Packed on the host and copied to
+// `dev`, where the message's tensor lives: on a GPU by the compute stream, which the
+// exchange that sends it waits for.
+int64_t routing_sums_side_elements(int num_experts);
+Tensor pack_routing_sums(const RoutingSums& sums, int num_experts, Device& dev);
+// The sums a side carries, read through the host from its device (on a GPU, once the
+// exchange that received it has completed: the copy follows it on the compute stream).
+RoutingSums unpack_routing_sums(const Tensor& side, int num_experts);
+
 // One step's passes on this rank's chunks: a forward runs forward_chunk and stashes the
 // micro-batch's activations; its backward restores them and runs backward_chunk.
 class ChunkStages : public PipelineStages {

@@ -1,0 +1,185 @@
+// What pipeline training moves between host and device for a device communicator
+// (docs/pipeline.md): the routing sums a message carries beside its tensor, packed on the
+// host and moved to the message's device, read back through the host, every double's
+// bits intact; and the final weights, broadcast on the pipeline group's device and
+// returned on the host. A second host-memory device stands in for a GPU: its copies go
+// through copy_from_host and copy_to_host, as a CudaDevice's do.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/config/recipe.h"
+#include "engine/train/pipeline_training.h"
+
+namespace switchyard {
+namespace {
+
+// Host memory, but a device of its own: tensors move to and from it by upload/download.
+class StagingDevice final : public Device {
+ public:
+  DeviceType type() const override { return DeviceType::kCpu; }
+  std::string name() const override { return "staging"; }
+  int64_t available_bytes() const override { return int64_t{1} << 30; }
+
+ protected:
+  void* raw_allocate(size_t bytes) override { return std::malloc(bytes == 0 ? 1 : bytes); }
+  void raw_deallocate(void* ptr) override { std::free(ptr); }
+};
+
+// A group of one whose tensor collectives take `device`'s tensors, as a device
+// communicator's take its GPU's (a group of one carries them out as copies).
+class GroupOfOneOn final : public Communicator {
+ public:
+  explicit GroupOfOneOn(Device& device) : device_(device) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void barrier() override {}
+  Device& tensor_device() const override { return device_; }
+
+ protected:
+  void all_reduce_sum_f32(float*, int64_t) override {}
+  void all_reduce_sum_f64(double*, int64_t) override {}
+  void all_reduce_sum_i64(int64_t*, int64_t) override {}
+  void reduce_scatter_sum_f32(const float*, float*, int64_t) override {}
+  void all_gather_impl(const Tensor&, Tensor&) override {}
+  void all_to_all_v_impl(const Tensor&, const std::vector<int64_t>&, Tensor&,
+                         const std::vector<int64_t>&) override {}
+  std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& counts) override {
+    return counts;
+  }
+  void broadcast_impl(Tensor&, int) override {}
+
+ private:
+  Device& device_;
+};
+
+std::vector<uint64_t> bits(const std::vector<double>& values) {
+  std::vector<uint64_t> out;
+  for (double v : values) out.push_back(std::bit_cast<uint64_t>(v));
+  return out;
+}
+
+RoutingSums awkward_sums() {
+  RoutingSums sums;
+  sums.selections = {0.0, -0.0, 3.0, std::numeric_limits<double>::denorm_min(),
+                     9007199254740993.0};
+  sums.prob_sums = {0.1, std::numeric_limits<double>::infinity(),
+                    std::bit_cast<double>(uint64_t{0x7ff8000000000123}), 1e308, -2.5};
+  sums.tokens = (int64_t{1} << 53) - 1;
+  return sums;
+}
+
+TEST(PipelineSide, RoundTripsEveryBitOnTheCpu) {
+  const RoutingSums sums = awkward_sums();
+  const Tensor side = pack_routing_sums(sums, 5, cpu_device());
+  EXPECT_EQ(&side.device(), &cpu_device());
+  EXPECT_EQ(side.dtype(), DType::kI64);
+  EXPECT_EQ(side.numel(), routing_sums_side_elements(5));
+  const RoutingSums back = unpack_routing_sums(side, 5);
+  EXPECT_EQ(bits(back.selections), bits(sums.selections));
+  EXPECT_EQ(bits(back.prob_sums), bits(sums.prob_sums));
+  EXPECT_EQ(back.tokens, sums.tokens);
+}
+
+TEST(PipelineSide, LivesOnTheMessagesDeviceAndIsReadThroughTheHost) {
+  StagingDevice dev;
+  const RoutingSums sums = awkward_sums();
+  const Tensor side = pack_routing_sums(sums, 5, dev);
+  EXPECT_EQ(&side.device(), &dev);
+  EXPECT_EQ(dev.host_transfers(), 1);  // the packed host tensor, uploaded once
+  // A receive buffer on the device, filled as an exchange would fill it.
+  Tensor received = Tensor::empty({routing_sums_side_elements(5)}, DType::kI64,
+                                  MemoryKind::kOther, dev);
+  received.copy_from(side);
+  const RoutingSums back = unpack_routing_sums(received, 5);
+  EXPECT_EQ(dev.host_transfers(), 2);  // one download to read it
+  EXPECT_EQ(bits(back.selections), bits(sums.selections));
+  EXPECT_EQ(bits(back.prob_sums), bits(sums.prob_sums));
+  EXPECT_EQ(back.tokens, sums.tokens);
+}
+
+// A first chunk without MoE layers before it has no sums yet: zeros travel.
+TEST(PipelineSide, EmptySumsTravelAsZeros) {
+  StagingDevice dev;
+  const RoutingSums back = unpack_routing_sums(pack_routing_sums(RoutingSums(), 3, dev), 3);
+  EXPECT_EQ(back.selections, std::vector<double>(3, 0.0));
+  EXPECT_EQ(back.prob_sums, std::vector<double>(3, 0.0));
+  EXPECT_EQ(back.tokens, 0);
+}
+
+TEST(PipelineSideDeathTest, RefusesASideOfAnotherExpertCount) {
+  const Tensor side = pack_routing_sums(awkward_sums(), 5, cpu_device());
+  EXPECT_DEATH(unpack_routing_sums(side, 4), "routing sums side of the wrong size");
+}
+
+config::Recipe tiny_with_layers(int layers) {
+  const std::filesystem::path root =
+      std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+  absl::StatusOr<config::Recipe> recipe = config::load_recipe(
+      (root / "recipes/tiny.textproto").string(), {"model.num_layers=" + std::to_string(layers)});
+  EXPECT_TRUE(recipe.ok()) << recipe.status();
+  return *recipe;
+}
+
+// Every whole weight of `recipe`'s model, by name, on the host: 0.5, 0.75, 1.0, ...
+std::vector<std::pair<std::string, Tensor>> counted_weights(const config::Recipe& recipe) {
+  ParamStore params;
+  const Transformer model(recipe, params, {});
+  std::vector<std::pair<std::string, Tensor>> weights;
+  float next = 0.5f;
+  for (const Param& p : params.params()) {
+    Tensor value = Tensor::empty(p.whole_shape);
+    for (int64_t i = 0; i < value.numel(); ++i, next += 0.25f) value.data<float>()[i] = next;
+    weights.emplace_back(p.name, value);
+  }
+  return weights;
+}
+
+// The whole model's weights of a one-stage layout: every tensor goes to the group's
+// device for its broadcast and comes back to the host with its bytes.
+TEST(PipelineWeights, GatherThroughTheGroupsDeviceReturnsHostTensors) {
+  const config::Recipe recipe = tiny_with_layers(2);
+  absl::StatusOr<Layout> layout = make_layout(recipe, 1);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const std::vector<std::pair<std::string, Tensor>> mine = counted_weights(recipe);
+  StagingDevice dev;
+  GroupOfOneOn pipeline(dev);
+  const std::vector<std::pair<std::string, Tensor>> whole =
+      gather_pipeline_weights(recipe, *layout, mine, pipeline);
+  ASSERT_EQ(whole.size(), mine.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(whole[i].first, mine[i].first);
+    EXPECT_EQ(&whole[i].second.device(), &cpu_device());
+    ASSERT_EQ(whole[i].second.shape(), mine[i].second.shape());
+    EXPECT_EQ(std::memcmp(whole[i].second.raw_data(), mine[i].second.raw_data(),
+                          mine[i].second.nbytes()),
+              0)
+        << whole[i].first;
+  }
+  // Up to the group's device and back, once each.
+  EXPECT_EQ(dev.host_transfers(), 2 * static_cast<int64_t>(mine.size()));
+}
+
+// On a host communicator nothing is copied: the held tensors come back themselves.
+TEST(PipelineWeights, GatherOnTheHostCopiesNothing) {
+  const config::Recipe recipe = tiny_with_layers(1);
+  absl::StatusOr<Layout> layout = make_layout(recipe, 1);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const std::vector<std::pair<std::string, Tensor>> mine = counted_weights(recipe);
+  GroupOfOneOn pipeline(cpu_device());
+  const std::vector<std::pair<std::string, Tensor>> whole =
+      gather_pipeline_weights(recipe, *layout, mine, pipeline);
+  ASSERT_EQ(whole.size(), mine.size());
+  for (size_t i = 0; i < whole.size(); ++i)
+    EXPECT_EQ(whole[i].second.raw_data(), mine[i].second.raw_data()) << whole[i].first;
+}
+
+}  // namespace
+}  // namespace switchyard
