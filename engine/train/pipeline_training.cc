@@ -77,9 +77,9 @@ Tensor pack_routing_sums(const RoutingSums& sums, int num_experts, Device& dev) 
 }
 
 RoutingSums unpack_routing_sums(const Tensor& side, int num_experts) {
-  SY_CHECK_MSG(side.dtype() == DType::kI64 &&
-                   side.numel() == routing_sums_side_elements(num_experts),
-               "routing sums side of the wrong size");
+  SY_CHECK_MSG(
+      side.dtype() == DType::kI64 && side.numel() == routing_sums_side_elements(num_experts),
+      "routing sums side of the wrong size");
   const Tensor host = side.on_host();
   const int64_t* in = host.data<int64_t>();
   RoutingSums sums;
@@ -147,9 +147,9 @@ StageMessage ChunkStages::backward(int micro_batch, int chunk, const StageMessag
   Transformer& model = *chunks_[chunk];
   model.restore_activations(std::move(stashed_[chunk][micro_batch]));
   if (reducer_) reducer_->set_reducing(micro_batch + 1 == static_cast<int>(inputs_.size()));
-  const RoutingSums model_sums =
-      output_grad.side.defined() ? unpack_routing_sums(output_grad.side, num_experts_)
-                                 : RoutingSums();
+  const RoutingSums model_sums = output_grad.side.defined()
+                                     ? unpack_routing_sums(output_grad.side, num_experts_)
+                                     : RoutingSums();
   Tensor input_grad =
       model.backward_chunk(dev_, output_grad.tensor, loss_scale_, ce_tokens_, model_sums);
   return {input_grad, side_of(model.router_stats().all_layers)};

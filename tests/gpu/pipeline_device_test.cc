@@ -45,8 +45,8 @@ TEST(PipelineDeviceTest, RoutingSumsCrossTheGpuWithEveryBit) {
   const Tensor side = pack_routing_sums(sums, 4, dev);
   EXPECT_TRUE(side.device().is_cuda());
   // A receive buffer on the GPU, filled on the device as an exchange fills it.
-  Tensor received = Tensor::empty({routing_sums_side_elements(4)}, DType::kI64,
-                                  MemoryKind::kOther, dev);
+  Tensor received =
+      Tensor::empty({routing_sums_side_elements(4)}, DType::kI64, MemoryKind::kOther, dev);
   received.copy_from(side);
   const RoutingSums back = unpack_routing_sums(received, 4);
   EXPECT_EQ(bits(back.selections), bits(sums.selections));
@@ -57,8 +57,8 @@ TEST(PipelineDeviceTest, RoutingSumsCrossTheGpuWithEveryBit) {
 TEST(PipelineDeviceTest, FinalWeightsGatherOverNcclAndReturnOnTheHost) {
   const std::filesystem::path root =
       std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-  absl::StatusOr<config::Recipe> recipe = config::load_recipe(
-      (root / "recipes/tiny.textproto").string(), {"model.num_layers=2"});
+  absl::StatusOr<config::Recipe> recipe =
+      config::load_recipe((root / "recipes/tiny.textproto").string(), {"model.num_layers=2"});
   ASSERT_TRUE(recipe.ok()) << recipe.status();
   absl::StatusOr<Layout> layout = make_layout(*recipe, 1);
   ASSERT_TRUE(layout.ok()) << layout.status();
@@ -81,9 +81,9 @@ TEST(PipelineDeviceTest, FinalWeightsGatherOverNcclAndReturnOnTheHost) {
   for (size_t i = 0; i < whole.size(); ++i) {
     EXPECT_EQ(whole[i].first, mine[i].first);
     EXPECT_FALSE(whole[i].second.device().is_cuda());
-    EXPECT_EQ(std::memcmp(whole[i].second.raw_data(), mine[i].second.raw_data(),
-                          mine[i].second.nbytes()),
-              0)
+    EXPECT_EQ(
+        std::memcmp(whole[i].second.raw_data(), mine[i].second.raw_data(), mine[i].second.nbytes()),
+        0)
         << whole[i].first;
   }
   // Each tensor went to the GPU and back.

@@ -68,8 +68,7 @@ std::vector<uint64_t> bits(const std::vector<double>& values) {
 
 RoutingSums awkward_sums() {
   RoutingSums sums;
-  sums.selections = {0.0, -0.0, 3.0, std::numeric_limits<double>::denorm_min(),
-                     9007199254740993.0};
+  sums.selections = {0.0, -0.0, 3.0, std::numeric_limits<double>::denorm_min(), 9007199254740993.0};
   sums.prob_sums = {0.1, std::numeric_limits<double>::infinity(),
                     std::bit_cast<double>(uint64_t{0x7ff8000000000123}), 1e308, -2.5};
   sums.tokens = (int64_t{1} << 53) - 1;
@@ -95,8 +94,8 @@ TEST(PipelineSide, LivesOnTheMessagesDeviceAndIsReadThroughTheHost) {
   EXPECT_EQ(&side.device(), &dev);
   EXPECT_EQ(dev.host_transfers(), 1);  // the packed host tensor, uploaded once
   // A receive buffer on the device, filled as an exchange would fill it.
-  Tensor received = Tensor::empty({routing_sums_side_elements(5)}, DType::kI64,
-                                  MemoryKind::kOther, dev);
+  Tensor received =
+      Tensor::empty({routing_sums_side_elements(5)}, DType::kI64, MemoryKind::kOther, dev);
   received.copy_from(side);
   const RoutingSums back = unpack_routing_sums(received, 5);
   EXPECT_EQ(dev.host_transfers(), 2);  // one download to read it
@@ -158,9 +157,9 @@ TEST(PipelineWeights, GatherThroughTheGroupsDeviceReturnsHostTensors) {
     EXPECT_EQ(whole[i].first, mine[i].first);
     EXPECT_EQ(&whole[i].second.device(), &cpu_device());
     ASSERT_EQ(whole[i].second.shape(), mine[i].second.shape());
-    EXPECT_EQ(std::memcmp(whole[i].second.raw_data(), mine[i].second.raw_data(),
-                          mine[i].second.nbytes()),
-              0)
+    EXPECT_EQ(
+        std::memcmp(whole[i].second.raw_data(), mine[i].second.raw_data(), mine[i].second.nbytes()),
+        0)
         << whole[i].first;
   }
   // Up to the group's device and back, once each.
