@@ -413,8 +413,9 @@ OpEntry router_z_loss() {
 }
 
 // The aux loss's routing statistics (selections counted exactly, ids of -1 for no
-// expert) and its gradient accumulated onto dlogits. dims (n). Inputs: probs, ids, the
-// per-expert probability gradient, dlogits.
+// expert) and its gradient accumulated onto dlogits, from the softmax of the logits (so
+// that the gradient is that of the probability sums, for the finite differences).
+// dims (n). Inputs: logits, ids, the per-expert probability gradient, dlogits.
 constexpr int64_t kAuxExperts = 13, kAuxK = 3;
 
 OpEntry router_aux() {
@@ -424,15 +425,19 @@ OpEntry router_aux() {
   e.dtypes = kF32Only;
   e.inputs = [](const OpCase& c) {
     const int64_t n = c.dims[0];
-    return std::vector<Tensor>{random_tensor({n, kAuxExperts}, 1, 0, 1),
+    return std::vector<Tensor>{random_tensor({n, kAuxExperts}, 1, -2, 2),
                                expert_ids(n, kAuxK, kAuxExperts, 2),
                                random_tensor({kAuxExperts}, 3), random_tensor({n, kAuxExperts}, 4)};
   };
-  e.run = [](const OpRun& r, const OpCase&) {
+  e.run = [](const OpRun& r, const OpCase& c) {
+    const int64_t n = c.dims[0];
+    Tensor probs = r.written({n, kAuxExperts}), top1 = r.written({n, 1}, DType::kI32),
+           top1_weights = r.written({n, 1});
+    gating_forward(r.device(), r.in(0), 1, false, probs, top1, top1_weights);
     Tensor selections = r.written({kAuxExperts}), prob_sums = r.written({kAuxExperts});
-    routing_counts(r.device(), r.in(0), r.in(1), selections, prob_sums);
+    routing_counts(r.device(), probs, r.in(1), selections, prob_sums);
     Tensor dlogits = r.updated(3);
-    aux_loss_backward(r.device(), r.in(0), r.in(2), dlogits);
+    aux_loss_backward(r.device(), probs, r.in(2), dlogits);
     OpResult sums = result("prob_sums", prob_sums);
     sums.tol = 1e-6;  // summed in double, rounded once
     return std::vector<OpResult>{result("selections", selections, Match::kExact), sums,
@@ -441,21 +446,44 @@ OpEntry router_aux() {
   e.reference = [](const Values& in, const OpCase& c) {
     const int64_t n = c.dims[0];
     const std::vector<int32_t> ids = as_ids(in[1]);
-    std::vector<double> selections(kAuxExperts), prob_sums(kAuxExperts), dlogits = copy(in[3]);
-    cpu::routing_counts<double>(in[0].data(), ids.data(), n, kAuxExperts, kAuxK, selections.data(),
+    std::vector<double> probs(n * kAuxExperts), selections(kAuxExperts), prob_sums(kAuxExperts),
+        dlogits = copy(in[3]);
+    for (int64_t t = 0; t < n; ++t)
+      cpu::softmax_row<double>(in[0].data() + t * kAuxExperts, probs.data() + t * kAuxExperts,
+                               kAuxExperts);
+    cpu::routing_counts<double>(probs.data(), ids.data(), n, kAuxExperts, kAuxK, selections.data(),
                                 prob_sums.data());
-    cpu::aux_loss_backward<double>(in[0].data(), in[2].data(), n, kAuxExperts, dlogits.data());
+    cpu::aux_loss_backward<double>(probs.data(), in[2].data(), n, kAuxExperts, dlogits.data());
     return Values{selections, prob_sums, dlogits};
   };
+  e.gradient_dims = {4};
+  e.loss_result = 1;
+  e.upstream = 2;
+  e.gradients = {{0, 2, 3}};
   return e;
 }
 
 // The sequence-wise aux loss's sums per sequence and its gradient accumulated onto
 // dlogits, for a rank's rows: all of the 6 sequences of 700, none, and a share that
-// starts and ends inside sequences. dims (first token, n, normalize). Inputs: probs, ids,
-// dlogits.
+// starts and ends inside sequences; from the logits' softmax probabilities (normalize
+// 0) or sigmoid scores (1), so that the gradient is that of the loss the sums give.
+// dims (first token, n, normalize). Inputs: logits, ids, dlogits, a zero selection bias
+// (for the sigmoid), and the weight of each sum in that loss: kSeqAuxScale times the
+// sequence's selections of the expert, on the score sums (the upstream of the finite
+// differences, over rows that cross from one sequence into the next).
 constexpr int64_t kSeqLen = 700, kSequences = 6;
-constexpr float kSeqAuxScale = 1e-3f;
+constexpr float kSeqAuxScale = 0.01f;
+const SigmoidGating kOneSigmoid{};
+
+Tensor sequence_loss_weights(const Tensor& ids, int64_t first) {
+  const std::vector<int32_t> v = values_of<int32_t>(ids);
+  std::vector<float> weights(kSequences * 2 * kAuxExperts, 0.0f);
+  for (size_t a = 0; a < v.size(); ++a) {
+    const int64_t sequence = (first + static_cast<int64_t>(a) / kAuxK) / kSeqLen;
+    if (v[a] >= 0) weights[(sequence * 2 + 1) * kAuxExperts + v[a]] += kSeqAuxScale;
+  }
+  return host_tensor({kSequences, 2 * kAuxExperts}, weights);
+}
 
 OpEntry sequence_aux() {
   OpEntry e;
@@ -466,17 +494,26 @@ OpEntry sequence_aux() {
   e.dtypes = kF32Only;
   e.inputs = [](const OpCase& c) {
     const int64_t n = c.dims[1];
-    return std::vector<Tensor>{random_tensor({n, kAuxExperts}, 1, 0.01, 1.0),
-                               expert_ids(n, kAuxK, kAuxExperts, 2),
-                               random_tensor({n, kAuxExperts}, 4)};
+    const Tensor ids = expert_ids(n, kAuxK, kAuxExperts, 2);
+    return std::vector<Tensor>{random_tensor({n, kAuxExperts}, 1, -2, 2), ids,
+                               random_tensor({n, kAuxExperts}, 4),
+                               host_tensor({kAuxExperts}, std::vector<float>(kAuxExperts, 0.0f)),
+                               sequence_loss_weights(ids, c.dims[0])};
   };
   e.run = [](const OpRun& r, const OpCase& c) {
+    const int64_t n = c.dims[1];
     const SequenceRows rows{c.dims[0], kSeqLen};
     const bool normalize = c.dims[2] != 0;
+    Tensor probs = r.written({n, kAuxExperts}), top1 = r.written({n, 1}, DType::kI32),
+           top1_weights = r.written({n, 1});
+    if (normalize)
+      sigmoid_gating_forward(r.device(), r.in(0), r.in(3), kOneSigmoid, probs, top1, top1_weights);
+    else
+      gating_forward(r.device(), r.in(0), 1, false, probs, top1, top1_weights);
     Tensor sums = r.written({kSequences, 2 * kAuxExperts});
-    sequence_routing_sums(r.device(), r.in(0), r.in(1), normalize, rows, sums);
+    sequence_routing_sums(r.device(), probs, r.in(1), normalize, rows, sums);
     Tensor dlogits = r.updated(2);
-    sequence_aux_backward(r.device(), r.in(0), sums, normalize, rows, kSeqAuxScale, dlogits);
+    sequence_aux_backward(r.device(), probs, sums, normalize, rows, kSeqAuxScale, dlogits);
     OpResult sum_result = result("sums", sums);
     sum_result.tol = 1e-6;  // summed in double, rounded once
     return std::vector<OpResult>{sum_result, result("dlogits", dlogits)};
@@ -485,13 +522,24 @@ OpEntry sequence_aux() {
     const int64_t first = c.dims[0], n = c.dims[1];
     const bool normalize = c.dims[2] != 0;
     const std::vector<int32_t> ids = as_ids(in[1]);
-    std::vector<double> sums(kSequences * 2 * kAuxExperts), dlogits = copy(in[2]);
-    cpu::sequence_routing_sums<double>(in[0].data(), ids.data(), n, kAuxExperts, kAuxK, normalize,
+    std::vector<double> probs(n * kAuxExperts), sums(kSequences * 2 * kAuxExperts),
+        dlogits = copy(in[2]);
+    for (int64_t t = 0; t < n; ++t) {
+      const double* logits = in[0].data() + t * kAuxExperts;
+      double* p = probs.data() + t * kAuxExperts;
+      if (!normalize) cpu::softmax_row<double>(logits, p, kAuxExperts);
+      for (int64_t x = 0; normalize && x < kAuxExperts; ++x) p[x] = 1 / (1 + std::exp(-logits[x]));
+    }
+    cpu::sequence_routing_sums<double>(probs.data(), ids.data(), n, kAuxExperts, kAuxK, normalize,
                                        first, kSeqLen, kSequences, sums.data());
-    cpu::sequence_aux_backward<double>(in[0].data(), sums.data(), n, kAuxExperts, normalize, first,
+    cpu::sequence_aux_backward<double>(probs.data(), sums.data(), n, kAuxExperts, normalize, first,
                                        kSeqLen, kSeqAuxScale, dlogits.data());
     return Values{sums, dlogits};
   };
+  e.gradient_dims = {697, 6, 1};
+  e.loss_result = 0;
+  e.upstream = 4;
+  e.gradients = {{0, 1, 2}};
   return e;
 }
 
