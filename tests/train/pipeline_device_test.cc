@@ -1,9 +1,10 @@
 // What pipeline training moves between host and device for a device communicator
 // (docs/pipeline.md): the routing sums a message carries beside its tensor, packed on the
 // host and moved to the message's device, read back through the host, every double's
-// bits intact; and the final weights, broadcast on the pipeline group's device and
-// returned on the host. A second host-memory device stands in for a GPU: its copies go
-// through copy_from_host and copy_to_host, as a CudaDevice's do.
+// bits intact; the receive buffers, on the stage's device; and the final weights,
+// broadcast on the pipeline group's device and returned on the host. A second
+// host-memory device stands in for a GPU: its copies go through copy_from_host and
+// copy_to_host, as a CudaDevice's do.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -139,6 +141,29 @@ std::vector<std::pair<std::string, Tensor>> counted_weights(const config::Recipe
     weights.emplace_back(p.name, value);
   }
   return weights;
+}
+
+// A stage's receive buffers, the activation or gradient and the routing sums' side, are
+// allocated where its passes compute, as an exchange on a device communicator needs.
+TEST(PipelineStages, ReceiveBuffersLiveOnTheStagesDevice) {
+  config::Recipe recipe = tiny_with_layers(2);
+  recipe.mutable_moe()->set_aux_loss_per_layer(false);
+  ParamStore params;
+  std::vector<std::unique_ptr<Transformer>> chunks;
+  chunks.push_back(
+      std::make_unique<Transformer>(recipe, params, ModelParallel{}, ModelChunk{1, 1}));
+  const std::vector<MicroBatchInput> inputs = {{Tensor::zeros({2, 8}, DType::kI32),
+                                                Tensor::zeros({2, 8}, DType::kI32), Tensor(),
+                                                Tensor(), Rng(1)}};
+  StagingDevice dev;
+  ChunkStages stages(dev, chunks, inputs, recipe.model().hidden_size(), DType::kF32, 1.0f, 16.0,
+                     nullptr, [](int, const LossParts&, const RouterStats&) {});
+  const StageMessage buffer = stages.receive_buffer(TransferKind::kActivation, 0, 0);
+  EXPECT_EQ(&buffer.tensor.device(), &dev);
+  EXPECT_EQ(buffer.tensor.shape(), (Shape{16, recipe.model().hidden_size()}));
+  ASSERT_TRUE(buffer.side.defined());
+  EXPECT_EQ(&buffer.side.device(), &dev);
+  EXPECT_EQ(buffer.side.numel(), routing_sums_side_elements(recipe.moe().num_experts()));
 }
 
 // The whole model's weights of a one-stage layout: every tensor goes to the group's
