@@ -4,18 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
-#include <limits>
-#include <map>
-#include <google/protobuf/text_format.h>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
 #include "data/loader.h"
@@ -30,11 +24,13 @@
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/evaluation.h"
+#include "engine/train/fine_tuning.h"
 #include "engine/train/memory_plan.h"
 #include "engine/train/peak.h"
 #include "engine/train/pipeline_training.h"
 #include "engine/train/rank_state_map.h"
 #include "engine/train/record_sinks.h"
+#include "engine/train/resume_point.h"
 #include "engine/train/training_data.h"
 #include "kernels/devices.h"
 #include "kernels/threads.h"
@@ -96,282 +92,6 @@ class DataMessages : public DataProgressSink {
   ProgressSink& sink_;
 };
 
-// The weights a run's first start loads (train.init_from) and their tokenizer, which the
-// run tokenises with.
-struct InitWeights {
-  std::string dir;
-  std::string tokenizer_path;
-  std::string tokenizer_sha256;
-};
-
-// Settings a run started from weights may change: they neither shape nor define the
-// model (docs/training.md lists them).
-bool may_differ_from_weights(const std::string& field) {
-  static const char* const kFields[] = {"model.init_std", "model.max_position_embeddings",
-                                        "moe.capacity_factor", "moe.aux_loss_coef",
-                                        "moe.z_loss_coef", "moe.aux_loss_per_layer",
-                                        "moe.bias_update_rate", "moe.router_force_balance",
-                                        "moe.seq_aux_loss_coef"};
-  return std::find(std::begin(kFields), std::end(kFields), field) != std::end(kFields);
-}
-
-// The first field of `section` ("model" or "moe") where the recipe and the weights'
-// recipe differ, refused naming both values.
-absl::Status check_same_model_section(const google::protobuf::Message& mine,
-                                      const google::protobuf::Message& weights,
-                                      const std::string& section, const std::string& dir) {
-  const google::protobuf::Descriptor* descriptor = mine.GetDescriptor();
-  for (int i = 0; i < descriptor->field_count(); ++i) {
-    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
-    const std::string name = absl::StrCat(section, ".", field->name());
-    if (may_differ_from_weights(name)) continue;
-    std::string ours, theirs;
-    google::protobuf::TextFormat::PrintFieldValueToString(mine, field, -1, &ours);
-    google::protobuf::TextFormat::PrintFieldValueToString(weights, field, -1, &theirs);
-    if (ours != theirs)
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " is ", ours, " in the recipe but ", theirs, " in the weights of ", dir,
-          " (train.init_from): the recipe must describe the weights' model"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::optional<InitWeights>> open_init_weights(const config::Recipe& recipe) {
-  if (recipe.train().init_from().empty()) return std::nullopt;
-  std::string dir = fs::absolute(recipe.train().init_from()).lexically_normal().string();
-  if (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  SY_ASSIGN_OR_RETURN(const config::Recipe weights, load_weights_recipe(dir));
-  SY_RETURN_IF_ERROR(check_same_model_section(recipe.model(), weights.model(), "model", dir));
-  SY_RETURN_IF_ERROR(check_same_model_section(recipe.moe(), weights.moe(), "moe", dir));
-  SY_ASSIGN_OR_RETURN(const Tokenizer tokenizer, load_weights_tokenizer(dir, weights));
-  return InitWeights{dir, dir + "/tokenizer.model", tokenizer.sha256()};
-}
-
-// The groups train.freeze may name, each the parts of parameter names it covers.
-const std::map<std::string, std::vector<std::string>>& freeze_groups() {
-  static const auto* groups = new std::map<std::string, std::vector<std::string>>{
-      {"router", {kRouterNamePart}},
-      {"embeddings", {"model.embed_tokens."}},
-      {"attention", {".self_attn."}},
-      {"experts", {".mlp.experts."}},
-      {"shared_experts", {".mlp.shared_expert.", ".mlp.shared_expert_gate."}},
-      {"norms", {"layernorm.", "model.norm.", "_norm."}},
-      {"lm_head", {"lm_head."}}};
-  return *groups;
-}
-
-// Marks the parameters train.freeze names as frozen; an entry that names none is refused.
-// With pipeline stages each rank freezes what it holds, and the counts are the whole
-// model's, summed over `pipeline` (a collective over it).
-absl::Status apply_freeze(const config::TrainConfig& tc, ParamStore& params,
-                          Communicator& pipeline, ProgressSink& sink) {
-  std::vector<int64_t> counts = {0, 0};  // frozen, all: elements of the whole tensors
-  int64_t& frozen = counts[0];
-  for (const Param& p : params.params()) counts[1] += shape_numel(p.whole_shape);
-  for (const std::string& entry : tc.freeze()) {
-    const auto group = freeze_groups().find(entry);
-    const std::vector<std::string> parts =
-        group != freeze_groups().end() ? group->second : std::vector<std::string>{entry};
-    int64_t matched = 0;
-    for (Param& p : params.params()) {
-      const bool named = std::any_of(parts.begin(), parts.end(), [&](const std::string& part) {
-        return p.name.find(part) != std::string::npos;
-      });
-      if (!named) continue;
-      ++matched;
-      if (p.trainable) frozen += shape_numel(p.whole_shape);
-      p.trainable = false;
-    }
-    pipeline.all_reduce_sum(&matched, 1);
-    if (matched == 0) {
-      std::vector<std::string> names;
-      for (const auto& [name, unused] : freeze_groups()) names.push_back(name);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "train.freeze \"", entry, "\" names no parameter (a group: ", absl::StrJoin(names, ", "),
-          "; or a part of parameter names, such as model.layers.0.)"));
-    }
-  }
-  pipeline.all_reduce_sum(counts.data(), static_cast<int64_t>(counts.size()));
-  if (frozen > 0)
-    sink.on_message(absl::StrFormat("frozen by train.freeze: %.3fM of %.3fM parameters",
-                                    frozen / 1e6, counts[1] / 1e6));
-  return absl::OkStatus();
-}
-
-// A setting of the learning-rate schedule, as a recipe gives it.
-struct ScheduleSetting {
-  enum Kind {
-    kPast,         // shapes the curve the run followed: never changes on resume
-    kDecayEnd,     // where the decay goes: --extend-schedule restarts it from the checkpoint
-    kRouterScale,  // --extend-schedule applies it from the resume step
-  };
-  std::string name;
-  std::string value;
-  Kind kind;
-};
-
-// The shortest text that reads back as `value` (recipe fields are floats).
-std::string float_text(float value) {
-  std::string text;
-  for (int digits = 6; digits <= 9; ++digits) {
-    text = absl::StrFormat("%.*g", digits, value);
-    if (std::strtof(text.c_str(), nullptr) == value) break;
-  }
-  return text;
-}
-
-std::vector<ScheduleSetting> schedule_settings(const config::Recipe& recipe) {
-  const config::OptimizerConfig& opt = recipe.optimizer();
-  const config::LrDecay decay =
-      opt.decay() == config::LR_DECAY_UNSPECIFIED ? config::COSINE : opt.decay();
-  return {{"train.steps", absl::StrCat(recipe.train().steps()), ScheduleSetting::kDecayEnd},
-          {"optimizer.lr", float_text(opt.lr()), ScheduleSetting::kPast},
-          {"optimizer.warmup_steps", absl::StrCat(opt.warmup_steps()), ScheduleSetting::kPast},
-          {"optimizer.min_lr", float_text(opt.min_lr()), ScheduleSetting::kDecayEnd},
-          {"optimizer.decay", config::LrDecay_Name(decay), ScheduleSetting::kDecayEnd},
-          {"optimizer.router_lr_scale",
-           float_text(opt.has_router_lr_scale() ? opt.router_lr_scale() : 1.0f),
-           ScheduleSetting::kRouterScale}};
-}
-
-// The schedule settings where the recipe differs from the checkpoint's: (saved, recipe).
-std::vector<std::pair<ScheduleSetting, ScheduleSetting>> changed_schedule(
-    const config::Recipe& saved, const config::Recipe& recipe) {
-  const std::vector<ScheduleSetting> before = schedule_settings(saved);
-  const std::vector<ScheduleSetting> now = schedule_settings(recipe);
-  std::vector<std::pair<ScheduleSetting, ScheduleSetting>> changed;
-  for (size_t i = 0; i < before.size(); ++i)
-    if (before[i].value != now[i].value) changed.emplace_back(before[i], now[i]);
-  return changed;
-}
-
-// A resume keeps the learning-rate schedule the run followed; --extend-schedule lets the
-// decay's end and the router's factor change (docs/training.md), never the past curve.
-absl::Status check_same_schedule(const config::Recipe& saved, const config::Recipe& recipe,
-                                 const std::string& dir, bool extend_schedule) {
-  for (const auto& [before, now] : changed_schedule(saved, recipe)) {
-    const std::string differs = absl::StrCat(dir, ": ", now.name, " is ", now.value,
-                                             " in the recipe but ", before.value,
-                                             " in this checkpoint");
-    if (before.kind == ScheduleSetting::kPast)
-      return absl::FailedPreconditionError(absl::StrCat(
-          differs, ": it shapes the learning rates the run already had, so no resume changes "
-          "it (--extend-schedule changes train.steps, optimizer.min_lr, optimizer.decay and "
-          "optimizer.router_lr_scale); resume with ", now.name, "=", before.value));
-    if (!extend_schedule)
-      return absl::FailedPreconditionError(absl::StrCat(
-          differs, ": a resume keeps the run's learning-rate schedule; pass --extend-schedule "
-          "to continue it from this checkpoint's rate (docs/training.md), or resume with ",
-          now.name, "=", before.value));
-  }
-  return absl::OkStatus();
-}
-
-// A checkpoint resumes a run of the same model, batch, data order and learning-rate
-// schedule; the parallel layout may differ.
-absl::Status check_resumable(const checkpoint::Manifest& manifest, const config::Recipe& recipe,
-                             const std::string& dir, bool extend_schedule) {
-  const config::Recipe& saved = manifest.recipe();
-  auto differs = [](const google::protobuf::Message& a, const google::protobuf::Message& b) {
-    return a.SerializeAsString() != b.SerializeAsString();
-  };
-  std::string field;
-  if (differs(saved.model(), recipe.model())) field = "model";
-  else if (differs(saved.moe(), recipe.moe())) field = "moe";
-  else if (saved.train().seq_len() != recipe.train().seq_len()) field = "train.seq_len";
-  else if (saved.train().global_batch_size() != recipe.train().global_batch_size())
-    field = "train.global_batch_size";
-  else if (saved.train().seed() != recipe.train().seed()) field = "train.seed";
-  else if (blend_changed(saved.data(), recipe.data())) field = "data.sources";
-  if (!field.empty())
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, ": this checkpoint was saved with other ", field,
-        " settings; resume with the recipe it was saved with, or use another --run-dir"));
-  if (manifest.step() > recipe.train().steps())
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, ": the checkpoint is at step ", manifest.step(), ", beyond train.steps (",
-        recipe.train().steps(), ")"));
-  return check_same_schedule(saved, recipe, dir, extend_schedule);
-}
-
-// The decay restart a resumed run follows: the checkpoint's own, or, where the decay's
-// end changed (--extend-schedule) after warmup, a new one from the rate the run had at
-// the checkpoint's step. Within warmup the past curve does not depend on the decay, so
-// the recipe's whole schedule applies.
-LrRestart resume_lr_restart(const checkpoint::Manifest& manifest, const config::Recipe& recipe) {
-  const config::Recipe& saved = manifest.recipe();
-  const LrRestart restart{manifest.lr_restart().from_step(), manifest.lr_restart().from_lr()};
-  const auto changed = changed_schedule(saved, recipe);
-  const bool decay_end_changed = std::any_of(changed.begin(), changed.end(), [](const auto& c) {
-    return c.first.kind == ScheduleSetting::kDecayEnd;
-  });
-  if (!decay_end_changed || manifest.step() <= saved.optimizer().warmup_steps()) return restart;
-  return {manifest.step(), learning_rate(saved.optimizer(), manifest.step(),
-                                         saved.train().steps(), restart)};
-}
-
-// The line a resume with a changed schedule prints: its next and last rates.
-std::string describe_extended_schedule(const config::Recipe& recipe, int64_t first_step,
-                                       const LrRestart& restart) {
-  const config::OptimizerConfig& opt = recipe.optimizer();
-  const int64_t last = recipe.train().steps();
-  const std::string from =
-      restart.from_step > 0
-          ? absl::StrFormat("decaying from %.6g, the rate at step %lld, to optimizer.min_lr",
-                            restart.from_lr, static_cast<long long>(restart.from_step))
-          : std::string("the recipe's schedule");
-  return absl::StrFormat(
-      "learning-rate schedule changed (--extend-schedule): %.6g at step %lld, %.6g at step "
-      "%lld (%s)",
-      learning_rate(opt, first_step, last, restart), static_cast<long long>(first_step),
-      learning_rate(opt, last, last, restart), static_cast<long long>(last), from);
-}
-
-// The checkpoint a run resumes from (dir empty: a fresh start) and its manifest.
-struct ResumePoint {
-  std::string dir;
-  checkpoint::Manifest manifest;
-};
-
-absl::StatusOr<ResumePoint> find_resume_point(const std::string& checkpoints_dir,
-                                              const std::string& resume_from) {
-  ResumePoint point;
-  SY_ASSIGN_OR_RETURN(point.dir, checkpoint_to_resume(checkpoints_dir, resume_from));
-  if (point.dir.empty()) return point;
-  absl::StatusOr<checkpoint::Manifest> manifest = read_manifest(point.dir);
-  if (!manifest.ok())
-    return with_resume_hint(manifest.status(), checkpoints_dir,
-                            std::numeric_limits<int64_t>::max());
-  point.manifest = *std::move(manifest);
-  return point;
-}
-
-// Every rank resumes from the step rank 0 found, decided before training's first
-// collective: a rank that found another step (its own view of the run directory) or
-// none ends the job with an error instead of mixing steps or hanging.
-absl::Status agree_on_resume_step(Communicator& world,
-                                  const absl::StatusOr<ResumePoint>& point) {
-  enum : int64_t { kUnreadable = 1, kFresh = 2, kResumes = 3 };
-  // (what, step) of every rank, each rank filling its own pair.
-  std::vector<int64_t> found(2 * static_cast<size_t>(world.size()), 0);
-  const size_t mine = 2 * static_cast<size_t>(world.rank());
-  found[mine] = !point.ok() ? kUnreadable : point->dir.empty() ? kFresh : kResumes;
-  found[mine + 1] = found[mine] == kResumes ? point->manifest.step() : 0;
-  world.all_reduce_sum(found.data(), static_cast<int64_t>(found.size()));
-  SY_RETURN_IF_ERROR(point.status());
-  auto describe = [&](size_t r) {
-    return found[2 * r] == kUnreadable ? std::string("could not read its checkpoint")
-           : found[2 * r] == kFresh    ? std::string("starts afresh")
-                                       : absl::StrCat("resumes from step ", found[2 * r + 1]);
-  };
-  for (size_t r = 1; r < found.size() / 2; ++r)
-    if (found[2 * r] != found[0] || found[2 * r + 1] != found[1])
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", r, " ", describe(r), " but rank 0 ", describe(0),
-          "; every rank must see the same run directory"));
-  return absl::OkStatus();
-}
-
 // Reports only on world rank 0; the other ranks stay silent.
 class RankZeroSink : public ProgressSink {
  public:
@@ -394,28 +114,6 @@ class RankZeroSink : public ProgressSink {
   ProgressSink& sink_;
   bool active_;
 };
-
-// Puts the loader where the checkpoint's step left it. The manifest is untrusted: a
-// blend recomputes its draws step by step, so its position must be that of the step,
-// which train.steps bounds.
-absl::Status restore_loader(Loader& loader, const checkpoint::Manifest& manifest,
-                            int64_t global_batch, const std::string& dir) {
-  const LoaderState state{manifest.loader().epoch(), manifest.loader().position(), 0};
-  const int64_t windows = loader.windows_per_epoch();
-  const int64_t step = manifest.step();
-  const auto at_step = [&] {
-    return state.epoch >= 0 && state.position >= 0 && state.position < windows && step >= 0 &&
-           state.epoch <= (std::numeric_limits<int64_t>::max() - state.position) / windows &&
-           step <= std::numeric_limits<int64_t>::max() / global_batch &&
-           state.epoch * windows + state.position == step * global_batch;
-  };
-  if (loader.windows_drawn().size() > 1 && !at_step())
-    return absl::DataLossError(absl::StrCat(
-        dir, "/manifest.pb: the loader position (epoch ", state.epoch, ", position ",
-        state.position, ") is not where step ", step, " of the blend ends (", global_batch,
-        " windows per step, ", windows, " per epoch)"));
-  return loader.restore(state);
-}
 
 // Sums values over the data-parallel group and divides by its size.
 void average(Communicator& dp, std::vector<double>& values) {
@@ -724,7 +422,7 @@ absl::StatusOr<RunStart> resume_from_checkpoint(const RunContext& run, RankTrain
   s.elapsed_before_s = manifest.elapsed_s();
   run.sink.on_message(
       absl::StrCat("resuming from ", point.dir, " (step ", manifest.step(), ")"));
-  if (!changed_schedule(manifest.recipe(), run.recipe).empty() &&
+  if (schedule_changed(manifest.recipe(), run.recipe) &&
       s.first_step <= run.tc.steps())
     run.sink.on_message(describe_extended_schedule(run.recipe, s.first_step, s.lr_restart));
   return s;
@@ -1212,8 +910,8 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   // run writes nothing into the run directory.
   RecordSinks records;
   if (run.reporter) {
-    SY_ASSIGN_OR_RETURN(records, open_record_sinks(terminal, options.run_dir,
-                                                   resume.dir.empty() ? -1 : resume.manifest.step()));
+    const int64_t resume_step = resume.dir.empty() ? -1 : resume.manifest.step();
+    SY_ASSIGN_OR_RETURN(records, open_record_sinks(terminal, options.run_dir, resume_step));
   }
 
   const config::TrainConfig& tc = recipe.train();
