@@ -283,11 +283,6 @@ absl::StatusOr<Device*> open_device(const RunContext& run) {
   Device* dev = select_device(run.recipe.runtime().device(), run.options.local_rank,
                               &device_error);
   if (dev == nullptr) return absl::InvalidArgumentError(device_error);
-  // Stage-to-stage messages go over the pipeline group's host communicator.
-  if (run.pipelined && dev->is_cuda())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallel.pipeline_parallel_size (", run.layout.pipeline_parallel_size,
-        ") trains on the CPU so far; set runtime.device=cpu (docs/pipeline.md)"));
 #ifdef SWITCHYARD_WITH_NCCL
   // On GPUs the groups' collectives go over NCCL, on the tensors where they are.
   if (dev->is_cuda() && run.layout.world_size > 1) use_nccl(run.groups, as_cuda(*dev));
