@@ -11,9 +11,12 @@ namespace switchyard {
 
 class LocalCommunicator final : public Communicator {
  public:
+  // `device`: where its tensors live (tensor_device()); the CPU for a plain run.
+  explicit LocalCommunicator(Device& device = cpu_device()) : device_(device) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void barrier() override {}
+  Device& tensor_device() const override { return device_; }
 
  protected:
   // Never called: the public methods carry out a group of one's collectives themselves.
@@ -28,6 +31,9 @@ class LocalCommunicator final : public Communicator {
     return counts;
   }
   void broadcast_impl(Tensor&, int) override {}
+
+ private:
+  Device& device_;
 };
 
 }  // namespace switchyard

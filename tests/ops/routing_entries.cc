@@ -23,16 +23,22 @@ namespace {
 
 const std::vector<std::vector<DType>> kF32Only = {{kF32}};
 
+// The steps first, first + 1, ... of a ladder of `experts` rungs in a random order.
+std::vector<int> shuffled_ladder(Rng& rng, int64_t experts, int first) {
+  std::vector<int> ladder(experts);
+  std::iota(ladder.begin(), ladder.end(), first);
+  for (int64_t e = experts - 1; e > 0; --e) std::swap(ladder[e], ladder[rng.below(e + 1)]);
+  return ladder;
+}
+
 // Router logits whose probabilities are far apart within a row (a shuffled ladder with
 // steps of 0.37 plus small noise), so rounding cannot reorder the top k; with `ties`,
 // exact ties too: row 0 all equal (the lowest ids win), row 1 two equal maxima.
 Tensor router_logits(int64_t n, int64_t experts, uint64_t seed, bool ties) {
   Rng rng(seed);
   std::vector<float> logits(n * experts);
-  std::vector<int> ladder(experts);
   for (int64_t r = 0; r < n; ++r) {
-    std::iota(ladder.begin(), ladder.end(), 0);
-    for (int64_t e = experts - 1; e > 0; --e) std::swap(ladder[e], ladder[rng.below(e + 1)]);
+    const std::vector<int> ladder = shuffled_ladder(rng, experts, 0);
     for (int64_t e = 0; e < experts; ++e)
       logits[r * experts + e] = static_cast<float>(0.37 * ladder[e] - 2.0 + 0.01 * rng.uniform());
   }
@@ -197,10 +203,8 @@ OpEntry router_forward_entry() {
 Tensor sigmoid_logits(int64_t n, int64_t experts, uint64_t seed, bool ties) {
   Rng rng(seed);
   std::vector<float> logits(n * experts);
-  std::vector<int> ladder(experts);
   for (int64_t r = 0; r < n; ++r) {
-    std::iota(ladder.begin(), ladder.end(), 1);
-    for (int64_t e = experts - 1; e > 0; --e) std::swap(ladder[e], ladder[rng.below(e + 1)]);
+    std::vector<int> ladder = shuffled_ladder(rng, experts, 1);
     if (ties && r == 0) std::fill(ladder.begin(), ladder.end(), 1);
     for (int64_t e = 0; e < experts; ++e) {
       const double score = static_cast<double>(ladder[e]) / static_cast<double>(experts + 1);

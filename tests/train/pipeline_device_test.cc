@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/config/recipe.h"
+#include "engine/parallel/local_communicator.h"
 #include "engine/train/pipeline_training.h"
 
 namespace switchyard {
@@ -33,33 +34,6 @@ class StagingDevice final : public Device {
  protected:
   void* raw_allocate(size_t bytes) override { return std::malloc(bytes == 0 ? 1 : bytes); }
   void raw_deallocate(void* ptr) override { std::free(ptr); }
-};
-
-// A group of one whose tensor collectives take `device`'s tensors, as a device
-// communicator's take its GPU's (a group of one carries them out as copies).
-class GroupOfOneOn final : public Communicator {
- public:
-  explicit GroupOfOneOn(Device& device) : device_(device) {}
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void barrier() override {}
-  Device& tensor_device() const override { return device_; }
-
- protected:
-  void all_reduce_sum_f32(float*, int64_t) override {}
-  void all_reduce_sum_f64(double*, int64_t) override {}
-  void all_reduce_sum_i64(int64_t*, int64_t) override {}
-  void reduce_scatter_sum_f32(const float*, float*, int64_t) override {}
-  void all_gather_impl(const Tensor&, Tensor&) override {}
-  void all_to_all_v_impl(const Tensor&, const std::vector<int64_t>&, Tensor&,
-                         const std::vector<int64_t>&) override {}
-  std::vector<int64_t> all_to_all_counts_impl(const std::vector<int64_t>& counts) override {
-    return counts;
-  }
-  void broadcast_impl(Tensor&, int) override {}
-
- private:
-  Device& device_;
 };
 
 std::vector<uint64_t> bits(const std::vector<double>& values) {
@@ -174,7 +148,8 @@ TEST(PipelineWeights, GatherThroughTheGroupsDeviceReturnsHostTensors) {
   ASSERT_TRUE(layout.ok()) << layout.status();
   const std::vector<std::pair<std::string, Tensor>> mine = counted_weights(recipe);
   StagingDevice dev;
-  GroupOfOneOn pipeline(dev);
+  // A group of one whose tensors live on `dev`, as a device communicator's on its GPU.
+  LocalCommunicator pipeline(dev);
   const std::vector<std::pair<std::string, Tensor>> whole =
       gather_pipeline_weights(recipe, *layout, mine, pipeline);
   ASSERT_EQ(whole.size(), mine.size());
@@ -197,7 +172,7 @@ TEST(PipelineWeights, GatherOnTheHostCopiesNothing) {
   absl::StatusOr<Layout> layout = make_layout(recipe, 1);
   ASSERT_TRUE(layout.ok()) << layout.status();
   const std::vector<std::pair<std::string, Tensor>> mine = counted_weights(recipe);
-  GroupOfOneOn pipeline(cpu_device());
+  LocalCommunicator pipeline;
   const std::vector<std::pair<std::string, Tensor>> whole =
       gather_pipeline_weights(recipe, *layout, mine, pipeline);
   ASSERT_EQ(whole.size(), mine.size());
