@@ -416,11 +416,21 @@ absl::Status validate_pipeline(const Recipe& recipe) {
       int64_t{effective_pipeline_size(parallel)} * effective_virtual_pipeline_size(parallel);
   const int32_t layers = recipe.model().num_layers();
   const auto& split = parallel.pipeline_layers();
+  if (parallel.pipeline_ends_as_layers() && !split.empty())
+    return invalid(
+        "parallel.pipeline_ends_as_layers weighs the even split; parallel.pipeline_layers "
+        "lists the split itself: set one of them");
   if (split.empty()) {
-    if (chunks <= layers) return absl::OkStatus();
-    return invalid(absl::StrCat("parallel.pipeline_parallel_size x parallel.virtual_pipeline_size (",
-                                chunks, " chunks) must be <= model.num_layers (", layers,
-                                "): every chunk holds at least one layer"));
+    if (chunks > layers)
+      return invalid(absl::StrCat("parallel.pipeline_parallel_size x parallel.virtual_pipeline_size (",
+                                  chunks, " chunks) must be <= model.num_layers (", layers,
+                                  "): every chunk holds at least one layer"));
+    if (parallel.pipeline_ends_as_layers() && chunks > 1 && int64_t{layers} + 2 < 2 * chunks)
+      return invalid(absl::StrCat(
+          "parallel.pipeline_ends_as_layers needs model.num_layers + 2 (", int64_t{layers} + 2,
+          ") >= 2 x the chunks (", 2 * chunks,
+          "): the first and last chunks would hold no layer beside the embedding and head"));
+    return absl::OkStatus();
   }
   if (split.size() != chunks)
     return invalid(absl::StrCat("parallel.pipeline_layers has ", split.size(),
@@ -785,9 +795,13 @@ std::vector<int> pipeline_chunk_layers(const Recipe& recipe) {
   if (!parallel.pipeline_layers().empty())
     return {parallel.pipeline_layers().begin(), parallel.pipeline_layers().end()};
   const int chunks = effective_pipeline_size(parallel) * effective_virtual_pipeline_size(parallel);
-  const int layers = recipe.model().num_layers();
-  std::vector<int> split(static_cast<size_t>(chunks), layers / chunks);
-  for (int i = 0; i < layers % chunks; ++i) ++split[i];
+  // The embedding and the head as a layer each of the end chunks, when asked.
+  const int ends = parallel.pipeline_ends_as_layers() && chunks > 1 ? 1 : 0;
+  const int slots = recipe.model().num_layers() + 2 * ends;
+  std::vector<int> split(static_cast<size_t>(chunks), slots / chunks);
+  for (int i = 0; i < slots % chunks; ++i) ++split[i];
+  split.front() -= ends;
+  split.back() -= ends;
   return split;
 }
 

@@ -73,8 +73,10 @@ int32_t effective_pipeline_size(const ParallelConfig& parallel);
 int32_t effective_virtual_pipeline_size(const ParallelConfig& parallel);
 PipelineSchedule effective_pipeline_schedule(const ParallelConfig& parallel);
 // Layers of each model chunk in depth order (pipeline size x virtual size entries):
-// parallel.pipeline_layers, or an even split whose first chunks take one more layer. For
-// a validated recipe.
+// parallel.pipeline_layers, or an even split whose first chunks take one more layer
+// (with parallel.pipeline_ends_as_layers, of the layers plus the embedding and the head,
+// which the first and last chunk then hold in place of a layer each). For a validated
+// recipe.
 std::vector<int> pipeline_chunk_layers(const Recipe& recipe);
 
 // Whether train.recompute FULL keeps only the input of the layer at `index_in_chunk`

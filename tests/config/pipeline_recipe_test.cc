@@ -37,6 +37,24 @@ TEST(PipelineRecipeTest, LayersSplitEvenlyOrAsListed) {
   EXPECT_EQ(pipeline_chunk_layers(listed), (std::vector<int>{4, 6}));
 }
 
+// The embedding and the head count as a layer each: 12 slots over 4 stages are 3 each,
+// so the end stages hold 2 layers; 12 over 5 chunks give the first two a slot more.
+TEST(PipelineRecipeTest, EndsAsLayersTakeALayerOffTheEndChunks) {
+  const Recipe four = recipe_with("pipeline_parallel_size: 4 pipeline_ends_as_layers: true");
+  ASSERT_TRUE(validate_recipe(four).ok()) << validate_recipe(four);
+  EXPECT_EQ(pipeline_chunk_layers(four), (std::vector<int>{2, 3, 3, 2}));
+  const Recipe five = recipe_with("pipeline_parallel_size: 5 pipeline_ends_as_layers: true");
+  ASSERT_TRUE(validate_recipe(five).ok()) << validate_recipe(five);
+  EXPECT_EQ(pipeline_chunk_layers(five), (std::vector<int>{2, 3, 2, 2, 1}));
+  // One chunk holds the whole model, embedding and head alike.
+  EXPECT_EQ(pipeline_chunk_layers(recipe_with("pipeline_ends_as_layers: true")),
+            (std::vector<int>{10}));
+  // The tightest split the flag allows: 6 stages over 10 layers, 2 slots each.
+  EXPECT_EQ(pipeline_chunk_layers(recipe_with(
+                "pipeline_parallel_size: 6 pipeline_ends_as_layers: true")),
+            (std::vector<int>{1, 2, 2, 2, 2, 1}));
+}
+
 TEST(PipelineRecipeTest, RefusesInOneLineNamingTheField) {
   const std::vector<testing::ParallelRefusal> cases = {
       {"pipeline_parallel_size: -1", "parallel.pipeline_parallel_size (-1) must be >= 0"},
@@ -53,6 +71,11 @@ TEST(PipelineRecipeTest, RefusesInOneLineNamingTheField) {
        "parallel.pipeline_layers sum to 7 layers; they must sum to model.num_layers (10)"},
       {"pipeline_parallel_size: 2 pipeline_layers: [2147483647, 2147483647]",
        "parallel.pipeline_layers sum to 4294967294 layers"},
+      {"pipeline_parallel_size: 2 pipeline_layers: [5, 5] pipeline_ends_as_layers: true",
+       "parallel.pipeline_ends_as_layers weighs the even split; parallel.pipeline_layers lists "
+       "the split itself: set one of them"},
+      {"pipeline_parallel_size: 7 pipeline_ends_as_layers: true",
+       "parallel.pipeline_ends_as_layers needs model.num_layers + 2 (12) >= 2 x the chunks (14)"},
   };
   testing::expect_parallel_refusals("pipeline", /*num_layers=*/10, cases);
   Recipe tied = recipe_with("pipeline_parallel_size: 2");

@@ -8,14 +8,19 @@ routing statistics, freezing, evaluation, conversion).
 
 Its own ctest entry (parallel.pipeline_matrix), which scripts/sanitize.sh's asan_skip
 skips: the same pipeline paths run under ASan in parallel.pipeline_train, and these
-four-rank runs would add minutes there.
+four-rank runs would add minutes there. The even split that weighs the embedding and
+the head as a layer each (parallel.pipeline_ends_as_layers) trains as one process too.
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
+import json
+import subprocess
+
 import pytest
 
 from run_dirs import rewind
 from test_pipeline_train import assert_layout_matches, assert_run_matches, logged_steps, train
+from test_train_equivalence import ENV, RECIPE, SWITCHYARD
 
 EIGHT = ["--set", "model.num_layers=8"]
 FOUR = ["--set", "model.num_layers=4"]
@@ -89,6 +94,25 @@ def test_dropping_routing_on_stages_and_chunks_matches_one_process(tmp_path, sin
                                                  *pipeline(stages, schedule, chunks)])
     assert all(m["dropped_fraction"] > 0 for m in logged_steps(single(8, routing)))
     assert_run_matches(run_dir, single(8, routing), loss_rtol=1e-12)
+
+
+def stage_parameters(extra):
+    """Each stage's parameter bytes, as train --dry-run plans them for 4 ranks."""
+    result = subprocess.run([SWITCHYARD, "train", RECIPE, "--dry-run", "--world", "4", *extra],
+                            capture_output=True, text=True, env=ENV, timeout=60)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout.splitlines()[-1])
+    return [rank["parameters"] for rank in plan["ranks"]]
+
+
+def test_the_embedding_and_head_weighed_as_layers_match_one_process(tmp_path, single):
+    # 8 layers plus the embedding and the head over 4 stages: 2, 3, 2 and 1 layers.
+    ends = [*EIGHT, *pipeline(4, "ONE_F_ONE_B"), "--set", "parallel.pipeline_ends_as_layers=true"]
+    parameters = stage_parameters(ends)
+    even = stage_parameters([*EIGHT, *pipeline(4, "ONE_F_ONE_B")])
+    assert parameters[1] == even[1] * 3 / 2 and parameters[2] == even[2], (parameters, even)
+    run_dir, _ = train(tmp_path, "run", 4, ends)
+    assert_run_matches(run_dir, single(8), loss_rtol=1e-12)
 
 
 @pytest.mark.parametrize("inside", INSIDE)
