@@ -29,7 +29,10 @@ Tensor RouterStats::add_layer(int64_t tokens, int experts, int k, float capacity
     num_experts = experts;
     selections_per_expert.assign(experts, 0.0);
     prob_sum_per_expert.assign(experts, 0.0);
-    if (all_layers.selections.empty()) all_layers = {selections_per_expert, prob_sum_per_expert, 0};
+    if (all_layers.selections.empty()) {
+      all_layers.selections = selections_per_expert;
+      all_layers.prob_sums = prob_sum_per_expert;
+    }
     SY_CHECK_MSG(static_cast<int>(all_layers.selections.size()) == experts &&
                      static_cast<int>(all_layers.prob_sums.size()) == experts,
                  "RouterStats: the sums before these layers route other experts");
@@ -115,12 +118,27 @@ void RouterStats::collect() {
   }
 }
 
+namespace {
+double balance_loss(const std::vector<double>& selections, const std::vector<double>& prob_sums,
+                    int64_t tokens) {
+  if (tokens == 0) return 0.0;
+  const double t = static_cast<double>(tokens);
+  double sum = 0;
+  for (size_t e = 0; e < selections.size(); ++e) sum += (selections[e] / t) * (prob_sums[e] / t);
+  return static_cast<double>(selections.size()) * sum;
+}
+}  // namespace
+
 void RouterStats::add_to_totals(const Layer& layer) {
   z_loss += layer.z_loss;
   seq_aux_loss += layer.sequence_aux_loss;
   routed_tokens += layer.tokens;
   assignments += layer.tokens * layer.top_k;
   all_layers.tokens += layer.tokens;
+  all_layers.layer_aux_sum +=
+      balance_loss(layer.selections_per_expert, layer.prob_sum_per_expert, layer.tokens);
+  all_layers.z_loss += layer.z_loss;
+  all_layers.seq_aux_loss += layer.sequence_aux_loss;
   for (int e = 0; e < num_experts; ++e) {
     selections_per_expert[e] += layer.selections_per_expert[e];
     prob_sum_per_expert[e] += layer.prob_sum_per_expert[e];
@@ -146,25 +164,11 @@ RouterStats RouterStats::merge(const std::vector<RouterStats>& chunks) {
   return whole;
 }
 
-namespace {
-double balance_loss(const std::vector<double>& selections, const std::vector<double>& prob_sums,
-                    int64_t tokens) {
-  if (tokens == 0) return 0.0;
-  const double t = static_cast<double>(tokens);
-  double sum = 0;
-  for (size_t e = 0; e < selections.size(); ++e) sum += (selections[e] / t) * (prob_sums[e] / t);
-  return static_cast<double>(selections.size()) * sum;
-}
-}  // namespace
-
 double RouterStats::aux_loss(bool per_layer) const {
   if (!per_layer)
     return balance_loss(all_layers.selections, all_layers.prob_sums, all_layers.tokens);
-  if (layers.empty()) return 0.0;
-  double sum = 0;
-  for (const Layer& l : layers)
-    sum += balance_loss(l.selections_per_expert, l.prob_sum_per_expert, l.tokens);
-  return sum / mean_layers();
+  const double layers_meant = mean_layers();
+  return layers_meant > 0 ? all_layers.layer_aux_sum / layers_meant : 0.0;
 }
 
 double RouterStats::mean_layers() const {

@@ -16,11 +16,18 @@ namespace switchyard {
 
 // Per expert the top-k selections and the router probability sums, and the tokens
 // routed (tokens x layers), added over a run of MoE layers in depth order: what the
-// all-layer aux loss reads. Empty: no layers yet.
+// all-layer aux loss reads. Empty: no layers yet. Beside them the router losses over the
+// same layers, added layer by layer as one forward adds them: each layer's balance loss
+// (the per-layer aux loss before its mean over layers), z-loss and sequence-wise aux
+// loss. So a micro-batch's last pipeline chunk holds the whole model's losses bit for
+// bit, added in one process's order.
 struct RoutingSums {
   std::vector<double> selections;
   std::vector<double> prob_sums;
   int64_t tokens = 0;
+  double layer_aux_sum = 0;
+  double z_loss = 0;
+  double seq_aux_loss = 0;
 };
 
 struct RouterStats {
@@ -100,8 +107,9 @@ struct RouterStats {
   void reset(int experts);
   // All layers together (transformers' formula): aux = E * sum_e (selections_e / T) *
   // (prob_sum_e / T) over all_layers' sums, T their tokens. Per layer: the mean over
-  // layers of the same formula on each layer's sums. A perfect balance gives the layers'
-  // top-k either way.
+  // layers of the same formula on each layer's sums (all_layers.layer_aux_sum over
+  // mean_layers()). A perfect balance gives the layers' top-k either way. Both cover
+  // all_layers' layers: on a pipeline chunk, those before it too.
   double aux_loss(bool per_layer) const;
   // d(coef * aux) / d prob[t, e] for every token routed by MoE layer `layer`:
   // coef * E * selections_e / T^2 (all layers together, all_layers' sums), or

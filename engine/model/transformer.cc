@@ -436,11 +436,16 @@ LossParts Transformer::head_forward(Device& dev, const Tensor& x, Tensor* logits
 }
 
 void Transformer::add_routing_losses(LossParts& parts) const {
-  const bool per_layer = recipe_.moe().aux_loss_per_layer();
-  // The all-layer sums are the whole model's only on the last chunk.
-  parts.aux_loss = per_layer || has_head() ? stats_.aux_loss(per_layer) : 0.0;
-  parts.z_loss = stats_.z_loss;
-  parts.seq_aux_loss = stats_.seq_aux_loss;
+  // The sums over every MoE layer so far are the whole model's on its last chunk, which
+  // alone reports the router losses (in one process's order); the chunks below carry
+  // their layers' terms on to it.
+  if (!has_head()) {
+    parts.total = parts.cross_entropy;
+    return;
+  }
+  parts.aux_loss = stats_.aux_loss(recipe_.moe().aux_loss_per_layer());
+  parts.z_loss = stats_.all_layers.z_loss;
+  parts.seq_aux_loss = stats_.all_layers.seq_aux_loss;
   parts.total = parts.cross_entropy + recipe_.moe().aux_loss_coef() * parts.aux_loss +
                 recipe_.moe().z_loss_coef() * parts.z_loss +
                 recipe_.moe().seq_aux_loss_coef() * parts.seq_aux_loss;

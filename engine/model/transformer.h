@@ -95,21 +95,19 @@ class Transformer {
     // The chunk's output hidden states, (batch * seq, hidden) in the compute dtype;
     // undefined on the last chunk.
     Tensor hidden;
-    // The cross-entropy parts on the last chunk only; aux_loss and z_loss of this chunk's
-    // MoE layers (per-layer aux losses are means over the whole model's MoE layers, so
-    // the chunks' add up to the model's; the all-layer aux loss is the last chunk's alone,
-    // from the sums carried to it).
+    // The last chunk only: the cross-entropy parts and the whole model's router losses,
+    // from the sums carried to it (a chunk below the last reports none).
     LossParts losses;
-    // The all-layer aux loss's sums through this chunk: `before` followed by its own MoE
+    // The routing and loss sums through this chunk: `before` followed by its own MoE
     // layers (RouterStats::all_layers), for the next chunk's forward.
     RoutingSums sums;
   };
   // input: the previous chunk's output hidden states; undefined on the first chunk, which
   // embeds `ids`. The chunk keeps `input` for its backward (as its first layer's saved
   // input): it must not be overwritten before then.
-  // before: with the all-layer aux loss (moe.aux_loss_per_layer false), the previous
-  // chunk's output sums (empty on the first chunk): the last chunk's aux loss is the
-  // whole model's only when every chunk passes them on.
+  // before: the previous chunk's output sums (empty on the first chunk): the last chunk's
+  // router losses (and, with moe.aux_loss_per_layer false, every router's gradient) are
+  // the whole model's only when every chunk passes them on.
   ChunkOutput forward_chunk(Device& dev, const Tensor& input, const Tensor& ids,
                             const Tensor& targets, const Rng& rng,
                             const Tensor& doc_starts = Tensor(), bool training = true,

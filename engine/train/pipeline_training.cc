@@ -59,11 +59,10 @@ RouterStats::Layer unpack_layer(const double* in, int num_experts) {
 }  // namespace
 
 bool carries_routing_sums(const config::Recipe& recipe) {
-  return !recipe.moe().aux_loss_per_layer() &&
-         moe_layers_before(recipe, recipe.model().num_layers()) > 0;
+  return moe_layers_before(recipe, recipe.model().num_layers()) > 0;
 }
 
-int64_t routing_sums_side_elements(int num_experts) { return 2 * int64_t{num_experts} + 1; }
+int64_t routing_sums_side_elements(int num_experts) { return 2 * int64_t{num_experts} + 4; }
 
 Tensor pack_routing_sums(const RoutingSums& sums, int num_experts, Device& dev) {
   Tensor packed = Tensor::empty({routing_sums_side_elements(num_experts)}, DType::kI64);
@@ -72,7 +71,9 @@ Tensor pack_routing_sums(const RoutingSums& sums, int num_experts, Device& dev) 
     out[e] = std::bit_cast<int64_t>(sums.selections.empty() ? 0.0 : sums.selections[e]);
     out[num_experts + e] = std::bit_cast<int64_t>(sums.prob_sums.empty() ? 0.0 : sums.prob_sums[e]);
   }
-  out[2 * num_experts] = std::bit_cast<int64_t>(static_cast<double>(sums.tokens));
+  const double scalars[] = {static_cast<double>(sums.tokens), sums.layer_aux_sum, sums.z_loss,
+                            sums.seq_aux_loss};
+  for (int i = 0; i < 4; ++i) out[2 * num_experts + i] = std::bit_cast<int64_t>(scalars[i]);
   return packed.to(dev);
 }
 
@@ -87,7 +88,11 @@ RoutingSums unpack_routing_sums(const Tensor& side, int num_experts) {
     sums.selections.push_back(std::bit_cast<double>(in[e]));
     sums.prob_sums.push_back(std::bit_cast<double>(in[num_experts + e]));
   }
-  sums.tokens = static_cast<int64_t>(std::bit_cast<double>(in[2 * num_experts]));
+  const int64_t* scalars = in + 2 * num_experts;
+  sums.tokens = static_cast<int64_t>(std::bit_cast<double>(scalars[0]));
+  sums.layer_aux_sum = std::bit_cast<double>(scalars[1]);
+  sums.z_loss = std::bit_cast<double>(scalars[2]);
+  sums.seq_aux_loss = std::bit_cast<double>(scalars[3]);
   return sums;
 }
 

@@ -36,13 +36,15 @@ struct MicroBatchInput {
   Rng rng;  // GShard's draws, the same for every stage (Transformer::forward)
 };
 
-// Whether stage messages carry the all-layer aux loss's routing sums (docs/pipeline.md):
-// under moe.aux_loss_per_layer false with MoE layers, every activation carries the sums
-// through its chunk and every gradient the whole model's.
+// Whether stage messages carry the routing sums (docs/pipeline.md): with MoE layers,
+// every activation carries the sums and router losses through its chunk, so that the last
+// chunk reports the whole model's losses, and every gradient the whole model's sums,
+// which the all-layer aux loss's router gradients read.
 bool carries_routing_sums(const config::Recipe& recipe);
 
-// The routing sums as a stage message's side, on `dev`: 2E + 1 doubles (per expert the
-// selections, then the probability sums, then the tokens) as their bits in i64 elements,
+// The routing sums as a stage message's side, on `dev`: 2E + 4 doubles (per expert the
+// selections, then the probability sums, then the tokens, the balance losses' sum, the
+// z-loss and the sequence-wise aux loss) as their bits in i64 elements,
 // so that they travel exactly (tensors have no f64). Packed on the host and copied to
 // `dev`, where the message's tensor lives: on a GPU by the compute stream, which the
 // exchange that sends it waits for.
@@ -62,7 +64,7 @@ class ChunkStages : public PipelineStages {
   // `reducer` (null without data parallelism) reduces a chunk's dense gradients over the
   // replicas during its backward of the step's last micro-batch, the last of that chunk
   // in every schedule.
-  // Messages carry the routing sums when the chunks' recipe asks (carries_routing_sums).
+  // Messages carry the routing sums when the model has MoE layers (carries_routing_sums).
   ChunkStages(Device& dev, const std::vector<std::unique_ptr<Transformer>>& chunks,
               const std::vector<MicroBatchInput>& inputs, int64_t hidden_size, DType dtype,
               float loss_scale, double ce_tokens, OverlappedGradReduce* reducer,

@@ -671,7 +671,8 @@ class StepRunner {
                          window.last_router_stats[chunk] = rs;
                        });
     run_pipeline_step(run_.layout.pipeline_shape(), *run_.groups.pipeline, stages);
-    // The cross-entropy is the last stage's; every stage adds its layers' aux and z losses.
+    // Every loss is the last stage's (its chunk adds the whole model's router losses in one
+    // process's order); the other stages add zeros, which leave the sums' bits alone.
     std::vector<double> totals = {sums.loss.total, sums.loss.aux_loss, sums.loss.z_loss,
                                   sums.loss.seq_aux_loss, sums.cross_entropy_sum};
     run_.groups.pipeline->all_reduce_sum(totals.data(), static_cast<int64_t>(totals.size()));

@@ -39,6 +39,9 @@ TEST(PipelineDeviceTest, RoutingSumsCrossTheGpuWithEveryBit) {
   sums.prob_sums = {0.1, std::numeric_limits<double>::infinity(),
                     std::bit_cast<double>(uint64_t{0x7ff8000000000123}), -2.5};
   sums.tokens = (int64_t{1} << 53) - 1;
+  sums.layer_aux_sum = 0.125;
+  sums.z_loss = -0.0;
+  sums.seq_aux_loss = std::numeric_limits<double>::denorm_min();
   // Work queued on the compute stream before the side: the copies follow it in order.
   Tensor busy = Tensor::zeros({int64_t{1} << 24}, DType::kF32, MemoryKind::kOther, dev);
   for (int i = 0; i < 50; ++i) scale_(dev, busy, 0.5f);
@@ -52,6 +55,8 @@ TEST(PipelineDeviceTest, RoutingSumsCrossTheGpuWithEveryBit) {
   EXPECT_EQ(bits(back.selections), bits(sums.selections));
   EXPECT_EQ(bits(back.prob_sums), bits(sums.prob_sums));
   EXPECT_EQ(back.tokens, sums.tokens);
+  EXPECT_EQ(bits({back.layer_aux_sum, back.z_loss, back.seq_aux_loss}),
+            bits({sums.layer_aux_sum, sums.z_loss, sums.seq_aux_loss}));
 }
 
 TEST(PipelineDeviceTest, FinalWeightsGatherOverNcclAndReturnOnTheHost) {

@@ -58,13 +58,15 @@ def final_weights(run_dir):
     return load_file(str(run_dir / "checkpoints" / "final" / "model.safetensors"))
 
 
-def assert_run_matches(run_dir, single_dir, loss_rtol):
+def assert_run_matches(run_dir, single_dir):
+    """Losses, routing statistics and final weights one process's bit for bit: the last
+    stage reports every loss, its router terms summed over every layer in one process's
+    order from the sums the stages pass on."""
     steps, single = logged_steps(run_dir), logged_steps(single_dir)
     assert [m["step"] for m in steps] == [m["step"] for m in single]
     for mine, theirs in zip(steps, single):
-        assert mine["cross_entropy"] == theirs["cross_entropy"]
-        for key in ("loss", "aux_loss", "z_loss"):
-            assert mine[key] == pytest.approx(theirs[key], rel=loss_rtol, abs=0), key
+        for key in ("loss", "cross_entropy", "aux_loss", "z_loss"):
+            assert mine[key] == theirs[key], key
         # Each stage sums its gradients' squares, then the stages' sums add up: another
         # order than one process's sum over every parameter (an ulp or so).
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-12, abs=0)
@@ -97,51 +99,45 @@ def single_nine_layers(tmp_path_factory):
     return train(tmp_path_factory.mktemp("single9"), "run", 1, ["--set", "model.num_layers=9"])[0]
 
 
-# One layer per stage: weights, cross-entropy and routing statistics are one process's
-# bit for bit; the total loss adds each stage's aux and z terms in another order than
-# one process's one sum (an ulp under some code generation, ASan's: 1e-15).
+# One layer per stage: losses, routing statistics and weights are one process's bit for
+# bit.
 @pytest.mark.parametrize("schedule", ["GPIPE", "ONE_F_ONE_B"])
 def test_two_stages_match_one_process_bit_for_bit(tmp_path, single_two_layers, schedule):
     run_dir, _ = train(tmp_path, "run", 2, ["--set", "parallel.pipeline_parallel_size=2",
                                             "--set", f"parallel.pipeline_schedule={schedule}"])
-    assert_run_matches(run_dir, single_two_layers, loss_rtol=1e-15)
+    assert_run_matches(run_dir, single_two_layers)
 
 
 def test_gshard_with_a_capacity_matches_one_process_bit_for_bit(tmp_path):
     # A layer's GShard draws start where the model's earlier MoE layers leave the
     # micro-batch's stream, so a later stage makes one process's draws without the
-    # earlier stage's. Weights, cross-entropy and routing statistics are one process's
-    # bit for bit; the total loss adds each stage's aux and z terms to the cross-entropy
-    # in another order than one process's one sum (an ulp: 1e-15).
+    # earlier stage's: losses, routing statistics and weights bit for bit.
     gshard = ["--set", "moe.gating=GSHARD_TOP2", "--set", "moe.capacity_factor=1.0"]
     single, _ = train(tmp_path, "single", 1, gshard)
     staged, _ = train(tmp_path, "staged", 2, [*gshard, "--set", "parallel.pipeline_parallel_size=2"])
     assert logged_steps(single)[-1]["dropped_fraction"] > 0
-    assert_run_matches(staged, single, loss_rtol=1e-15)
+    assert_run_matches(staged, single)
 
 
 def test_recomputing_each_stages_first_layer_matches_one_process(tmp_path):
     # train.recompute_layers counts each stage's layers (layers 0 and 2 of 4 here); the
-    # recomputation replays the forward bit for bit. Two layers a stage add their aux
-    # losses in another order than one process (1e-12).
+    # recomputation replays the forward bit for bit.
     four = ["--set", "model.num_layers=4"]
     single, _ = train(tmp_path, "single", 1, four)
     staged, _ = train(tmp_path, "staged", 2, [*four, "--set", "parallel.pipeline_parallel_size=2",
                                               "--set", "train.recompute=FULL",
                                               "--set", "train.recompute_layers=1"])
-    assert_run_matches(staged, single, loss_rtol=1e-12)
+    assert_run_matches(staged, single)
 
 
 def test_interleaved_uneven_stages_match_one_process(tmp_path, single_nine_layers):
-    # 4 stages x 2 chunks over 9 layers, the first chunk 2 of them. The weights are one
-    # process's bit for bit; the reported aux loss and gradient norm add the stages'
-    # sums in another order than one process's sum over layers (a few ulps: 1e-12).
+    # 4 stages x 2 chunks over 9 layers, the first chunk 2 of them.
     recipe = uneven_recipe(tmp_path, [2, 1, 1, 1, 1, 1, 1, 1])
     run_dir, _ = train(tmp_path, "run", 4, ["--set", "model.num_layers=9",
                                             "--set", "parallel.pipeline_parallel_size=4",
                                             "--set", "parallel.virtual_pipeline_size=2"],
                        recipe=recipe)
-    assert_run_matches(run_dir, single_nine_layers, loss_rtol=1e-12)
+    assert_run_matches(run_dir, single_nine_layers)
 
 
 @pytest.fixture(scope="module")
@@ -155,17 +151,15 @@ def assert_aux_losses_equal(run_dir, single_dir):
     assert [m["aux_loss"] for m in mine] == [m["aux_loss"] for m in theirs]
 
 
-# The aux loss is the last stage's, from sums added in one process's order, and the
-# weights are one process's: both bit for bit. The loss adds the first stage's z-loss
-# term apart from the last stage's aux and z terms, another order than one process's
-# (an ulp): 1e-12.
+# The aux loss is the last stage's, from sums added in one process's order, and every
+# router's gradient reads the whole model's sums: losses and weights bit for bit.
 @pytest.mark.parametrize("schedule", ["GPIPE", "ONE_F_ONE_B"])
 def test_all_layer_aux_loss_on_two_stages_matches_one_process(tmp_path, single_all_layer,
                                                               schedule):
     run_dir, _ = train(tmp_path, "run", 2, [*ALL_LAYER,
                                             "--set", "parallel.pipeline_parallel_size=2",
                                             "--set", f"parallel.pipeline_schedule={schedule}"])
-    assert_run_matches(run_dir, single_all_layer, loss_rtol=1e-12)
+    assert_run_matches(run_dir, single_all_layer)
     assert_aux_losses_equal(run_dir, single_all_layer)
 
 
@@ -176,7 +170,7 @@ def test_all_layer_aux_loss_on_interleaved_uneven_stages_matches_one_process(tmp
     run_dir, _ = train(tmp_path, "run", 4, [*nine, "--set", "parallel.pipeline_parallel_size=4",
                                             "--set", "parallel.virtual_pipeline_size=2"],
                        recipe=recipe)
-    assert_run_matches(run_dir, single, loss_rtol=1e-12)
+    assert_run_matches(run_dir, single)
     assert_aux_losses_equal(run_dir, single)
 
 
@@ -234,11 +228,9 @@ def single_sigmoid(tmp_path_factory):
 
 
 def test_bias_balancing_on_two_stages_matches_one_process_bit_for_bit(tmp_path, single_sigmoid):
-    # The weights, biases included, and the cross-entropy are one process's bit for bit;
-    # the loss adds each stage's (loss - cross-entropy) in another order than one
-    # process's one sum (an ulp: 1e-15).
+    # The losses and the weights, biases included, are one process's bit for bit.
     run_dir, _ = train(tmp_path, "run", 2, [*SIGMOID, "--set", "parallel.pipeline_parallel_size=2"])
-    assert_run_matches(run_dir, single_sigmoid, loss_rtol=1e-15)
+    assert_run_matches(run_dir, single_sigmoid)
     assert all(np.any(bias != 0) for bias in biases(final_weights(run_dir)).values())
 
 
@@ -249,7 +241,7 @@ def test_bias_balancing_with_a_stage_of_dense_layers_matches_one_process(tmp_pat
     single, _ = train(tmp_path, "single", 1, [*SIGMOID, *dense])
     staged, _ = train(tmp_path, "staged", 4, [*SIGMOID, *dense,
                                               "--set", "parallel.pipeline_parallel_size=4"])
-    assert_run_matches(staged, single, loss_rtol=1e-15)
+    assert_run_matches(staged, single)
     assert all(np.any(bias != 0) for bias in biases(final_weights(staged), layers=3).values())
 
 
@@ -277,8 +269,7 @@ def test_freeze_on_two_stages_matches_one_process_bit_for_bit(tmp_path, freeze):
     single, single_out = train(tmp_path, "single", 1, frozen)
     staged, out = train(tmp_path, "staged", 2, [*frozen, "--set", "parallel.pipeline_parallel_size=2"])
     assert frozen_line(out) == frozen_line(single_out) and frozen_line(out), out
-    # The loss adds each stage's (loss - cross-entropy) in another order (an ulp).
-    assert_run_matches(staged, single, loss_rtol=1e-15)
+    assert_run_matches(staged, single)
 
 
 @pytest.mark.parametrize("zero", [1, 2])
@@ -303,7 +294,7 @@ def test_a_checkpoint_resumes_across_pipeline_layouts(tmp_path, single_two_layer
     rewind(run_dir, 2)
     _, out = train(tmp_path, "run", resumed_by, pipeline(resumed_by))
     assert "(step 2)" in out and "resuming from" in out
-    assert_run_matches(run_dir, single_two_layers, loss_rtol=1e-15)
+    assert_run_matches(run_dir, single_two_layers)
 
 
 @pytest.mark.parametrize("layout", [
@@ -329,8 +320,7 @@ def test_a_one_process_checkpoint_resumes_under_four_ranks(tmp_path, layout):
     _, out = train(tmp_path, "run", 4, [*four, *layout])
     assert "(step 2)" in out and "resuming from" in out
     if layout == ["--set", "parallel.pipeline_parallel_size=4"]:
-        # One layer a stage adds the aux losses in another order (1e-12).
-        assert_run_matches(run_dir, single, loss_rtol=1e-12)
+        assert_run_matches(run_dir, single)
         return
     assert_layout_matches(run_dir, single)
 
