@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,13 @@ void set_cpu_threads(int threads) {
 }
 
 int cpu_threads() { return omp_get_max_threads(); }
+
+namespace {
+std::atomic<bool> fixed_order_products{false};
+}  // namespace
+
+void set_batch_invariant(bool on) { fixed_order_products.store(on, std::memory_order_relaxed); }
+bool batch_invariant() { return fixed_order_products.load(std::memory_order_relaxed); }
 
 void use_fastest_blas_kernels(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // chosen by the user, or done

@@ -1,4 +1,5 @@
-// CPU threading for the kernels (OpenMP loops and OpenBLAS GEMMs).
+// CPU kernel settings: threading (OpenMP loops and OpenBLAS GEMMs) and the order of the
+// matrix products' sums.
 #pragma once
 
 namespace switchyard {
@@ -6,6 +7,12 @@ namespace switchyard {
 // Sets the threads used by CPU kernels; 0 means one per core.
 void set_cpu_threads(int threads);
 int cpu_threads();
+
+// runtime.batch_invariant: whether the CPU matrix products add in one fixed order
+// (kernels/cpu/fixed_order_gemm.h) instead of OpenBLAS's, whose order follows the call's
+// shape, the thread count and the CPU. Off by default.
+void set_batch_invariant(bool on);
+bool batch_invariant();
 
 // Debian's OpenBLAS (0.3.21) does not recognise every recent x86 CPU: on a Sapphire
 // Rapids VM it falls back to its generic SSE3 ("Prescott") kernels, at a fifth of the

@@ -735,6 +735,7 @@ absl::Status BenchCommand::run_balance() {
     SY_ASSIGN_OR_RETURN(history, run_history(run_dir_));
   }
   set_cpu_threads(recipe.runtime().threads());
+  set_batch_invariant(recipe.runtime().batch_invariant());
   SY_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source,
                       make_source(recipe, source_, loaded.weights.get(), data_, synthetic_));
 

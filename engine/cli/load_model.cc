@@ -30,6 +30,7 @@ ModelSource model_source(const std::string& dir) {
 // The model of `out.recipe` with its parameters allocated on the CPU, to be filled.
 absl::Status build_model(const std::string& dir, LoadedModel& out) {
   set_cpu_threads(out.recipe.runtime().threads());
+  set_batch_invariant(out.recipe.runtime().batch_invariant());
   out.model = std::make_unique<Transformer>(out.recipe, out.params);
   SY_RETURN_IF_ERROR(check_fits(cpu_device(),
                                 static_cast<double>(out.params.allocation_bytes(DType::kF32)),

@@ -526,7 +526,7 @@ const ParamStore& ShardCache::whole_model(const config::Recipe& recipe, const La
     PlacementOnly tp(tp_index, layout.tensor_parallel_size);
     PlacementOnly ep(ep_index, layout.expert_parallel_size);
     store = std::make_unique<ParamStore>(ShardPlacement{
-        tp_index, layout.tensor_parallel_size, ep_index, layout.expert_parallel_size});
+        tp_index, layout.tensor_parallel_size, ep_index, layout.expert_parallel_size, {}});
     const Transformer model(recipe, *store, {&tp, &ep});
   }
   return *store;

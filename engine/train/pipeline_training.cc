@@ -17,13 +17,6 @@ std::vector<int> chunk_first_layers(const config::Recipe& recipe) {
   return first;
 }
 
-// MoE layers among the model's layers [0, end).
-int moe_layers_before(const config::Recipe& recipe, int end) {
-  int n = 0;
-  for (int layer = 0; layer < end; ++layer) n += config::is_moe_layer(recipe, layer) ? 1 : 0;
-  return n;
-}
-
 // A layer's statistics as doubles: selections (E), probability sums (E), then tokens,
 // top_k, capacity_factor, z_loss, sequence_aux_loss, seq_len.
 constexpr int kLayerScalars = 6;
@@ -208,6 +201,19 @@ LossParts pipeline_eval_forward(Device& dev, const std::vector<std::unique_ptr<T
   return all;
 }
 
+int moe_layers_before(const config::Recipe& recipe, int end) {
+  int n = 0;
+  for (int layer = 0; layer < end; ++layer) n += config::is_moe_layer(recipe, layer) ? 1 : 0;
+  return n;
+}
+
+int chunk_first_moe_layer(const config::Recipe& recipe, const Layout& layout, int pipeline_rank,
+                          int chunk) {
+  const std::vector<int> first = chunk_first_layers(recipe);
+  return moe_layers_before(recipe,
+                           first[layout.pipeline_shape().model_chunk(pipeline_rank, chunk)]);
+}
+
 RouterStats gather_pipeline_router_stats(const config::Recipe& recipe, const Layout& layout,
                                          int pipeline_rank,
                                          const std::vector<RouterStats>& mine,
@@ -215,13 +221,11 @@ RouterStats gather_pipeline_router_stats(const config::Recipe& recipe, const Lay
   const int num_experts = recipe.moe().num_experts();
   const int width = 2 * num_experts + kLayerScalars;
   const int total_layers = moe_layers_before(recipe, recipe.model().num_layers());
-  const PipelineShape shape = layout.pipeline_shape();
-  const std::vector<int> first = chunk_first_layers(recipe);
   // Each rank writes its own layers' rows; the sum over the group holds every layer once.
   std::vector<double> rows(static_cast<size_t>(total_layers) * width, 0.0);
   for (size_t c = 0; c < mine.size(); ++c) {
     const int offset =
-        moe_layers_before(recipe, first[shape.model_chunk(pipeline_rank, static_cast<int>(c))]);
+        chunk_first_moe_layer(recipe, layout, pipeline_rank, static_cast<int>(c));
     for (size_t l = 0; l < mine[c].layers.size(); ++l)
       pack_layer(mine[c].layers[l], num_experts, &rows[(offset + l) * width]);
   }

@@ -103,6 +103,14 @@ LossParts pipeline_eval_forward(Device& dev, const std::vector<std::unique_ptr<T
                                 const Tensor& targets, const Tensor& doc_starts,
                                 const Tensor& window_tokens);
 
+// MoE layers among the model's layers [0, end).
+int moe_layers_before(const config::Recipe& recipe, int end);
+
+// The model's MoE-layer index of the first layer of pipeline rank `pipeline_rank`'s local
+// chunk `chunk` (0 without pipeline stages).
+int chunk_first_moe_layer(const config::Recipe& recipe, const Layout& layout, int pipeline_rank,
+                          int chunk);
+
 // Every MoE layer's routing statistics of the whole model, in layer order, from each
 // pipeline rank's chunks (`mine`, in local chunk order): a collective over `pipeline`.
 RouterStats gather_pipeline_router_stats(const config::Recipe& recipe, const Layout& layout,

@@ -26,7 +26,8 @@ nlohmann::ordered_json step_json(const StepRecord& record) {
       {"aux_loss", m.aux_loss}, {"z_loss", m.z_loss},   {"lr", m.lr},
       {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu},
       {"dropped_fraction", m.dropped_fraction}, {"worst_load_ratio", m.worst_load_ratio},
-      {"all_to_all_share", m.all_to_all_share}, {"elapsed_s", m.elapsed_s},
+      {"all_to_all_share", m.all_to_all_share}, {"routing_digest", m.routing_digest},
+      {"elapsed_s", m.elapsed_s},
       {"peak_gflops", record.peak_gflops}, {"peak_source", record.peak_source}};
   if (m.seq_aux_loss) j["seq_aux_loss"] = *m.seq_aux_loss;
   for (const auto& [name, tokens] : m.tokens_by_source) j["tokens_by_source"][name] = tokens;

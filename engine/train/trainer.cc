@@ -31,6 +31,7 @@
 #include "engine/train/rank_state_map.h"
 #include "engine/train/record_sinks.h"
 #include "engine/train/resume_point.h"
+#include "engine/train/routing_tally.h"
 #include "engine/train/training_data.h"
 #include "kernels/devices.h"
 #include "kernels/threads.h"
@@ -279,10 +280,14 @@ absl::StatusOr<ResumePoint> agree_resume_point(const RunContext& run) {
 absl::StatusOr<Device*> open_device(const RunContext& run) {
   set_cpu_threads(run.recipe.runtime().threads() > 0 ? run.recipe.runtime().threads()
                                                      : run.options.threads_per_rank);
+  set_batch_invariant(run.recipe.runtime().batch_invariant());
   std::string device_error;
   Device* dev = select_device(run.recipe.runtime().device(), run.options.local_rank,
                               &device_error);
   if (dev == nullptr) return absl::InvalidArgumentError(device_error);
+  if (dev->is_cuda() && run.recipe.runtime().batch_invariant())
+    return absl::InvalidArgumentError(
+        "runtime.batch_invariant has CPU kernels only: set runtime.device=cpu, or drop it");
 #ifdef SWITCHYARD_WITH_NCCL
   // On GPUs the groups' collectives go over NCCL, on the tensors where they are.
   if (dev->is_cuda() && run.layout.world_size > 1) use_nccl(run.groups, as_cuda(*dev));
@@ -557,6 +562,7 @@ struct ProgressWindow {
   double all_to_all_s = 0;  // groups.ep's all-to-all seconds at the window start
   // Each local chunk's routing in the last micro-batch of a pipelined step.
   std::vector<RouterStats> last_router_stats;
+  RoutingTally routing{0, 0};  // every forward's, for the digest
 };
 
 // One step's outcome, the same on every rank.
@@ -655,6 +661,8 @@ class StepRunner {
     if (!balancers_.empty()) balancers_[chunk].add(rs);
     window.dropped += rs.dropped_assignments;
     window.assignments += rs.assignments;
+    window.routing.add(chunk_first_moe_layer(run_.recipe, run_.layout, run_.pipeline_rank, chunk),
+                       rs);
     window.worst_load = std::max(window.worst_load, rs.worst_load_ratio);
   }
 
@@ -753,6 +761,8 @@ class ProgressLog {
         stats_(compute_model_stats(run.recipe)) {
     window_.start = Clock::now();
     window_.last_router_stats.resize(t.chunks.size());
+    window_.routing = RoutingTally(moe_layers_before(run.recipe, run.recipe.model().num_layers()),
+                                   run.recipe.moe().num_experts());
   }
 
   ProgressWindow& window() { return window_; }
@@ -818,7 +828,7 @@ class ProgressLog {
 
   // Drops over every data-parallel replica's micro-batches, and over every stage's layers
   // (each pipeline rank its worst in a slot of its own): collectives.
-  void add_routing(StepMetrics& m) const {
+  void add_routing(StepMetrics& m) {
     std::vector<double> routed = {window_.dropped, window_.assignments};
     run_.groups.dp->all_reduce_sum(routed.data(), 2);
     std::vector<double> worst(static_cast<size_t>(run_.groups.pipeline->size()), 0.0);
@@ -829,6 +839,8 @@ class ProgressLog {
     }
     m.dropped_fraction = routed[1] > 0 ? routed[0] / routed[1] : 0;
     m.worst_load_ratio = *std::max_element(worst.begin(), worst.end());
+    m.routing_digest = window_.routing.take_digest(
+        *run_.groups.dp, run_.pipelined ? run_.groups.pipeline.get() : nullptr);
   }
 
   const RunContext& run_;

@@ -32,6 +32,9 @@ struct StepMetrics {
   double mfu = 0;            // model FLOPs utilisation against the stated peak
   double dropped_fraction = 0;  // dropped expert assignments / assignments
   double worst_load_ratio = 0;  // max over MoE layers of max/mean tokens per expert
+  // The digest of every MoE layer's selections per expert and the dropped assignments
+  // since the last report, over every rank (engine/train/routing_tally.h).
+  std::string routing_digest;
   // Share of rank 0's wall time since the last report spent in expert-parallel
   // all-to-all exchanges (waiting for slower ranks included).
   double all_to_all_share = 0;

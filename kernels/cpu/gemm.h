@@ -1,11 +1,15 @@
 // CPU matrix products on row-major matrices through OpenBLAS, templates on the element
-// type (float -> sgemm, double -> dgemm) so tests can run them in double.
+// type (float -> sgemm, double -> dgemm) so tests can run them in double; in the fixed
+// order of kernels/cpu/fixed_order_gemm.h instead under runtime.batch_invariant.
 #pragma once
 
 #include <cblas.h>
 
 #include <cstdint>
 #include <type_traits>
+
+#include "kernels/cpu/fixed_order_gemm.h"
+#include "kernels/threads.h"
 
 namespace switchyard::cpu {
 
@@ -24,6 +28,10 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
     }
     return;
   }
+  if (batch_invariant()) {
+    gemm_fixed_order<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
@@ -34,7 +42,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
 }
 
 // Grouped products: group g owns the next sizes[g] rows of the row-blocked operands.
-// Groups run one after another and OpenBLAS threads each product.
+// Groups run one after another and OpenBLAS (or the fixed-order kernel) threads each
+// product.
 
 // out_g = a_g @ w[g]^T; a: (R, K), w: (G, N, K), out: (R, N), written.
 template <typename T>

@@ -70,11 +70,14 @@ def test_step_checkpoint_exports_as_the_final_weights_of_that_step(tmp_path):
 
 
 def test_pipeline_step_checkpoint_exports_as_one_process_step(tmp_path):
-    """Two stages train one process's weights bit for bit, so their step_2, whose rank
-    files each hold one stage's layers, exports exactly as one process's step_2."""
+    """Two stages train one process's weights bit for bit under runtime.batch_invariant
+    (docs/determinism.md: a stage rank computes with fewer threads than one process, and
+    OpenBLAS's order follows the thread count), so their step_2, whose rank files each
+    hold one stage's layers, exports exactly as one process's step_2."""
+    invariant = ["runtime.batch_invariant=true"]
     staged, _ = train(tmp_path / "staged", tmp_path / "cache", 4,
-                      ["parallel.pipeline_parallel_size=2"], ranks=2)
-    single, _ = train(tmp_path / "single", tmp_path / "cache", 4, [], ranks=1)
+                      ["parallel.pipeline_parallel_size=2", *invariant], ranks=2)
+    single, _ = train(tmp_path / "single", tmp_path / "cache", 4, invariant, ranks=1)
     assert sorted(p.name for p in (staged / "step_2").glob("rank_*.h5")) == ["rank_0.h5",
                                                                             "rank_1.h5"]
     step = export(staged / "step_2", tmp_path / "hf-staged")

@@ -39,7 +39,8 @@ COMMAND_TIMEOUT_S = 600
 # training.md makes, launch.md's start-up lines come from README's mpirun run.
 DOC_ORDER = ["README.md", "docs/training.md", "docs/finetune.md", "docs/data.md",
              "docs/convert.md", "docs/balance.md", "docs/planning.md", "docs/launch.md",
-             "docs/architecture.md", "docs/pipeline.md", "docs/security.md", "docs/mla.md"]
+             "docs/architecture.md", "docs/pipeline.md", "docs/security.md", "docs/mla.md",
+             "docs/determinism.md"]
 
 # SHORTER: the tiny recipe's 1000 steps take minutes; 60 steps (past its 50 warmup steps,
 # so that the schedule decays as in the full run) print every kind of line the full run does.

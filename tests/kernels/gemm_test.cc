@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <utility>
 #include <vector>
 
 #include "kernels/convert.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/threads.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
@@ -104,6 +107,117 @@ TEST(GemmTest, MatmulReadsHigherRankAsMatrices) {
       naive_gemm(true, false, 5, 7, 6, 0.5, to_double(a), 5, to_double(b), 7, 2.0, to_double(c), 7);
   EXPECT_LT(max_relative_error(to_vector(tc), expected), 1e-5);
   EXPECT_TRUE(any_nonzero(to_vector(tc)));
+}
+
+// The batch-invariant mode's products (kernels/cpu/fixed_order_gemm.h): right against
+// the double reference, and each element's bits independent of the rows and columns
+// beside it, of the thread count, and of a sum over rows cut into several calls.
+class FixedOrderGemmTest : public ::testing::Test {
+ protected:
+  // Sizes off the tiles' multiples (4 rows, 32 columns), so that edge tiles meet full ones.
+  static constexpr int64_t kM = 37, kN = 70, kK = 45;
+
+  // op(a): (m, k) and op(b): (k, n) stored as the transposes ask; c = a b in fixed order.
+  struct Operands {
+    bool ta, tb;
+    std::vector<float> a, b;
+    int64_t lda() const { return ta ? kM : kK; }
+    int64_t ldb() const { return tb ? kK : kN; }
+    float a_at(int64_t i, int64_t p) const { return ta ? a[p * kM + i] : a[i * kK + p]; }
+  };
+  static Operands operands(bool ta, bool tb) {
+    return {ta, tb, random_vector<float>(kM * kK, 50), random_vector<float>(kK * kN, 51)};
+  }
+  static std::vector<float> product(const Operands& o, int64_t m, const float* a) {
+    std::vector<float> c(m * kN, std::nanf(""));  // beta = 0 never reads c
+    cpu::gemm_fixed_order<float>(o.ta, o.tb, m, kN, kK, 1.0f, a, o.lda(), o.b.data(), o.ldb(),
+                                 0.0f, c.data(), kN);
+    return c;
+  }
+};
+
+TEST_F(FixedOrderGemmTest, MatchesTheDoubleReferenceWithAlphaAndBeta) {
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Operands o = operands(ta, tb);
+      auto c = random_vector<float>(kM * kN, 52);
+      const auto expected = naive_gemm(ta, tb, kM, kN, kK, 0.5, to_double(o.a), o.lda(),
+                                       to_double(o.b), o.ldb(), -2.0, to_double(c), kN);
+      cpu::gemm_fixed_order<float>(ta, tb, kM, kN, kK, 0.5f, o.a.data(), o.lda(), o.b.data(),
+                                   o.ldb(), -2.0f, c.data(), kN);
+      EXPECT_LT(max_relative_error(to_double(c), expected), 1e-5) << ta << tb;
+      EXPECT_TRUE(any_nonzero(c));
+    }
+  }
+}
+
+TEST_F(FixedOrderGemmTest, EachRowIsTheSameAloneOrInABatch) {
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Operands o = operands(ta, tb);
+      const std::vector<float> whole = product(o, kM, o.a.data());
+      for (int64_t first : {0, 3, 5, 36}) {
+        for (int64_t rows : {1, 2, 4}) {
+          if (first + rows > kM) continue;
+          // The rows [first, first + rows) of op(a) as a matrix of their own.
+          std::vector<float> part(rows * kK);
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t p = 0; p < kK; ++p) part[ta ? p * rows + i : i * kK + p] = o.a_at(first + i, p);
+          std::vector<float> c(rows * kN);
+          cpu::gemm_fixed_order<float>(ta, tb, rows, kN, kK, 1.0f, part.data(), ta ? rows : kK,
+                                       o.b.data(), o.ldb(), 0.0f, c.data(), kN);
+          const std::vector<float> expected(whole.begin() + first * kN,
+                                            whole.begin() + (first + rows) * kN);
+          EXPECT_EQ(c, expected) << "rows " << first << "+" << rows << " ta=" << ta << " tb=" << tb;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(FixedOrderGemmTest, ThreadCountDoesNotChangeABit) {
+  // Large enough for the kernel to thread: 256 x 256 x 64.
+  const int64_t m = 256, n = 256, k = 64;
+  const auto a = random_vector<float>(m * k, 53), b = random_vector<float>(n * k, 54);
+  auto run = [&](int threads) {
+    set_cpu_threads(threads);
+    std::vector<float> c(m * n);
+    cpu::gemm_fixed_order<float>(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f,
+                                 c.data(), n);
+    return c;
+  };
+  const std::vector<float> one = run(1), three = run(3);
+  set_cpu_threads(0);
+  EXPECT_EQ(one, three);
+  EXPECT_TRUE(any_nonzero(one));
+}
+
+// A weight gradient dW += X^T dY over rows cut into calls (micro-batches), in order, gives
+// the bits of one call over all the rows: the chain goes on from c.
+TEST_F(FixedOrderGemmTest, ASumOverRowsCutIntoCallsIsOneCall) {
+  const int64_t tokens = 45, in = 37, out = 70;
+  const auto x = random_vector<float>(tokens * in, 55), dy = random_vector<float>(tokens * out, 56);
+  const auto start = random_vector<float>(in * out, 57);
+  std::vector<float> whole = start, cut = start;
+  cpu::gemm_fixed_order<float>(true, false, in, out, tokens, 1.0f, x.data(), in, dy.data(), out,
+                               1.0f, whole.data(), out);
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 7}, {7, 8}, {8, 40}, {40, 45}}) {
+    cpu::gemm_fixed_order<float>(true, false, in, out, end - begin, 1.0f, x.data() + begin * in,
+                                 in, dy.data() + begin * out, out, 1.0f, cut.data(), out);
+  }
+  EXPECT_EQ(cut, whole);
+  EXPECT_NE(whole, start);
+}
+
+// Under the mode cpu::gemm adds left to right: 1e8 + 1 rounds back to 1e8 in f32, so the
+// chain 1e8, +1, -1e8 gives 0 where another order could give 1; a 1 at the end survives.
+TEST_F(FixedOrderGemmTest, TheModeMakesGemmAddLeftToRight) {
+  const std::vector<float> a = {1e8f, 1.0f, -1e8f, 1e8f, -1e8f, 1.0f}, ones = {1, 1, 1};
+  std::vector<float> c(2);
+  set_batch_invariant(true);
+  cpu::gemm<float>(false, false, 2, 1, 3, 1.0f, a.data(), 3, ones.data(), 1, 0.0f, c.data(), 1);
+  set_batch_invariant(false);
+  EXPECT_EQ(c, (std::vector<float>{0.0f, 1.0f}));
 }
 
 // Grouped products against per-group naive products. Group sizes include zeros, first

@@ -35,8 +35,10 @@ GPUS = visible_gpus()
 NEEDED = max(LAYOUTS[name][0] for name in GPU_LAYOUTS)
 pytestmark = pytest.mark.skipif(GPUS < NEEDED, reason=f"fewer than {NEEDED} GPUs visible")
 
-# fp32, as the CPU comparisons are (a GPU run is bf16 unless told otherwise).
-CUDA = ["--set", "runtime.device=cuda", "--set", "runtime.precision=fp32"]
+# fp32, as the CPU comparisons are (a GPU run is bf16 unless told otherwise), without the
+# CPU comparisons' batch-invariant products, which have no GPU kernels.
+CUDA = ["--set", "runtime.device=cuda", "--set", "runtime.precision=fp32",
+        "--set", "runtime.batch_invariant=false"]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Pipeline layouts in `switchyard train`: each pipeline rank trains its chunks of the
 model under GPipe, 1F1B and interleaved 1F1B, and the losses, routing statistics and
-final weights equal one process's (with data-parallel replicas in each stage, to the
-data-parallel layouts' tolerances), as do its evaluations through the stages; a pipeline run's checkpoints resume under one process
+final weights equal one process's bit for bit under runtime.batch_invariant (with
+data-parallel replicas in each stage, to the data-parallel layouts' tolerances), as do its evaluations through the stages; a pipeline run's checkpoints resume under one process
 and the other way round, and its final weights convert to Hugging Face format. Loss-free
 balancing moves each stage's biases and train.freeze freezes what each stage holds, as
 one process does.
@@ -21,8 +21,11 @@ import test_train_equivalence as layouts
 from run_dirs import rewind
 from test_train_equivalence import COMMON, ENV, RECIPE, SWITCHYARD, mpirun
 
-# tiny's aux loss per layer; ALL_LAYER below takes transformers' formula instead.
-PIPELINE_COMMON = [*COMMON, "--set", "moe.aux_loss_per_layer=true"]
+# tiny's aux loss per layer; ALL_LAYER below takes transformers' formula instead. Batch-
+# invariant products (docs/determinism.md): a stage rank computes with fewer threads than
+# one process, and OpenBLAS's order of addition follows the thread count and the CPU.
+PIPELINE_COMMON = [*COMMON, "--set", "moe.aux_loss_per_layer=true",
+                   "--set", "runtime.batch_invariant=true"]
 # Transformers' aux loss over all layers together (the transformers-parity recipes'): each
 # activation carries the routing sums through its chunk and each gradient the whole
 # model's, so every router's gradient is one process's.

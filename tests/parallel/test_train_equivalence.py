@@ -1,7 +1,8 @@
 """Layout equivalence: a data-, tensor- or expert-parallel run under mpirun trains on the
 same tokens per step as the single-process run, so its losses and final weights must
-match it (float tolerance: only the order of the sums differs). Also: one rank's fatal error
-ends the whole job quickly with a clear line.
+match it (float tolerance: only the order of the sums differs) up to the first step whose
+routing differs (assert_run_matches). Also: one rank's fatal error ends the whole job
+quickly with a clear line.
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
@@ -21,7 +22,8 @@ STEPS = 4
 COMMON = ["--set", f"train.steps={STEPS}", "--set", "optimizer.warmup_steps=1",
           "--set", "train.log_interval=1", "--set", "train.eval_interval=0",
           "--set", "train.global_batch_size=8", "--set", "train.micro_batch_size=2",
-          "--set", "model.num_layers=2", "--set", "train.seq_len=64"]
+          "--set", "model.num_layers=2", "--set", "train.seq_len=64",
+          "--set", "runtime.batch_invariant=true"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
@@ -38,10 +40,17 @@ def train(tmp_path, name, ranks, extra=()):
     # The run saw the world mpirun launched, not a world of one per process.
     assert f"; {ranks} ranks (dp " in result.stdout, result.stdout
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "loss" in m]
     losses = np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]]
-                       for m in lines if "loss" in m])
+                       for m in steps]).view(Losses)
+    losses.routing = [m["routing_digest"] for m in steps]
     weights = load_file(str(run_dir / "checkpoints" / "final" / "model.safetensors"))
     return losses, weights
+
+
+class Losses(np.ndarray):
+    """Each logged step's loss, aux loss, z-loss and gradient norm, one row a step; its
+    `routing` lists each step's routing_digest."""
 
 
 LAYOUTS = {  # name: (ranks, overrides)
@@ -209,17 +218,33 @@ def test_router_lr_and_freeze_match_single_process(tmp_path, single_fine_tune, l
     assert_run_matches(losses, weights, single_losses, single_weights)
 
 
+def routed_alike(losses, single_losses):
+    """The steps before the first whose routing differs: all of them when none does."""
+    for step, (mine, theirs) in enumerate(zip(losses.routing, single_losses.routing)):
+        if mine != theirs:
+            return step
+    return len(losses.routing)
+
+
 def assert_run_matches(losses, weights, single_losses, single_weights):
-    """An fp32 run of another layout against one process."""
-    # Step 1 starts from the same weights: everything agrees to rounding.
+    """An fp32 run of another layout against one process, up to the first step whose
+    routing differs. The layouts add their sums in other orders, so a near-tie between
+    two experts (or, with a capacity, two tokens) can settle otherwise, and from there the
+    runs part chaotically: a flip is detected by its routing_digest, never fitted by a
+    tolerance (docs/determinism.md). Step 1 starts from the same weights and, under
+    runtime.batch_invariant (COMMON), computes each token's forward bit for bit as one
+    process does, so it must route alike; its gradient norm, compared there, checks every
+    gradient of the layout before any routing can part."""
+    same = routed_alike(losses, single_losses)
+    assert same >= 1, (losses.routing, single_losses.routing)
     np.testing.assert_allclose(losses[0], single_losses[0], rtol=1e-6)
-    np.testing.assert_allclose(losses[:, 0], single_losses[:, 0], rtol=1e-5)
-    # Later steps inherit AdamW's sensitivity (see assert_weights_match), and with a
-    # capacity a near-tie between two tokens' router weights can then drop the other one:
-    # the aux loss, z-loss and gradient norm move by up to about 1e-4.
-    np.testing.assert_allclose(losses[:, 1:], single_losses[:, 1:], rtol=2e-4)
+    np.testing.assert_allclose(losses[:same, 0], single_losses[:same, 0], rtol=1e-5)
+    # Later steps inherit AdamW's sensitivity (see assert_weights_match): the aux loss,
+    # z-loss and gradient norm move by up to about 1e-4.
+    np.testing.assert_allclose(losses[:same, 1:], single_losses[:same, 1:], rtol=2e-4)
     assert set(weights) == set(single_weights)
-    assert_weights_match(weights, single_weights)
+    if same == len(losses):
+        assert_weights_match(weights, single_weights)
 
 
 def assert_weights_match(weights, reference):
