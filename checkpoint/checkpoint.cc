@@ -305,6 +305,15 @@ Shape global_shape_of(const checkpoint::TensorSlice& slice) {
   return Shape(slice.global_shape().begin(), slice.global_shape().end());
 }
 
+// The shape of `slice`'s HDF5 dataset: its tensor's global shape with the slice's rows as
+// dimension 0 (a scalar is saved as [1]).
+Shape stored_shape_of(const checkpoint::TensorSlice& slice) {
+  Shape shape(std::max(1, slice.global_shape_size()));
+  for (int d = 1; d < slice.global_shape_size(); ++d) shape[d] = slice.global_shape(d);
+  shape[0] = slice.rows();
+  return shape;
+}
+
 // Dimension 0 of a tensor's global shape (a scalar is one row).
 int64_t rows_of(const Shape& shape) { return shape.empty() ? 1 : shape[0]; }
 
@@ -517,9 +526,7 @@ struct Piece {
 // (a scalar is saved as [1]).
 absl::Status check_slice_dataset(const Hdf5Dataset& dataset, const checkpoint::TensorSlice& slice,
                                  const std::string& where) {
-  Shape expected = global_shape_of(slice);
-  if (expected.empty()) expected.push_back(1);
-  expected[0] = slice.rows();
+  const Shape expected = stored_shape_of(slice);
   const Shape dims(dataset.dims.begin(), dataset.dims.end());
   if (dims != expected)
     return absl::DataLossError(absl::StrCat(where, " has shape ", shape_string(dims),
@@ -651,10 +658,7 @@ absl::StatusOr<int64_t> verify_checkpoint(const std::string& checkpoint_dir,
   int64_t batch_bytes = 0;
   for (int i = 0; i < manifest.slices_size(); ++i) {
     const checkpoint::TensorSlice& s = manifest.slices(i);
-    Shape shape = global_shape_of(s);
-    if (shape.empty()) shape.push_back(1);
-    shape[0] = s.rows();
-    batch.push_back({s.tensor(), s.first_row(), Tensor::empty(shape)});
+    batch.push_back({s.tensor(), s.first_row(), Tensor::empty(stored_shape_of(s))});
     batch_bytes += slice_bytes(s);
     if (batch_bytes >= kChecksumWindowBytes || i + 1 == manifest.slices_size()) {
       SY_RETURN_IF_ERROR(read_rows(checkpoint_dir, manifest, batch));

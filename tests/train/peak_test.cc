@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "engine/runtime/file_util.h"
 #include "kernels/threads.h"
 
@@ -158,7 +159,7 @@ TEST_F(PeakCacheTest, DamagedCachesAreWarnedAboutThenMeasuredAndRewritten) {
 TEST_F(PeakCacheTest, TooManyEntriesOrAHugeFileAreRefused) {
   std::string text = "{";
   for (size_t i = 0; i <= kMaxPeakCacheEntries; ++i)
-    text += (i ? "," : "") + std::string("\"k") + std::to_string(i) + "\": {\"gflops\": 1}";
+    text += absl::StrCat(i ? "," : "", "\"k", i, "\": {\"gflops\": 1}");
   write(text + "}");
   std::string warning;
   EXPECT_TRUE(read_peak_cache(path(), &warning).empty());

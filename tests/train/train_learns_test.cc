@@ -48,7 +48,11 @@ class RemoveDatasetCache : public ::testing::Environment {
 const auto* const kCacheCleanup = ::testing::AddGlobalTestEnvironment(new RemoveDatasetCache);
 
 TrainOptions options(const fs::path& run_dir, double peak_flops) {
-  return TrainOptions{run_dir.string(), peak_flops, kDatasetCache.string()};
+  TrainOptions o;
+  o.run_dir = run_dir.string();
+  o.peak.flops = peak_flops;
+  o.dataset_cache_dir = kDatasetCache.string();
+  return o;
 }
 
 TEST(Training, TinyRecipeLearns) {
