@@ -4,7 +4,8 @@ host and pid, and the first ends with the records and weights of an undisturbed 
 lock whose holder was killed (SIGKILL) is taken over; a second `data prepare` into one
 output (or of one part) is refused naming the first, whose dataset is complete; and every
 command that writes a directory is refused, creating and changing nothing there, while
-another process holds the directory's lock.
+another process holds the directory's lock. A file system that cannot lock (flock failing
+with ENOLCK, from an LD_PRELOAD shim) is refused unless SWITCHYARD_ALLOW_UNLOCKED=1.
 
 The first writer is stopped (SIGSTOP) once it holds the lock and has written, and continued
 (SIGCONT) after the second has been refused: it is then certainly mid-run when the second
@@ -15,6 +16,7 @@ Run by ctest with the interop Python; SWITCHYARD names the binary.
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -260,3 +262,44 @@ def test_every_writing_command_is_refused_while_another_holds_the_lock(
         os.close(fd)
     assert_refused_naming(result, os.getpid(), out)
     assert "command: a test); one writer at a time" in result.stderr, result.stderr
+
+
+NO_LOCKS_SHIM = r"""
+#include <errno.h>
+int flock(int fd, int operation) { (void)fd; (void)operation; errno = ENOLCK; return -1; }
+"""
+
+
+@pytest.fixture(scope="module")
+def no_locks(tmp_path_factory):
+    """An LD_PRELOAD library whose flock fails with ENOLCK, as on a file system that cannot
+    lock (NFSv3 without lockd)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the flock shim")
+    root = tmp_path_factory.mktemp("shim")
+    (root / "no_locks.c").write_text(NO_LOCKS_SHIM)
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(root / "no_locks.so"),
+                    str(root / "no_locks.c")], check=True)
+    return root / "no_locks.so"
+
+
+def test_a_file_system_that_cannot_lock_is_refused_unless_allowed(no_locks, tmp_path):
+    out = tmp_path / "out"
+    merge = [SWITCHYARD, "data", "merge-parts", str(out)]
+    env = dict(os.environ, LD_PRELOAD=str(no_locks))
+    env.pop("SWITCHYARD_ALLOW_UNLOCKED", None)
+    refused = subprocess.run(merge, capture_output=True, text=True, env=env, timeout=60)
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines() == [
+        f"switchyard: error: {out}: the file system cannot lock {out / LOCK} (No locks "
+        "available), so nothing would keep a second writer out; write elsewhere, or set "
+        "SWITCHYARD_ALLOW_UNLOCKED=1 to write without the lock (docs/launch.md)"]
+
+    allowed = subprocess.run(merge, capture_output=True, text=True, timeout=60,
+                             env=dict(env, SWITCHYARD_ALLOW_UNLOCKED="1"))
+    assert allowed.stdout.startswith(f"warning: {out}: the file system cannot lock "), \
+        allowed.stdout
+    assert "writing without the lock as SWITCHYARD_ALLOW_UNLOCKED=1 asks" in allowed.stdout
+    # Past the lock, merge-parts finds no parts to merge: its own refusal.
+    assert allowed.returncode == 1 and "nothing to merge" in allowed.stderr, allowed.stderr
