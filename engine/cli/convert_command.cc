@@ -18,6 +18,7 @@
 #include "engine/cli/load_model.h"
 #include "engine/model/transformer.h"
 #include "engine/runtime/device.h"
+#include "engine/runtime/dir_lock.h"
 #include "engine/runtime/param_store.h"
 #include "engine/runtime/status_macros.h"
 
@@ -77,12 +78,25 @@ absl::Status check_output(const std::string& in, const std::string& out, bool ov
   if (!fs::exists(status)) return absl::OkStatus();
   if (!fs::is_directory(status))
     return absl::InvalidArgumentError(absl::StrCat(out, ": exists and is not a directory"));
-  SY_ASSIGN_OR_RETURN(const std::vector<fs::path> entries, entries_of(real_out, out));
+  SY_ASSIGN_OR_RETURN(std::vector<fs::path> entries, entries_of(real_out, out));
+  std::erase_if(entries, [](const fs::path& p) { return p.filename() == kDirLockName; });
   if (!entries.empty() && !overwrite)
     return absl::FailedPreconditionError(absl::StrCat(
         out, ": the output directory is not empty; --overwrite replaces an earlier "
         "conversion's files there"));
   return absl::OkStatus();
+}
+
+// The output directory's lock (engine/runtime/dir_lock.h) for the command's run, taken once
+// check_output allows the directory, so that a refused conversion creates nothing, and
+// checked again under the lock: an earlier conversion may have filled it meanwhile.
+absl::StatusOr<DirLock> lock_output(const std::string& in, const std::string& out, bool overwrite) {
+  SY_RETURN_IF_ERROR(check_output(in, out, overwrite));
+  std::string warning;
+  SY_ASSIGN_OR_RETURN(DirLock lock, DirLock::acquire(out, &warning));
+  if (!warning.empty()) std::printf("%s\n", warning.c_str());
+  SY_RETURN_IF_ERROR(check_output(in, out, overwrite));
+  return lock;
 }
 
 // Removes from `out` the files `owned` names (an earlier conversion's) and keeps every
@@ -155,7 +169,7 @@ absl::Status ConvertCommand::run_to_hf() {
   HfExportOptions options;
   options.dtype = dtype_ == "bf16" ? DType::kBF16 : DType::kF32;
   SY_ASSIGN_OR_RETURN(options.max_shard_bytes, parse_size(max_shard_size_));
-  SY_RETURN_IF_ERROR(check_output(in_, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output(in_, out_, overwrite_));
   LoadedModel model;
   SY_RETURN_IF_ERROR(load_model(in_, model, TokenizerUse::kOptional));
   SY_RETURN_IF_ERROR(hf_architecture_for(model.recipe).status());
@@ -169,7 +183,7 @@ absl::Status ConvertCommand::run_to_hf() {
 }
 
 absl::Status ConvertCommand::run_from_hf() {
-  SY_RETURN_IF_ERROR(check_output(in_, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output(in_, out_, overwrite_));
   SY_ASSIGN_OR_RETURN(const HfModel model, read_hf_model(in_));
   SY_RETURN_IF_ERROR(remove_owned_files(out_, is_weights_file));
   SY_RETURN_IF_ERROR(save_weights(out_, model.recipe, model.tensors, model.tokenizer_path));
@@ -178,7 +192,7 @@ absl::Status ConvertCommand::run_from_hf() {
 }
 
 absl::Status ConvertCommand::run_upcycle() {
-  SY_RETURN_IF_ERROR(check_output(in_, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output(in_, out_, overwrite_));
   SY_ASSIGN_OR_RETURN(const HfModel dense, read_hf_dense_model(in_));
   const UpcycleOptions options{experts_, top_k_, granularity_, seed_};
   SY_ASSIGN_OR_RETURN(const HfModel model, upcycle(dense, options));

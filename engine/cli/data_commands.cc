@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,6 +17,7 @@
 #include "engine/cli/inspect_checkpoint.h"
 #include "engine/cli/progress_line.h"
 #include "engine/config/recipe.h"
+#include "engine/runtime/dir_lock.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/training_data.h"
 
@@ -86,6 +88,20 @@ void print_summary(const std::string& what, const PrepareSummary& s) {
 
 std::string special_ids_text(const SpecialTokenIds& s) {
   return absl::StrFormat("unk %d, bos %d, eos %d, pad %d", s.unk, s.bos, s.eos, s.pad);
+}
+
+// The lock of the dataset directory `dir` (engine/runtime/dir_lock.h) for the command's
+// run. A part locks itself alone, so that the parts of one dataset run at once while a
+// second run of the same part is refused; a whole prepare and merge-parts lock the dataset.
+// A merge of parts still running refuses by itself: their records are unfinished.
+absl::StatusOr<DirLock> lock_dataset(const std::string& dir, std::optional<PartId> part) {
+  const std::string name =
+      part ? absl::StrFormat(".switchyard.part-%05d-of-%05d.lock", part->index, part->count)
+           : std::string(kDirLockName);
+  std::string warning;
+  SY_ASSIGN_OR_RETURN(DirLock lock, DirLock::acquire(dir, &warning, name));
+  if (!warning.empty()) std::printf("%s\n", warning.c_str());
+  return lock;
 }
 
 }  // namespace
@@ -163,6 +179,8 @@ absl::Status DataCommands::run_prepare() {
   if (!part_.empty()) {
     SY_ASSIGN_OR_RETURN(options.part, parse_part_id(part_));
   }
+  if (out_.empty()) return absl::InvalidArgumentError("no output directory given");
+  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_dataset(out_, options.part));
   TerminalDataProgress progress;
   const absl::StatusOr<PrepareSummary> s = prepare_dataset(options, progress);
   progress.end_line();
@@ -177,6 +195,7 @@ absl::Status DataCommands::run_prepare() {
 }
 
 absl::Status DataCommands::run_merge_parts() {
+  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_dataset(out_, std::nullopt));
   TerminalDataProgress progress;
   const absl::StatusOr<PrepareSummary> s = merge_parts(out_, progress);
   progress.end_line();

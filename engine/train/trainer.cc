@@ -21,6 +21,7 @@
 #include "engine/optim/optimizer.h"
 #include "engine/optim/zero.h"
 #include "engine/parallel/host_map.h"
+#include "engine/runtime/dir_lock.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/evaluation.h"
@@ -196,6 +197,19 @@ struct TrainingData {
   config::Recipe saved_recipe;
   bool blend = false;  // data.sources
 };
+
+// The run directory's lock (engine/runtime/dir_lock.h), taken by the reporting rank before
+// anything in the directory is read or written and held until train() returns, so that a
+// second job on the same --run-dir (started twice, requeued while this one runs) is
+// refused naming this one. The other ranks do not lock: they write their checkpoint shards
+// only after collectives with rank 0, that is under its lock.
+absl::StatusOr<DirLock> lock_run_dir(const RunContext& run) {
+  if (!run.reporter) return DirLock();
+  std::string warning;
+  SY_ASSIGN_OR_RETURN(DirLock lock, DirLock::acquire(run.options.run_dir, &warning));
+  if (!warning.empty()) run.sink.on_message(warning);
+  return lock;
+}
 
 // Rank 0 prepares a corpus on first use; the others then find it in the cache.
 absl::StatusOr<std::vector<SourceDir>> prepare_source_dirs(
@@ -902,6 +916,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   RankZeroSink sink(terminal, groups.world->rank() == 0);
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
   const RunContext run(recipe, options, groups, layout, sink);
+  SY_ASSIGN_OR_RETURN(const DirLock run_dir_lock, lock_run_dir(run));
   // Gathered while the world communicator is still the host one.
   const std::string rank_hosts = describe_hosts(gather_host_names(*groups.world));
 

@@ -52,7 +52,7 @@ expect_error "empty corpus" "empty" "$work/r10" -- "$bin" train "$work/emptycorp
 touch "$work/file"
 short=(--set train.steps=1 --set optimizer.warmup_steps=0 --set train.eval_interval=0
        --dataset-cache "$work/cache")
-expect_error "unwritable run dir" "run directory" "" -- "$bin" train "$tiny" --run-dir "$work/file/sub" "${short[@]}"
+expect_error "unwritable run dir" "cannot create the directory" "" -- "$bin" train "$tiny" --run-dir "$work/file/sub" "${short[@]}"
 expect_error "missing weights" "recipe.textproto" "" -- "$bin" sample "$work/none" --prompt hi
 expect_error "--extend-schedule on a fresh start" "holds no checkpoint to resume: drop the flag" "$work/r14" -- "$bin" train "$tiny" --run-dir "$work/r14" "${short[@]}" --extend-schedule
 
