@@ -7,7 +7,6 @@ resumes under another.
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
-import json
 import subprocess
 
 import h5py
@@ -17,7 +16,7 @@ from safetensors.numpy import load_file
 
 from run_dirs import rewind
 from test_train_equivalence import (COMMON, ENV, LAYOUTS, RECIPE, SWITCHYARD,
-                                    assert_run_matches, mpirun, train)
+                                    assert_run_matches, logged_losses, mpirun, train)
 
 # The tiny recipe's 8 experts: no rank keeps its contiguous share, and under ep 2 rank 0
 # holds experts 5, 2, 7, 0 (four slices of each expert tensor in a checkpoint), rank 1
@@ -65,12 +64,6 @@ def run(tmp_path, name, ranks, extra):
     result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
-def logged_losses(run_dir):
-    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]]
-                     for m in lines if "loss" in m])
 
 
 @pytest.mark.parametrize("resumed_by", [

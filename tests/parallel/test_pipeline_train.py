@@ -86,10 +86,8 @@ def assert_run_matches(run_dir, single_dir):
 def assert_layout_matches(run_dir, single_dir):
     """A run with data-parallel replicas or tensor-parallel shards in its stages against
     one process, to the layouts' tolerances (test_train_equivalence.assert_run_matches)."""
-    def losses(steps):
-        return np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]] for m in steps])
-    layouts.assert_run_matches(losses(logged_steps(run_dir)), final_weights(run_dir),
-                               losses(logged_steps(single_dir)), final_weights(single_dir))
+    layouts.assert_run_matches(layouts.logged_losses(run_dir), final_weights(run_dir),
+                               layouts.logged_losses(single_dir), final_weights(single_dir))
 
 
 @pytest.fixture(scope="module")

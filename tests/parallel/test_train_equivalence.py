@@ -39,18 +39,23 @@ def train(tmp_path, name, ranks, extra=()):
     assert result.returncode == 0, result.stderr
     # The run saw the world mpirun launched, not a world of one per process.
     assert f"; {ranks} ranks (dp " in result.stdout, result.stdout
-    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in lines if "loss" in m]
-    losses = np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]]
-                       for m in steps]).view(Losses)
-    losses.routing = [m["routing_digest"] for m in steps]
     weights = load_file(str(run_dir / "checkpoints" / "final" / "model.safetensors"))
-    return losses, weights
+    return logged_losses(run_dir), weights
 
 
 class Losses(np.ndarray):
     """Each logged step's loss, aux loss, z-loss and gradient norm, one row a step; its
     `routing` lists each step's routing_digest."""
+
+
+def logged_losses(run_dir):
+    """The Losses of a run's metrics.jsonl."""
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "loss" in m]
+    losses = np.array([[m["loss"], m["aux_loss"], m["z_loss"], m["grad_norm"]]
+                       for m in steps]).view(Losses)
+    losses.routing = [m["routing_digest"] for m in steps]
+    return losses
 
 
 LAYOUTS = {  # name: (ranks, overrides)

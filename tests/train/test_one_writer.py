@@ -20,11 +20,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-import h5py
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+from test_prepare_parts import files_of, split_stream  # noqa: E402
 
 SWITCHYARD = os.environ["SWITCHYARD"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,21 +164,6 @@ def prepare_args(root, files, out, *extra):
     return [SWITCHYARD, "data", "prepare", "--tokenizer", str(root / "tok.model"), "--input",
             *map(str, files), "--out", str(out), "--shard-tokens", "100000",
             "--val-fraction", "0.02", "--threads", "1", *extra]
-
-
-def split_stream(directory, split):
-    """A split's tokens and document ends, read with h5py through index.json."""
-    index = json.loads((Path(directory) / "index.json").read_text())
-    tokens, ends = [], []
-    for shard in index["splits"][split]:
-        with h5py.File(Path(directory) / shard["file"], "r") as f:
-            ends += [len(tokens) + int(e) for e in f["doc_offsets"][1:]]
-            tokens += f["tokens"][:].tolist()
-    return tokens, ends
-
-
-def files_of(directory):
-    return {p.name: p.read_bytes() for p in Path(directory).iterdir()}
 
 
 def test_a_second_prepare_into_one_output_is_refused_naming_the_first(inputs, tmp_path):
