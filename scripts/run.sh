@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh switchyard
+scripts/build.sh --cuda-if-gpu switchyard
 run_dir="${1:-runs/tiny}"
 build/engine/cli/switchyard train recipes/tiny.textproto --run-dir "$run_dir"
 build/engine/cli/switchyard sample "$run_dir/checkpoints/final" --prompt "ROMEO:" --ignore-eos

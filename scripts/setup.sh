@@ -1,24 +1,30 @@
 #!/usr/bin/env bash
 # Installs what Switchyard needs on a fresh Debian machine. Idempotent and quiet
 # when everything is already there.
-#   scripts/setup.sh            Debian packages for the build
-#   scripts/setup.sh --python   also the Python environment for the interop tests
+#   scripts/setup.sh            Debian packages that build and run the engine (scripts/run.sh)
+#   scripts/setup.sh --python   also those the test suite uses, and the Python environment
+#                               of its interop tests (scripts/test.sh)
 set -euo pipefail
 
 packages=(
   cmake g++ make pkg-config ccache
   libabsl-dev libprotobuf-dev protobuf-compiler
   libopenblas-openmp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  libhdf5-dev hdf5-tools
+  libgtest-dev libgmock-dev libbenchmark-dev  # configured with the tests
+  libhdf5-dev
   libopenmpi-dev openmpi-bin
-  slurmctld slurmd slurm-client munge  # tests/launch/test_slurm.py: a Slurm on localhost
   libsentencepiece-dev
   nlohmann-json3-dev libcli11-dev
-  clang libclang-rt-14-dev libomp-dev  # scripts/fuzz.sh and scripts/sanitize.sh tsan
-  python3-venv
-  chromium  # renders the bench balance HTML report in a test
 )
+if [[ "${1:-}" == "--python" ]]; then
+  packages+=(
+    hdf5-tools
+    slurmctld slurmd slurm-client munge  # tests/launch/test_slurm.py: a Slurm on localhost
+    clang libclang-rt-14-dev libomp-dev  # scripts/fuzz.sh and scripts/sanitize.sh tsan
+    python3-venv
+    chromium  # renders the bench balance HTML report in a test
+  )
+fi
 
 missing=()
 for p in "${packages[@]}"; do
