@@ -114,8 +114,9 @@ TEST(GemmTest, MatmulReadsHigherRankAsMatrices) {
 // beside it, of the thread count, and of a sum over rows cut into several calls.
 class FixedOrderGemmTest : public ::testing::Test {
  protected:
-  // Sizes off the tiles' multiples (4 rows, 32 columns), so that edge tiles meet full ones.
-  static constexpr int64_t kM = 37, kN = 70, kK = 45;
+  // Sizes off the tiles' multiples (6 rows, 16 columns), so that edge tiles meet full
+  // ones.
+  static constexpr int64_t kM = 37, kN = 70, kK = 300;
 
   // op(a): (m, k) and op(b): (k, n) stored as the transposes ask; c = a b in fixed order.
   struct Operands {
@@ -195,13 +196,13 @@ TEST_F(FixedOrderGemmTest, ThreadCountDoesNotChangeABit) {
 // A weight gradient dW += X^T dY over rows cut into calls (micro-batches), in order, gives
 // the bits of one call over all the rows: the chain goes on from c.
 TEST_F(FixedOrderGemmTest, ASumOverRowsCutIntoCallsIsOneCall) {
-  const int64_t tokens = 45, in = 37, out = 70;
+  const int64_t tokens = 600, in = 37, out = 70;
   const auto x = random_vector<float>(tokens * in, 55), dy = random_vector<float>(tokens * out, 56);
   const auto start = random_vector<float>(in * out, 57);
   std::vector<float> whole = start, cut = start;
   cpu::gemm_fixed_order<float>(true, false, in, out, tokens, 1.0f, x.data(), in, dy.data(), out,
                                1.0f, whole.data(), out);
-  for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 7}, {7, 8}, {8, 40}, {40, 45}}) {
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 7}, {7, 8}, {8, 400}, {400, 600}}) {
     cpu::gemm_fixed_order<float>(true, false, in, out, end - begin, 1.0f, x.data() + begin * in,
                                  in, dy.data() + begin * out, out, 1.0f, cut.data(), out);
   }
