@@ -68,9 +68,10 @@ struct Unit {
 };
 
 // Longest names first, so that "GiB" is not read as "B".
-constexpr Unit kUnits[] = {{"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-                           {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9},
-                           {"TB", 1e12}, {"B", 1}};
+constexpr Unit kUnits[] = {
+    {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+    {"KB", 1e3},     {"MB", 1e6},        {"GB", 1e9},           {"TB", 1e12},
+    {"B", 1}};
 
 // The number of bytes one unit at the end of `*number` names, which is cut off; 1 if none.
 double take_unit(absl::string_view* number) {
@@ -132,8 +133,7 @@ absl::StatusOr<int64_t> parse_size_with_units(absl::string_view text, absl::stri
   std::errc error{};
   if (number.empty() || !read_all(number, &value, &error) || error != std::errc() ||
       !std::isfinite(value))
-    return refuse(field, text,
-                  "is not a size (bytes, or with a unit: 500MB, 5GB, 80GiB, 1.5TiB)");
+    return refuse(field, text, "is not a size (bytes, or with a unit: 500MB, 5GB, 80GiB, 1.5TiB)");
   const double bytes = value * unit;
   if (bytes < 1) return refuse(field, text, "is below one byte");
   if (bytes > static_cast<double>(max_bytes))

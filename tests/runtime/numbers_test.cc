@@ -118,11 +118,16 @@ TEST(NumbersTest, Double) {
 }
 
 TEST(NumbersTest, SizeWithUnits) {
-  const std::pair<std::string, int64_t> accepted[] = {
-      {"80GiB", int64_t{80} << 30}, {"80GB", 80'000'000'000}, {"5gb", 5'000'000'000},
-      {"500MB", 500'000'000},       {"1.5KiB", 1536},         {"2kB", 2000},
-      {"8.5e10", 85'000'000'000},   {"1B", 1},                {"1.7", 1},
-      {"1TiB", int64_t{1} << 40}};
+  const std::pair<std::string, int64_t> accepted[] = {{"80GiB", int64_t{80} << 30},
+                                                      {"80GB", 80'000'000'000},
+                                                      {"5gb", 5'000'000'000},
+                                                      {"500MB", 500'000'000},
+                                                      {"1.5KiB", 1536},
+                                                      {"2kB", 2000},
+                                                      {"8.5e10", 85'000'000'000},
+                                                      {"1B", 1},
+                                                      {"1.7", 1},
+                                                      {"1TiB", int64_t{1} << 40}};
   for (const auto& [text, bytes] : accepted) {
     const absl::StatusOr<int64_t> v = parse_size_with_units(text, "--device-memory");
     ASSERT_TRUE(v.ok()) << text << ": " << v.status();
@@ -132,12 +137,15 @@ TEST(NumbersTest, SizeWithUnits) {
       {"0.5B", "--device-memory: 0.5B is below one byte"},
       {"0", "--device-memory: 0 is below one byte"},
       {"-5GB", "--device-memory: -5GB is below one byte"},
-      {"GB", "--device-memory: GB is not a size (bytes, or with a unit: 500MB, 5GB, 80GiB, "
-             "1.5TiB)"},
-      {"nan", "--device-memory: nan is not a size (bytes, or with a unit: 500MB, 5GB, 80GiB, "
-              "1.5TiB)"},
-      {"5 GB", "--device-memory: \"5 GB\" is not a size (bytes, or with a unit: 500MB, 5GB, "
-               "80GiB, 1.5TiB)"},
+      {"GB",
+       "--device-memory: GB is not a size (bytes, or with a unit: 500MB, 5GB, 80GiB, "
+       "1.5TiB)"},
+      {"nan",
+       "--device-memory: nan is not a size (bytes, or with a unit: 500MB, 5GB, 80GiB, "
+       "1.5TiB)"},
+      {"5 GB",
+       "--device-memory: \"5 GB\" is not a size (bytes, or with a unit: 500MB, 5GB, "
+       "80GiB, 1.5TiB)"},
       {"1e30", "--device-memory: 1e30 is more than 1152921504606846976 bytes"},
   };
   for (const auto& [text, message] : refused)
