@@ -13,6 +13,7 @@
 #include "data/tokenizer.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/json_fields.h"
+#include "engine/runtime/numbers.h"
 #include "engine/runtime/status_macros.h"
 
 namespace switchyard {
@@ -70,14 +71,13 @@ absl::Status read_arguments(const JsonFields& r, PartRecord* record) {
 }  // namespace
 
 absl::StatusOr<PartId> parse_part_id(std::string_view text) {
-  const size_t slash = text.find('/');
+  const absl::string_view spec(text.data(), text.size());
+  const size_t slash = spec.find('/');
+  if (slash == absl::string_view::npos)
+    return absl::InvalidArgumentError(absl::StrCat("--part: ", spec, " is not I/N, part I of N"));
   PartId id;
-  if (slash == std::string_view::npos || !parse_integer(text.substr(0, slash), &id.index) ||
-      !parse_integer(text.substr(slash + 1), &id.count) || id.count < 1 || id.count > kMaxParts ||
-      id.index < 0 || id.index >= id.count)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--part \"", std::string(text),
-                     "\": expected I/N, part I of N, with 0 <= I < N <= ", kMaxParts));
+  SY_ASSIGN_OR_RETURN(id.count, parse_int64(spec.substr(slash + 1), "--part N", 1, kMaxParts));
+  SY_ASSIGN_OR_RETURN(id.index, parse_int64(spec.substr(0, slash), "--part I", 0, id.count - 1));
   return id;
 }
 

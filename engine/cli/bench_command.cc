@@ -15,7 +15,6 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -26,6 +25,7 @@
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "engine/cli/load_model.h"
+#include "engine/cli/number_flags.h"
 #include "engine/config/recipe.h"
 #include "engine/model/transformer.h"
 #include "engine/runtime/file_util.h"
@@ -181,14 +181,17 @@ absl::StatusOr<std::vector<Variant>> parse_compare(const std::string& spec,
   return variants;
 }
 
-// "zipf:S" with S > 0 -> S.
+// Zipf exponents above 64 give every token but the first a probability below 2^-64:
+// every draw is the same token, which measures nothing more.
+constexpr double kMaxZipfExponent = 64;
+
+// "zipf:S" with S in (0, 64] -> S.
 absl::StatusOr<double> parse_zipf(const std::string& spec) {
-  double s = 0;
-  if (spec.rfind("zipf:", 0) != 0 || !absl::SimpleAtod(spec.substr(5), &s) || !std::isfinite(s) ||
-      s <= 0)
+  if (spec.rfind("zipf:", 0) != 0)
     return absl::InvalidArgumentError(
-        absl::StrCat("--synthetic ", spec, ": expected zipf:S with S > 0"));
-  return s;
+        absl::StrCat("--synthetic: ", spec, " is not zipf:S, S the exponent"));
+  return parse_double(absl::string_view(spec).substr(5), "--synthetic zipf:S",
+                      {0, kMaxZipfExponent, /*min_open=*/true});
 }
 
 // Fills (batch, seq) ids and targets, batch after batch.
@@ -685,6 +688,8 @@ absl::StatusOr<BalanceRun> measure(const config::Recipe& recipe, const std::stri
 
 // The most tokens `bench balance` holds at once (2 GiB of ids and targets).
 constexpr int64_t kMaxBenchTokens = int64_t{1} << 28;
+// --ep divides moe.num_experts, which the recipe bounds by 4096.
+constexpr int64_t kMaxExpertParallel = 4096;
 
 }  // namespace
 
@@ -698,8 +703,10 @@ BenchCommand::BenchCommand(CLI::App& app) {
       ->required();
   balance_->add_option("--data", data_, "dataset directory (default: the recipe's data)");
   balance_->add_option("--synthetic", synthetic_, "synthetic tokens instead: zipf:S");
-  balance_->add_option("--batches", batches_, "batches of micro_batch_size x seq_len tokens");
-  balance_->add_option("--ep", ep_, "expert-parallel size for the all-to-all (1: skip)");
+  balance_->add_option("--batches", batches_, "batches of micro_batch_size x seq_len tokens")
+      ->transform(integer_in(1, kMaxBenchTokens));
+  balance_->add_option("--ep", ep_, "expert-parallel size for the all-to-all (1: skip)")
+      ->transform(integer_in(1, kMaxExpertParallel));
   balance_->add_option("--compare", compare_,
                        "routing variants on the same tokens: top_k=K1,K2,... or "
                        "gating=NAME1,NAME2,...");
@@ -718,12 +725,11 @@ absl::Status BenchCommand::run() {
 }
 
 absl::Status BenchCommand::run_balance() {
-  if (batches_ < 1) return absl::InvalidArgumentError("--batches must be at least 1");
   if (!synthetic_.empty()) SY_RETURN_IF_ERROR(parse_zipf(synthetic_).status());
   SY_ASSIGN_OR_RETURN(const BenchSource loaded, load_source(source_));
   const config::Recipe& recipe = loaded.recipe;
   const int experts = recipe.moe().num_experts();
-  if (ep_ < 1 || experts % ep_ != 0)
+  if (experts % ep_ != 0)
     return absl::InvalidArgumentError(
         absl::StrCat("--ep ", ep_, " must divide moe.num_experts (", experts, ")"));
   std::vector<Variant> variants = {{"", recipe}};

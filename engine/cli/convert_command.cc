@@ -1,21 +1,19 @@
 #include "engine/cli/convert_command.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_import.h"
 #include "checkpoint/upcycle.h"
 #include "checkpoint/weights.h"
 #include "engine/cli/load_model.h"
+#include "engine/cli/number_flags.h"
 #include "engine/model/transformer.h"
 #include "engine/runtime/device.h"
 #include "engine/runtime/dir_lock.h"
@@ -25,24 +23,8 @@
 namespace switchyard {
 namespace {
 
-// "5GB", "500MB", "1.5GiB" or plain bytes; decimal units as transformers' save_pretrained.
-absl::StatusOr<int64_t> parse_size(const std::string& text) {
-  size_t digits = 0;
-  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.'))
-    ++digits;
-  double value = 0;
-  const std::string unit = absl::AsciiStrToUpper(text.substr(digits));
-  static const std::pair<const char*, double> kUnits[] = {
-      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-      {"KIB", 1024.0}, {"MIB", 1024.0 * 1024}, {"GIB", 1024.0 * 1024 * 1024}};
-  if (digits > 0 && absl::SimpleAtod(text.substr(0, digits), &value)) {
-    for (const auto& [name, scale] : kUnits) {
-      if (unit == name && value * scale >= 1) return static_cast<int64_t>(value * scale);
-    }
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--max-shard-size \"", text, "\" must be a positive size such as 5GB or 500MB"));
-}
+// Upcycling bounds: as the recipe's, at most 4096 experts, so K and G are no more either.
+constexpr int64_t kMaxExperts = 4096;
 
 namespace fs = std::filesystem;
 
@@ -131,8 +113,10 @@ ConvertCommand::ConvertCommand(CLI::App& app) {
   to_hf_->add_option("out", out_, "output directory")->required();
   to_hf_->add_option("--dtype", dtype_, "tensor dtype: fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  to_hf_->add_option("--max-shard-size", max_shard_size_,
-                     "split the weights into shards of at most this size (e.g. 5GB)");
+  to_hf_
+      ->add_option("--max-shard-size", max_shard_size_,
+                   "split the weights into shards of at most this size (e.g. 5GB)")
+      ->check(size_with_units());
   to_hf_->add_flag("--overwrite", overwrite_,
                    "replace an earlier export's files in a non-empty output directory");
 
@@ -148,11 +132,18 @@ ConvertCommand::ConvertCommand(CLI::App& app) {
       "whose first forward equals the dense model's (weights directory)");
   upcycle_->add_option("hf_dir", in_, "dense transformers model directory")->required();
   upcycle_->add_option("out", out_, "output weights directory")->required();
-  upcycle_->add_option("--experts", experts_, "number of experts E, a multiple of G")->required();
-  upcycle_->add_option("--top-k", top_k_, "experts per token K, a multiple of G")->required();
-  upcycle_->add_option("--granularity", granularity_,
-                       "split the dense FFN into G finer experts (its width / G each)");
-  upcycle_->add_option("--seed", seed_, "seed of the router's random initialisation");
+  upcycle_->add_option("--experts", experts_, "number of experts E, a multiple of G")
+      ->required()
+      ->transform(integer_in(1, kMaxExperts));
+  upcycle_->add_option("--top-k", top_k_, "experts per token K, a multiple of G")
+      ->required()
+      ->transform(integer_in(1, kMaxExperts));
+  upcycle_
+      ->add_option("--granularity", granularity_,
+                   "split the dense FFN into G finer experts (its width / G each)")
+      ->transform(integer_in(1, kMaxExperts));
+  upcycle_->add_option("--seed", seed_, "seed of the router's random initialisation")
+      ->transform(seed_value());
   upcycle_->add_flag("--overwrite", overwrite_,
                      "replace an earlier conversion's files in a non-empty output directory");
 }
@@ -168,7 +159,8 @@ absl::Status ConvertCommand::run() {
 absl::Status ConvertCommand::run_to_hf() {
   HfExportOptions options;
   options.dtype = dtype_ == "bf16" ? DType::kBF16 : DType::kF32;
-  SY_ASSIGN_OR_RETURN(options.max_shard_bytes, parse_size(max_shard_size_));
+  SY_ASSIGN_OR_RETURN(options.max_shard_bytes,
+                      parse_size_with_units(max_shard_size_, "--max-shard-size"));
   SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output(in_, out_, overwrite_));
   LoadedModel model;
   SY_RETURN_IF_ERROR(load_model(in_, model, TokenizerUse::kOptional));

@@ -15,6 +15,7 @@
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "engine/cli/inspect_checkpoint.h"
+#include "engine/cli/number_flags.h"
 #include "engine/cli/progress_line.h"
 #include "engine/config/recipe.h"
 #include "engine/runtime/dir_lock.h"
@@ -23,6 +24,13 @@
 
 namespace switchyard {
 namespace {
+
+// The bounds of the flags. Threads as the recipe's runtime.threads: a thread per core of
+// the largest machines. A shard of 2^40 tokens is 4 TiB; more is one shard of everything.
+// A decoded sample is for reading: 2^20 tokens is more than a terminal shows.
+constexpr int64_t kMaxThreads = 4096;
+constexpr int64_t kMaxShardTokens = int64_t{1} << 40;
+constexpr int64_t kMaxSampleTokens = int64_t{1} << 20;
 
 // 1234567 -> "1.23M"
 std::string human(double n) {
@@ -113,21 +121,27 @@ DataCommands::DataCommands(CLI::App& app) {
   tokenizer_ =
       data_->add_subcommand("tokenizer", "train a SentencePiece tokenizer (byte fallback)");
   tokenizer_->add_option("--input", inputs_, "text or JSON Lines files (.gz too)")->required();
-  tokenizer_->add_option("--vocab-size", vocab_size_, "pieces in the vocabulary")->required();
+  tokenizer_->add_option("--vocab-size", vocab_size_, "pieces in the vocabulary")
+      ->required()
+      ->transform(integer_in(kMinTokenizerVocabSize, kMaxVocabSize));
   tokenizer_->add_option("--model-type", model_type_, "bpe or unigram")
       ->check(CLI::IsMember({"bpe", "unigram"}));
   tokenizer_->add_option("--out", out_, "model file to write (e.g. tok.model)")->required();
   tokenizer_->add_option("--text-field", text_field_, "JSON Lines field holding the text");
-  tokenizer_->add_option("--threads", threads_, "training threads; 0 uses every core");
+  tokenizer_->add_option("--threads", threads_, "training threads; 0 uses every core")
+      ->transform(integer_in(0, kMaxThreads));
 
   prepare_ = data_->add_subcommand("prepare", "tokenize text into HDF5 token shards");
   prepare_->add_option("--tokenizer", tokenizer_path_, "SentencePiece model")->required();
   prepare_->add_option("--input", inputs_, "text or JSON Lines files (.gz too)")->required();
   prepare_->add_option("--out", out_, "dataset directory to create")->required();
-  prepare_->add_option("--val-fraction", val_fraction_, "fraction of documents held out");
-  prepare_->add_option("--shard-tokens", shard_tokens_, "tokens per shard (at least)");
+  prepare_->add_option("--val-fraction", val_fraction_, "fraction of documents held out")
+      ->transform(real_in({0, 1, /*min_open=*/false, /*max_open=*/true}));
+  prepare_->add_option("--shard-tokens", shard_tokens_, "tokens per shard (at least)")
+      ->transform(integer_in(1, kMaxShardTokens));
   prepare_->add_option("--text-field", text_field_, "JSON Lines field holding the text");
-  prepare_->add_option("--threads", threads_, "encoding threads; 0 uses every core");
+  prepare_->add_option("--threads", threads_, "encoding threads; 0 uses every core")
+      ->transform(integer_in(0, kMaxThreads));
   prepare_->add_option("--chat-template", chat_template_,
                        "chat template (JSON, e.g. data/templates/mistral.json): the inputs are "
                        "JSON Lines conversations, trained on the template's loss roles only");
@@ -143,7 +157,8 @@ DataCommands::DataCommands(CLI::App& app) {
   inspect_->add_option("path", inspect_path_, "dataset directory, .h5 shard, checkpoint (step_<N> or checkpoints directory), or recipe (.textproto: its data blend)")->required();
   inspect_->add_option("--tokenizer", tokenizer_path_,
                        "model to decode the sample with (default: the dataset's own)");
-  inspect_->add_option("--sample-tokens", sample_tokens_, "tokens of the sample to decode");
+  inspect_->add_option("--sample-tokens", sample_tokens_, "tokens of the sample to decode")
+      ->transform(integer_in(0, kMaxSampleTokens));
 }
 
 bool DataCommands::parsed() const { return data_->parsed() || inspect_->parsed(); }

@@ -29,6 +29,7 @@
 #include "engine/cli/convert_command.h"
 #include "engine/cli/data_commands.h"
 #include "engine/cli/load_model.h"
+#include "engine/cli/number_flags.h"
 #include "engine/cli/plan_command.h"
 #include "engine/cli/sample_command.h"
 #include "engine/cli/progress_line.h"
@@ -52,6 +53,11 @@ namespace fs = std::filesystem;
 
 // The most ranks a dry run plans for, one line each.
 constexpr int kMaxDryRunWorld = 4096;
+// 10^12 GFLOP/s, a zettaflop: beyond any machine's peak, and far from overflow in the MFU.
+constexpr double kMaxPeakGflops = 1e12;
+// Windows of train.seq_len (at most 2^24 positions): 2^36 of them keep their tokens
+// below 2^60, beyond any dataset (eval takes the dataset's windows when it has fewer).
+constexpr int64_t kMaxEvalWindows = int64_t{1} << 36;
 
 // SIGTERM or SIGINT asks training to checkpoint and stop at the next step boundary
 // (preemption); a second one ends the process at once. Either way the exit status is
@@ -209,17 +215,6 @@ int train_exit_status(const absl::StatusOr<TrainEnd>& end) {
   return *end == TrainEnd::kStopped ? 128 + g_stop_signal.load() : 0;
 }
 
-// A number the command line gives must be finite and >= 0 (CLI::NonNegativeNumber lets
-// nan through).
-const CLI::Validator kFiniteNonNegative(
-    [](std::string& text) {
-      double value = 0;
-      if (CLI::detail::lexical_cast(text, value) && std::isfinite(value) && value >= 0)
-        return std::string();
-      return absl::StrCat("must be a finite number >= 0, not ", text);
-    },
-    "");
-
 // --help and --version print and exit 0; any other parse error is one line and exit 1.
 int parse_error_status(const CLI::App& app, const CLI::ParseError& error) {
   if (error.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(error);
@@ -277,13 +272,13 @@ int run_main(int argc, char** argv) {
       ->add_option("--world", dry_world,
                    "ranks of the layout a --dry-run plans (0: the launcher's, else the fewest "
                    "that the recipe's tensor and expert parallel sizes divide)")
-      ->check(CLI::Range(0, kMaxDryRunWorld));
+      ->transform(integer_in(0, kMaxDryRunWorld));
   train_cmd
       ->add_option("--peak-gflops", peak_gflops,
                    "peak GFLOP/s of all the ranks together, for the MFU (0: a known GPU's "
                    "dense bf16 peak times the ranks, or the CPU's measured sgemm peak, cached "
                    "in ~/.cache/switchyard/peak.json)")
-      ->check(kFiniteNonNegative);
+      ->transform(real_in({0, kMaxPeakGflops}));
   train_cmd->add_option("--dataset-cache", cache_dir,
                         "where a data.corpus is prepared on first use (default "
                         "~/.cache/switchyard/datasets)");
@@ -309,10 +304,11 @@ int run_main(int argc, char** argv) {
       ->required();
   eval_cmd->add_option("--data", data, "dataset directory (made by `data prepare`)")->required();
   eval_cmd->add_option("--split", split, "split to evaluate: val or train");
-  eval_cmd->add_option("--windows", batches,
-                       "evaluate the first N windows of train.seq_len (default: those of the "
-                       "model's train.eval_tokens, the set its training evaluated)")
-      ->check(kFiniteNonNegative);
+  eval_cmd
+      ->add_option("--windows", batches,
+                   "evaluate the first N windows of train.seq_len (default: those of the "
+                   "model's train.eval_tokens, the set its training evaluated)")
+      ->transform(integer_in(0, kMaxEvalWindows));
 
   DataCommands data_commands(app);
   ConvertCommand convert_command(app);

@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "engine/cli/number_flags.h"
 #include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
 #include "engine/parallel/pipeline_schedule.h"
@@ -75,34 +75,9 @@ struct LayoutPlan {
   bool tight = false;
 };
 
-// "80GB", "80GiB", "8.5e10": bytes. Decimal (k, M, G, T + B) and binary (KiB ... TiB)
-// suffixes; the result is finite, > 0 and below 2^60.
-absl::StatusOr<double> parse_bytes(const std::string& text) {
-  static const std::pair<const char*, double> kUnits[] = {
-      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-      {"kB", 1e3},     {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
-      {"TB", 1e12},    {"B", 1.0}};
-  std::string number = text;
-  double unit = 1;
-  for (const auto& [suffix, scale] : kUnits) {
-    const std::string s = suffix;
-    if (number.size() > s.size() && number.compare(number.size() - s.size(), s.size(), s) == 0) {
-      number.resize(number.size() - s.size());
-      unit = scale;
-      break;
-    }
-  }
-  double value = 0;
-  if (!absl::SimpleAtod(number, &value) || !std::isfinite(value) || value <= 0 ||
-      value * unit >= std::ldexp(1.0, 60))
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--device-memory: want a size in bytes such as 80GB or 80GiB, not \"", text, "\""));
-  return value * unit;
-}
-
-// "pp=2,tp=2,ep=8,zero=1,recompute=full": every key at most once, each a small positive
-// (zero: 0-3) integer, recompute none, selective or full. `*recompute_given`: whether it
-// was named.
+// "pp=2,tp=2,ep=8,zero=1,recompute=full": every key at most once, each an integer of
+// [1, kMaxPlanWorld] (zero: [0, 3]) read by engine/runtime/numbers.h, recompute none,
+// selective or full. `*recompute_given`: whether it was named.
 absl::StatusOr<LayoutChoice> parse_layout(const std::string& text, bool* recompute_given) {
   const auto refuse = [&text] {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -127,27 +102,14 @@ absl::StatusOr<LayoutChoice> parse_layout(const std::string& text, bool* recompu
       c.recompute = *mode;
       continue;
     }
-    int value = 0;
     int* fields[] = {&c.pp, &c.tp, &c.ep, &c.zero};
     const int low = key == 3 ? 0 : 1, high = key == 3 ? 3 : kMaxPlanWorld;
-    if (!absl::SimpleAtoi(kv[1], &value) || value < low || value > high) return refuse();
-    *fields[key] = value;
+    SY_ASSIGN_OR_RETURN(const int64_t value,
+                        parse_int64(kv[1], absl::StrCat("--layout ", keys[key]), low, high));
+    *fields[key] = static_cast<int>(value);
   }
   *recompute_given = seen[4];
   return c;
-}
-
-// A finite number in [low, high] (CLI::Range lets nan through).
-CLI::Validator finite_in(double low, double high) {
-  return CLI::Validator(
-      [low, high](std::string& text) {
-        double value = 0;
-        if (CLI::detail::lexical_cast(text, value) && std::isfinite(value) && value >= low &&
-            value <= high)
-          return std::string();
-        return absl::StrFormat("must be a finite number from %g to %g, not %s", low, high, text);
-      },
-      "");
 }
 
 std::vector<int> divisors(int n) {
@@ -363,19 +325,24 @@ PlanCommand::PlanCommand(CLI::App& app) {
   plan_ = app.add_subcommand(
       "plan", "per-rank memory and estimated step time of one layout or every layout of N ranks");
   plan_->add_option("recipe", recipe_path_, "recipe file (.textproto)")->required();
-  plan_->add_option("--world", world_, "ranks")->required()->check(CLI::Range(1, kMaxPlanWorld));
-  plan_->add_option("--device-memory", device_memory_,
-                    "memory of one device: bytes, or with a unit (80GB, 80GiB)")
-      ->required();
+  plan_->add_option("--world", world_, "ranks")
+      ->required()
+      ->transform(integer_in(1, kMaxPlanWorld));
+  plan_
+      ->add_option("--device-memory", device_memory_,
+                   "memory of one device: bytes, or with a unit (80GB, 80GiB)")
+      ->required()
+      ->check(size_with_units());
   plan_->add_option("--layout", layout_,
                     "one layout, pp=N,tp=N,ep=N,zero=0..3,recompute=none|selective|full "
                     "(unnamed: 1, 1, 1, 0, the least that fits); default: every valid one");
   plan_->add_option("--gpu", gpu_, "device whose dense bf16 peak sets the compute time");
   plan_->add_option("--peak-tflops", peak_tflops_, "one device's peak TFLOP/s, instead of --gpu's")
-      ->check(finite_in(1e-3, 1e6));
-  plan_->add_option("--bandwidth", bandwidth_gbps_,
-                    "GB/s each rank moves in all-to-all, all-reduce and all-gather")
-      ->check(finite_in(1e-3, 1e6));
+      ->transform(real_in({1e-3, 1e6}));
+  plan_
+      ->add_option("--bandwidth", bandwidth_gbps_,
+                   "GB/s each rank moves in all-to-all, all-reduce and all-gather")
+      ->transform(real_in({1e-3, 1e6}));
   plan_->add_option("--set", overrides_, "override a recipe field: path=value (repeatable)");
   plan_->add_option("--json", json_path_, "also write the plans to this JSON file");
 }
@@ -386,7 +353,9 @@ absl::Status PlanCommand::run() {
   SY_ASSIGN_OR_RETURN(const config::Recipe recipe,
                       config::load_recipe(recipe_path_, overrides_));
   Machine machine;
-  SY_ASSIGN_OR_RETURN(machine.memory_bytes, parse_bytes(device_memory_));
+  SY_ASSIGN_OR_RETURN(const int64_t memory_bytes,
+                      parse_size_with_units(device_memory_, "--device-memory"));
+  machine.memory_bytes = static_cast<double>(memory_bytes);
   machine.peak_flops = peak_tflops_ > 0 ? peak_tflops_ * 1e12 : known_gpu_bf16_peak_flops(gpu_);
   if (machine.peak_flops <= 0)
     return absl::InvalidArgumentError(absl::StrCat(

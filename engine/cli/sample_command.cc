@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "data/tokenizer.h"
 #include "engine/cli/load_model.h"
+#include "engine/cli/number_flags.h"
 #include "engine/model/transformer.h"
 #include "engine/runtime/device.h"
 #include "engine/runtime/rng.h"
@@ -148,6 +149,13 @@ absl::StatusOr<Generation> generate(Transformer& model, const Tokenizer& tokeniz
   return g;
 }
 
+// The bounds of the flags. A model has at most 2^24 positions and 2^24 tokens in its
+// vocabulary (the recipe's bounds), so --tokens and --top-k need no more, and the prompt
+// and --tokens add up without overflow. Logits span far less than 1000, so a temperature
+// above it draws every kept token about as often: it is the most that means anything.
+constexpr int64_t kMaxPositions = int64_t{1} << 24;
+constexpr double kMaxTemperature = 1000;
+
 uint64_t random_seed() {
   std::random_device device;
   return (static_cast<uint64_t>(device()) << 32) | device();
@@ -159,18 +167,27 @@ SampleCommand::SampleCommand(CLI::App& app) {
   sample_ = app.add_subcommand("sample", "generate text from saved weights");
   sample_->add_option("checkpoint", weights_dir_, "weights directory")->required();
   sample_->add_option("--prompt", prompt_, "text to continue")->required();
-  tokens_option_ = sample_->add_option(
-      "--tokens", tokens_,
-      "most tokens to generate; given, the prompt and they must fit in the model's "
-      "max_position_embeddings; unset, fewer than 200 where that leaves less room");
-  sample_->add_option("--temperature", temperature_, "softmax temperature; 0 picks the most likely token");
-  sample_->add_option("--top-k", top_k_, "sample among the K most likely tokens (0: all)");
-  sample_->add_option("--top-p", top_p_,
-                      "sample among the most likely tokens whose probability reaches P, in (0, 1]");
-  seed_option_ = sample_
-                     ->add_option("--seed", seed_,
-                                  "sampling seed (unset: a random one, printed to stderr)")
-                     ->default_str("random");
+  tokens_option_ =
+      sample_
+          ->add_option("--tokens", tokens_,
+                       "most tokens to generate; given, the prompt and they must fit in the "
+                       "model's max_position_embeddings; unset, fewer than 200 where that leaves "
+                       "less room")
+          ->transform(integer_in(1, kMaxPositions));
+  sample_
+      ->add_option("--temperature", temperature_,
+                   "softmax temperature; 0 picks the most likely token")
+      ->transform(real_in({0, kMaxTemperature}));
+  sample_->add_option("--top-k", top_k_, "sample among the K most likely tokens (0: all)")
+      ->transform(integer_in(0, kMaxPositions));
+  sample_
+      ->add_option("--top-p", top_p_,
+                   "sample among the most likely tokens whose probability reaches P, in (0, 1]")
+      ->transform(real_in({0, 1, /*min_open=*/true}));
+  seed_option_ =
+      sample_->add_option("--seed", seed_, "sampling seed (unset: a random one, printed to stderr)")
+          ->transform(seed_value())
+          ->default_str("random");
   sample_->add_flag("--ignore-eos", ignore_eos_,
                     "go on past the end-of-sequence token (shown as a blank line)");
   sample_->add_option("--stop", stops_,
@@ -186,15 +203,6 @@ SampleCommand::SampleCommand(CLI::App& app) {
 bool SampleCommand::parsed() const { return sample_->parsed(); }
 
 absl::Status SampleCommand::check_flags() const {
-  if (!std::isfinite(temperature_) || temperature_ < 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--temperature must be a finite number >= 0, not ", temperature_));
-  if (!(top_p_ > 0 && top_p_ <= 1))
-    return absl::InvalidArgumentError(absl::StrCat("--top-p must be in (0, 1], not ", top_p_));
-  if (top_k_ < 0)
-    return absl::InvalidArgumentError(absl::StrCat("--top-k must be >= 0, not ", top_k_));
-  if (tokens_ < 1)
-    return absl::InvalidArgumentError(absl::StrCat("--tokens must be at least 1, not ", tokens_));
   for (const std::string& stop : stops_)
     if (stop.empty()) return absl::InvalidArgumentError("--stop must not be empty");
   return absl::OkStatus();

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -20,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "data/tokenizer.h"
 #include "engine/runtime/file_util.h"
+#include "engine/runtime/numbers.h"
 #include "engine/runtime/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -671,6 +673,68 @@ absl::Status validate_checkpoint_and_runtime(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
+bool is_number(const pb::FieldDescriptor& field) {
+  switch (field.cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_INT32:
+    case pb::FieldDescriptor::CPPTYPE_INT64:
+    case pb::FieldDescriptor::CPPTYPE_UINT32:
+    case pb::FieldDescriptor::CPPTYPE_UINT64:
+    case pb::FieldDescriptor::CPPTYPE_FLOAT:
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A number field's value, read by engine/runtime/numbers.h within its type's range (the
+// validation checks each field's own bounds after); a refusal is the whole message
+// ("train.seed: -1 must be a non-negative integer").
+absl::Status set_number(pb::Message& message, const pb::FieldDescriptor& field,
+                        absl::string_view path, absl::string_view value) {
+  using Limits32 = std::numeric_limits<int32_t>;
+  using Limits64 = std::numeric_limits<int64_t>;
+  const pb::Reflection& reflection = *message.GetReflection();
+  switch (field.cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_INT32: {
+      SY_ASSIGN_OR_RETURN(const int64_t v,
+                          parse_int64(value, path, Limits32::min(), Limits32::max()));
+      reflection.SetInt32(&message, &field, static_cast<int32_t>(v));
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_INT64: {
+      SY_ASSIGN_OR_RETURN(const int64_t v,
+                          parse_int64(value, path, Limits64::min(), Limits64::max()));
+      reflection.SetInt64(&message, &field, v);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_UINT32: {
+      SY_ASSIGN_OR_RETURN(const uint64_t v,
+                          parse_uint64(value, path, std::numeric_limits<uint32_t>::max()));
+      reflection.SetUInt32(&message, &field, static_cast<uint32_t>(v));
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_UINT64: {
+      SY_ASSIGN_OR_RETURN(const uint64_t v, parse_uint64(value, path));
+      reflection.SetUInt64(&message, &field, v);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_FLOAT: {
+      const double most = std::numeric_limits<float>::max();
+      SY_ASSIGN_OR_RETURN(const double v, parse_double(value, path, {-most, most}));
+      reflection.SetFloat(&message, &field, static_cast<float>(v));
+      return absl::OkStatus();
+    }
+    default: {  // CPPTYPE_DOUBLE: is_number allows no other
+      const double most = std::numeric_limits<double>::max();
+      SY_ASSIGN_OR_RETURN(const double v, parse_double(value, path, {-most, most}));
+      reflection.SetDouble(&message, &field, v);
+      return absl::OkStatus();
+    }
+  }
+}
+
+// Any other scalar: a bool, an enum by name, a string verbatim.
 absl::Status set_scalar(pb::Message& message, const pb::FieldDescriptor& field,
                         absl::string_view path, absl::string_view value) {
   const pb::Reflection& reflection = *message.GetReflection();
@@ -679,42 +743,6 @@ absl::Status set_scalar(pb::Message& message, const pb::FieldDescriptor& field,
     return invalid(absl::StrCat("\"", value, "\" is not a valid ", type, " for ", path, hint));
   };
   switch (field.cpp_type()) {
-    case pb::FieldDescriptor::CPPTYPE_INT32: {
-      int32_t v;
-      if (!absl::SimpleAtoi(trimmed, &v)) return wrong_type("int32");
-      reflection.SetInt32(&message, &field, v);
-      break;
-    }
-    case pb::FieldDescriptor::CPPTYPE_INT64: {
-      int64_t v;
-      if (!absl::SimpleAtoi(trimmed, &v)) return wrong_type("int64");
-      reflection.SetInt64(&message, &field, v);
-      break;
-    }
-    case pb::FieldDescriptor::CPPTYPE_UINT32: {
-      uint32_t v;
-      if (!absl::SimpleAtoi(trimmed, &v)) return wrong_type("uint32");
-      reflection.SetUInt32(&message, &field, v);
-      break;
-    }
-    case pb::FieldDescriptor::CPPTYPE_UINT64: {
-      uint64_t v;
-      if (!absl::SimpleAtoi(trimmed, &v)) return wrong_type("uint64");
-      reflection.SetUInt64(&message, &field, v);
-      break;
-    }
-    case pb::FieldDescriptor::CPPTYPE_FLOAT: {
-      float v;
-      if (!absl::SimpleAtof(trimmed, &v)) return wrong_type("float");
-      reflection.SetFloat(&message, &field, v);
-      break;
-    }
-    case pb::FieldDescriptor::CPPTYPE_DOUBLE: {
-      double v;
-      if (!absl::SimpleAtod(trimmed, &v)) return wrong_type("double");
-      reflection.SetDouble(&message, &field, v);
-      break;
-    }
     case pb::FieldDescriptor::CPPTYPE_BOOL: {
       bool v;
       if (!absl::SimpleAtob(trimmed, &v)) return wrong_type("bool (true or false)");
@@ -736,7 +764,7 @@ absl::Status set_scalar(pb::Message& message, const pb::FieldDescriptor& field,
       // Verbatim: a path may legitimately start or end with spaces.
       reflection.SetString(&message, &field, std::string(value));
       break;
-    case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+    default:  // CPPTYPE_MESSAGE: numbers go to set_number
       return invalid(absl::StrCat(path,
                                   " is a message, not a scalar field; set one of its fields (",
                                   field_names(*field.message_type()), ")"));
@@ -911,19 +939,24 @@ absl::Status apply_override(Recipe& recipe, std::string_view assignment_view) {
       // A list of strings or integers, comma-separated, replaces the recipe's.
       const pb::Reflection& reflection = *message->GetReflection();
       reflection.ClearField(message, field);
-      for (const absl::string_view item : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        const absl::string_view trimmed = absl::StripAsciiWhitespace(item);
-        int32_t number = 0;
-        if (strings)
-          reflection.AddString(message, field, std::string(trimmed));
-        else if (absl::SimpleAtoi(trimmed, &number))
-          reflection.AddInt32(message, field, number);
-        else
-          return error(absl::StrCat(prefix, " takes comma-separated integers; \"", trimmed,
-                                    "\" is not one"));
+      const std::vector<absl::string_view> items = absl::StrSplit(value, ',', absl::SkipEmpty());
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (strings) {
+          reflection.AddString(message, field, std::string(absl::StripAsciiWhitespace(items[k])));
+          continue;
+        }
+        // Spaces around the commas are the list's; the numbers themselves have none.
+        const absl::string_view item = absl::StripAsciiWhitespace(items[k]);
+        using Limits = std::numeric_limits<int32_t>;
+        SY_ASSIGN_OR_RETURN(
+            const int64_t number,
+            parse_int64(item, absl::StrCat(prefix, "[", k, "]"), Limits::min(), Limits::max()));
+        reflection.AddInt32(message, field, static_cast<int32_t>(number));
       }
       break;
     }
+    if (i + 1 == names.size() && is_number(*field))
+      return set_number(*message, *field, prefix, value);
     if (i + 1 == names.size()) {
       absl::Status status = set_scalar(*message, *field, prefix, value);
       if (!status.ok()) return error(status.message());

@@ -188,7 +188,7 @@ expect_error "run dir without metrics" "metrics.jsonl" -- "$bin" bench balance "
 expect_error "run dir with a short line" "line 2 lists 1 layers" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --run-dir "$work/badrun"
 expect_error "run dir without the field" "no line has layer_imbalance" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --run-dir "$work/emptyrun"
 expect_error "bad synthetic spec" "zipf:S" -- "$bin" bench balance "$tiny" --synthetic uniform
-expect_error "negative zipf exponent" "zipf:-1" -- "$bin" bench balance "$tiny" --synthetic zipf:-1
+expect_error "negative zipf exponent" "--synthetic zipf:S: -1 is out of range (0, 64]" -- "$bin" bench balance "$tiny" --synthetic zipf:-1
 expect_error "ep not dividing experts" "--ep 3" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --ep 3
 z=(--synthetic zipf:1.1 --batches 1)
 expect_error "compare without =" "expected top_k=K1,K2" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k

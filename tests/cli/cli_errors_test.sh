@@ -75,7 +75,7 @@ fi
 printf 'not a sentencepiece model\n' >"$work/bad.model"
 printf 'some text\n\nmore text\n' >"$work/text.txt"
 expect_error "tokenizer of missing input" "missing.txt" "" -- "$bin" data tokenizer --input "$work/missing.txt" --vocab-size 400 --out "$work/t.model"
-expect_error "tokenizer vocabulary too small" "vocab size 100" "" -- "$bin" data tokenizer --input "$work/text.txt" --vocab-size 100 --out "$work/t.model"
+expect_error "tokenizer vocabulary too small" "--vocab-size: 100 is out of range \[300, 16777216\]" "" -- "$bin" data tokenizer --input "$work/text.txt" --vocab-size 100 --out "$work/t.model"
 expect_error "prepare with a bad tokenizer" "bad.model" "$work/ds" -- "$bin" data prepare --tokenizer "$work/bad.model" --input "$work/text.txt" --out "$work/ds"
 expect_error "inspect of a missing path" "nothing.h5" "" -- "$bin" inspect "$work/nothing.h5"
 if [[ -d "$work/cache" ]]; then
@@ -90,12 +90,12 @@ fi
 # Command-line values: refused by the parser in one line, exit status 1 like any error.
 expect_error "no subcommand" "subcommand is required" "" -- "$bin"
 expect_error "unknown flag" "--bogus" "" -- "$bin" train "$tiny" --bogus
-expect_error "nan peak GFLOP/s" "--peak-gflops: must be a finite number >= 0, not nan" "$work/r12" -- "$bin" train "$tiny" --run-dir "$work/r12" --peak-gflops nan
-expect_error "negative peak GFLOP/s" "--peak-gflops: must be a finite number >= 0, not -1" "$work/r13" -- "$bin" train "$tiny" --run-dir "$work/r13" --peak-gflops -1
-expect_error "dry run of too many ranks" "--world: Value 5000 not in range 0 to 4096" "" -- "$bin" train "$tiny" --dry-run --world 5000
+expect_error "nan peak GFLOP/s" "--peak-gflops: nan is not a finite number" "$work/r12" -- "$bin" train "$tiny" --run-dir "$work/r12" --peak-gflops nan
+expect_error "negative peak GFLOP/s" "--peak-gflops: -1 is out of range \[0, 1e+12\]" "$work/r13" -- "$bin" train "$tiny" --run-dir "$work/r13" --peak-gflops -1
+expect_error "dry run of too many ranks" "--world: 5000 is out of range \[0, 4096\]" "" -- "$bin" train "$tiny" --dry-run --world 5000
 expect_error "dry run of a layout the recipe refuses" "must be divisible by data-parallel size (3)" "" -- "$bin" train "$tiny" --dry-run --world 3
 expect_error "negative eval windows" "--windows" "" -- "$bin" eval "$work/none" --data "$work/none" --windows -3
-expect_error "bench batches beyond the cap" "--batches 100000000000" "" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 100000000000
+expect_error "bench batches beyond the cap" "--batches: 100000000000 is out of range \[1, 268435456\]" "" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 100000000000
 
 echo "$passed passed, $failures failed"
 [[ $failures -eq 0 ]]

@@ -114,22 +114,22 @@ expect_error() {
   fi
 }
 tiny="$root/recipes/tiny.textproto"
-expect_error "memory without a number" "--device-memory: want a size in bytes" -- "$tiny" --world 2 --device-memory GB
-expect_error "negative memory" "--device-memory: want a size in bytes" -- "$tiny" --world 2 --device-memory -5GB
-expect_error "nan memory" "--device-memory: want a size in bytes" -- "$tiny" --world 2 --device-memory nan
-expect_error "huge memory" "--device-memory: want a size in bytes" -- "$tiny" --world 2 --device-memory 1e30
+expect_error "memory without a number" "--device-memory: GB is not a size" -- "$tiny" --world 2 --device-memory GB
+expect_error "negative memory" "--device-memory: -5GB is below one byte" -- "$tiny" --world 2 --device-memory -5GB
+expect_error "nan memory" "--device-memory: nan is not a size" -- "$tiny" --world 2 --device-memory nan
+expect_error "huge memory" "--device-memory: 1e30 is more than 1152921504606846976 bytes" -- "$tiny" --world 2 --device-memory 1e30
 expect_error "no world" "--world is required" -- "$tiny" --device-memory 80GB
-expect_error "world too large" "--world: Value 5000 not in range" -- "$tiny" --world 5000 --device-memory 80GB
+expect_error "world too large" "--world: 5000 is out of range [1, 4096]" -- "$tiny" --world 5000 --device-memory 80GB
 expect_error "unknown layout key" "--layout: want pp=N,tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout vp=2
 expect_error "pipeline the world refuses" "parallel.pipeline_parallel_size (3) must divide the world size (2)" -- "$tiny" --world 2 --device-memory 80GB --layout pp=3
 expect_error "repeated layout key" "--layout: want pp=N,tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout tp=1,tp=2
-expect_error "zero stage 4" "--layout: want pp=N,tp=N,ep=N,zero=0..3" -- "$tiny" --world 2 --device-memory 80GB --layout zero=4
+expect_error "zero stage 4" "--layout zero: 4 is out of range [0, 3]" -- "$tiny" --world 2 --device-memory 80GB --layout zero=4
 expect_error "unknown recomputation" "recompute=none|selective|full" -- "$tiny" --world 2 --device-memory 80GB --layout recompute=some
 expect_error "layout the recipe refuses" "must be divisible by parallel.tensor_parallel_size (4)" -- "$tiny" --world 4 --device-memory 80GB --layout tp=4
 expect_error "layout the world refuses" "(3)" -- "$tiny" --world 2 --device-memory 80GB --layout ep=3
 expect_error "unknown gpu" "--gpu: no known peak for" -- "$tiny" --world 2 --device-memory 80GB --gpu abacus
 expect_error "zero bandwidth" "--bandwidth" -- "$tiny" --world 2 --device-memory 80GB --bandwidth 0
-expect_error "nan bandwidth" "--bandwidth: must be a finite number" -- "$tiny" --world 2 --device-memory 80GB --bandwidth nan
-expect_error "nan peak" "--peak-tflops: must be a finite number" -- "$tiny" --world 2 --device-memory 80GB --peak-tflops nan
+expect_error "nan bandwidth" "--bandwidth: nan is not a finite number" -- "$tiny" --world 2 --device-memory 80GB --bandwidth nan
+expect_error "nan peak" "--peak-tflops: nan is not a finite number" -- "$tiny" --world 2 --device-memory 80GB --peak-tflops nan
 expect_error "json into a missing directory" "$work/none/p.json" -- "$tiny" --world 2 --device-memory 80GB --json "$work/none/p.json"
 exit $((failures > 0))

@@ -74,10 +74,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{"moe.num_groups=8", "moe.top_groups=1"},
              "moe.top_k (2) must be <= the 1 experts of moe.top_groups (1) groups"},
         Case{{"moe.bias_update_rate=-0.1"}, "moe.bias_update_rate (-0.1) must be >= 0"},
-        Case{{"moe.bias_update_rate=nan"}, "moe.bias_update_rate (nan) must be >= 0 and finite"},
+        Case{{"moe.bias_update_rate=nan"}, "moe.bias_update_rate: nan is not a finite number"},
         Case{{"moe.routed_scaling_factor=-1"}, "moe.routed_scaling_factor (-1) must be > 0"},
         Case{{"moe.routed_scaling_factor=inf"},
-             "moe.routed_scaling_factor (inf) must be > 0 and finite"},
+             "moe.routed_scaling_factor: inf is not a finite number"},
         Case{{"moe.aux_loss_coef=0.01"}, "moe.aux_loss_coef (0.01) must be 0 with moe.gating "
                                          "SIGMOID_TOPK"},
         Case{{"moe.gating=TOPK_SOFTMAX", "moe.bias_update_rate=0.01"},

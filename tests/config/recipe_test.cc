@@ -212,17 +212,18 @@ TEST(RecipeTest, OverrideErrors) {
   EXPECT_TRUE(contains(status.message(), "model, moe"));
 
   status = apply_override(recipe, "train.steps=many");
-  EXPECT_TRUE(contains(status.message(), "\"many\" is not a valid int64 for train.steps"));
+  EXPECT_EQ(status.message(), "train.steps: many is not an integer");
   status = apply_override(recipe, "model.num_heads=99999999999");
-  EXPECT_TRUE(contains(status.message(), "int32"));
+  EXPECT_EQ(status.message(),
+            "model.num_heads: 99999999999 is out of range [-2147483648, 2147483647]");
   status = apply_override(recipe, "optimizer.lr=fast");
-  EXPECT_TRUE(contains(status.message(), "float for optimizer.lr"));
+  EXPECT_EQ(status.message(), "optimizer.lr: fast is not a number");
   status = apply_override(recipe, "model.tie_embeddings=maybe");
   EXPECT_TRUE(contains(status.message(), "model.tie_embeddings"));
   status = apply_override(recipe, "moe.gating=TOP3");
   EXPECT_TRUE(contains(status.message(), "GSHARD_TOP2"));
   status = apply_override(recipe, "train.seed=-1");
-  EXPECT_TRUE(contains(status.message(), "uint64"));
+  EXPECT_EQ(status.message(), "train.seed: -1 must be a non-negative integer");
 
   status = apply_override(recipe, "train=5");
   EXPECT_TRUE(contains(status.message(), "train is a message, not a scalar"));
@@ -314,8 +315,8 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"model.qk_norm=true", "model.qk_head_norm=true"},
                        "model.qk_norm and model.qk_head_norm are exclusive"},
         ValidationCase{{"model.rope_theta=-1"}, "model.rope_theta (-1) must be > 0"},
-        ValidationCase{{"model.norm_eps=nan"}, "model.norm_eps (nan) must be > 0"},
-        ValidationCase{{"model.rope_theta=inf"}, "model.rope_theta (inf) must be > 0 and finite"},
+        ValidationCase{{"model.norm_eps=nan"}, "model.norm_eps: nan is not a finite number"},
+        ValidationCase{{"model.rope_theta=inf"}, "model.rope_theta: inf is not a finite number"},
         ValidationCase{{"model.rope_scaling.factor=4"},
                        "model.rope_scaling.factor is set but model.rope_scaling.type is not YARN"},
         ValidationCase{{"model.rope_scaling.type=YARN",
@@ -324,12 +325,12 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"model.rope_scaling.type=YARN", "model.rope_scaling.factor=-1"},
                        "model.rope_scaling.factor (-1) must be >= 0"},
         ValidationCase{{"model.rope_scaling.type=YARN", "model.rope_scaling.factor=nan"},
-                       "model.rope_scaling.factor (nan) must be >= 0 and finite"},
+                       "model.rope_scaling.factor: nan is not a finite number"},
         ValidationCase{{"model.rope_scaling.type=YARN", "model.rope_scaling.factor=1e30"},
                        "model.rope_scaling.factor (1e+30) must be <= 65536"},
         ValidationCase{{"model.rope_scaling.type=YARN", "model.rope_scaling.factor=4",
                         "model.rope_scaling.mscale_all_dim=inf"},
-                       "model.rope_scaling.mscale_all_dim (inf) must be >= 0 and finite"},
+                       "model.rope_scaling.mscale_all_dim: inf is not a finite number"},
         ValidationCase{{"model.rope_scaling.type=YARN", "model.rope_scaling.factor=4"},
                        "model.rope_scaling.original_max_position_embeddings (0) must be > 0"},
         ValidationCase{{"model.rope_scaling.type=YARN", "model.rope_scaling.factor=4",
@@ -347,13 +348,13 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"model.max_position_embeddings=100000000"},
                        "model.max_position_embeddings (100000000) must be <= 16777216"},
         ValidationCase{{"runtime.threads=1000000"}, "runtime.threads (1000000) must be <= 4096"},
-        ValidationCase{{"optimizer.grad_clip=inf"}, "optimizer.grad_clip (inf) must be >= 0 and finite"},
+        ValidationCase{{"optimizer.grad_clip=inf"}, "optimizer.grad_clip: inf is not a finite number"},
         ValidationCase{{"optimizer.router_lr_scale=-1"},
                        "optimizer.router_lr_scale (-1) must be >= 0 and finite"},
         ValidationCase{{"optimizer.router_lr_scale=nan"},
-                       "optimizer.router_lr_scale (nan) must be >= 0 and finite"},
+                       "optimizer.router_lr_scale: nan is not a finite number"},
         ValidationCase{{"optimizer.router_lr_scale=inf"},
-                       "optimizer.router_lr_scale (inf) must be >= 0 and finite"},
+                       "optimizer.router_lr_scale: inf is not a finite number"},
         ValidationCase{{"optimizer.router_lr_scale=1001"},
                        "optimizer.router_lr_scale (1001) must be <= 1000"},
         ValidationCase{{"model.max_position_embeddings=16"},

@@ -90,7 +90,7 @@ CASES = [
     Case("set-placement-overflow", "--set value",
          "parallel.expert_placement=99999999999 (past int32)",
          _override("parallel.expert_placement=99999999999"),
-         "parallel.expert_placement takes comma-separated integers"),
+         "parallel.expert_placement[0]: 99999999999 is out of range [-2147483648, 2147483647]"),
 ]
 
 
@@ -196,13 +196,13 @@ CASES += [
          "model.rope_scaling.factor=1e-40 under YaRN (its inverse frequencies overflow)",
          _yarn("factor", "1e-40"), "must be >= 1: YaRN extends the original context by it"),
     Case("set-yarn-factor-nan", "--set value", "model.rope_scaling.factor=nan under YaRN",
-         _yarn("factor", "nan"), "model.rope_scaling.factor (nan) must be >= 0 and finite"),
+         _yarn("factor", "nan"), "model.rope_scaling.factor: nan is not a finite number"),
     Case("set-yarn-factor-huge", "--set value", "model.rope_scaling.factor=1e30 under YaRN",
          _yarn("factor", "1e30"), "model.rope_scaling.factor (1e+30) must be <= 65536"),
     Case("set-yarn-factor-not-a-number", "--set value", "model.rope_scaling.factor=four",
          _yarn("factor", "four"), "model.rope_scaling.factor"),
     Case("set-yarn-mscale-infinite", "--set value", "model.rope_scaling.mscale=inf under YaRN",
-         _yarn("mscale", "inf"), "model.rope_scaling.mscale (inf) must be >= 0 and finite"),
+         _yarn("mscale", "inf"), "model.rope_scaling.mscale: inf is not a finite number"),
     Case("set-yarn-original-zero", "--set value",
          "model.rope_scaling.original_max_position_embeddings=0 under YaRN",
          _yarn("original_max_position_embeddings", "0"),

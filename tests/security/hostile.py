@@ -34,6 +34,7 @@ class Case:
     damage: str        # what was done to it, in words
     make: Callable     # make(world, tmp: Path) -> argv after the binary
     expect: str        # a substring of the one-line error
+    writes_nothing: bool = False  # the refusal leaves the case's scratch directory as it was
 
 
 class World:

@@ -16,6 +16,7 @@ import cases_hdf5
 import cases_hf
 import cases_hub
 import cases_instruction
+import cases_numbers
 import cases_prepare_parts
 import cases_recipe
 import cases_sample
@@ -25,7 +26,7 @@ from hostile import REPO, make_world, run_refused
 CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hdf5.CASES,
          *cases_hf.CASES, *cases_hub.CASES, *cases_sample.CASES,
          *cases_eval.CASES, *cases_instruction.CASES, *cases_upcycle.CASES, *cases_balance.CASES,
-         *cases_prepare_parts.CASES]
+         *cases_prepare_parts.CASES, *cases_numbers.CASES]
 
 
 @pytest.fixture(scope="session")
@@ -38,13 +39,21 @@ def test_case_ids_are_unique():
     assert len(ids) == len(set(ids))
 
 
+def snapshot(root):
+    """Every path under `root` with its size and modification time."""
+    return {(str(p), p.lstat().st_size, p.lstat().st_mtime_ns) for p in root.rglob("*")}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_refused_cleanly(case, world, tmp_path):
     argv = case.make(world, tmp_path)
+    before = snapshot(tmp_path)
     status, lines = run_refused(argv)
     assert status == 1, f"exit status {status}, stderr: {lines}"
     assert len(lines) == 1, f"stderr is not one line: {lines}"
     assert case.expect in lines[0], lines[0]
+    if case.writes_nothing:
+        assert snapshot(tmp_path) == before, "the refused command wrote into its directory"
 
 
 def test_security_doc_lists_every_case():
