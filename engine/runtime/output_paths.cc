@@ -51,7 +51,7 @@ absl::Status check_against_input(const OutputPath& out, const fs::path& real_out
                                  const InputPath& in) {
   const fs::path real_in = resolved(in.path);
   if (real_in == real_out) return refused(out, "is the input", in);
-  if (is_within(real_out, real_in)) return refused(out, "lies inside the input directory", in);
+  if (is_within(real_out, real_in)) return refused(out, "lies inside the input", in);
   if (in.owned) return absl::OkStatus();
   for (const fs::path& place : written_places(out, real_out))
     if (is_within(real_in, place)) return refused(out, "contains the input", in);

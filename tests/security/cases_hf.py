@@ -409,7 +409,7 @@ CASES = [
     Case("hf-nan-import", "HF safetensors", "a NaN weight, then convert from-hf", _hf_nan,
          f"tensor {NAN_TENSOR} holds NaN at element 17"),
     Case("convert-into-own-input", "convert output directory", "OUT inside the weights directory",
-         _into_own_input, "lies inside the input directory"),
+         _into_own_input, "lies inside the input"),
     Case("convert-into-symlink-to-input", "convert output directory",
          "OUT a symlink to the weights directory", _into_symlink_to_input,
          "is the input"),
