@@ -1,7 +1,7 @@
 // The paths a command writes, checked against the paths it reads before it writes
 // anything: an output never is, lies inside or contains an input, and never replaces a file
 // the command did not write. Every command that writes calls check_outputs once.
-// docs/security.md ("Outputs") says what it promises.
+// docs/security.md ("Nothing the user owns is destroyed") says what it promises.
 #pragma once
 
 #include <functional>
