@@ -135,9 +135,9 @@ absl::Status check_run_dir(const config::Recipe& recipe, const std::string& reci
                                                {"data.sources", sources},
                                                {"train.init_from", {recipe.train().init_from()}}});
   if (!resume_from.empty()) inputs.push_back({"--resume-from", resume_from, /*owned=*/true});
-  return check_outputs(
-      inputs, {output_directory("--run-dir", run_dir, {"metrics.jsonl", recipe.checkpoint().dir()})},
-      /*overwrite=*/false);
+  const OutputPath out =
+      output_directory("--run-dir", run_dir, {"metrics.jsonl", recipe.checkpoint().dir()});
+  return check_outputs(inputs, {out}, /*overwrite=*/false);
 }
 
 absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::string& run_dir,

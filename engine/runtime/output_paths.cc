@@ -28,8 +28,7 @@ fs::path resolved(const std::string& path) {
 
 // Whether the resolved path `inner` is `outer` or lies inside it.
 bool is_within(const fs::path& inner, const fs::path& outer) {
-  return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first ==
-         outer.end();
+  return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first == outer.end();
 }
 
 absl::Status refused(const OutputPath& out, const std::string& relation, const InputPath& in) {
@@ -66,12 +65,13 @@ absl::Status check_existing_file(const OutputPath& out, bool overwrite) {
   if (fs::is_directory(status))
     return absl::InvalidArgumentError(absl::StrCat(named, " is a directory: name a file"));
   if (!overwrite)
-    return absl::AlreadyExistsError(absl::StrCat(
-        named, " exists: --overwrite replaces it if it is a ", out.kind, "; or choose another output"));
+    return absl::AlreadyExistsError(absl::StrCat(named,
+                                                 " exists: --overwrite replaces it if it is a ",
+                                                 out.kind, "; or choose another output"));
   if (!out.is_kind(out.path))
-    return absl::FailedPreconditionError(
-        absl::StrCat(named, " exists and is not a ", out.kind, ": --overwrite replaces only a ",
-                     out.kind, "; choose another output"));
+    return absl::FailedPreconditionError(absl::StrCat(named, " exists and is not a ", out.kind,
+                                                      ": --overwrite replaces only a ", out.kind,
+                                                      "; choose another output"));
   return absl::OkStatus();
 }
 
@@ -119,8 +119,8 @@ OutputPath output_file(std::string option, std::string path, std::string kind,
   return out;
 }
 
-OutputPath output_directory(std::string option, std::string path,
-                            std::vector<std::string> writes, bool must_be_empty) {
+OutputPath output_directory(std::string option, std::string path, std::vector<std::string> writes,
+                            bool must_be_empty) {
   OutputPath out;
   out.option = std::move(option);
   out.path = std::move(path);
@@ -164,9 +164,9 @@ absl::Status refuse_symlink(const std::string& path, const std::string& dir) {
   std::error_code ec;
   if (!fs::is_symlink(fs::symlink_status(path, ec))) return absl::OkStatus();
   const fs::path target = fs::read_symlink(path, ec);
-  return absl::InvalidArgumentError(
-      absl::StrCat(path, ": is a symbolic link (to ", target.string(),
-                   "); files inside ", dir, " are never followed out of it: remove the link"));
+  return absl::InvalidArgumentError(absl::StrCat(path, ": is a symbolic link (to ", target.string(),
+                                                 "); files inside ", dir,
+                                                 " are never followed out of it: remove the link"));
 }
 
 }  // namespace switchyard

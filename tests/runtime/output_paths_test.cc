@@ -31,9 +31,8 @@ class OutputPathsTest : public ::testing::Test {
   std::string at(const std::string& name) const { return (root_ / name).string(); }
   // A file output whose kind is a file holding "mine".
   OutputPath file(const std::string& name) const {
-    return output_file("--out", at(name), "file of mine", [](const std::string& path) {
-      return file_starts_with(path, "mine");
-    });
+    return output_file("--out", at(name), "file of mine",
+                       [](const std::string& path) { return file_starts_with(path, "mine"); });
   }
   std::string refusal(const std::vector<InputPath>& inputs, const OutputPath& out,
                       bool overwrite = false) const {
