@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/file_util.h"
+#include "engine/runtime/output_paths.h"
 #include "data/hdf5_reader.h"
 #include "data/hdf5_writer.h"
 #include "data/sha256.h"
@@ -218,6 +219,7 @@ absl::StatusOr<std::string> latest_checkpoint(const std::string& checkpoints_dir
   const std::string latest = (fs::path(checkpoints_dir) / kLatestFile).string();
   std::error_code ec;
   if (fs::symlink_status(latest, ec).type() == fs::file_type::not_found) return std::string();
+  SY_RETURN_IF_ERROR(refuse_symlink(latest, checkpoints_dir));
   SY_ASSIGN_OR_RETURN(const std::string text, read_file(latest, kMaxLatestBytes));
   const std::optional<int64_t> step =
       !text.empty() && text.back() == '\n'

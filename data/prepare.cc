@@ -1,5 +1,6 @@
 #include "data/prepare.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -396,6 +397,9 @@ class PartRun {
   }
 
   int64_t documents() const { return documents_; }
+  // Tokens this run encoded, and those of them that carry loss.
+  int64_t tokens() const { return progress_.tokens; }
+  int64_t loss_tokens() const { return loss_tokens_; }
 
  private:
   // Reading stays on this thread, in order; `threads` workers encode, with one batch more
@@ -472,6 +476,8 @@ class PartRun {
     if (completed) SY_RETURN_IF_ERROR(record_shards());
     progress_.bytes_done = batch.bytes_done - bytes_skipped_;
     progress_.tokens += static_cast<int64_t>(batch.ids.size());
+    loss_tokens_ += batch.mask.empty() ? static_cast<int64_t>(batch.ids.size())
+                                       : std::count(batch.mask.begin(), batch.mask.end(), 1);
     progress_.elapsed_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     sink_.on_progress(progress_);
@@ -493,6 +499,7 @@ class PartRun {
   int64_t documents_ = 0;     // documents of the part read so far
   std::deque<std::future<EncodedBatch>> encoding_;
   DataProgress progress_;
+  int64_t loss_tokens_ = 0;
   int64_t bytes_skipped_ = 0;
   std::chrono::steady_clock::time_point start_;
 };
@@ -514,7 +521,11 @@ absl::Status run_part(PartJob& job, DataProgressSink& sink) {
       SplitWriter(job.options.out_dir, record.id, 0, attributes, job.options.shard_tokens, &record.shards[0]),
       SplitWriter(job.options.out_dir, record.id, 1, attributes, job.options.shard_tokens, &record.shards[1])};
   PartRun run(job, writers, sink);
-  const absl::Status status = run.run();
+  absl::Status status = run.run();
+  if (status.ok() && run.tokens() > 0 && run.loss_tokens() == 0)
+    status = absl::InvalidArgumentError(
+        "--input: no token of the conversations carries loss (every message of the template's "
+        "loss roles is empty): the dataset would train nothing");
   if (!status.ok()) {
     for (SplitWriter& writer : writers) writer.discard();
     return status;

@@ -29,6 +29,7 @@
 #include "engine/config/recipe.h"
 #include "engine/model/transformer.h"
 #include "engine/runtime/file_util.h"
+#include "engine/runtime/output_paths.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/balance_history.h"
 #include "engine/train/metrics_log.h"
@@ -571,6 +572,11 @@ std::string side_by_side(const std::vector<Variant>& variants,
   return html;
 }
 
+// How a report begins, up to its title: an existing file that begins so is a report that
+// --overwrite may replace.
+constexpr char kReportHead[] = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>";
+constexpr char kReportTitle[] = "Expert load balance: ";
+
 // A self-contained page (no scripts, no external resources) in three sections: the
 // heatmaps, the statistics (a block of rows per variant, as on the terminal) and, with
 // expert parallelism, the all-to-all bytes.
@@ -579,7 +585,7 @@ std::string html_report(const std::string& title, const std::vector<Variant>& va
                         const std::optional<ImbalanceHistory>& history) {
   const bool compare = !variants[0].name.empty();
   std::string html = absl::StrCat(
-      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>", html_escape(title),
+      kReportHead, html_escape(title),
       "</title><style>body{font-family:sans-serif}table{border-collapse:collapse}"
       "td,th{padding:2px 8px;text-align:right}"
       ".variants{display:flex;flex-wrap:wrap;gap:8px 32px;align-items:flex-start}"
@@ -715,6 +721,8 @@ BenchCommand::BenchCommand(CLI::App& app) {
                        "metrics.jsonl");
   balance_->add_option("--json", json_path_, "write the statistics as JSON");
   balance_->add_option("--report", report_path_, "write a self-contained HTML report");
+  balance_->add_flag("--overwrite", overwrite_,
+                     "replace an earlier bench balance's --json or --report file");
 }
 
 bool BenchCommand::parsed() const { return bench_->parsed(); }
@@ -724,7 +732,29 @@ absl::Status BenchCommand::run() {
   return absl::InvalidArgumentError("bench: unknown command");
 }
 
+// --json and --report against the inputs and what is there (engine/runtime/output_paths.h),
+// before any work.
+absl::Status BenchCommand::check_balance_outputs() const {
+  std::vector<OutputPath> outputs;
+  if (!json_path_.empty())
+    outputs.push_back(output_file("--json", json_path_, "bench balance JSON file",
+                                  [](const std::string& path) {
+                                    return is_json_object_with(
+                                        path, {"recipe", "batches", "tokens_per_batch"});
+                                  }));
+  if (!report_path_.empty())
+    outputs.push_back(output_file("--report", report_path_, "bench balance report",
+                                  [](const std::string& path) {
+                                    return file_starts_with(
+                                        path, absl::StrCat(kReportHead, kReportTitle));
+                                  }));
+  return check_outputs(
+      input_paths({{"source", {source_}}, {"--data", {data_}}, {"--run-dir", {run_dir_}}}),
+      outputs, overwrite_);
+}
+
 absl::Status BenchCommand::run_balance() {
+  SY_RETURN_IF_ERROR(check_balance_outputs());
   if (!synthetic_.empty()) SY_RETURN_IF_ERROR(parse_zipf(synthetic_).status());
   SY_ASSIGN_OR_RETURN(const BenchSource loaded, load_source(source_));
   const config::Recipe& recipe = loaded.recipe;
@@ -829,7 +859,7 @@ absl::Status BenchCommand::run_balance() {
   if (!report_path_.empty())
     SY_RETURN_IF_ERROR(write_file_atomically(
         report_path_,
-        html_report(absl::StrCat("Expert load balance: ", recipe.name()), variants, runs,
+        html_report(absl::StrCat(kReportTitle, recipe.name()), variants, runs,
                     history)));
   return absl::OkStatus();
 }

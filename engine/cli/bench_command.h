@@ -2,6 +2,7 @@
 //   switchyard bench balance RECIPE|WEIGHTS_DIR [--data DATASET_DIR | --synthetic zipf:S]
 //                            [--batches N] [--ep E] [--compare top_k=1,2,4 | gating=A,B]
 //                            [--run-dir RUN_DIR] [--json FILE] [--report FILE.html]
+//                            [--overwrite]
 // Wiring in main(): construct BenchCommand on the app before parsing, then
 //   if (bench_command.parsed()) return report(bench_command.run());
 #pragma once
@@ -25,6 +26,7 @@ class BenchCommand {
 
  private:
   absl::Status run_balance();
+  absl::Status check_balance_outputs() const;
 
   CLI::App* bench_ = nullptr;
   CLI::App* balance_ = nullptr;
@@ -38,6 +40,7 @@ class BenchCommand {
   std::string run_dir_;
   std::string json_path_;
   std::string report_path_;
+  bool overwrite_ = false;
 };
 
 }  // namespace switchyard

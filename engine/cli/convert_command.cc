@@ -17,6 +17,7 @@
 #include "engine/model/transformer.h"
 #include "engine/runtime/device.h"
 #include "engine/runtime/dir_lock.h"
+#include "engine/runtime/output_paths.h"
 #include "engine/runtime/param_store.h"
 #include "engine/runtime/status_macros.h"
 
@@ -27,12 +28,6 @@ namespace {
 constexpr int64_t kMaxExperts = 4096;
 
 namespace fs = std::filesystem;
-
-// Whether the canonical path `inner` is `outer` or lies inside it.
-bool is_within(const fs::path& inner, const fs::path& outer) {
-  return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first ==
-         outer.end();
-}
 
 // The entries of the directory `dir`.
 absl::StatusOr<std::vector<fs::path>> entries_of(const fs::path& dir, const std::string& name) {
@@ -45,39 +40,18 @@ absl::StatusOr<std::vector<fs::path>> entries_of(const fs::path& dir, const std:
   return entries;
 }
 
-// Refuses an output directory that is, or is inside, the input (symlinks followed), and
-// a non-empty one unless `overwrite`.
-absl::Status check_output(const std::string& in, const std::string& out, bool overwrite) {
-  std::error_code ec;
-  const fs::path real_in = fs::canonical(in, ec);
-  if (ec) return absl::NotFoundError(absl::StrCat(in, ": ", ec.message()));
-  const fs::path real_out = fs::weakly_canonical(out, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat(out, ": ", ec.message()));
-  if (is_within(real_out, real_in))
-    return absl::InvalidArgumentError(absl::StrCat(
-        out, ": the output directory is, or is inside, the input directory ", in));
-  const fs::file_status status = fs::status(real_out, ec);
-  if (!fs::exists(status)) return absl::OkStatus();
-  if (!fs::is_directory(status))
-    return absl::InvalidArgumentError(absl::StrCat(out, ": exists and is not a directory"));
-  SY_ASSIGN_OR_RETURN(std::vector<fs::path> entries, entries_of(real_out, out));
-  std::erase_if(entries, [](const fs::path& p) { return p.filename() == kDirLockName; });
-  if (!entries.empty() && !overwrite)
-    return absl::FailedPreconditionError(absl::StrCat(
-        out, ": the output directory is not empty; --overwrite replaces an earlier "
-        "conversion's files there"));
-  return absl::OkStatus();
-}
-
 // The output directory's lock (engine/runtime/dir_lock.h) for the command's run, taken once
-// check_output allows the directory, so that a refused conversion creates nothing, and
-// checked again under the lock: an earlier conversion may have filled it meanwhile.
-absl::StatusOr<DirLock> lock_output(const std::string& in, const std::string& out, bool overwrite) {
-  SY_RETURN_IF_ERROR(check_output(in, out, overwrite));
+// the output paths' checks (engine/runtime/output_paths.h) allow the directory, so that a
+// refused conversion creates nothing, and checked again under the lock: an earlier
+// conversion may have filled it meanwhile. `input` names the input directory in messages.
+absl::StatusOr<DirLock> lock_output(const InputPath& input, const std::string& out,
+                                    bool overwrite) {
+  const OutputPath output = output_directory("OUT_DIR", out, {}, /*must_be_empty=*/true);
+  SY_RETURN_IF_ERROR(check_outputs({input}, {output}, overwrite));
   std::string warning;
   SY_ASSIGN_OR_RETURN(DirLock lock, DirLock::acquire(out, &warning));
   if (!warning.empty()) std::printf("%s\n", warning.c_str());
-  SY_RETURN_IF_ERROR(check_output(in, out, overwrite));
+  SY_RETURN_IF_ERROR(check_outputs({input}, {output}, overwrite));
   return lock;
 }
 
@@ -161,7 +135,8 @@ absl::Status ConvertCommand::run_to_hf() {
   options.dtype = dtype_ == "bf16" ? DType::kBF16 : DType::kF32;
   SY_ASSIGN_OR_RETURN(options.max_shard_bytes,
                       parse_size_with_units(max_shard_size_, "--max-shard-size"));
-  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output(in_, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(const DirLock lock,
+                      lock_output({"WEIGHTS_DIR", in_}, out_, overwrite_));
   LoadedModel model;
   SY_RETURN_IF_ERROR(load_model(in_, model, TokenizerUse::kOptional));
   SY_RETURN_IF_ERROR(hf_architecture_for(model.recipe).status());
@@ -175,7 +150,7 @@ absl::Status ConvertCommand::run_to_hf() {
 }
 
 absl::Status ConvertCommand::run_from_hf() {
-  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output(in_, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output({"HF_DIR", in_}, out_, overwrite_));
   SY_ASSIGN_OR_RETURN(const HfModel model, read_hf_model(in_));
   SY_RETURN_IF_ERROR(remove_owned_files(out_, is_weights_file));
   SY_RETURN_IF_ERROR(save_weights(out_, model.recipe, model.tensors, model.tokenizer_path));
@@ -184,7 +159,7 @@ absl::Status ConvertCommand::run_from_hf() {
 }
 
 absl::Status ConvertCommand::run_upcycle() {
-  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output(in_, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output({"HF_DIR", in_}, out_, overwrite_));
   SY_ASSIGN_OR_RETURN(const HfModel dense, read_hf_dense_model(in_));
   const UpcycleOptions options{experts_, top_k_, granularity_, seed_};
   SY_ASSIGN_OR_RETURN(const HfModel model, upcycle(dense, options));

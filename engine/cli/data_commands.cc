@@ -19,6 +19,7 @@
 #include "engine/cli/progress_line.h"
 #include "engine/config/recipe.h"
 #include "engine/runtime/dir_lock.h"
+#include "engine/runtime/output_paths.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/training_data.h"
 
@@ -130,6 +131,7 @@ DataCommands::DataCommands(CLI::App& app) {
   tokenizer_->add_option("--text-field", text_field_, "JSON Lines field holding the text");
   tokenizer_->add_option("--threads", threads_, "training threads; 0 uses every core")
       ->transform(integer_in(0, kMaxThreads));
+  tokenizer_->add_flag("--overwrite", overwrite_, "replace an existing tokenizer model at --out");
 
   prepare_ = data_->add_subcommand("prepare", "tokenize text into HDF5 token shards");
   prepare_->add_option("--tokenizer", tokenizer_path_, "SentencePiece model")->required();
@@ -177,6 +179,11 @@ absl::Status DataCommands::run_tokenizer() {
   options.model_type = model_type_;
   options.text_field = text_field_;
   options.threads = threads_;
+  SY_RETURN_IF_ERROR(check_outputs(
+      input_paths({{"--input", inputs_}}),
+      {output_file("--out", out_, "tokenizer model",
+                   [](const std::string& path) { return Tokenizer::load(path).ok(); })},
+      overwrite_));
   TerminalDataProgress progress;
   return train_tokenizer(options, out_, progress);
 }
@@ -195,6 +202,10 @@ absl::Status DataCommands::run_prepare() {
     SY_ASSIGN_OR_RETURN(options.part, parse_part_id(part_));
   }
   if (out_.empty()) return absl::InvalidArgumentError("no output directory given");
+  SY_RETURN_IF_ERROR(check_outputs(input_paths({{"--tokenizer", {tokenizer_path_}},
+                                                {"--input", inputs_},
+                                                {"--chat-template", {chat_template_}}}),
+                                   {output_directory("--out", out_)}, /*overwrite=*/false));
   SY_ASSIGN_OR_RETURN(const DirLock lock, lock_dataset(out_, options.part));
   TerminalDataProgress progress;
   const absl::StatusOr<PrepareSummary> s = prepare_dataset(options, progress);
@@ -210,6 +221,7 @@ absl::Status DataCommands::run_prepare() {
 }
 
 absl::Status DataCommands::run_merge_parts() {
+  SY_RETURN_IF_ERROR(check_outputs({}, {output_directory("DIR", out_)}, /*overwrite=*/false));
   SY_ASSIGN_OR_RETURN(const DirLock lock, lock_dataset(out_, std::nullopt));
   TerminalDataProgress progress;
   const absl::StatusOr<PrepareSummary> s = merge_parts(out_, progress);

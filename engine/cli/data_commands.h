@@ -1,5 +1,6 @@
 // The data subcommands of the switchyard binary:
 //   switchyard data tokenizer --input FILES... --vocab-size N [--model-type bpe|unigram] --out M
+//                             [--overwrite]
 //   switchyard data prepare --tokenizer M --input FILES... --out DIR [--val-fraction F]
 //                           [--shard-tokens N] [--text-field NAME] [--threads N]
 //                           [--chat-template TEMPLATE.json] [--part I/N]
@@ -45,6 +46,7 @@ class DataCommands {
   std::string text_field_ = "text";
   std::string chat_template_;
   std::string part_;
+  bool overwrite_ = false;
   int threads_ = 0;
   int64_t vocab_size_ = 0;
   std::string model_type_ = "bpe";

@@ -38,6 +38,7 @@
 #include "engine/model/transformer.h"
 #include "engine/parallel/mpi_runtime.h"
 #include "engine/parallel/topology.h"
+#include "engine/runtime/output_paths.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/runtime/text.h"
 #include "engine/train/evaluation.h"
@@ -123,6 +124,28 @@ absl::Status dry_run(const config::Recipe& recipe, const Layout& layout) {
   return absl::OkStatus();
 }
 
+// The run directory against every path the run reads (engine/runtime/output_paths.h): it
+// writes metrics.jsonl and the checkpoint directory there, and may hold its inputs
+// elsewhere (a dataset inside it); the checkpoint it resumes is its own.
+absl::Status check_run_dir(const config::Recipe& recipe, const std::string& recipe_path,
+                           const std::string& run_dir, const std::string& resume_from) {
+  const config::DataConfig& data = recipe.data();
+  std::vector<std::string> sources;
+  for (const config::DataSource& source : data.sources()) {
+    sources.push_back(source.dataset());
+    sources.push_back(source.corpus());
+  }
+  std::vector<InputPath> inputs = input_paths({{"RECIPE", {recipe_path}},
+                                               {"data.dataset", {data.dataset()}},
+                                               {"data.corpus", {data.corpus()}},
+                                               {"data.sources", sources},
+                                               {"train.init_from", {recipe.train().init_from()}}});
+  if (!resume_from.empty()) inputs.push_back({"--resume-from", resume_from, /*owned=*/true});
+  const OutputPath out =
+      output_directory("--run-dir", run_dir, {"metrics.jsonl", recipe.checkpoint().dir()});
+  return check_outputs(inputs, {out}, /*overwrite=*/false);
+}
+
 absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::string& run_dir,
                                    const std::vector<std::string>& overrides, bool dry,
                                    int dry_world, double peak_gflops, const std::string& cache_dir,
@@ -142,6 +165,7 @@ absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::st
   }
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, runtime.world_size()));
   if (run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
+  SY_RETURN_IF_ERROR(check_run_dir(recipe, recipe_path, run_dir, resume_from));
   ProcessGroups groups = make_process_groups(layout);
   // A live progress line on a terminal, plain lines in logs and CI. Under mpirun a
   // rank's stdout is a pseudo-terminal whatever the launcher's own output is, so there
@@ -282,18 +306,21 @@ int run_main(int argc, char** argv) {
   train_cmd->add_option("--dataset-cache", cache_dir,
                         "where a data.corpus is prepared on first use (default "
                         "~/.cache/switchyard/datasets)");
-  train_cmd->add_option("--resume-from", resume_from,
+  CLI::Option* resume_option = train_cmd->add_option("--resume-from", resume_from,
                         "resume from this checkpoint directory (DIR/checkpoints/step_N) instead "
                         "of the one DIR/checkpoints/latest names");
   train_cmd->add_flag("--extend-schedule", extend_schedule,
                       "resuming, accept a changed train.steps, optimizer.min_lr, optimizer.decay "
                       "or optimizer.router_lr_scale: the decay restarts from the checkpoint's "
                       "learning rate (docs/training.md)");
-  train_cmd->add_option_function<std::string>(
-      "--init-from",
-      [&overrides](const std::string& dir) { overrides.push_back("train.init_from=" + dir); },
-      "start from these weights (a run's checkpoints/final or a `convert from-hf` output) "
-      "instead of a random initialisation; the same as --set train.init_from=DIR");
+  // Resuming restores a checkpoint's weights, so weights to start from have no place there.
+  train_cmd
+      ->add_option_function<std::string>(
+          "--init-from",
+          [&overrides](const std::string& dir) { overrides.push_back("train.init_from=" + dir); },
+          "start from these weights (a run's checkpoints/final or a `convert from-hf` output) "
+          "instead of a random initialisation; the same as --set train.init_from=DIR")
+      ->excludes(resume_option);
 
   std::string weights_dir, data, split = "val";
   int64_t batches = 0;

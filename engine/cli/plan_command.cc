@@ -18,6 +18,7 @@
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/parallel/topology.h"
 #include "engine/runtime/file_util.h"
+#include "engine/runtime/output_paths.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/memory_plan.h"
 #include "engine/train/peak.h"
@@ -345,11 +346,20 @@ PlanCommand::PlanCommand(CLI::App& app) {
       ->transform(real_in({1e-3, 1e6}));
   plan_->add_option("--set", overrides_, "override a recipe field: path=value (repeatable)");
   plan_->add_option("--json", json_path_, "also write the plans to this JSON file");
+  plan_->add_flag("--overwrite", overwrite_, "replace an earlier plan's --json file");
 }
 
 bool PlanCommand::parsed() const { return plan_->parsed(); }
 
 absl::Status PlanCommand::run() {
+  if (!json_path_.empty())
+    SY_RETURN_IF_ERROR(check_outputs(
+        {{"RECIPE", recipe_path_}},
+        {output_file("--json", json_path_, "plan JSON file",
+                     [](const std::string& path) {
+                       return is_json_object_with(path, {"recipe", "world_size", "layouts"});
+                     })},
+        overwrite_));
   SY_ASSIGN_OR_RETURN(const config::Recipe recipe,
                       config::load_recipe(recipe_path_, overrides_));
   Machine machine;

@@ -1,6 +1,7 @@
 // `switchyard plan RECIPE --world N --device-memory BYTES
 //                 [--layout pp=P,tp=T,ep=E,zero=Z[,recompute=none|selective|full]]
-//                 [--gpu NAME | --peak-tflops T] [--bandwidth GB/s] [--set ...] [--json F]`:
+//                 [--gpu NAME | --peak-tflops T] [--bandwidth GB/s] [--set ...] [--json F]
+//                 [--overwrite]`:
 // the memory every rank of a layout needs (the trainer's own accounting,
 // engine/train/memory_plan.h, pipeline stages included), its FLOPs and an estimated step
 // time (with the pipeline's bubble), for one layout or every valid layout of N ranks
@@ -40,6 +41,7 @@ class PlanCommand {
   double peak_tflops_ = 0;
   double bandwidth_gbps_ = 50;
   std::string json_path_;
+  bool overwrite_ = false;
 };
 
 }  // namespace switchyard

@@ -607,6 +607,7 @@ absl::Status validate_sources(const DataConfig& data) {
     return invalid(absl::StrCat("data.sources has ", data.sources_size(), " entries, more than ",
                                 kMaxDataSources));
   std::set<std::string> names;
+  double weights = 0;
   for (int i = 0; i < data.sources_size(); ++i) {
     const DataSource& source = data.sources(i);
     const std::string field = absl::StrCat("data.sources[", i, "]");
@@ -621,7 +622,11 @@ absl::Status validate_sources(const DataConfig& data) {
     if (!(source.weight() > 0) || !std::isfinite(source.weight()))
       return invalid(absl::StrCat(field, ".weight (", source.weight(),
                                   ") must be positive and finite"));
+    weights += source.weight();
   }
+  if (!std::isfinite(weights))
+    return invalid(absl::StrCat("data.sources weights sum to ", weights,
+                                ": they must have a finite sum (they are normalised by it)"));
   return absl::OkStatus();
 }
 

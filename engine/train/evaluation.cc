@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/runtime/rng.h"
 #include "engine/runtime/status_macros.h"
 
@@ -80,7 +81,11 @@ absl::StatusOr<EvalResult> evaluate_windows(const EvalForward& forward, const To
       result.tokens += tokens[r];
     }
   }
-  result.loss = result.tokens > 0 ? sum / static_cast<double>(result.tokens) : 0.0;
+  if (result.tokens == 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the ", windows, " evaluation windows hold no token that carries loss (a loss mask of "
+        "zeros): a loss over no token means nothing"));
+  result.loss = sum / static_cast<double>(result.tokens);
   return result;
 }
 

@@ -108,6 +108,10 @@ absl::Status apply_freeze(const config::TrainConfig& tc, ParamStore& params,
     }
   }
   pipeline.all_reduce_sum(counts.data(), static_cast<int64_t>(counts.size()));
+  if (frozen == counts[1])
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.freeze (", absl::StrJoin(tc.freeze(), ","),
+        ") freezes every parameter: nothing is left to train"));
   if (frozen > 0)
     sink.on_message(absl::StrFormat("frozen by train.freeze: %.3fM of %.3fM parameters",
                                     frozen / 1e6, counts[1] / 1e6));

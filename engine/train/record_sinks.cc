@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/runtime/file_util.h"
+#include "engine/runtime/output_paths.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/metrics_log.h"
 #include "engine/train/tensorboard_writer.h"
@@ -82,6 +83,7 @@ class MetricsJsonlSink : public RecordSink {
   static absl::StatusOr<std::unique_ptr<MetricsJsonlSink>> open(const std::string& run_dir,
                                                                 int64_t resume_step) {
     const std::string path = run_dir + "/metrics.jsonl";
+    SY_RETURN_IF_ERROR(refuse_symlink(path, run_dir));
     // A resumed run keeps the lines up to its checkpoint (rewritten atomically) and
     // continues after them.
     std::string kept;

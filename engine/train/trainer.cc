@@ -23,6 +23,7 @@
 #include "engine/parallel/host_map.h"
 #include "engine/runtime/dir_lock.h"
 #include "engine/runtime/file_util.h"
+#include "engine/runtime/output_paths.h"
 #include "engine/runtime/status_macros.h"
 #include "engine/train/evaluation.h"
 #include "engine/train/fine_tuning.h"
@@ -276,8 +277,10 @@ absl::StatusOr<TrainingData> open_training_data(const RunContext& run,
 // The checkpoint every rank resumes from (dir empty: a fresh start), agreed over the
 // world and checked against the recipe.
 absl::StatusOr<ResumePoint> agree_resume_point(const RunContext& run) {
+  const absl::Status linked = refuse_symlink(run.checkpoints_dir, run.options.run_dir);
   const absl::StatusOr<ResumePoint> point =
-      find_resume_point(run.checkpoints_dir, run.options.resume_from);
+      linked.ok() ? find_resume_point(run.checkpoints_dir, run.options.resume_from)
+                  : absl::StatusOr<ResumePoint>(linked);
   SY_RETURN_IF_ERROR(agree_on_resume_step(*run.groups.world, point));
   if (!point->dir.empty())
     SY_RETURN_IF_ERROR(

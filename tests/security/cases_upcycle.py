@@ -86,7 +86,7 @@ CASES = [
          "missing tensor model.layers.0.mlp.gate_proj.weight"),
     Case("upcycle-into-own-input", "convert output directory", "upcycle with OUT inside HF_DIR",
          _upcycle("--experts", "4", "--top-k", "2", into_input=True),
-         "is, or is inside, the input directory"),
+         "lies inside the input"),
     Case("from-hf-dense-directory", "HF config.json", "a dense Llama directory given to from-hf",
          _from_hf_dense, "model_type is a dense model: switchyard convert upcycle"),
 ]

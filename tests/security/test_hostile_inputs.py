@@ -17,6 +17,7 @@ import cases_hf
 import cases_hub
 import cases_instruction
 import cases_numbers
+import cases_outputs
 import cases_prepare_parts
 import cases_recipe
 import cases_sample
@@ -26,7 +27,7 @@ from hostile import REPO, make_world, run_refused
 CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hdf5.CASES,
          *cases_hf.CASES, *cases_hub.CASES, *cases_sample.CASES,
          *cases_eval.CASES, *cases_instruction.CASES, *cases_upcycle.CASES, *cases_balance.CASES,
-         *cases_prepare_parts.CASES, *cases_numbers.CASES]
+         *cases_prepare_parts.CASES, *cases_numbers.CASES, *cases_outputs.CASES]
 
 
 @pytest.fixture(scope="session")
