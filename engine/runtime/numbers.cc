@@ -136,7 +136,8 @@ absl::StatusOr<int64_t> parse_size_with_units(absl::string_view text, absl::stri
     return refuse(field, text, "is not a size (bytes, or with a unit: 500MB, 5GB, 80GiB, 1.5TiB)");
   const double bytes = value * unit;
   if (bytes < 1) return refuse(field, text, "is below one byte");
-  if (bytes > static_cast<double>(max_bytes))
+  // 2^63 and above do not fit an int64_t, where a max_bytes near 2^63 rounds up to it.
+  if (bytes > static_cast<double>(max_bytes) || bytes >= 0x1p63)
     return refuse(field, text, absl::StrCat("is more than ", max_bytes, " bytes"));
   return static_cast<int64_t>(bytes);
 }

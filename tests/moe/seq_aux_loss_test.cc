@@ -264,14 +264,20 @@ TEST(SequenceAuxRecipe, RefusesANegativeOrNonFiniteCoefficient) {
   ASSERT_TRUE(recipe.ok()) << recipe.status();
   ASSERT_TRUE(config::apply_override(*recipe, "moe.seq_aux_loss_coef=0.0001").ok());
   EXPECT_TRUE(config::validate_recipe(*recipe).ok()) << config::validate_recipe(*recipe);
-  for (const char* value : {"-0.5", "nan", "inf"}) {
+  config::Recipe negative = *recipe;
+  ASSERT_TRUE(config::apply_override(negative, "moe.seq_aux_loss_coef=-0.5").ok());
+  const absl::Status status = config::validate_recipe(negative);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("moe.seq_aux_loss_coef"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("must be >= 0 and finite"), std::string::npos) << status;
+  EXPECT_EQ(status.message().find('\n'), std::string::npos) << status;
+  // A non-finite value never reaches validation: the override's number parser refuses it.
+  for (const char* value : {"nan", "inf"}) {
     config::Recipe r = *recipe;
-    ASSERT_TRUE(config::apply_override(r, std::string("moe.seq_aux_loss_coef=") + value).ok());
-    const absl::Status status = config::validate_recipe(r);
-    EXPECT_FALSE(status.ok()) << value;
-    EXPECT_NE(status.message().find("moe.seq_aux_loss_coef"), std::string::npos) << status;
-    EXPECT_NE(status.message().find("must be >= 0 and finite"), std::string::npos) << status;
-    EXPECT_EQ(status.message().find('\n'), std::string::npos) << status;
+    const absl::Status refused =
+        config::apply_override(r, std::string("moe.seq_aux_loss_coef=") + value);
+    EXPECT_FALSE(refused.ok()) << value;
+    EXPECT_NE(refused.message().find("moe.seq_aux_loss_coef"), std::string::npos) << refused;
   }
 }
 

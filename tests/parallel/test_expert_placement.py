@@ -118,7 +118,7 @@ def test_final_weights_convert_as_the_contiguous_runs(tmp_path):
                            "be a permutation"),
     ("0,1,2,3,4,5,7,6", 1, "parallel.expert_placement places experts over expert-parallel "
                            "ranks: it needs parallel.expert_parallel_size > 1"),
-    ("0,1,x", 2, "parallel.expert_placement takes comma-separated integers; \"x\" is not one"),
+    ("0,1,x", 2, "parallel.expert_placement[2]: x is not an integer"),
 ])
 def test_a_bad_placement_is_refused_in_one_line(tmp_path, placement, ep, message):
     result = subprocess.run(
