@@ -14,6 +14,19 @@ namespace {
 constexpr int64_t kMin64 = std::numeric_limits<int64_t>::min();
 constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
 
+// `parsed` is `value` when `refusal` is empty, else refused with exactly `refusal`.
+template <typename T>
+void expect_parsed(const absl::StatusOr<T>& parsed, const std::string& text, T value,
+                   const std::string& refusal) {
+  if (refusal.empty()) {
+    ASSERT_TRUE(parsed.ok()) << text << ": " << parsed.status();
+    EXPECT_EQ(*parsed, value) << text;
+  } else {
+    ASSERT_FALSE(parsed.ok()) << text;
+    EXPECT_EQ(parsed.status().message(), refusal);
+  }
+}
+
 struct IntCase {
   std::string text;
   int64_t min, max;
@@ -47,16 +60,8 @@ TEST(NumbersTest, Int64) {
       {"2.0", 0, 10, 0, "f: 2.0 is not an integer"},
       {"12abc", 0, 100, 0, "f: 12abc is not an integer"},
   };
-  for (const IntCase& c : cases) {
-    const absl::StatusOr<int64_t> v = parse_int64(c.text, "f", c.min, c.max);
-    if (c.refusal.empty()) {
-      ASSERT_TRUE(v.ok()) << c.text << ": " << v.status();
-      EXPECT_EQ(*v, c.value) << c.text;
-    } else {
-      ASSERT_FALSE(v.ok()) << c.text;
-      EXPECT_EQ(v.status().message(), c.refusal);
-    }
-  }
+  for (const IntCase& c : cases)
+    expect_parsed(parse_int64(c.text, "f", c.min, c.max), c.text, c.value, c.refusal);
 }
 
 TEST(NumbersTest, Uint64TakesEverySeed) {
@@ -105,16 +110,8 @@ TEST(NumbersTest, Double) {
       {"1.5x", any, 0, "f: 1.5x is not a number"},
       {"four", any, 0, "f: four is not a number"},
   };
-  for (const RealCase& c : cases) {
-    const absl::StatusOr<double> v = parse_double(c.text, "f", c.range);
-    if (c.refusal.empty()) {
-      ASSERT_TRUE(v.ok()) << c.text << ": " << v.status();
-      EXPECT_EQ(*v, c.value) << c.text;
-    } else {
-      ASSERT_FALSE(v.ok()) << c.text;
-      EXPECT_EQ(v.status().message(), c.refusal);
-    }
-  }
+  for (const RealCase& c : cases)
+    expect_parsed(parse_double(c.text, "f", c.range), c.text, c.value, c.refusal);
 }
 
 TEST(NumbersTest, SizeWithUnits) {
