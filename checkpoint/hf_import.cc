@@ -40,8 +40,16 @@ bool is_dense(Family family) {
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 constexpr double kMaxFloat = std::numeric_limits<float>::max();
 
-absl::Status refuse(const JsonFields& c, const std::string& key, const std::string& why) {
-  return absl::UnimplementedError(absl::StrCat(c.path(), ": ", key, " ", why));
+absl::Status refuse(const std::string& path, const std::string& key, const std::string& why) {
+  return absl::UnimplementedError(absl::StrCat(path, ": ", key, " ", why));
+}
+
+// A number above 0 and at most `hi`.
+absl::StatusOr<double> positive_number(const JsonFields& f, const char* key, double hi) {
+  const nlohmann::json* v = f.find(key);
+  if (!v || !v->is_number() || !(v->get<double>() > 0) || !(v->get<double>() <= hi))
+    return f.error(key, absl::StrCat("must be a finite number in (0, ", hi, "]"));
+  return v->get<double>();
 }
 
 absl::StatusOr<Family> family_of(const JsonFields& c) {
@@ -60,30 +68,174 @@ absl::StatusOr<Family> family_of(const JsonFields& c) {
                    "mistral, qwen2"));
 }
 
-// A float field of the recipe: finite and within float's range.
-absl::StatusOr<float> float_or(const JsonFields& c, const char* key, double fallback) {
-  SY_ASSIGN_OR_RETURN(const double value, c.number_or(key, fallback, -kMaxFloat, kMaxFloat));
-  return static_cast<float>(value);
+// transformers 5.24's default for each field its config class for the family declares
+// (MixtralConfig() and so on; rope_theta is the class's default_theta): what transformers
+// reads for a field config.json leaves out. A field whose default is None is not listed:
+// head_dim, sliding_window (Mixtral), q_lora_rank's absence when written as null and
+// num_key_value_heads (OLMoE, Llama) are read where they are used. DeepSeek-V3's
+// router_aux_loss_coef is not a transformers field: it trains without the auxiliary loss.
+const Json& transformers_defaults(Family family) {
+  static const auto* defaults = new std::map<Family, Json>{
+      {Family::kMixtral, Json::parse(R"({
+        "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05, "initializer_range": 0.02, "tie_word_embeddings": false,
+        "hidden_act": "silu", "intermediate_size": 14336, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+        "rope_theta": 1000000.0})")},
+      {Family::kQwen2Moe, Json::parse(R"({
+        "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06, "initializer_range": 0.02, "tie_word_embeddings": false,
+        "hidden_act": "silu", "intermediate_size": 5632, "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
+        "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "norm_topk_prob": false,
+        "qkv_bias": true, "use_sliding_window": false, "rope_theta": 10000.0})")},
+      {Family::kQwen3Moe, Json::parse(R"({
+        "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06, "initializer_range": 0.02, "tie_word_embeddings": false,
+        "hidden_act": "silu", "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_experts": 128, "num_local_experts": 128, "num_experts_per_tok": 8,
+        "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "norm_topk_prob": false,
+        "attention_bias": false, "use_sliding_window": false, "rope_theta": 10000.0})")},
+      {Family::kOlmoe, Json::parse(R"({
+        "vocab_size": 50304, "hidden_size": 2048, "num_hidden_layers": 16,
+        "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-05,
+        "initializer_range": 0.02, "tie_word_embeddings": false, "hidden_act": "silu",
+        "intermediate_size": 2048, "num_experts": 64, "num_experts_per_tok": 8,
+        "router_aux_loss_coef": 0.01, "norm_topk_prob": false, "attention_bias": false,
+        "rope_theta": 10000.0})")},
+      {Family::kDeepseekV3, Json::parse(R"({
+        "vocab_size": 129280, "hidden_size": 7168, "num_hidden_layers": 61,
+        "num_attention_heads": 128, "num_key_value_heads": 128, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-06, "initializer_range": 0.02, "tie_word_embeddings": false,
+        "hidden_act": "silu", "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "n_routed_experts": 256, "num_experts_per_tok": 8, "norm_topk_prob": true,
+        "attention_bias": false, "kv_lora_rank": 512, "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "first_k_dense_replace": 3, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+        "n_group": 8, "topk_group": 4, "rope_interleave": true, "rope_theta": 10000.0,
+        "router_aux_loss_coef": 0.0})")},
+      {Family::kLlama, Json::parse(R"({
+        "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-06,
+        "initializer_range": 0.02, "tie_word_embeddings": false, "hidden_act": "silu",
+        "mlp_bias": false, "intermediate_size": 11008, "attention_bias": false,
+        "rope_theta": 10000.0})")},
+      {Family::kMistral, Json::parse(R"({
+        "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-06, "initializer_range": 0.02, "tie_word_embeddings": false,
+        "hidden_act": "silu", "intermediate_size": 14336, "sliding_window": 4096,
+        "rope_theta": 10000.0})")},
+      {Family::kQwen2, Json::parse(R"({
+        "vocab_size": 151936, "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06, "initializer_range": 0.02, "tie_word_embeddings": false,
+        "hidden_act": "silu", "intermediate_size": 22016, "use_sliding_window": false,
+        "rope_theta": 10000.0})")},
+  };
+  return defaults->at(family);
 }
 
-// YaRN's fields of a rope_scaling or rope_parameters object (model.rope_scaling); the
-// original context defaults to max_position_embeddings, as transformers 4.x has it.
+// config.json's fields, read as transformers reads them: a field the file leaves out
+// takes transformers' default for the family (its errors say so), a field the file sets
+// must have the type and range the engine needs, and null is a wrong type except where a
+// reader says what it means. An explicit 0 is never read as "the default".
+class HfFields {
+ public:
+  HfFields(const JsonFields& file, Family family)
+      : file_(file), family_(family) {}
+
+  Family family() const { return family_; }
+  const JsonFields& file() const { return file_; }
+  const std::string& path() const { return file_.path(); }
+  // Present in the file, null included.
+  bool written(const char* key) const { return file_.json().contains(key); }
+  // Present in the file and not null.
+  bool has(const char* key) const { return file_.has(key); }
+  // Present in the file as null.
+  bool is_null(const char* key) const { return written(key) && !has(key); }
+  absl::Status error(const std::string& key, const std::string& why) const {
+    return file_.error(key, why);
+  }
+
+  absl::StatusOr<int64_t> integer(const char* key, int64_t lo, int64_t hi) const {
+    if (written(key)) return file_.integer(key, lo, hi);
+    return default_of(key).integer(key, lo, hi);
+  }
+  // A float of the recipe: finite, within float's range and above 0.
+  absl::StatusOr<float> positive(const char* key) const {
+    SY_ASSIGN_OR_RETURN(const double value,
+                        positive_number(written(key) ? file_ : default_of(key), key, kMaxFloat));
+    return static_cast<float>(value);
+  }
+  // A float of the recipe that may be 0: finite and in [0, float's range].
+  absl::StatusOr<float> non_negative(const char* key) const {
+    SY_ASSIGN_OR_RETURN(const double value,
+                        (written(key) ? file_ : default_of(key)).number(key, 0, kMaxFloat));
+    return static_cast<float>(value);
+  }
+  absl::StatusOr<bool> boolean(const char* key) const {
+    return written(key) ? file_.boolean(key) : default_of(key).boolean(key);
+  }
+  absl::StatusOr<std::string> string(const char* key) const {
+    return written(key) ? file_.string(key) : default_of(key).string(key);
+  }
+  // A field that, when the file or transformers' default sets it, names a feature the
+  // engine lacks: the refusal says which of them set it.
+  absl::Status refuse_set(const char* key, const std::string& why) const {
+    if (written(key)) return absl::UnimplementedError(absl::StrCat(path(), ": ", key, " is set: ", why));
+    return absl::UnimplementedError(
+        absl::StrCat(path(), ": ", key, " is absent, which transformers reads as ",
+                     transformers_defaults(family_).at(key).dump(), ": ", why));
+  }
+  // Whether the file or transformers' default gives `key` a non-null value.
+  bool set(const char* key) const {
+    return written(key) ? has(key) : transformers_defaults(family_).contains(key);
+  }
+
+ private:
+  // A reader of transformers' default for `key`, its errors naming the file and saying
+  // that the value is the default.
+  JsonFields default_of(const char* key) const {
+    const Json& defaults = transformers_defaults(family_);
+    JsonFields reader(defaults, file_.path());
+    reader.note(key, defaults.contains(key)
+                         ? absl::StrCat("absent: transformers' default ", defaults.at(key).dump())
+                         : "absent, and transformers has no default");
+    return reader;
+  }
+
+  const JsonFields& file_;
+  Family family_;
+};
+
+// YaRN's fields of a rope_scaling or rope_parameters object (model.rope_scaling): factor
+// is required; the original context defaults to max_position_embeddings, as transformers
+// 4.x has it; beta_fast and beta_slow to 32 and 1 and mscale and mscale_all_dim to none,
+// as transformers' YaRN reads them, and each, when set, must be above 0.
 absl::Status read_yarn(const JsonFields& rope, const std::string& key, config::ModelConfig& model) {
   constexpr double kMaxFactor = 65536;  // validate_recipe's bound on every factor
   if (rope.has("attention_factor"))
-    return refuse(rope, key + ".attention_factor", "is set: the engine derives YaRN's attention factor "
-                                            "from factor, mscale and mscale_all_dim");
+    return refuse(rope.path(), key + ".attention_factor", "is set: the engine derives YaRN's attention factor "
+                                                   "from factor, mscale and mscale_all_dim");
   SY_ASSIGN_OR_RETURN(const bool truncate, rope.boolean_or("truncate", true));
-  if (!truncate) return refuse(rope, key + ".truncate", "is false: the engine rounds YaRN's ramp ends");
+  if (!truncate) return refuse(rope.path(), key + ".truncate", "is false: the engine rounds YaRN's ramp ends");
   if (!rope.has("factor")) return rope.error("factor", "must be set for YaRN");
-  SY_ASSIGN_OR_RETURN(const double factor, rope.number_or("factor", 0, 0, kMaxFactor));
+  SY_ASSIGN_OR_RETURN(const double factor, rope.number("factor", 0, kMaxFactor));
   SY_ASSIGN_OR_RETURN(const int64_t original,
                       rope.integer_or("original_max_position_embeddings",
                                       model.max_position_embeddings(), 1, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const double beta_fast, rope.number_or("beta_fast", 0, 0, kMaxFactor));
-  SY_ASSIGN_OR_RETURN(const double beta_slow, rope.number_or("beta_slow", 0, 0, kMaxFactor));
-  SY_ASSIGN_OR_RETURN(const double mscale, rope.number_or("mscale", 0, 0, kMaxFactor));
-  SY_ASSIGN_OR_RETURN(const double mscale_all_dim, rope.number_or("mscale_all_dim", 0, 0, kMaxFactor));
+  auto positive_or = [&](const char* field, double absent) -> absl::StatusOr<double> {
+    return rope.has(field) ? positive_number(rope, field, kMaxFactor) : absent;
+  };
+  SY_ASSIGN_OR_RETURN(const double beta_fast, positive_or("beta_fast", 32));
+  SY_ASSIGN_OR_RETURN(const double beta_slow, positive_or("beta_slow", 1));
+  // 0 is the recipe's "no mscale" (config::RopeScaling).
+  SY_ASSIGN_OR_RETURN(const double mscale, positive_or("mscale", 0));
+  SY_ASSIGN_OR_RETURN(const double mscale_all_dim, positive_or("mscale_all_dim", 0));
   config::RopeScaling& scaling = *model.mutable_rope_scaling();
   scaling.set_type(config::YARN);
   scaling.set_factor(static_cast<float>(factor));
@@ -97,45 +249,46 @@ absl::Status read_yarn(const JsonFields& rope, const std::string& key, config::M
 
 // RoPE from the 4.x top-level rope_theta and rope_scaling or 5.x rope_parameters: plain
 // RoPE, or YaRN for DeepSeek-V3. Reads max_position_embeddings first.
-absl::Status read_rope(const JsonFields& c, Family family, config::ModelConfig& model) {
-  SY_ASSIGN_OR_RETURN(const float theta, float_or(c, "rope_theta", 10000.0));
+absl::Status read_rope(const HfFields& c, config::ModelConfig& model) {
+  SY_ASSIGN_OR_RETURN(const float theta, c.positive("rope_theta"));
   model.set_rope_theta(theta);
   const char* key = c.has("rope_scaling") ? "rope_scaling"
                     : c.has("rope_parameters") ? "rope_parameters"
                                                 : nullptr;
   if (!key) return absl::OkStatus();
-  SY_ASSIGN_OR_RETURN(const JsonFields rope, c.object(key));
+  SY_ASSIGN_OR_RETURN(const JsonFields rope, c.file().object(key));
   if (rope.has("rope_theta")) {
-    SY_ASSIGN_OR_RETURN(const float rope_theta, float_or(rope, "rope_theta", 0));
-    model.set_rope_theta(rope_theta);
+    SY_ASSIGN_OR_RETURN(const double rope_theta, positive_number(rope, "rope_theta", kMaxFloat));
+    model.set_rope_theta(static_cast<float>(rope_theta));
   }
   SY_ASSIGN_OR_RETURN(const std::string legacy_type, rope.string_or("type", "default"));
   SY_ASSIGN_OR_RETURN(const std::string type, rope.string_or("rope_type", legacy_type));
   if (type == "default") return absl::OkStatus();
-  if (type == "yarn" && family == Family::kDeepseekV3) return read_yarn(rope, key, model);
-  return refuse(c, absl::StrCat(key, ".rope_type"),
+  if (type == "yarn" && c.family() == Family::kDeepseekV3) return read_yarn(rope, key, model);
+  return refuse(c.path(), absl::StrCat(key, ".rope_type"),
                 absl::StrCat("\"", type.substr(0, 64), "\": the engine has plain RoPE, and YaRN "
                              "for DeepSeek-V3"));
 }
 
-// The engine's dense layers can only be a prefix of the stack (first_dense_layers).
-absl::StatusOr<int64_t> first_dense_layers(const JsonFields& c, int64_t layers) {
-  const Json* dense = c.find("mlp_only_layers");
+// The engine's dense layers can only be a prefix of the stack (first_dense_layers);
+// mlp_only_layers null is none, as transformers reads it.
+absl::StatusOr<int64_t> first_dense_layers(const HfFields& c, int64_t layers) {
+  const Json* dense = c.file().find("mlp_only_layers");
   if (!dense) return 0;
   if (!dense->is_array() || static_cast<int64_t>(dense->size()) > layers)
     return c.error("mlp_only_layers", "must be an array of at most num_hidden_layers layers");
   for (size_t i = 0; i < dense->size(); ++i) {
     const Json& layer = (*dense)[i];
     if (!layer.is_number_integer() || layer.get<int64_t>() != static_cast<int64_t>(i))
-      return refuse(c, "mlp_only_layers", "must be 0, 1, ... n-1: the engine's dense layers are the first n");
+      return refuse(c.path(), "mlp_only_layers", "must be 0, 1, ... n-1: the engine's dense layers are the first n");
   }
   return static_cast<int64_t>(dense->size());
 }
 
-absl::Status read_mixtral(const JsonFields& c, config::Recipe& recipe) {
-  if (c.has("sliding_window")) return refuse(c, "sliding_window", "is set: the engine attends to the whole window");
-  SY_ASSIGN_OR_RETURN(const double jitter, c.number_or("router_jitter_noise", 0.0));
-  if (jitter != 0) return refuse(c, "router_jitter_noise", "is not 0: the engine has no router jitter");
+absl::Status read_mixtral(const HfFields& c, config::Recipe& recipe) {
+  if (c.set("sliding_window")) return c.refuse_set("sliding_window", "the engine attends to the whole window");
+  SY_ASSIGN_OR_RETURN(const float jitter, c.non_negative("router_jitter_noise"));
+  if (jitter != 0) return refuse(c.path(), "router_jitter_noise", "is not 0: the engine has no router jitter");
   SY_ASSIGN_OR_RETURN(const int64_t ffn, c.integer("intermediate_size", 1, kMaxInt32));
   recipe.mutable_moe()->set_expert_ffn_hidden_size(ffn);
   recipe.mutable_moe()->set_gating(config::TOPK_SOFTMAX);
@@ -145,15 +298,15 @@ absl::Status read_mixtral(const JsonFields& c, config::Recipe& recipe) {
 
 // The Qwen families' layers and routed experts: dense layers by mlp_only_layers and
 // decoder_sparse_step, their width, the experts' width and norm_topk_prob.
-absl::Status read_qwen_layers(const JsonFields& c, config::Recipe& recipe) {
+absl::Status read_qwen_layers(const HfFields& c, config::Recipe& recipe) {
   config::ModelConfig& model = *recipe.mutable_model();
   config::MoeConfig& moe = *recipe.mutable_moe();
-  SY_ASSIGN_OR_RETURN(const bool sliding, c.boolean_or("use_sliding_window", false));
-  if (sliding) return refuse(c, "use_sliding_window", "is true: the engine attends to the whole window");
-  SY_ASSIGN_OR_RETURN(const int64_t step, c.integer_or("decoder_sparse_step", 1, 1, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const bool sliding, c.boolean("use_sliding_window"));
+  if (sliding) return refuse(c.path(), "use_sliding_window", "is true: the engine attends to the whole window");
+  SY_ASSIGN_OR_RETURN(const int64_t step, c.integer("decoder_sparse_step", 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t dense_ffn, c.integer("intermediate_size", 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t expert_ffn, c.integer("moe_intermediate_size", 1, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean_or("norm_topk_prob", false));
+  SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean("norm_topk_prob"));
   SY_ASSIGN_OR_RETURN(const int64_t first_dense, first_dense_layers(c, model.num_layers()));
   model.set_ffn_hidden_size(dense_ffn);
   model.set_moe_layer_interval(static_cast<int32_t>(step));
@@ -163,10 +316,11 @@ absl::Status read_qwen_layers(const JsonFields& c, config::Recipe& recipe) {
   return absl::OkStatus();
 }
 
-absl::Status read_qwen2_moe(const JsonFields& c, config::Recipe& recipe) {
+absl::Status read_qwen2_moe(const HfFields& c, config::Recipe& recipe) {
   config::MoeConfig& moe = *recipe.mutable_moe();
   SY_RETURN_IF_ERROR(read_qwen_layers(c, recipe));
-  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("qkv_bias", true));
+  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean("qkv_bias"));
+  // 0 is a shared expert of no width, which adds nothing in transformers too.
   SY_ASSIGN_OR_RETURN(const int64_t shared_ffn,
                       c.integer("shared_expert_intermediate_size", 0, kMaxInt32));
   recipe.mutable_model()->set_attention_bias(bias);
@@ -180,20 +334,20 @@ absl::Status read_qwen2_moe(const JsonFields& c, config::Recipe& recipe) {
 
 // Qwen3-MoE: Qwen2-MoE's layer pattern without shared experts and biases, q/k RMSNorm
 // per head.
-absl::Status read_qwen3_moe(const JsonFields& c, config::Recipe& recipe) {
+absl::Status read_qwen3_moe(const HfFields& c, config::Recipe& recipe) {
   SY_RETURN_IF_ERROR(read_qwen_layers(c, recipe));
-  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("attention_bias", false));
-  if (bias) return refuse(c, "attention_bias", "is true: Qwen3-MoE's output projection bias has no engine counterpart");
+  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean("attention_bias"));
+  if (bias) return refuse(c.path(), "attention_bias", "is true: Qwen3-MoE's output projection bias has no engine counterpart");
   recipe.mutable_model()->set_qk_head_norm(true);
   return absl::OkStatus();
 }
 
-absl::Status read_olmoe(const JsonFields& c, config::Recipe& recipe) {
-  if (c.has("clip_qkv")) return refuse(c, "clip_qkv", "is set: the engine does not clamp q, k and v");
-  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("attention_bias", false));
-  if (bias) return refuse(c, "attention_bias", "is true: OLMoE's output projection bias has no engine counterpart");
+absl::Status read_olmoe(const HfFields& c, config::Recipe& recipe) {
+  if (c.has("clip_qkv")) return refuse(c.path(), "clip_qkv", "is set: the engine does not clamp q, k and v");
+  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean("attention_bias"));
+  if (bias) return refuse(c.path(), "attention_bias", "is true: OLMoE's output projection bias has no engine counterpart");
   SY_ASSIGN_OR_RETURN(const int64_t ffn, c.integer("intermediate_size", 1, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean_or("norm_topk_prob", false));
+  SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean("norm_topk_prob"));
   recipe.mutable_model()->set_qk_norm(true);
   recipe.mutable_model()->set_moe_layer_interval(1);
   recipe.mutable_moe()->set_expert_ffn_hidden_size(ffn);
@@ -202,16 +356,18 @@ absl::Status read_olmoe(const JsonFields& c, config::Recipe& recipe) {
 }
 
 // Llama, Mistral and Qwen2: every layer a dense SwiGLU FFN (model.moe_layer_interval 0).
-absl::Status read_dense(const JsonFields& c, Family family, config::Recipe& recipe) {
+// Mistral's sliding window is on unless config.json writes it as null.
+absl::Status read_dense(const HfFields& c, config::Recipe& recipe) {
   config::ModelConfig& model = *recipe.mutable_model();
-  if (family == Family::kMistral && c.has("sliding_window"))
-    return refuse(c, "sliding_window", "is set: the engine attends to the whole window");
+  const Family family = c.family();
+  if (family == Family::kMistral && c.set("sliding_window"))
+    return c.refuse_set("sliding_window", "the engine attends to the whole window");
   if (family == Family::kQwen2) {
-    SY_ASSIGN_OR_RETURN(const bool sliding, c.boolean_or("use_sliding_window", false));
-    if (sliding) return refuse(c, "use_sliding_window", "is true: the engine attends to the whole window");
+    SY_ASSIGN_OR_RETURN(const bool sliding, c.boolean("use_sliding_window"));
+    if (sliding) return refuse(c.path(), "use_sliding_window", "is true: the engine attends to the whole window");
   } else {
-    SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("attention_bias", false));
-    if (bias) return refuse(c, "attention_bias", "is true: its output projection bias has no engine counterpart");
+    SY_ASSIGN_OR_RETURN(const bool bias, c.file().boolean_or("attention_bias", false));
+    if (bias) return refuse(c.path(), "attention_bias", "is true: its output projection bias has no engine counterpart");
   }
   SY_ASSIGN_OR_RETURN(const int64_t ffn, c.integer("intermediate_size", 1, kMaxInt32));
   model.set_ffn_hidden_size(ffn);
@@ -228,18 +384,22 @@ absl::Status require_string(const JsonFields& c, const char* key, const std::str
   if (!c.has(key)) return absl::OkStatus();
   SY_ASSIGN_OR_RETURN(const std::string value, c.string(key));
   if (value == expected) return absl::OkStatus();
-  return refuse(c, key, absl::StrCat("\"", value.substr(0, 64), "\": ", why));
+  return refuse(c.path(), key, absl::StrCat("\"", value.substr(0, 64), "\": ", why));
 }
 
-// DeepSeek-V3's latent attention (model.mla).
-absl::Status read_latent_attention(const JsonFields& c, config::MlaConfig& mla) {
-  SY_ASSIGN_OR_RETURN(const int64_t q_rank, c.integer_or("q_lora_rank", 0, 0, kMaxInt32));
+// DeepSeek-V3's latent attention (model.mla). q_lora_rank null is queries straight from
+// the hidden state, as transformers reads it.
+absl::Status read_latent_attention(const HfFields& c, config::MlaConfig& mla) {
+  int64_t q_rank = 0;  // the recipe's "no query latent"
+  if (!c.is_null("q_lora_rank")) {
+    SY_ASSIGN_OR_RETURN(q_rank, c.integer("q_lora_rank", 1, kMaxInt32));
+  }
   SY_ASSIGN_OR_RETURN(const int64_t kv_rank, c.integer("kv_lora_rank", 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t nope, c.integer("qk_nope_head_dim", 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t rope, c.integer("qk_rope_head_dim", 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t v, c.integer("v_head_dim", 1, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean_or("attention_bias", false));
-  if (bias) return refuse(c, "attention_bias", "is true: the engine's latent attention has no biases");
+  SY_ASSIGN_OR_RETURN(const bool bias, c.boolean("attention_bias"));
+  if (bias) return refuse(c.path(), "attention_bias", "is true: the engine's latent attention has no biases");
   mla.set_q_lora_rank(q_rank);
   mla.set_kv_lora_rank(kv_rank);
   mla.set_qk_nope_head_dim(static_cast<int32_t>(nope));
@@ -248,27 +408,30 @@ absl::Status read_latent_attention(const JsonFields& c, config::MlaConfig& mla) 
   return absl::OkStatus();
 }
 
-// DeepSeek-V3: latent attention, first_k_dense_replace dense layers, shared experts of
-// the routed experts' width, sigmoid group-limited routing with the correction bias.
-absl::Status read_deepseek_v3(const JsonFields& c, config::Recipe& recipe) {
+// DeepSeek-V3: latent attention, first_k_dense_replace dense layers (0: none), shared
+// experts of the routed experts' width (0: none, as transformers' zero-width shared MLP
+// adds nothing), sigmoid group-limited routing with the correction bias. topk_method,
+// scoring_func and moe_layer_freq are the original checkpoints' fields, not transformers':
+// when present they must name what the engine does.
+absl::Status read_deepseek_v3(const HfFields& c, config::Recipe& recipe) {
   config::ModelConfig& model = *recipe.mutable_model();
   config::MoeConfig& moe = *recipe.mutable_moe();
   if (c.has("quantization_config"))
-    return refuse(c, "quantization_config", "is set: the engine reads F32, BF16 or F16 weights");
-  SY_RETURN_IF_ERROR(require_string(c, "topk_method", "noaux_tc",
+    return refuse(c.path(), "quantization_config", "is set: the engine reads F32, BF16 or F16 weights");
+  SY_RETURN_IF_ERROR(require_string(c.file(), "topk_method", "noaux_tc",
                                     "the engine routes by score + correction bias (noaux_tc)"));
-  SY_RETURN_IF_ERROR(require_string(c, "scoring_func", "sigmoid", "the engine's DeepSeek router is sigmoid"));
-  SY_ASSIGN_OR_RETURN(const int64_t freq, c.integer_or("moe_layer_freq", 1, 0, kMaxInt32));
-  if (freq != 1) return refuse(c, "moe_layer_freq", "is not 1: the engine's MoE layers follow the dense ones");
+  SY_RETURN_IF_ERROR(require_string(c.file(), "scoring_func", "sigmoid", "the engine's DeepSeek router is sigmoid"));
+  SY_ASSIGN_OR_RETURN(const int64_t freq, c.file().integer_or("moe_layer_freq", 1, 0, kMaxInt32));
+  if (freq != 1) return refuse(c.path(), "moe_layer_freq", "is not 1: the engine's MoE layers follow the dense ones");
   SY_RETURN_IF_ERROR(read_latent_attention(c, *model.mutable_mla()));
-  SY_ASSIGN_OR_RETURN(const int64_t dense, c.integer_or("first_k_dense_replace", 0, 0, model.num_layers()));
+  SY_ASSIGN_OR_RETURN(const int64_t dense, c.integer("first_k_dense_replace", 0, model.num_layers()));
   SY_ASSIGN_OR_RETURN(const int64_t dense_ffn, c.integer("intermediate_size", 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t expert_ffn, c.integer("moe_intermediate_size", 1, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const int64_t shared, c.integer_or("n_shared_experts", 0, 0, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean_or("norm_topk_prob", true));
-  SY_ASSIGN_OR_RETURN(const float scaling, float_or(c, "routed_scaling_factor", 1.0));
-  SY_ASSIGN_OR_RETURN(const int64_t groups, c.integer_or("n_group", 1, 1, moe.num_experts()));
-  SY_ASSIGN_OR_RETURN(const int64_t top_groups, c.integer_or("topk_group", groups, 1, groups));
+  SY_ASSIGN_OR_RETURN(const int64_t shared, c.integer("n_shared_experts", 0, kMaxInt32));
+  SY_ASSIGN_OR_RETURN(const bool norm_topk, c.boolean("norm_topk_prob"));
+  SY_ASSIGN_OR_RETURN(const float scaling, c.positive("routed_scaling_factor"));
+  SY_ASSIGN_OR_RETURN(const int64_t groups, c.integer("n_group", 1, moe.num_experts()));
+  SY_ASSIGN_OR_RETURN(const int64_t top_groups, c.integer("topk_group", 1, groups));
   model.set_first_dense_layers(static_cast<int32_t>(dense));
   model.set_moe_layer_interval(1);
   model.set_ffn_hidden_size(dense_ffn);
@@ -286,33 +449,41 @@ absl::Status read_deepseek_v3(const JsonFields& c, config::Recipe& recipe) {
 // The key of the routed experts' count: Mixtral's num_local_experts, DeepSeek-V3's
 // n_routed_experts, the others' num_experts, which transformers 5.x writes as
 // num_local_experts for Qwen3-MoE.
-const char* experts_key(const JsonFields& c, Family family) {
-  if (family == Family::kMixtral) return "num_local_experts";
-  if (family == Family::kDeepseekV3) return "n_routed_experts";
-  if (family == Family::kQwen3Moe && !c.has("num_experts")) return "num_local_experts";
+const char* experts_key(const HfFields& c) {
+  if (c.family() == Family::kMixtral) return "num_local_experts";
+  if (c.family() == Family::kDeepseekV3) return "n_routed_experts";
+  if (c.family() == Family::kQwen3Moe && !c.written("num_experts") && c.written("num_local_experts"))
+    return "num_local_experts";
   return "num_experts";
 }
 
-// The fields every family shares.
-absl::Status read_common(const JsonFields& c, Family family, config::Recipe& recipe) {
+// The fields every family shares. num_key_value_heads null, or absent where transformers'
+// default is None, is num_attention_heads; head_dim null or absent is hidden_size /
+// num_attention_heads (the recipe's head_dim 0), as transformers derives them.
+absl::Status read_common(const HfFields& c, config::Recipe& recipe) {
   config::ModelConfig& model = *recipe.mutable_model();
-  SY_ASSIGN_OR_RETURN(const std::string act, c.string_or("hidden_act", "silu"));
+  SY_ASSIGN_OR_RETURN(const std::string act, c.string("hidden_act"));
   if (act != "silu")
-    return refuse(c, "hidden_act", absl::StrCat("\"", act.substr(0, 64), "\": the engine's FFNs are SwiGLU (silu)"));
-  SY_ASSIGN_OR_RETURN(const bool mlp_bias, c.boolean_or("mlp_bias", false));
-  if (mlp_bias) return refuse(c, "mlp_bias", "is true: the engine's FFNs have no biases");
+    return refuse(c.path(), "hidden_act", absl::StrCat("\"", act.substr(0, 64), "\": the engine's FFNs are SwiGLU (silu)"));
+  SY_ASSIGN_OR_RETURN(const bool mlp_bias, c.file().boolean_or("mlp_bias", false));
+  if (mlp_bias) return refuse(c.path(), "mlp_bias", "is true: the engine's FFNs have no biases");
 
   SY_ASSIGN_OR_RETURN(const int64_t vocab, c.integer("vocab_size", 1, kMaxVocabSize));
   SY_ASSIGN_OR_RETURN(const int64_t hidden, c.integer("hidden_size", 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t layers, c.integer("num_hidden_layers", 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t heads, c.integer("num_attention_heads", 1, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const int64_t kv_heads, c.integer_or("num_key_value_heads", heads, 1, heads));
-  SY_ASSIGN_OR_RETURN(const int64_t head_dim, c.integer_or("head_dim", 0, 0, kMaxInt32));
+  int64_t kv_heads = heads, head_dim = 0;
+  if (c.set("num_key_value_heads")) {
+    SY_ASSIGN_OR_RETURN(kv_heads, c.integer("num_key_value_heads", 1, heads));
+  }
+  if (c.has("head_dim")) {
+    SY_ASSIGN_OR_RETURN(head_dim, c.integer("head_dim", 1, kMaxInt32));
+  }
   SY_ASSIGN_OR_RETURN(const int64_t max_positions,
                       c.integer("max_position_embeddings", 1, kMaxInt32));
-  SY_ASSIGN_OR_RETURN(const float eps, float_or(c, "rms_norm_eps", 1e-6));
-  SY_ASSIGN_OR_RETURN(const float init_std, float_or(c, "initializer_range", 0.02));
-  SY_ASSIGN_OR_RETURN(const bool tie, c.boolean_or("tie_word_embeddings", false));
+  SY_ASSIGN_OR_RETURN(const float eps, c.positive("rms_norm_eps"));
+  SY_ASSIGN_OR_RETURN(const float init_std, c.positive("initializer_range"));
+  SY_ASSIGN_OR_RETURN(const bool tie, c.boolean("tie_word_embeddings"));
   model.set_vocab_size(vocab);
   model.set_hidden_size(hidden);
   model.set_num_layers(static_cast<int32_t>(layers));
@@ -323,27 +494,26 @@ absl::Status read_common(const JsonFields& c, Family family, config::Recipe& rec
   model.set_init_std(init_std);
   model.set_tie_embeddings(tie);
   model.set_max_position_embeddings(max_positions);
-  return read_rope(c, family, model);
+  return read_rope(c, model);
 }
 
-// The routed experts' count, top-k and aux loss weight of the MoE families.
-absl::Status read_routing(const JsonFields& c, Family family, config::MoeConfig& moe) {
-  SY_ASSIGN_OR_RETURN(const int64_t experts, c.integer(experts_key(c, family), 1, kMaxInt32));
+// The routed experts' count, top-k and aux loss weight (0: none) of the MoE families.
+absl::Status read_routing(const HfFields& c, config::MoeConfig& moe) {
+  SY_ASSIGN_OR_RETURN(const int64_t experts, c.integer(experts_key(c), 1, kMaxInt32));
   SY_ASSIGN_OR_RETURN(const int64_t top_k, c.integer("num_experts_per_tok", 1, experts));
-  SY_ASSIGN_OR_RETURN(const float aux_coef, float_or(c, "router_aux_loss_coef", 0.0));
+  SY_ASSIGN_OR_RETURN(const float aux_coef, c.non_negative("router_aux_loss_coef"));
   moe.set_num_experts(static_cast<int32_t>(experts));
   moe.set_top_k(static_cast<int32_t>(top_k));
   moe.set_aux_loss_coef(aux_coef);
   return absl::OkStatus();
 }
 
-absl::StatusOr<config::Recipe> recipe_from_config(const JsonFields& c, Family family,
-                                                  const std::string& name) {
+absl::StatusOr<config::Recipe> recipe_from_config(const HfFields& c, const std::string& name) {
   config::Recipe recipe;
   recipe.set_name(name);
-  SY_RETURN_IF_ERROR(read_common(c, family, recipe));
-  if (!is_dense(family)) SY_RETURN_IF_ERROR(read_routing(c, family, *recipe.mutable_moe()));
-  switch (family) {
+  SY_RETURN_IF_ERROR(read_common(c, recipe));
+  if (!is_dense(c.family())) SY_RETURN_IF_ERROR(read_routing(c, *recipe.mutable_moe()));
+  switch (c.family()) {
     case Family::kMixtral: SY_RETURN_IF_ERROR(read_mixtral(c, recipe)); break;
     case Family::kQwen2Moe: SY_RETURN_IF_ERROR(read_qwen2_moe(c, recipe)); break;
     case Family::kQwen3Moe: SY_RETURN_IF_ERROR(read_qwen3_moe(c, recipe)); break;
@@ -351,7 +521,7 @@ absl::StatusOr<config::Recipe> recipe_from_config(const JsonFields& c, Family fa
     case Family::kDeepseekV3: SY_RETURN_IF_ERROR(read_deepseek_v3(c, recipe)); break;
     case Family::kLlama:
     case Family::kMistral:
-    case Family::kQwen2: SY_RETURN_IF_ERROR(read_dense(c, family, recipe)); break;
+    case Family::kQwen2: SY_RETURN_IF_ERROR(read_dense(c, recipe)); break;
   }
   // Training settings are placeholders that make the recipe valid for `sample` and
   // `eval`; training it starts from the imported weights beside it, once its data (and
@@ -690,16 +860,17 @@ enum class Kind { kAny, kMoe, kDense };
 absl::StatusOr<HfConfig> parse_config(std::string_view json, const std::string& path,
                                       const std::string& name, Kind kind) {
   SY_ASSIGN_OR_RETURN(const Json j, parse_json_object(json, path));
-  const JsonFields c(j, path);
+  const JsonFields file(j, path);
   HfConfig out;
-  SY_ASSIGN_OR_RETURN(out.family, family_of(c));
+  SY_ASSIGN_OR_RETURN(out.family, family_of(file));
   if (kind == Kind::kMoe && is_dense(out.family))
-    return refuse(c, "model_type", "is a dense model: switchyard convert upcycle makes a mixture of experts of it");
+    return refuse(path, "model_type", "is a dense model: switchyard convert upcycle makes a mixture of experts of it");
   if (kind == Kind::kDense && !is_dense(out.family))
-    return refuse(c, "model_type", "is a mixture of experts: switchyard convert from-hf imports it");
-  SY_ASSIGN_OR_RETURN(out.recipe, recipe_from_config(c, out.family, name));
+    return refuse(path, "model_type", "is a mixture of experts: switchyard convert from-hf imports it");
+  const HfFields c(file, out.family);
+  SY_ASSIGN_OR_RETURN(out.recipe, recipe_from_config(c, name));
   if (out.family == Family::kDeepseekV3) {
-    SY_ASSIGN_OR_RETURN(out.rope_interleave, c.boolean_or("rope_interleave", true));
+    SY_ASSIGN_OR_RETURN(out.rope_interleave, c.boolean("rope_interleave"));
   }
   return out;
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -70,21 +71,29 @@ class JsonFields {
                                      int64_t hi = kMaxInt) const {
     return has(key) ? integer(key, lo, hi) : fallback;
   }
-  // Optional finite number in [lo, hi].
-  absl::StatusOr<double> number_or(const char* key, double fallback,
-                                   double lo = -std::numeric_limits<double>::max(),
-                                   double hi = std::numeric_limits<double>::max()) const {
-    if (!has(key)) return fallback;
+  // Required finite number in [lo, hi].
+  absl::StatusOr<double> number(const char* key,
+                                double lo = -std::numeric_limits<double>::max(),
+                                double hi = std::numeric_limits<double>::max()) const {
     const Json* v = find(key);
-    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < lo ||
+    if (!v || !v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < lo ||
         v->get<double>() > hi)
       return error(key, absl::StrCat("must be a finite number in [", lo, ", ", hi, "]"));
     return v->get<double>();
   }
+  // Optional finite number in [lo, hi].
+  absl::StatusOr<double> number_or(const char* key, double fallback,
+                                   double lo = -std::numeric_limits<double>::max(),
+                                   double hi = std::numeric_limits<double>::max()) const {
+    return has(key) ? number(key, lo, hi) : fallback;
+  }
+  absl::StatusOr<bool> boolean(const char* key) const {
+    const Json* v = find(key);
+    if (!v || !v->is_boolean()) return error(key, "must be true or false");
+    return v->get<bool>();
+  }
   absl::StatusOr<bool> boolean_or(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!find(key)->is_boolean()) return error(key, "must be true or false");
-    return find(key)->get<bool>();
+    return has(key) ? boolean(key) : fallback;
   }
   absl::StatusOr<std::string> string(const char* key) const {
     const Json* v = find(key);
@@ -95,8 +104,15 @@ class JsonFields {
     return has(key) ? string(key) : fallback;
   }
 
+  // Says where the value of `key` came from in its errors ("absent: transformers' default
+  // 8"), for a field the file leaves out and the reader fills in.
+  void note(const std::string& key, std::string text) { notes_[key] = std::move(text); }
+
   absl::Status error(const std::string& key, const std::string& why) const {
-    return absl::InvalidArgumentError(absl::StrCat(path_, ": field ", prefix_, key, " ", why));
+    const auto note = notes_.find(key);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": field ", prefix_, key, " ", why,
+                     note == notes_.end() ? "" : absl::StrCat(" (", note->second, ")")));
   }
   const Json& json() const { return j_; }
   const std::string& path() const { return path_; }
@@ -105,6 +121,7 @@ class JsonFields {
   const Json& j_;
   std::string path_;
   std::string prefix_;
+  std::map<std::string, std::string> notes_;
 };
 
 }  // namespace switchyard

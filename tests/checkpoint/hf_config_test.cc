@@ -68,12 +68,13 @@ TEST(HfConfig, WrongTypesNullsAndMissingFieldsNamed) {
   EXPECT_EQ(error_of(with("num_attention_heads", nullptr)),
             "config.json: field num_attention_heads must be an integer in [1, 2147483647]");
   nlohmann::json missing = mixtral_config();
-  missing.erase("vocab_size");
-  EXPECT_EQ(error_of(missing), "config.json: field vocab_size must be an integer in [1, 16777216]");
+  missing.erase("num_key_value_heads");
+  EXPECT_EQ(error_of(missing),
+            "config.json: field num_key_value_heads must be an integer in [1, 4] (absent: "
+            "transformers' default 8)");
   EXPECT_EQ(error_of(with("model_type", 7)), "config.json: field model_type must be a string");
   EXPECT_EQ(error_of(with("rms_norm_eps", "small")),
-            "config.json: field rms_norm_eps must be a finite number in [-3.40282e+38, "
-            "3.40282e+38]");
+            "config.json: field rms_norm_eps must be a finite number in (0, 3.40282e+38]");
   EXPECT_EQ(error_of(with("rope_parameters", 3)),
             "config.json: field rope_parameters must be an object");
   EXPECT_EQ(error_of(with("hidden_act", 1)), "config.json: field hidden_act must be a string");
@@ -90,11 +91,65 @@ TEST(HfConfig, SizesBounded) {
   EXPECT_EQ(error_of(with("num_experts_per_tok", 9)),
             "config.json: field num_experts_per_tok must be an integer in [1, 8]");
   EXPECT_EQ(error_of(with("rope_theta", 1e300)),
-            "config.json: field rope_theta must be a finite number in [-3.40282e+38, "
-            "3.40282e+38]");
+            "config.json: field rope_theta must be a finite number in (0, 3.40282e+38]");
   EXPECT_NE(error_of(with("num_hidden_layers", 1000000000))
                 .find("config.json: gives an invalid recipe: model.num_layers"),
             std::string::npos);
+}
+
+// A field config.json leaves out is transformers' default for the family, never the
+// engine's; null is a wrong type except where transformers gives it a meaning.
+TEST(HfConfig, AbsentFieldsTakeTransformersDefaults) {
+  nlohmann::json config = mixtral_config();
+  for (const char* key : {"vocab_size", "rms_norm_eps", "rope_theta", "num_key_value_heads"})
+    config.erase(key);
+  config["num_attention_heads"] = 8;
+  config["hidden_size"] = 256;
+  const auto recipe = recipe_from_hf_config_text(config.dump(), "config.json", "m");
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->model().vocab_size(), 32000);
+  EXPECT_EQ(recipe->model().norm_eps(), 1e-5f);
+  EXPECT_EQ(recipe->model().rope_theta(), 1e6f);
+  EXPECT_EQ(recipe->model().num_kv_heads(), 8);
+  EXPECT_EQ(recipe->model().head_dim(), 32);  // hidden_size / num_attention_heads
+
+  nlohmann::json olmoe = mixtral_config();
+  olmoe.erase("num_local_experts");
+  olmoe.erase("num_key_value_heads");
+  olmoe.update({{"model_type", "olmoe"}, {"num_experts", 8}});
+  const auto olmoe_recipe = recipe_from_hf_config_text(olmoe.dump(), "config.json", "m");
+  ASSERT_TRUE(olmoe_recipe.ok()) << olmoe_recipe.status();
+  EXPECT_EQ(olmoe_recipe->model().num_kv_heads(), 4);  // transformers' None: the heads
+  EXPECT_EQ(olmoe_recipe->moe().aux_loss_coef(), 0.01f);
+
+  const auto null_kv = recipe_from_hf_config_text(with("num_key_value_heads", nullptr).dump(),
+                                                  "config.json", "m");
+  ASSERT_TRUE(null_kv.ok()) << null_kv.status();
+  EXPECT_EQ(null_kv->model().num_kv_heads(), 4);
+  EXPECT_EQ(error_of(with("rms_norm_eps", nullptr)),
+            "config.json: field rms_norm_eps must be a finite number in (0, 3.40282e+38]");
+}
+
+TEST(HfConfig, ExplicitZerosRefusedByName) {
+  EXPECT_EQ(error_of(with("head_dim", 0)),
+            "config.json: field head_dim must be an integer in [1, 2147483647]");
+  EXPECT_EQ(error_of(with("rms_norm_eps", 0)),
+            "config.json: field rms_norm_eps must be a finite number in (0, 3.40282e+38]");
+  EXPECT_EQ(error_of(with("rope_theta", 0)),
+            "config.json: field rope_theta must be a finite number in (0, 3.40282e+38]");
+  EXPECT_EQ(error_of(with("initializer_range", -0.02)),
+            "config.json: field initializer_range must be a finite number in (0, 3.40282e+38]");
+  EXPECT_EQ(error_of(with("num_key_value_heads", 0)),
+            "config.json: field num_key_value_heads must be an integer in [1, 4]");
+  EXPECT_EQ(error_of(with("max_position_embeddings", 0)),
+            "config.json: field max_position_embeddings must be an integer in [1, 2147483647]");
+  EXPECT_EQ(error_of(with("intermediate_size", 256.0)),
+            "config.json: field intermediate_size must be an integer in [1, 2147483647]");
+  EXPECT_EQ(error_of(with("router_aux_loss_coef", -1)),
+            "config.json: field router_aux_loss_coef must be a finite number in [0, "
+            "3.40282e+38]");
+  EXPECT_EQ(error_of(with("tie_word_embeddings", 0)),
+            "config.json: field tie_word_embeddings must be true or false");
 }
 
 nlohmann::json qwen3_moe_config() {
@@ -145,7 +200,7 @@ TEST(HfConfig, Qwen3MoeRefusalsNameTheField) {
   EXPECT_EQ(error_of(qwen3_with("num_experts", "8")),
             "config.json: field num_experts must be an integer in [1, 2147483647]");
   EXPECT_EQ(error_of(qwen3_with("head_dim", -2)),
-            "config.json: field head_dim must be an integer in [0, 2147483647]");
+            "config.json: field head_dim must be an integer in [1, 2147483647]");
 }
 
 TEST(HfExport, QkNormsPickTheirClassesAndRefusalsNameTheField) {

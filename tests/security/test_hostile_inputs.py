@@ -14,6 +14,7 @@ import cases_data
 import cases_eval
 import cases_hdf5
 import cases_hf
+import cases_hf_config
 import cases_hub
 import cases_instruction
 import cases_numbers
@@ -25,7 +26,7 @@ import cases_upcycle
 from hostile import REPO, make_world, run_refused
 
 CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hdf5.CASES,
-         *cases_hf.CASES, *cases_hub.CASES, *cases_sample.CASES,
+         *cases_hf.CASES, *cases_hf_config.CASES, *cases_hub.CASES, *cases_sample.CASES,
          *cases_eval.CASES, *cases_instruction.CASES, *cases_upcycle.CASES, *cases_balance.CASES,
          *cases_prepare_parts.CASES, *cases_numbers.CASES, *cases_outputs.CASES]
 
