@@ -1,11 +1,7 @@
 #include "engine/cli/convert_command.h"
 
-#include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <map>
-#include <string_view>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/hf_export.h"
@@ -27,19 +23,6 @@ namespace {
 // Upcycling bounds: as the recipe's, at most 4096 experts, so K and G are no more either.
 constexpr int64_t kMaxExperts = 4096;
 
-namespace fs = std::filesystem;
-
-// The entries of the directory `dir`.
-absl::StatusOr<std::vector<fs::path>> entries_of(const fs::path& dir, const std::string& name) {
-  std::vector<fs::path> entries;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
-       it.increment(ec))
-    entries.push_back(it->path());
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(name, ": cannot list: ", ec.message()));
-  return entries;
-}
-
 // The output directory's lock (engine/runtime/dir_lock.h) for the command's run, taken once
 // the output paths' checks (engine/runtime/output_paths.h) allow the directory, so that a
 // refused conversion creates nothing, and checked again under the lock: an earlier
@@ -55,20 +38,12 @@ absl::StatusOr<DirLock> lock_output(const InputPath& input, const std::string& o
   return lock;
 }
 
-// Removes from `out` the files `owned` names (an earlier conversion's) and keeps every
-// other file.
-absl::Status remove_owned_files(const std::string& out, bool (*owned)(std::string_view)) {
-  std::error_code ec;
-  if (!fs::is_directory(out, ec)) return absl::OkStatus();
-  SY_ASSIGN_OR_RETURN(const std::vector<fs::path> entries, entries_of(out, out));
-  for (const fs::path& entry : entries) {
-    if (!owned(entry.filename().string()) || fs::is_directory(fs::symlink_status(entry, ec)))
-      continue;
-    if (!fs::remove(entry, ec) && ec)
-      return absl::PermissionDeniedError(
-          absl::StrCat(entry.string(), ": cannot remove: ", ec.message()));
-  }
-  return absl::OkStatus();
+// `model` as a weights directory at `out`, written whole (StagedDirectory); an earlier
+// conversion's weights files there are replaced, other files kept.
+absl::Status write_weights_directory(const HfModel& model, const std::string& out, DirLock& lock) {
+  SY_ASSIGN_OR_RETURN(StagedDirectory staged, StagedDirectory::create(out));
+  SY_RETURN_IF_ERROR(save_weights(staged.path(), model.recipe, model.tensors, model.tokenizer_path));
+  return staged.commit(is_weights_file, lock);
 }
 
 }  // namespace
@@ -135,36 +110,34 @@ absl::Status ConvertCommand::run_to_hf() {
   options.dtype = dtype_ == "bf16" ? DType::kBF16 : DType::kF32;
   SY_ASSIGN_OR_RETURN(options.max_shard_bytes,
                       parse_size_with_units(max_shard_size_, "--max-shard-size"));
-  SY_ASSIGN_OR_RETURN(const DirLock lock,
-                      lock_output({"WEIGHTS_DIR", in_}, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(DirLock lock, lock_output({"WEIGHTS_DIR", in_}, out_, overwrite_));
   LoadedModel model;
   SY_RETURN_IF_ERROR(load_model(in_, model, TokenizerUse::kOptional));
   SY_RETURN_IF_ERROR(hf_architecture_for(model.recipe).status());
   std::map<std::string, Tensor> weights;
   for (const Param& p : model.params.params()) weights.emplace(p.name, p.value);
-  SY_RETURN_IF_ERROR(remove_owned_files(out_, is_hf_export_file));
-  SY_RETURN_IF_ERROR(
-      export_hf(in_, model.tokenizer_path, model.recipe, std::move(weights), out_, options));
+  SY_ASSIGN_OR_RETURN(StagedDirectory staged, StagedDirectory::create(out_));
+  SY_RETURN_IF_ERROR(export_hf(in_, model.tokenizer_path, model.recipe, std::move(weights),
+                               staged.path(), options));
+  SY_RETURN_IF_ERROR(staged.commit(is_hf_export_file, lock));
   std::printf("wrote %s\n", out_.c_str());
   return absl::OkStatus();
 }
 
 absl::Status ConvertCommand::run_from_hf() {
-  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output({"HF_DIR", in_}, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(DirLock lock, lock_output({"HF_DIR", in_}, out_, overwrite_));
   SY_ASSIGN_OR_RETURN(const HfModel model, read_hf_model(in_));
-  SY_RETURN_IF_ERROR(remove_owned_files(out_, is_weights_file));
-  SY_RETURN_IF_ERROR(save_weights(out_, model.recipe, model.tensors, model.tokenizer_path));
+  SY_RETURN_IF_ERROR(write_weights_directory(model, out_, lock));
   std::printf("wrote %s\n", out_.c_str());
   return absl::OkStatus();
 }
 
 absl::Status ConvertCommand::run_upcycle() {
-  SY_ASSIGN_OR_RETURN(const DirLock lock, lock_output({"HF_DIR", in_}, out_, overwrite_));
+  SY_ASSIGN_OR_RETURN(DirLock lock, lock_output({"HF_DIR", in_}, out_, overwrite_));
   SY_ASSIGN_OR_RETURN(const HfModel dense, read_hf_dense_model(in_));
   const UpcycleOptions options{experts_, top_k_, granularity_, seed_};
   SY_ASSIGN_OR_RETURN(const HfModel model, upcycle(dense, options));
-  SY_RETURN_IF_ERROR(remove_owned_files(out_, is_weights_file));
-  SY_RETURN_IF_ERROR(save_weights(out_, model.recipe, model.tensors, model.tokenizer_path));
+  SY_RETURN_IF_ERROR(write_weights_directory(model, out_, lock));
   std::printf("wrote %s\n", out_.c_str());
   return absl::OkStatus();
 }

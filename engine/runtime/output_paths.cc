@@ -1,7 +1,15 @@
 #include "engine/runtime/output_paths.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <set>
 #include <system_error>
 #include <utility>
 
@@ -98,7 +106,96 @@ absl::Status check_existing_directory(const OutputPath& out, bool overwrite) {
   return absl::OkStatus();
 }
 
+// The names of the entries of the directory `dir`.
+absl::StatusOr<std::vector<std::string>> entry_names(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    names.push_back(it->path().filename().string());
+  if (ec)
+    return absl::PermissionDeniedError(absl::StrCat(dir.string(), ": cannot list: ", ec.message()));
+  return names;
+}
+
+absl::Status cannot(const std::string& what, const fs::path& path, const std::string& reason) {
+  return absl::PermissionDeniedError(absl::StrCat(path.string(), ": cannot ", what, ": ", reason));
+}
+
+// Moves the entries of `staging` into `out`, each renamed over its namesake, after removing
+// the files of `out` that `owned` names and `staging` lacks.
+absl::Status move_entries(const fs::path& staging, const fs::path& out,
+                          bool (*owned)(std::string_view)) {
+  SY_ASSIGN_OR_RETURN(const std::vector<std::string> fresh, entry_names(staging));
+  SY_ASSIGN_OR_RETURN(const std::vector<std::string> earlier, entry_names(out));
+  const std::set<std::string> replaced(fresh.begin(), fresh.end());
+  std::error_code ec;
+  for (const std::string& name : earlier) {
+    const fs::path entry = out / name;
+    if (!owned(name) || replaced.count(name) || fs::is_directory(fs::symlink_status(entry, ec)))
+      continue;
+    if (!fs::remove(entry, ec) && ec) return cannot("remove", entry, ec.message());
+  }
+  for (const std::string& name : fresh) {
+    fs::rename(staging / name, out / name, ec);
+    if (ec) return cannot("move into place", out / name, ec.message());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<StagedDirectory> StagedDirectory::create(const std::string& out) {
+  const fs::path real = resolved(out);
+  const fs::path parent = real.parent_path();
+  const std::string prefix = absl::StrCat(".", real.filename().string(), ".partial-");
+  SY_ASSIGN_OR_RETURN(const std::vector<std::string> siblings, entry_names(parent));
+  std::error_code ec;
+  for (const std::string& name : siblings) {
+    const fs::path stale = parent / name;
+    if (name.starts_with(prefix) && fs::is_directory(fs::symlink_status(stale, ec)))
+      fs::remove_all(stale, ec);
+  }
+  for (int attempt = 0;; ++attempt) {
+    const fs::path staging = parent / absl::StrCat(prefix, ::getpid(), "-", attempt);
+    if (::mkdir(staging.c_str(), 0777) == 0) return StagedDirectory(real.string(), staging.string());
+    if (errno != EEXIST) return cannot("create", staging, std::strerror(errno));
+  }
+}
+
+StagedDirectory::StagedDirectory(StagedDirectory&& other) noexcept
+    : out_(std::move(other.out_)), staging_(std::exchange(other.staging_, std::string())) {}
+
+StagedDirectory::~StagedDirectory() {
+  if (staging_.empty()) return;
+  std::error_code ec;
+  fs::remove_all(staging_, ec);
+}
+
+absl::Status StagedDirectory::commit(bool (*owned)(std::string_view), DirLock& lock) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(out_, ec))) {
+    fs::rename(staging_, out_, ec);
+    if (ec) return cannot("move into place", out_, ec.message());
+    staging_.clear();
+    return absl::OkStatus();
+  }
+  if (!holds_files(out_)) {
+    if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, out_.c_str(), RENAME_EXCHANGE) == 0) {
+      // The temporary's name now holds the earlier output: nothing but the lock file.
+      lock.release();
+      const fs::path earlier = staging_;
+      staging_.clear();
+      fs::remove(earlier / kDirLockName, ec);
+      fs::remove(earlier, ec);
+      return absl::OkStatus();
+    }
+    if (errno != EINVAL && errno != ENOSYS) return cannot("move into place", out_, std::strerror(errno));
+  }
+  SY_RETURN_IF_ERROR(move_entries(staging_, out_, owned));
+  fs::remove(staging_, ec);
+  staging_.clear();
+  return absl::OkStatus();
+}
 
 std::vector<InputPath> input_paths(
     const std::vector<std::pair<std::string, std::vector<std::string>>>& options) {

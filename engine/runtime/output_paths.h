@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,6 +57,42 @@ OutputPath output_directory(std::string option, std::string path,
 // directory output's place; a non-empty `must_be_empty` directory unless `overwrite`.
 absl::Status check_outputs(const std::vector<InputPath>& inputs,
                            const std::vector<OutputPath>& outputs, bool overwrite);
+
+class DirLock;
+
+// A directory output written whole, so that it is complete or absent: the command writes
+// into a temporary sibling directory in the output's parent (".NAME.partial-N", beside the
+// output with its symlinks followed), and commit() renames it into place. Destroyed
+// uncommitted (a refusal, a failed write), it removes the temporary, and the output is as
+// it was. A temporary left by a writer that died is removed by the next one, which holds
+// the output's lock.
+class StagedDirectory {
+ public:
+  // Call with the output's lock (engine/runtime/dir_lock.h) held.
+  static absl::StatusOr<StagedDirectory> create(const std::string& out);
+
+  StagedDirectory(StagedDirectory&& other) noexcept;
+  StagedDirectory& operator=(StagedDirectory&&) = delete;
+  StagedDirectory(const StagedDirectory&) = delete;
+  ~StagedDirectory();
+
+  // Where the command writes its files.
+  const std::string& path() const { return staging_; }
+
+  // Puts the written files in place. An output that holds nothing but `lock`'s file (one
+  // the lock created) is exchanged with the temporary in one rename, and `lock` is
+  // released. Otherwise (an earlier output kept by --overwrite, or a file system without
+  // renameat2's exchange) the files of the output that `owned` names and the new output
+  // lacks are removed and each new file is renamed over its namesake: every file whole,
+  // the other files kept.
+  absl::Status commit(bool (*owned)(std::string_view), DirLock& lock);
+
+ private:
+  StagedDirectory(std::string out, std::string staging)
+      : out_(std::move(out)), staging_(std::move(staging)) {}
+  std::string out_;
+  std::string staging_;  // empty once committed or moved from
+};
 
 // Kinds of file: a JSON object holding every one of `fields`; a file that begins with
 // `prefix`.
