@@ -146,12 +146,7 @@ absl::StatusOr<std::string> save_checkpoint(const std::string& checkpoints_dir,
   const int rank = world.rank();
   const std::string final_dir = (fs::path(checkpoints_dir) / step_dir_name(contents.step)).string();
   const std::string tmp_dir = final_dir + ".tmp";
-  if (rank == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp_dir, ec);
-    fs::create_directories(tmp_dir, ec);
-    if (ec) return absl::PermissionDeniedError(absl::StrCat(tmp_dir, ": cannot create: ", ec.message()));
-  }
+  if (rank == 0) SY_RETURN_IF_ERROR(fresh_directory(tmp_dir));
   world.barrier();
 
   // Every rank writes its slices and their entries; rank 0 merges the entries.
@@ -190,11 +185,7 @@ absl::StatusOr<std::string> save_checkpoint(const std::string& checkpoints_dir,
     SY_RETURN_IF_ERROR(write_file_atomically((fs::path(tmp_dir) / kManifestFile).string(),
                                              manifest.SerializeAsString()));
     SY_RETURN_IF_ERROR(fsync_path(tmp_dir));
-    std::error_code ec;
-    fs::remove_all(final_dir, ec);
-    fs::rename(tmp_dir, final_dir, ec);
-    if (ec) return absl::DataLossError(absl::StrCat(final_dir, ": cannot rename into place: ", ec.message()));
-    SY_RETURN_IF_ERROR(fsync_path(checkpoints_dir));
+    SY_RETURN_IF_ERROR(replace_directory(tmp_dir, final_dir));
     SY_RETURN_IF_ERROR(write_file_atomically((fs::path(checkpoints_dir) / kLatestFile).string(),
                                              step_dir_name(contents.step) + "\n"));
     prune(checkpoints_dir, contents.step, keep);
@@ -220,7 +211,7 @@ absl::StatusOr<std::string> latest_checkpoint(const std::string& checkpoints_dir
   std::error_code ec;
   if (fs::symlink_status(latest, ec).type() == fs::file_type::not_found) return std::string();
   SY_RETURN_IF_ERROR(refuse_symlink(latest, checkpoints_dir));
-  SY_ASSIGN_OR_RETURN(const std::string text, read_file(latest, kMaxLatestBytes));
+  SY_ASSIGN_OR_RETURN(const std::string text, read_file(latest, kMaxLatestBytes, Links::kRefuse));
   const std::optional<int64_t> step =
       !text.empty() && text.back() == '\n'
           ? parse_step_dir_name(std::string_view(text).substr(0, text.size() - 1))

@@ -35,12 +35,25 @@ class Fd {
   int fd_;
 };
 
+// The refusal of a symbolic link that an open with O_NOFOLLOW met.
+absl::Status link_refused(const std::string& path) {
+  std::error_code ec;
+  const fs::path target = fs::read_symlink(path, ec);
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": is a symbolic link", ec ? "" : absl::StrCat(" (to ", target.string(), ")"),
+                   "; the engine never follows a link at the name of a file it writes: "
+                   "remove the link"));
+}
+
 // Opens `path` for reading without blocking (a FIFO would otherwise wait for a writer)
 // and checks that it is a regular file; returns its size through `size`.
-absl::StatusOr<int> open_regular(const std::string& path, int64_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+absl::StatusOr<int> open_regular(const std::string& path, int64_t* size,
+                                 Links links = Links::kFollow) {
+  const int no_follow = links == Links::kRefuse ? O_NOFOLLOW : 0;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | no_follow);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    if (errno == ELOOP && no_follow) return link_refused(path);
     return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open: ", errno_reason()));
   }
   struct stat st;
@@ -71,19 +84,46 @@ std::vector<fs::path> resolution_directories(const fs::path& real_dir) {
   return dirs;
 }
 
-absl::Status write_all(int fd, const char* data, size_t bytes, const std::string& path) {
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, data, bytes);
+}  // namespace
+
+absl::Status write_all(int fd, std::string_view bytes, const std::string& path) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
       return absl::DataLossError(absl::StrCat(path, ": write failed: ", errno_reason()));
-    data += n;
-    bytes -= static_cast<size_t>(n);
+    bytes.remove_prefix(static_cast<size_t>(n));
   }
   return absl::OkStatus();
 }
 
-}  // namespace
+absl::Status fresh_directory(const std::string& tmp) {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  const fs::path parent = fs::path(tmp).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  if (ec || ::mkdir(tmp.c_str(), 0777) != 0)
+    return absl::PermissionDeniedError(
+        absl::StrCat(tmp, ": cannot create: ", ec ? ec.message() : errno_reason()));
+  return absl::OkStatus();
+}
+
+absl::Status replace_directory(const std::string& tmp, const std::string& dir) {
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::rename(tmp, dir, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(dir, ": cannot rename into place: ", ec.message()));
+  const fs::path parent = fs::path(dir).parent_path();
+  return fsync_path(parent.empty() ? "." : parent.string());
+}
+
+absl::StatusOr<int> open_to_append(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ELOOP) return link_refused(path);
+  if (fd < 0)
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open: ", errno_reason()));
+  return fd;
+}
 
 absl::StatusOr<int64_t> regular_file_size(const std::string& path) {
   int64_t size = 0;
@@ -92,8 +132,8 @@ absl::StatusOr<int64_t> regular_file_size(const std::string& path) {
   return size;
 }
 
-absl::StatusOr<std::string> read_file(const std::string& path, int64_t max_bytes) {
-  SY_ASSIGN_OR_RETURN(const RegularFile file, RegularFile::open(path));
+absl::StatusOr<std::string> read_file(const std::string& path, int64_t max_bytes, Links links) {
+  SY_ASSIGN_OR_RETURN(const RegularFile file, RegularFile::open(path, links));
   if (file.size() > max_bytes)
     return absl::InvalidArgumentError(absl::StrCat(path, ": is ", file.size(),
                                                    " bytes, more than the ", max_bytes,
@@ -103,9 +143,9 @@ absl::StatusOr<std::string> read_file(const std::string& path, int64_t max_bytes
   return bytes;
 }
 
-absl::StatusOr<RegularFile> RegularFile::open(const std::string& path) {
+absl::StatusOr<RegularFile> RegularFile::open(const std::string& path, Links links) {
   int64_t size = 0;
-  SY_ASSIGN_OR_RETURN(const int fd, open_regular(path, &size));
+  SY_ASSIGN_OR_RETURN(const int fd, open_regular(path, &size, links));
   return RegularFile(path, fd, size);
 }
 
@@ -155,7 +195,8 @@ absl::StatusOr<std::string> path_in_directory(const std::string& dir, const std:
 
 absl::StatusOr<AtomicFileWriter> AtomicFileWriter::open(const std::string& path) {
   const std::string partial = path + ".partial";
-  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ELOOP) return link_refused(partial);
   if (fd < 0)
     return absl::PermissionDeniedError(absl::StrCat(partial, ": cannot write: ", errno_reason()));
   return AtomicFileWriter(path, fd);
@@ -172,7 +213,7 @@ AtomicFileWriter::~AtomicFileWriter() {
 
 absl::Status AtomicFileWriter::write(const void* data, size_t bytes) {
   if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": already committed"));
-  return write_all(fd_, static_cast<const char*>(data), bytes, partial());
+  return write_all(fd_, std::string_view(static_cast<const char*>(data), bytes), partial());
 }
 
 absl::Status AtomicFileWriter::commit() {

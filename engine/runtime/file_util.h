@@ -18,18 +18,25 @@ namespace switchyard {
 // the same cap.
 inline constexpr int64_t kMaxMetadataFileBytes = int64_t{100} << 20;
 
+// Whether opening a file follows a symbolic link at its name. kRefuse is for the files the
+// engine writes inside a directory it owns (a run directory's metrics.jsonl,
+// `checkpoints/latest`): a link planted there is refused, naming it, in the same open that
+// reads the file (O_NOFOLLOW), so it cannot be swapped in after a check.
+enum class Links { kFollow, kRefuse };
+
 // Size of a regular file. FIFOs, devices, sockets and directories are refused without
 // blocking on them.
 absl::StatusOr<int64_t> regular_file_size(const std::string& path);
 // Reads a regular file of at most `max_bytes`.
 absl::StatusOr<std::string> read_file(const std::string& path,
-                                      int64_t max_bytes = kMaxMetadataFileBytes);
+                                      int64_t max_bytes = kMaxMetadataFileBytes,
+                                      Links links = Links::kFollow);
 
 // A regular file opened once for reads at any offset (a safetensors file's tensors),
 // refused as read_file refuses non-regular files; size() is taken at open.
 class RegularFile {
  public:
-  static absl::StatusOr<RegularFile> open(const std::string& path);
+  static absl::StatusOr<RegularFile> open(const std::string& path, Links links = Links::kFollow);
   RegularFile(RegularFile&& other) noexcept;
   RegularFile& operator=(RegularFile&&) = delete;
   RegularFile(const RegularFile&) = delete;
@@ -59,7 +66,9 @@ absl::StatusOr<std::string> path_in_directory(const std::string& dir, const std:
 
 // A file written completely or not at all: bytes go to `path`.partial, and commit()
 // checks every write, fsyncs, closes, renames over `path` and fsyncs the directory. A
-// writer destroyed without commit() removes the partial file.
+// writer destroyed without commit() removes the partial file. A symbolic link at the
+// partial file's name is refused, never written through, and the rename replaces a link
+// at `path` itself: nothing outside the directory is written.
 class AtomicFileWriter {
  public:
   static absl::StatusOr<AtomicFileWriter> open(const std::string& path);
@@ -80,6 +89,19 @@ class AtomicFileWriter {
 };
 
 absl::Status write_file_atomically(const std::string& path, std::string_view bytes);
+// A directory written whole (a checkpoint's step_<N>, a run's final weights): begun as an
+// empty `tmp` made by fresh_directory and renamed over `dir` by replace_directory. Neither
+// follows a symbolic link found at either name: fresh_directory removes whatever `tmp`
+// names (a link itself, not its target) and makes the directory with mkdir, which refuses
+// a name taken meanwhile; replace_directory removes `dir` likewise, renames, and fsyncs
+// the parent.
+absl::Status fresh_directory(const std::string& tmp);
+absl::Status replace_directory(const std::string& tmp, const std::string& dir);
+// Writes all of `bytes` to `fd`; an error names `path`.
+absl::Status write_all(int fd, std::string_view bytes, const std::string& path);
+// Opens the file `path` to append to it, creating it, without following a symbolic link
+// at its name (refused as read_file's Links::kRefuse refuses it); the caller closes the fd.
+absl::StatusOr<int> open_to_append(const std::string& path);
 // Copies a regular file to `to`, atomically.
 absl::Status copy_file_atomically(const std::string& from, const std::string& to);
 // The OS's reason for the last failed call, strerror(errno) ("No space left on device"),

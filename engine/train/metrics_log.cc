@@ -25,7 +25,33 @@ absl::StatusOr<int64_t> line_step(std::string_view line, size_t number, const st
   return step->get<int64_t>();
 }
 
+// Whether `line` is a record the engine writes: a JSON object with an integer step and a
+// loss, val_loss or skipped field, or the memory line.
+bool is_engine_record(std::string_view line) {
+  if (line.size() > kMaxMetricsLineBytes) return false;
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return false;
+  if (j.contains("memory_bytes")) return j["memory_bytes"].is_object();
+  const auto step = j.find("step");
+  return step != j.end() && step->is_number_integer() &&
+         (j.contains("loss") || j.contains("val_loss") || j.contains("skipped"));
+}
+
 }  // namespace
+
+absl::Status check_written_by_engine(std::string_view text, const std::string& path) {
+  size_t begin = 0;
+  for (size_t number = 1;; ++number) {
+    const size_t end = text.find('\n', begin);
+    if (end == std::string_view::npos) return absl::OkStatus();  // a torn last line
+    if (!is_engine_record(text.substr(begin, end - begin)))
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": was not written by switchyard (line ", number,
+          " is not one of its records), and a fresh run would replace it: move it away, or "
+          "choose another --run-dir"));
+    begin = end + 1;
+  }
+}
 
 absl::StatusOr<std::vector<std::string>> metrics_lines_up_to(std::string_view text,
                                                              int64_t last_step,

@@ -23,4 +23,10 @@ absl::StatusOr<std::vector<std::string>> metrics_lines_up_to(std::string_view te
                                                              int64_t last_step,
                                                              const std::string& path);
 
+// OK when `text`, the contents of metrics.jsonl at `path`, is one the engine wrote: every
+// complete line one of its records (a step's, an evaluation's, a skipped step's, the
+// memory line). Otherwise an error naming the first other line: a fresh run, which
+// replaces metrics.jsonl, refuses a file it did not write instead of truncating it.
+absl::Status check_written_by_engine(std::string_view text, const std::string& path);
+
 }  // namespace switchyard

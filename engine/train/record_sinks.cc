@@ -1,7 +1,8 @@
 #include "engine/train/record_sinks.h"
 
+#include <unistd.h>
+
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -85,19 +86,25 @@ class MetricsJsonlSink : public RecordSink {
     const std::string path = run_dir + "/metrics.jsonl";
     SY_RETURN_IF_ERROR(refuse_symlink(path, run_dir));
     // A resumed run keeps the lines up to its checkpoint (rewritten atomically) and
-    // continues after them.
+    // continues after them; a fresh run replaces only a file the engine wrote. Read and
+    // appended without following a link planted at its name.
     std::string kept;
-    if (resume_step >= 0 && fs::exists(path)) {
-      SY_ASSIGN_OR_RETURN(const std::string text, read_file(path, kMaxMetricsFileBytes));
-      SY_ASSIGN_OR_RETURN(const std::vector<std::string> lines,
-                          metrics_lines_up_to(text, resume_step, path));
-      for (const std::string& line : lines) absl::StrAppend(&kept, line, "\n");
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(path, ec))) {
+      SY_ASSIGN_OR_RETURN(const std::string text,
+                          read_file(path, kMaxMetricsFileBytes, Links::kRefuse));
+      if (resume_step < 0) SY_RETURN_IF_ERROR(check_written_by_engine(text, path));
+      if (resume_step >= 0) {
+        SY_ASSIGN_OR_RETURN(const std::vector<std::string> lines,
+                            metrics_lines_up_to(text, resume_step, path));
+        for (const std::string& line : lines) absl::StrAppend(&kept, line, "\n");
+      }
     }
     SY_RETURN_IF_ERROR(write_file_atomically(path, kept));
-    auto sink = std::unique_ptr<MetricsJsonlSink>(new MetricsJsonlSink(path));
-    if (!sink->out_) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open"));
-    return sink;
+    SY_ASSIGN_OR_RETURN(const int fd, open_to_append(path));
+    return std::unique_ptr<MetricsJsonlSink>(new MetricsJsonlSink(path, fd));
   }
+  ~MetricsJsonlSink() override { ::close(fd_); }
   absl::Status on_step(const StepRecord& record) override {
     return write(step_json(record));
   }
@@ -119,23 +126,19 @@ class MetricsJsonlSink : public RecordSink {
                     {"expert_optimizer_state", r.expert_optimizer_state},
                     {"activations", r.activations}}}});
   }
-  absl::Status close() override {
-    if (!out_) return absl::DataLossError(absl::StrCat(path_, ": write failed"));
-    return absl::OkStatus();
-  }
+  absl::Status close() override { return failed_; }
 
  private:
-  explicit MetricsJsonlSink(std::string path) : path_(std::move(path)) {
-    out_.open(path_, std::ios::app);
-  }
-  // A failed write shows at close(), as the stream's state.
+  MetricsJsonlSink(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  // A failed write shows at close(); the lines after it are not written.
   absl::Status write(const nlohmann::ordered_json& j) {
-    out_ << j.dump() << "\n" << std::flush;
+    if (failed_.ok()) failed_ = write_all(fd_, j.dump() + "\n", path_);
     return absl::OkStatus();
   }
 
   std::string path_;
-  std::ofstream out_;
+  int fd_;
+  absl::Status failed_;
 };
 
 // TensorBoard events beside metrics.jsonl (a new file per run or resume, as TensorBoard

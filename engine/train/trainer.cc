@@ -884,7 +884,9 @@ bool stop_requested(const RunContext& run) {
 }
 
 // The final weights, whole, under <checkpoint.dir>/final with the tokenizer (gathered by
-// collectives, so every rank takes part; rank 0 writes), after the records are closed.
+// collectives, so every rank takes part; rank 0 writes), after the records are closed:
+// written into final.tmp and renamed into place, so that a link planted at `final` is
+// replaced, never written through.
 absl::Status save_final_weights(const RunContext& run, RankTrainer& t, const TrainingData& data,
                                 RecordSinks& records) {
   std::vector<std::pair<std::string, Tensor>> whole =
@@ -894,8 +896,11 @@ absl::Status save_final_weights(const RunContext& run, RankTrainer& t, const Tra
   SY_RETURN_IF_ERROR(records.close());
   if (!run.reporter) return absl::OkStatus();
   const std::string weights_dir = (fs::path(run.checkpoints_dir) / "final").string();
-  SY_RETURN_IF_ERROR(save_weights(weights_dir, data.saved_recipe, whole,
+  const std::string tmp_dir = weights_dir + ".tmp";
+  SY_RETURN_IF_ERROR(fresh_directory(tmp_dir));
+  SY_RETURN_IF_ERROR(save_weights(tmp_dir, data.saved_recipe, whole,
                                   data.sources.front().train.tokenizer_path()));
+  SY_RETURN_IF_ERROR(replace_directory(tmp_dir, weights_dir));
   run.sink.on_message(absl::StrCat("saved final weights to ", weights_dir));
   return absl::OkStatus();
 }

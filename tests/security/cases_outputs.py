@@ -72,6 +72,25 @@ def _planted_link(place, outside_is_dir=False):
     return make
 
 
+def _fresh_run_over(name, make_file):
+    """A fresh train in a run directory that holds only `name`, made by make_file(path, tmp)."""
+    def make(world, tmp):
+        run_dir = tmp / "run"
+        run_dir.mkdir()
+        make_file(run_dir / name, tmp)
+        return world.train_args(TINY_RECIPE, run_dir)
+    return make
+
+
+def _foreign_file(path, tmp):
+    path.write_text('{"note": "' + FOREIGN.strip() + '"}\n')
+
+
+def _link_outside(path, tmp):
+    (tmp / "elsewhere").write_text(FOREIGN)
+    os.symlink(tmp / "elsewhere", path)
+
+
 def _freeze_everything(world, tmp):
     return world.train_args(TINY_RECIPE, tmp / "run", "--set",
                             "train.freeze=router,embeddings,attention,experts,norms,lm_head")
@@ -116,6 +135,14 @@ CASES = [
     Case("run-dir-checkpoints-symlink", "run directory",
          "checkpoints a symbolic link out of the run directory, then resume",
          _planted_link("checkpoints", outside_is_dir=True), "checkpoints: is a symbolic link"),
+    Case("run-dir-metrics-foreign", "run directory",
+         "a fresh train where metrics.jsonl is a JSON Lines file of the user's",
+         _fresh_run_over("metrics.jsonl", _foreign_file),
+         "metrics.jsonl: was not written by switchyard (line 1 is not one of its records)"),
+    Case("run-dir-metrics-partial-symlink", "run directory",
+         "a fresh train where metrics.jsonl.partial is a symbolic link out of the run "
+         "directory", _fresh_run_over("metrics.jsonl.partial", _link_outside),
+         "metrics.jsonl.partial: is a symbolic link"),
     Case("init-from-with-resume-from", "train options", "--init-from and --resume-from together",
          _init_and_resume, "--resume-from excludes --init-from"),
     Case("freeze-everything", "recipe train.freeze", "every group frozen: nothing to train",
