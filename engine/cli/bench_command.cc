@@ -778,10 +778,11 @@ absl::Status BenchCommand::run_balance() {
   // Every variant routes the same tokens.
   const int64_t batch = recipe.train().micro_batch_size();
   const int64_t seq = recipe.train().seq_len();
-  if (batches_ > kMaxBenchTokens / (batch * seq))
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--batches ", batches_, " of ", batch, " x ", seq, " tokens is more than the ",
-        kMaxBenchTokens, " tokens a measurement holds"));
+  SY_RETURN_IF_ERROR(checked_product({{"--batches", batches_},
+                                      {"train.micro_batch_size", batch},
+                                      {"train.seq_len", seq}},
+                                     1, kMaxBenchTokens)
+                         .status());
   std::vector<TokenBatch> batches;
   for (int64_t b = 0; b < batches_; ++b) {
     TokenBatch& tb = batches.emplace_back(TokenBatch{Tensor::empty({batch, seq}, DType::kI32),

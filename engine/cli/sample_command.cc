@@ -233,16 +233,17 @@ absl::Status SampleCommand::run() {
         "--prompt (", prompt_tokens, " tokens) leaves no room in model.max_position_embeddings (",
         positions, ") of ", weights_dir_));
   if (tokens_option_->count() == 0) options.tokens = std::min(tokens_, positions - prompt_tokens);
-  if (prompt_tokens + options.tokens > positions)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--prompt (", prompt_tokens, " tokens) and --tokens ", options.tokens, " need ",
-        prompt_tokens + options.tokens, " positions, more than model.max_position_embeddings (",
-        positions, ") of ", weights_dir_));
+  const absl::StatusOr<int64_t> length =
+      checked_sum({{"--prompt's tokens", prompt_tokens}, {"--tokens", options.tokens}}, 1, positions);
+  if (!length.ok())
+    return absl::InvalidArgumentError(absl::StrCat(length.status().message(),
+                                                   " (model.max_position_embeddings of ",
+                                                   weights_dir_, ")"));
 
   if (!no_kv_cache_)
     SY_RETURN_IF_ERROR(check_fits(
-        cpu_device(), lm.model->decode_cache_bytes(prompt_tokens + options.tokens),
-        absl::StrCat("the key/value cache of ", prompt_tokens + options.tokens, " positions")));
+        cpu_device(), lm.model->decode_cache_bytes(*length),
+        absl::StrCat("the key/value cache of ", *length, " positions")));
   uint64_t seed = seed_;
   if (seed_option_->count() == 0 && temperature_ > 0) {
     seed = random_seed();

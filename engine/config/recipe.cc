@@ -578,6 +578,12 @@ absl::Status validate_train(const Recipe& recipe) {
                                 ")"));
   }
   SY_RETURN_IF_ERROR(check_non_negative("train.steps", train.steps()));
+  // The windows and tokens a run draws, counted as it goes.
+  SY_RETURN_IF_ERROR(checked_product({{"train.steps", train.steps()},
+                                      {"train.global_batch_size", train.global_batch_size()},
+                                      {"train.seq_len", train.seq_len()}},
+                                     0, std::numeric_limits<int64_t>::max())
+                         .status());
   SY_RETURN_IF_ERROR(check_positive("train.log_interval", train.log_interval()));
   SY_RETURN_IF_ERROR(check_non_negative("train.eval_interval", train.eval_interval()));
   if (train.eval_batches() != 0)

@@ -142,4 +142,38 @@ absl::StatusOr<int64_t> parse_size_with_units(absl::string_view text, absl::stri
   return static_cast<int64_t>(bytes);
 }
 
+namespace {
+
+// The sum or product of `terms` (`op` " + " or " x "), refused as checked_sum says.
+absl::StatusOr<int64_t> combined(std::initializer_list<NamedNumber> terms, absl::string_view op,
+                                 int64_t min, int64_t max) {
+  int64_t result = op == " + " ? 0 : 1;
+  bool overflow = false;
+  std::string names, values;
+  for (const NamedNumber& term : terms) {
+    if (!names.empty()) absl::StrAppend(&names, op);
+    if (!values.empty()) absl::StrAppend(&values, op);
+    absl::StrAppend(&names, term.name);
+    absl::StrAppend(&values, term.value);
+    overflow = overflow || (op == " + " ? __builtin_add_overflow(result, term.value, &result)
+                                        : __builtin_mul_overflow(result, term.value, &result));
+  }
+  if (overflow || result < min || result > max)
+    return absl::InvalidArgumentError(
+        absl::StrCat(names, ": ", values, " is out of range [", min, ", ", max, "]"));
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> checked_sum(std::initializer_list<NamedNumber> terms, int64_t min,
+                                    int64_t max) {
+  return combined(terms, " + ", min, max);
+}
+
+absl::StatusOr<int64_t> checked_product(std::initializer_list<NamedNumber> factors, int64_t min,
+                                        int64_t max) {
+  return combined(factors, " x ", min, max);
+}
+
 }  // namespace switchyard

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 
 #include "absl/status/statusor.h"
@@ -49,5 +50,20 @@ inline constexpr int64_t kMaxSizeBytes = int64_t{1} << 60;
 // A size with an optional unit, in whole bytes of [1, max_bytes].
 absl::StatusOr<int64_t> parse_size_with_units(absl::string_view text, absl::string_view field,
                                               int64_t max_bytes = kMaxSizeBytes);
+
+// A sum or product computed from user numbers (a prompt's tokens + --tokens, train.steps x
+// train.global_batch_size x train.seq_len), checked before use: refused when it leaves
+// [min, max] or int64, in the shape above with the terms for the field and their values for
+// the text, e.g.
+//   train.steps x train.global_batch_size x train.seq_len: 4611686018427387904 x 4 x 32 is
+//   out of range [1, 9223372036854775807]
+struct NamedNumber {
+  absl::string_view name;
+  int64_t value;
+};
+absl::StatusOr<int64_t> checked_sum(std::initializer_list<NamedNumber> terms, int64_t min,
+                                    int64_t max);
+absl::StatusOr<int64_t> checked_product(std::initializer_list<NamedNumber> factors, int64_t min,
+                                        int64_t max);
 
 }  // namespace switchyard

@@ -153,5 +153,26 @@ TEST(NumbersTest, AnEmptyFieldLeavesTheNameToTheCaller) {
   EXPECT_EQ(parse_int64("7", "", 1, 5).status().message(), "7 is out of range [1, 5]");
 }
 
+// A sum or product of user numbers is refused in the parsers' shape when it leaves its
+// range or int64, never wrapped.
+TEST(NumbersTest, SumsAndProductsChecked) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(*checked_sum({{"--prompt's tokens", 5}, {"--tokens", 27}}, 1, 32), 32);
+  EXPECT_EQ(checked_sum({{"--prompt's tokens", 5}, {"--tokens", 28}}, 1, 32).status().message(),
+            "--prompt's tokens + --tokens: 5 + 28 is out of range [1, 32]");
+  EXPECT_EQ(checked_sum({{"a", kMax}, {"b", 1}}, 0, kMax).status().message(),
+            "a + b: 9223372036854775807 + 1 is out of range [0, 9223372036854775807]");
+  EXPECT_EQ(*checked_product({{"a", 1 << 20}, {"b", 1 << 20}, {"c", 1 << 20}}, 0, kMax),
+            int64_t{1} << 60);
+  EXPECT_EQ(
+      checked_product({{"train.steps", int64_t{1} << 62}, {"batch", 4}, {"seq", 32}}, 0, kMax)
+          .status()
+          .message(),
+      "train.steps x batch x seq: 4611686018427387904 x 4 x 32 is out of range [0, "
+      "9223372036854775807]");
+  EXPECT_EQ(checked_product({{"a", 0}, {"b", kMax}}, 1, 10).status().message(),
+            "a x b: 0 x 9223372036854775807 is out of range [1, 10]");
+}
+
 }  // namespace
 }  // namespace switchyard

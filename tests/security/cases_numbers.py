@@ -87,6 +87,11 @@ CASES = [
           "--temperature: inf is not a finite number"),
     _case("number-set-seed-negative", "number on the command line", "--set train.seed=-1",
           _set("train.seed=-1"), "train.seed: -1 must be a non-negative integer"),
+    _case("number-set-steps-tokens-overflow", "number on the command line",
+          "--set train.steps=2^62: the run's tokens, steps x batch x seq_len, overflow 64 bits",
+          _set(f"train.steps={1 << 62}"),
+          f"train.steps x train.global_batch_size x train.seq_len: {1 << 62} x 4 x 32 is out "
+          "of range [0, 9223372036854775807]"),
     _case("number-set-steps-exponent", "number on the command line", "--set train.steps=1e3",
           _set("train.steps=1e3"), "train.steps: 1e3 is not an integer"),
     _case("number-set-steps-hex", "number on the command line", "--set train.steps=0x10",
@@ -132,6 +137,11 @@ CASES = [
     _case("number-balance-ep-huge", "number on the command line",
           "bench balance --ep 99999999999", _balance("--ep", "99999999999"),
           "--ep: 99999999999 is out of range [1, 4096]"),
+    _case("number-balance-batches-tokens", "number on the command line",
+          "bench balance --batches 2^28: batches x micro-batch x seq_len beyond 2^28 tokens",
+          _balance("--batches", str(1 << 28)),
+          f"--batches x train.micro_batch_size x train.seq_len: {1 << 28} x 4 x 32 is out of "
+          f"range [1, {1 << 28}]"),
     _case("number-balance-zipf-nan", "number on the command line",
           "bench balance --synthetic zipf:nan", _balance(synthetic="zipf:nan"),
           "--synthetic zipf:S: nan is not a finite number"),

@@ -21,7 +21,8 @@ CASES = [
          "--top-k: -1 must be a non-negative integer"),
     Case("sample-tokens-beyond-context", "sample flag",
          "--tokens 1000, beyond the model's 32 positions", _sample("--tokens", "1000"),
-         "need 1002 positions, more than model.max_position_embeddings (32)"),
+         "--prompt's tokens + --tokens: 2 + 1000 is out of range [1, 32] "
+         "(model.max_position_embeddings of"),
     Case("sample-prompt-beyond-context", "sample flag", "a prompt of 1000 words",
          _sample(prompt=" ".join(["ROMEO"] * 1000)),
          "leaves no room in model.max_position_embeddings (32)"),
