@@ -400,6 +400,8 @@ class PartRun {
   // Tokens this run encoded, and those of them that carry loss.
   int64_t tokens() const { return progress_.tokens; }
   int64_t loss_tokens() const { return loss_tokens_; }
+  // The loss-carrying tokens that are the end-of-sequence token (chat templates' {eos}).
+  int64_t loss_eos_tokens() const { return loss_eos_tokens_; }
 
  private:
   // Reading stays on this thread, in order; `threads` workers encode, with one batch more
@@ -478,6 +480,9 @@ class PartRun {
     progress_.tokens += static_cast<int64_t>(batch.ids.size());
     loss_tokens_ += batch.mask.empty() ? static_cast<int64_t>(batch.ids.size())
                                        : std::count(batch.mask.begin(), batch.mask.end(), 1);
+    const int32_t eos = static_cast<int32_t>(job_.tokenizer.special_ids().eos);
+    for (size_t i = 0; i < batch.mask.size(); ++i)
+      loss_eos_tokens_ += batch.mask[i] == 1 && batch.ids[i] == eos;
     progress_.elapsed_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     sink_.on_progress(progress_);
@@ -500,6 +505,7 @@ class PartRun {
   std::deque<std::future<EncodedBatch>> encoding_;
   DataProgress progress_;
   int64_t loss_tokens_ = 0;
+  int64_t loss_eos_tokens_ = 0;
   int64_t bytes_skipped_ = 0;
   std::chrono::steady_clock::time_point start_;
 };
@@ -530,6 +536,12 @@ absl::Status run_part(PartJob& job, DataProgressSink& sink) {
     for (SplitWriter& writer : writers) writer.discard();
     return status;
   }
+  if (run.loss_tokens() > 0 && run.loss_tokens() == run.loss_eos_tokens())
+    sink.on_message(absl::StrFormat(
+        "warning: --input: the only tokens that carry loss are the template's end-of-sequence "
+        "tokens (%d, one per answer): every answer is empty, so the dataset trains a model to "
+        "end its answer at once and nothing else",
+        run.loss_tokens()));
   if (record.id.index == 0)
     SY_RETURN_IF_ERROR(write_file_atomically(
         (fs::path(job.options.out_dir) / kTokenizerFileName).string(), job.tokenizer.model_bytes()));

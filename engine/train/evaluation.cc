@@ -83,8 +83,9 @@ absl::StatusOr<EvalResult> evaluate_windows(const EvalForward& forward, const To
   }
   if (result.tokens == 0)
     return absl::InvalidArgumentError(absl::StrCat(
-        "the ", windows, " evaluation windows hold no token that carries loss (a loss mask of "
-        "zeros): a loss over no token means nothing"));
+        data.dir(), ": the ", windows, " evaluation windows of its ", data.split(),
+        " split hold no token that carries loss (a loss mask of zeros): a loss over no token "
+        "means nothing"));
   result.loss = sum / static_cast<double>(result.tokens);
   return result;
 }

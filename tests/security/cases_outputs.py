@@ -159,5 +159,6 @@ CASES = [
              '{"user": {"prefix": "Q: "}, "assistant": {"prefix": "", "loss": true}}}')),
          "no token of the conversations carries loss"),
     Case("eval-no-loss-tokens", "dataset shard", "eval of a split whose /loss_mask is all 0",
-         _eval_without_loss_tokens, "hold no token that carries loss"),
+         _eval_without_loss_tokens,
+         "dataset: the 2 evaluation windows of its train split hold no token that carries loss"),
 ]
