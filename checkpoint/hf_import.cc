@@ -52,16 +52,27 @@ absl::StatusOr<double> positive_number(const JsonFields& f, const char* key, dou
   return v->get<double>();
 }
 
+// transformers' model_type of each family (config.json's).
+const char* model_type_name(Family family) {
+  switch (family) {
+    case Family::kMixtral: return "mixtral";
+    case Family::kQwen2Moe: return "qwen2_moe";
+    case Family::kQwen3Moe: return "qwen3_moe";
+    case Family::kOlmoe: return "olmoe";
+    case Family::kDeepseekV3: return "deepseek_v3";
+    case Family::kLlama: return "llama";
+    case Family::kMistral: return "mistral";
+    case Family::kQwen2: return "qwen2";
+  }
+  return "";
+}
+
 absl::StatusOr<Family> family_of(const JsonFields& c) {
   SY_ASSIGN_OR_RETURN(const std::string type, c.string("model_type"));
-  if (type == "mixtral") return Family::kMixtral;
-  if (type == "qwen2_moe") return Family::kQwen2Moe;
-  if (type == "qwen3_moe") return Family::kQwen3Moe;
-  if (type == "olmoe") return Family::kOlmoe;
-  if (type == "deepseek_v3") return Family::kDeepseekV3;
-  if (type == "llama") return Family::kLlama;
-  if (type == "mistral") return Family::kMistral;
-  if (type == "qwen2") return Family::kQwen2;
+  for (const Family family : {Family::kMixtral, Family::kQwen2Moe, Family::kQwen3Moe,
+                              Family::kOlmoe, Family::kDeepseekV3, Family::kLlama,
+                              Family::kMistral, Family::kQwen2})
+    if (type == model_type_name(family)) return family;
   return absl::UnimplementedError(
       absl::StrCat(c.path(), ": model_type \"", type.substr(0, 64),
                    "\" is not one of mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, llama, "
@@ -69,74 +80,66 @@ absl::StatusOr<Family> family_of(const JsonFields& c) {
 }
 
 // transformers 5.24's default for each field its config class for the family declares
-// (MixtralConfig() and so on; rope_theta is the class's default_theta): what transformers
-// reads for a field config.json leaves out. A field whose default is None is not listed:
-// head_dim, sliding_window (Mixtral), q_lora_rank's absence when written as null and
-// num_key_value_heads (OLMoE, Llama) are read where they are used. DeepSeek-V3's
-// router_aux_loss_coef is not a transformers field: it trains without the auxiliary loss.
+// (MixtralConfig() and so on; rope_theta is the class's default_theta), "every" holding
+// those all eight share unless they say otherwise: what transformers reads for a field
+// config.json leaves out. A field whose default is None (head_dim,
+// Mixtral's sliding_window, OLMoE's and Llama's num_key_value_heads) is not listed: its
+// reader says what its absence means. DeepSeek-V3's router_aux_loss_coef is not a
+// transformers field: the model trains without the auxiliary loss.
 const Json& transformers_defaults(Family family) {
-  static const auto* defaults = new std::map<Family, Json>{
-      {Family::kMixtral, Json::parse(R"({
-        "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-05, "initializer_range": 0.02, "tie_word_embeddings": false,
-        "hidden_act": "silu", "intermediate_size": 14336, "num_local_experts": 8,
-        "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
-        "rope_theta": 1000000.0})")},
-      {Family::kQwen2Moe, Json::parse(R"({
-        "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
-        "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-06, "initializer_range": 0.02, "tie_word_embeddings": false,
-        "hidden_act": "silu", "intermediate_size": 5632, "moe_intermediate_size": 1408,
-        "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
-        "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "norm_topk_prob": false,
-        "qkv_bias": true, "use_sliding_window": false, "rope_theta": 10000.0})")},
-      {Family::kQwen3Moe, Json::parse(R"({
-        "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
-        "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-06, "initializer_range": 0.02, "tie_word_embeddings": false,
-        "hidden_act": "silu", "intermediate_size": 6144, "moe_intermediate_size": 768,
-        "num_experts": 128, "num_local_experts": 128, "num_experts_per_tok": 8,
-        "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "norm_topk_prob": false,
-        "attention_bias": false, "use_sliding_window": false, "rope_theta": 10000.0})")},
-      {Family::kOlmoe, Json::parse(R"({
-        "vocab_size": 50304, "hidden_size": 2048, "num_hidden_layers": 16,
-        "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-05,
-        "initializer_range": 0.02, "tie_word_embeddings": false, "hidden_act": "silu",
-        "intermediate_size": 2048, "num_experts": 64, "num_experts_per_tok": 8,
-        "router_aux_loss_coef": 0.01, "norm_topk_prob": false, "attention_bias": false,
-        "rope_theta": 10000.0})")},
-      {Family::kDeepseekV3, Json::parse(R"({
-        "vocab_size": 129280, "hidden_size": 7168, "num_hidden_layers": 61,
-        "num_attention_heads": 128, "num_key_value_heads": 128, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-06, "initializer_range": 0.02, "tie_word_embeddings": false,
-        "hidden_act": "silu", "intermediate_size": 18432, "moe_intermediate_size": 2048,
-        "n_routed_experts": 256, "num_experts_per_tok": 8, "norm_topk_prob": true,
-        "attention_bias": false, "kv_lora_rank": 512, "q_lora_rank": 1536,
-        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-        "first_k_dense_replace": 3, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
-        "n_group": 8, "topk_group": 4, "rope_interleave": true, "rope_theta": 10000.0,
-        "router_aux_loss_coef": 0.0})")},
-      {Family::kLlama, Json::parse(R"({
-        "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-06,
-        "initializer_range": 0.02, "tie_word_embeddings": false, "hidden_act": "silu",
-        "mlp_bias": false, "intermediate_size": 11008, "attention_bias": false,
-        "rope_theta": 10000.0})")},
-      {Family::kMistral, Json::parse(R"({
-        "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-06, "initializer_range": 0.02, "tie_word_embeddings": false,
-        "hidden_act": "silu", "intermediate_size": 14336, "sliding_window": 4096,
-        "rope_theta": 10000.0})")},
-      {Family::kQwen2, Json::parse(R"({
-        "vocab_size": 151936, "hidden_size": 4096, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-06, "initializer_range": 0.02, "tie_word_embeddings": false,
-        "hidden_act": "silu", "intermediate_size": 22016, "use_sliding_window": false,
-        "rope_theta": 10000.0})")},
-  };
-  return defaults->at(family);
+  static const Json* defaults = [] {
+    Json all = Json::parse(R"({
+  "every": {"initializer_range": 0.02, "tie_word_embeddings": false, "hidden_act": "silu",
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0},
+  "mixtral": {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-05, "intermediate_size": 14336, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+    "rope_theta": 1000000.0},
+  "qwen2_moe": {"vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 32768,
+    "intermediate_size": 5632, "moe_intermediate_size": 1408, "num_experts": 60,
+    "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "qkv_bias": true,
+    "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "norm_topk_prob": false,
+    "use_sliding_window": false},
+  "qwen3_moe": {"vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 32768,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+    "num_local_experts": 128, "num_experts_per_tok": 8, "attention_bias": false,
+    "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "norm_topk_prob": false,
+    "use_sliding_window": false},
+  "olmoe": {"vocab_size": 50304, "hidden_size": 2048, "num_hidden_layers": 16,
+    "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-05,
+    "intermediate_size": 2048, "num_experts": 64, "num_experts_per_tok": 8,
+    "router_aux_loss_coef": 0.01, "norm_topk_prob": false, "attention_bias": false},
+  "deepseek_v3": {"vocab_size": 129280, "hidden_size": 7168, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "max_position_embeddings": 4096,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+    "num_experts_per_tok": 8, "norm_topk_prob": true, "attention_bias": false,
+    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "first_k_dense_replace": 3,
+    "n_shared_experts": 1, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
+    "rope_interleave": true, "router_aux_loss_coef": 0.0},
+  "llama": {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "max_position_embeddings": 2048, "mlp_bias": false,
+    "intermediate_size": 11008, "attention_bias": false},
+  "mistral": {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+    "intermediate_size": 14336, "sliding_window": 4096},
+  "qwen2": {"vocab_size": 151936, "hidden_size": 4096, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 32768,
+    "intermediate_size": 22016, "use_sliding_window": false}
+})");
+    auto* by_type = new Json(Json::object());
+    for (const auto& [type, fields] : all.items()) {
+      if (type == "every") continue;
+      Json merged = all["every"];
+      merged.update(fields);
+      (*by_type)[type] = std::move(merged);
+    }
+    return by_type;
+  }();
+  return defaults->at(model_type_name(family));
 }
 
 // config.json's fields, read as transformers reads them: a field the file leaves out

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-from hostile import SHORT_TRAIN, TINY_RECIPE, make_world  # noqa: E402
+from hostile import TINY_RECIPE, make_world  # noqa: E402
 
 SWITCHYARD = os.environ["SWITCHYARD"]
 OUTSIDE = b"a file of the user's outside the run directory\n"
