@@ -12,6 +12,10 @@
 
 namespace switchyard {
 
+// The most parts a gradient ledger's sum takes (kernels/cpu/exact_grad.h): under
+// runtime.batch_invariant, the micro-batches of a step over all ranks.
+inline constexpr int64_t kExactGradMaxParts = int64_t{1} << 14;
+
 class ExactSum {
  public:
   // 32 value bits a limb from the smallest subnormal (2^-1074) past the largest finite

@@ -5,16 +5,19 @@
 // nearest multiple of 2^-64 (ties to even: exact for |v| >= 2^-41), and must be below
 // 2^32 in magnitude; adding such parts is integer addition, so any order and any split
 // over ranks gives the same X. Pairs added as two integers (an all-reduce) stay exact:
-// at most 2^14 parts of a sum keep |hi| and lo below 2^62.
+// at most kExactGradMaxParts (2^14) parts of a sum keep |hi| and lo below 2^62.
 #pragma once
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 
+#include "engine/runtime/exact_sum.h"
 #include "kernels/cpu/elementwise.h"
 
 namespace switchyard::cpu {
+
+static_assert(kExactGradMaxParts <= int64_t{1} << 14, "a ledger's limbs hold 2^14 parts");
 
 // The two counts after the pairs: parts that were NaN, and parts that were infinite or
 // beyond the range.
