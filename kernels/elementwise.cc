@@ -148,6 +148,22 @@ double sum_squares(Device& dev, const Tensor& x) {
   return sum_squares(dev, std::vector<Tensor>{x})[0];
 }
 
+std::vector<ExactSum> row_sum_squares(Device& dev, const std::vector<Tensor>& xs) {
+  std::vector<Tensor> rows;
+  std::vector<size_t> owner;  // the tensor of each row
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor x = xs[i].rank() > 0 ? xs[i] : xs[i].reshape({1});
+    for (int64_t r = 0; r < x.dim(0); ++r) {
+      rows.push_back(x.slice_rows(r, r + 1));
+      owner.push_back(i);
+    }
+  }
+  const std::vector<double> row_sums = sum_squares(dev, rows);
+  std::vector<ExactSum> sums(xs.size());
+  for (size_t r = 0; r < rows.size(); ++r) sums[owner[r]].add(row_sums[r]);
+  return sums;
+}
+
 void sigmoid_gate_forward(Device& dev, const Tensor& x, const Tensor& g, Tensor& y) {
   SY_CHECK_MSG(is_float(x) && y.dtype() == x.dtype() && is_float(g),
                "sigmoid_gate_forward: x and y must be both f32 or both bf16, g f32 or bf16");

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "engine/runtime/exact_sum.h"
 #include "engine/runtime/tensor.h"
 
 namespace switchyard {
@@ -24,6 +25,11 @@ void bias_backward(Device& dev, const Tensor& dy, Tensor& dbias);
 std::vector<double> sum_squares(Device& dev, const std::vector<Tensor>& xs);
 // The same for one tensor.
 double sum_squares(Device& dev, const Tensor& x);
+// Sums of squares of each tensor, exact over its rows (dimension 0): each row's sum as
+// sum_squares gives it, the rows' sums added exactly. A tensor split into ranges of rows
+// (expert shards, ZeRO row shards) gives, summed exactly over its parts, the whole
+// tensor's bits.
+std::vector<ExactSum> row_sum_squares(Device& dev, const std::vector<Tensor>& xs);
 
 // Sigmoid-gated rows (Qwen2-MoE shared expert): y[r] += sigmoid(g[r]) * x[r].
 // x, y: (rows, n), both f32 or both bf16; g: (rows, 1), f32 or bf16.

@@ -7,6 +7,7 @@
 
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
+#include "kernels/exact_grad.h"
 #include "kernels/gating.h"
 #include "kernels/gemm.h"
 #include "kernels/permute.h"
@@ -322,6 +323,42 @@ void MoeLayer::experts_hidden(Device& dev) {
   swiglu_forward(dev, gate_up_out_, act_);
 }
 
+void MoeLayer::expert_weight_grads(Device& dev, const Tensor& dout, const Tensor& dgate_up) {
+  const Tensor& counts = dispatcher_.local_counts();
+  if (!down_->ledger.defined() || !ep_ || ep_->size() == 1) {
+    grouped_matmul_tn_accumulate(dev, dout, act_, counts, down_->grad);
+    grouped_matmul_tn_accumulate(dev, dgate_up, xp_, counts, gate_up_->grad);
+    return;
+  }
+  // One part per source rank: expert e's rows from source j follow those from sources
+  // before j, and each group of rows goes through the product alone, as in one process.
+  const int local = num_local_experts_;
+  const std::vector<int64_t>& from = dispatcher_.received_by_source();
+  std::vector<int64_t> next(local, 0);  // the next row of each expert's rows
+  for (int e = 0; e + 1 < local; ++e) {
+    next[e + 1] = next[e];
+    for (int j = 0; j < ep_->size(); ++j) next[e + 1] += from[j * local + e];
+  }
+  Tensor size = Tensor::empty({1}, DType::kI32);
+  for (int j = 0; j < ep_->size(); ++j) {
+    for (int e = 0; e < local; ++e) {
+      const int64_t begin = next[e], end = begin + from[j * local + e];
+      size.data<int32_t>()[0] = static_cast<int32_t>(end - begin);
+      Tensor down = down_->grad.slice_rows(e, e + 1);
+      Tensor gate_up = gate_up_->grad.slice_rows(e, e + 1);
+      grouped_matmul_tn_accumulate(dev, dout.slice_rows(begin, end), act_.slice_rows(begin, end),
+                                   size, down);
+      grouped_matmul_tn_accumulate(dev, dgate_up.slice_rows(begin, end),
+                                   xp_.slice_rows(begin, end), size, gate_up);
+      next[e] = end;
+    }
+    for (Param* p : {down_, gate_up_}) {
+      exact_grad_add(dev, p->grad, p->ledger);
+      p->grad.zero_();
+    }
+  }
+}
+
 Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad,
                           float z_loss_scale, float seq_aux_loss_scale) {
   const int64_t total = dy.rows();
@@ -354,12 +391,11 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
   const Tensor dlocal_out = dispatcher_.combine_backward(dev, dy_mine, weights_, dweights);
   const Tensor& local_counts = dispatcher_.local_counts();
   if (recompute_experts_) experts_hidden(dev);
-  grouped_matmul_tn_accumulate(dev, dlocal_out, act_, local_counts, down_->grad);
   Tensor dact = activation(dev, {rows, ffn}, dtype);
   grouped_matmul_nn(dev, dlocal_out, down_->work, local_counts, dact);
   Tensor dgate_up = activation(dev, {rows, 2 * ffn}, dtype);
   swiglu_backward(dev, dact, gate_up_out_, dgate_up);
-  grouped_matmul_tn_accumulate(dev, dgate_up, xp_, local_counts, gate_up_->grad);
+  expert_weight_grads(dev, dlocal_out, dgate_up);
   Tensor dxp = activation(dev, {rows, hidden}, dtype);
   grouped_matmul_nn(dev, dgate_up, gate_up_->work, local_counts, dxp);
   dispatcher_.dispatch_backward(dev, dxp, dx_mine);

@@ -113,6 +113,9 @@ class MoeLayer {
   Tensor experts_forward(Device& dev);
   // The experts' gate/up and activation outputs of xp_ into gate_up_out_ and act_.
   void experts_hidden(Device& dev);
+  // The experts' weight gradients from the gradients of their outputs and of their
+  // gate/up products (engine/optim/exact_grads.h: one part per source rank).
+  void expert_weight_grads(Device& dev, const Tensor& dout, const Tensor& dgate_up);
   // The router: fills probs_, expert_ids_ and weights_ from router_logits_ and writes
   // the routing sums (2E + 1) of this rank's tokens, and with sequence sums
   // (sequence_sums_ defined) those of its sequences. `first_token`: the group index of

@@ -167,7 +167,8 @@ TokenDispatcher::Saved TokenDispatcher::stash() {
           std::exchange(expert_out_, Tensor()),
           std::exchange(permuted_rows_, 0),
           std::exchange(send_rows_, {}),
-          std::exchange(recv_rows_, {})};
+          std::exchange(recv_rows_, {}),
+          std::exchange(received_by_source_, {})};
 }
 
 void TokenDispatcher::restore(Saved&& saved) {
@@ -180,6 +181,7 @@ void TokenDispatcher::restore(Saved&& saved) {
   permuted_rows_ = saved.permuted_rows;
   send_rows_ = std::move(saved.send_rows);
   recv_rows_ = std::move(saved.recv_rows);
+  received_by_source_ = std::move(saved.received_by_source);
 }
 
 Tensor TokenDispatcher::exchange(Device& dev, const Tensor& rows) {
@@ -200,6 +202,7 @@ Tensor TokenDispatcher::exchange(Device& dev, const Tensor& rows) {
 
   send_rows_.assign(P, 0);
   recv_rows_.assign(P, 0);
+  received_by_source_.assign(from, from + E);
   local_counts_ = activation(cpu_device(), {local}, DType::kI32);
   int32_t* counts = local_counts_.data<int32_t>();
   std::fill(counts, counts + local, 0);

@@ -47,6 +47,9 @@ class TokenDispatcher {
   // (rows per local expert: local_counts()).
   Tensor dispatch(Device& dev, const Tensor& x);
   const Tensor& local_counts() const { return local_counts_; }
+  // Under expert parallelism, the rows each source rank sent each local expert:
+  // [source * local experts + expert]. Within an expert's rows, the sources come in order.
+  const std::vector<int64_t>& received_by_source() const { return received_by_source_; }
   // The local experts' outputs back in token order, each token's the sum of its kept
   // assignments' rows times `weights` (n, slots).
   Tensor combine(Device& dev, const Tensor& local_out, const Tensor& weights);
@@ -63,7 +66,7 @@ class TokenDispatcher {
     Tensor tokens_per_expert, logical_tokens_per_expert, dest_rows, regroup_rows, local_counts,
         expert_out;
     int64_t permuted_rows = 0;
-    std::vector<int64_t> send_rows, recv_rows;
+    std::vector<int64_t> send_rows, recv_rows, received_by_source;
   };
   Saved stash();
   void restore(Saved&& saved);
@@ -95,7 +98,7 @@ class TokenDispatcher {
   int64_t permuted_rows_ = 0;
   // Exchange plan (expert parallelism): rows sent to / received from each rank, the
   // received rows' places in local-expert order, and the rows per local expert.
-  std::vector<int64_t> send_rows_, recv_rows_;
+  std::vector<int64_t> send_rows_, recv_rows_, received_by_source_;
   Tensor regroup_rows_;  // (received, 1) i32
   Tensor local_counts_;  // (local experts) i32, where the grouped products want them
   Tensor expert_out_;    // (permuted rows, hidden) the experts' outputs in permuted order

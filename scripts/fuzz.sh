@@ -2,7 +2,8 @@
 # Builds the libFuzzer targets of the file readers (tests/fuzz/, the `fuzz` preset: clang,
 # CUDA off, every library compiled with ASan+UBSan and fuzzer coverage) into build-fuzz/
 # and runs each for SECONDS from its seed corpus (tests/fuzz/corpus/<target>) plus what
-# earlier runs found (build-fuzz/corpus/<target>). Prints the execs and crashes of each
+# earlier runs found (build-fuzz/corpus/<target>), as many targets at a time as the
+# machine has cores. Prints the execs and crashes of each
 # target; exits 1 when any target crashed (the inputs are in build-fuzz/crashes/<target>).
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     default: 60 s each, every target
 set -euo pipefail
@@ -47,8 +48,13 @@ for target in "${targets[@]}"; do
     echo "fuzz: no target ${target}_fuzz (tests/fuzz/CMakeLists.txt)" >&2
     exit 1
   fi
-  crashed=0
-  run_target "$target" || crashed=1
+done
+
+# The row of target $1, whose run ended with status $2; a crash's first line and where
+# its input is go to stderr.
+report() {
+  local target="$1" crashed=0 execs
+  (($2 == 0)) || crashed=1
   execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "build-fuzz/logs/$target.log")"
   printf '%-14s %12s %8s %8s\n' "$target" "${execs:-?}" "$crashed" \
     "$(find "build-fuzz/corpus/$target" -type f | wc -l)"
@@ -58,5 +64,21 @@ for target in "${targets[@]}"; do
       "build-fuzz/logs/$target.log" >&2 || true
     echo "fuzz: $target crashed; log build-fuzz/logs/$target.log, input in build-fuzz/crashes/$target/" >&2
   fi
+}
+
+# As many targets at a time as the machine has cores, each for SECONDS.
+at_once="$(nproc)"
+for ((first = 0; first < ${#targets[@]}; first += at_once)); do
+  batch=("${targets[@]:first:at_once}")
+  pids=()
+  for target in "${batch[@]}"; do
+    run_target "$target" &
+    pids+=($!)
+  done
+  for k in "${!batch[@]}"; do
+    status=0
+    wait "${pids[k]}" || status=$?
+    report "${batch[k]}" "$status"
+  done
 done
 exit "$failed"

@@ -15,7 +15,15 @@ case "$kind" in
     # Whole multi-rank training runs against transformers and each other: tens of
     # minutes under ASan, and the same code paths run single-rank in the other tests
     # (launch.slurm: the same runs again, under a Slurm the test starts; the docs' commands
-    # and the planner's 20 validation runs: 6.5 minutes under ASan). The bias
+    # and the planner's 20 validation runs: 6.5 minutes under ASan). The same holds for
+    # the layout suites of pipeline stages (12 minutes under ASan; the stages' exchange,
+    # executor and schedule run under it in parallel.pipeline_*_test on 1, 2 and 4 ranks),
+    # expert placements and the sequence-wise aux loss (2 minutes each; moe.placement_test
+    # and moe.seq_aux_loss_test). cli.plan ranks every layout of every shipped recipe
+    # (5 minutes under ASan) with the arithmetic train.memory_plan_test runs under it;
+    # data.instruction_blend and data.document_attention train on what they prepare
+    # (2.5 minutes each), whose readers and kernels data.blend_test,
+    # model.document_attention_test and the fuzzers cover. The bias
     # layouts' runs also route by sign(mean load - load), a discrete choice that ASan's
     # code generation can flip at a near tie, so they diverge there by design; so can
     # parallel.pad_layouts' capacity decisions (a 5e-5 loss difference at step 3 under
@@ -26,7 +34,7 @@ case "$kind" in
     # Python side differs), and train.train_learns_test's 2.5 ASan minutes are steps that
     # the shorter training tests take too. data.prepare_memory measures resident memory,
     # which under ASan is its shadow and its quarantine of freed blocks (256 MiB).
-    asan_skip='^(parallel\.train_equivalence|parallel\.pipeline_matrix|parallel\.bias_balance|parallel\.pad_layouts|train\.checkpoint_resume|train\.memory_plan_validation|train\.train_learns_test|data\.prepare_memory|docs\.commands|security\.hostile_inputs|launch\.slurm|interop\..*_transformers4)$'
+    asan_skip='^(parallel\.train_equivalence|parallel\.pipeline_matrix|parallel\.pipeline_train|parallel\.expert_placement|parallel\.seq_aux_layouts|cli\.plan|data\.instruction_blend|data\.document_attention|parallel\.bias_balance|parallel\.pad_layouts|train\.checkpoint_resume|train\.memory_plan_validation|train\.train_learns_test|data\.prepare_memory|docs\.commands|security\.hostile_inputs|launch\.slurm|interop\..*_transformers4)$'
     select=(-LE gpu -E "$asan_skip")
     # Open MPI and HDF5 keep global allocations until exit; leaks are the fuzzers' job.
     export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0

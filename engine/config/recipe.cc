@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "data/tokenizer.h"
+#include "engine/runtime/exact_sum.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/numbers.h"
 #include "engine/runtime/status_macros.h"
@@ -567,6 +568,12 @@ absl::Status validate_train(const Recipe& recipe) {
                                 ") must be divisible by train.micro_batch_size (",
                                 train.micro_batch_size(), ")"));
   }
+  const int64_t micro_batches = train.global_batch_size() / train.micro_batch_size();
+  if (recipe.runtime().batch_invariant() && micro_batches > kExactGradMaxParts)
+    return invalid(absl::StrCat("runtime.batch_invariant sums the gradients of at most ",
+                                kExactGradMaxParts, " micro-batches a step; ",
+                                "train.global_batch_size / train.micro_batch_size is ",
+                                micro_batches));
   SY_RETURN_IF_ERROR(check_positive("train.seq_len", train.seq_len()));
   const int64_t max_positions = recipe.model().max_position_embeddings();
   SY_RETURN_IF_ERROR(check_positive("model.max_position_embeddings", max_positions));

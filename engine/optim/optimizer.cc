@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/optim/zero.h"
+#include "engine/runtime/exact_sum.h"
 #include "kernels/adamw.h"
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
@@ -74,10 +75,11 @@ StepReport AdamWOptimizer::step(Device& dev) {
   StepReport report;
   // Replicated gradients count once; the squares of shards add up over the group that
   // splits them (expert-parallel for experts, tensor-parallel for split dense tensors,
-  // the data-parallel replicas for ZeRO-2/3 row shards).
-  double replicated_sq = 0, tensor_parallel_sq = 0, expert_sq = 0;
+  // the data-parallel replicas for ZeRO-2/3 row shards). The sums are exact over rows, so
+  // the norm has the same bits however experts and rows are split over ranks.
+  ExactSum replicated_sq, tensor_parallel_sq, expert_sq;
   std::vector<Tensor> grads;
-  std::vector<double*> sums;
+  std::vector<ExactSum*> sums;
   std::vector<std::string> names;
   for (const Param& p : params_.params()) {
     if (!p.grad.defined()) continue;  // a ZeRO-2/3 row shard, counted below
@@ -88,22 +90,24 @@ StepReport AdamWOptimizer::step(Device& dev) {
                    : p.shape != p.whole_shape ? &tensor_parallel_sq
                                               : &replicated_sq);
   }
-  const std::vector<double> squares = sum_squares(dev, grads);
-  for (size_t i = 0; i < squares.size(); ++i) *sums[i] += squares[i];
+  const std::vector<ExactSum> squares = row_sum_squares(dev, grads);
+  for (size_t i = 0; i < squares.size(); ++i) sums[i]->add(squares[i]);
   if (groups_.zero) {
-    const std::array<double, 2> dense = groups_.zero->gradient_squares(dev);
-    replicated_sq += dense[0];
-    tensor_parallel_sq += dense[1];
+    const std::array<ExactSum, 2> dense = groups_.zero->gradient_squares(dev);
+    replicated_sq.add(dense[0]);
+    tensor_parallel_sq.add(dense[1]);
   }
-  if (groups_.expert_parallel) groups_.expert_parallel->all_reduce_sum(&expert_sq, 1);
-  if (groups_.tensor_parallel) groups_.tensor_parallel->all_reduce_sum(&tensor_parallel_sq, 1);
-  double squares_sum = replicated_sq + tensor_parallel_sq + expert_sq;
-  if (groups_.pipeline) groups_.pipeline->all_reduce_sum(&squares_sum, 1);
-  report.grad_norm = std::sqrt(squares_sum);
+  if (groups_.expert_parallel) groups_.expert_parallel->all_reduce_sum(expert_sq);
+  if (groups_.tensor_parallel) groups_.tensor_parallel->all_reduce_sum(tensor_parallel_sq);
+  ExactSum squares_sum = replicated_sq;
+  squares_sum.add(tensor_parallel_sq);
+  squares_sum.add(expert_sq);
+  if (groups_.pipeline) groups_.pipeline->all_reduce_sum(squares_sum);
+  report.grad_norm = std::sqrt(squares_sum.value());
   report.lr = learning_rate(opt_, step_, total_steps_, lr_restart_);
   if (!std::isfinite(report.grad_norm)) {
     for (size_t i = 0; i < squares.size() && report.non_finite_grad.empty(); ++i)
-      if (!std::isfinite(squares[i])) report.non_finite_grad = names[i];
+      if (!std::isfinite(squares[i].value())) report.non_finite_grad = names[i];
     report.skipped = true;
     drop_gradients();
     return report;

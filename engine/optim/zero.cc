@@ -149,7 +149,7 @@ void ZeroShards::end_grads(int unit) {
   // one being computed).
   finish_reductions();
   for (size_t i : units_[unit]) {
-    if (!is_updated(i)) {  // frozen: its gradient goes unreduced
+    if (!is_updated(i) || !reduces_) {  // frozen, or taken by ExactGrads: goes unreduced
       params_[i]->grad = padded_grad_[i] = Tensor();
       continue;
     }
@@ -172,8 +172,8 @@ void ZeroShards::finish_reductions() {
   in_flight_.clear();
 }
 
-std::array<double, 2> ZeroShards::gradient_squares(Device& dev) {
-  std::array<double, 2> squares = {0, 0};
+std::array<ExactSum, 2> ZeroShards::gradient_squares(Device& dev) {
+  std::array<ExactSum, 2> squares;
   std::vector<Tensor> grads;
   std::vector<int> kinds;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -181,9 +181,9 @@ std::array<double, 2> ZeroShards::gradient_squares(Device& dev) {
     grads.push_back(shards_[i].grad);
     kinds.push_back(params_[i]->shape != params_[i]->whole_shape ? 1 : 0);
   }
-  const std::vector<double> sums = sum_squares(dev, grads);
-  for (size_t k = 0; k < sums.size(); ++k) squares[kinds[k]] += sums[k];
-  replicas_.all_reduce_sum(squares.data(), 2);
+  const std::vector<ExactSum> sums = row_sum_squares(dev, grads);
+  for (size_t k = 0; k < sums.size(); ++k) squares[kinds[k]].add(sums[k]);
+  for (ExactSum& sum : squares) replicas_.all_reduce_sum(sum);
   return squares;
 }
 

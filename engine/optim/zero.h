@@ -70,6 +70,9 @@ class ZeroShards final : public ParamHooks {
   void release(int unit) override;
   void begin_grads(int unit) override;
   void end_grads(int unit) override;
+  // False: end_grads frees a unit's whole gradients unreduced, for a caller that has
+  // taken them (ExactGrads), which then fills the shards' gradients itself.
+  void set_reduces_gradients(bool reduces) { reduces_ = reduces; }
   // Finishes the gradient reductions posted so far: afterwards the accumulated
   // gradients hold them (for the device work queued after this call).
   void wait() { finish_reductions(); }
@@ -80,9 +83,9 @@ class ZeroShards final : public ParamHooks {
   // A row-sharded parameter that is trainable: its gradients are reduced onto the rows'
   // owners, which hold its state and update it. A frozen one keeps only its value rows.
   bool is_updated(size_t i) const { return is_sharded(i) && params_[i]->trainable; }
-  // Sums of squares of the accumulated gradients over the replicas: {replicated over
-  // tensor parallelism, split by it} (collective).
-  std::array<double, 2> gradient_squares(Device& dev);
+  // Sums of squares of the accumulated gradients over the replicas, exact over rows
+  // (row_sum_squares): {replicated over tensor parallelism, split by it} (collective).
+  std::array<ExactSum, 2> gradient_squares(Device& dev);
   // AdamW on the owned rows from the accumulated gradients, which are then zeroed; at
   // stage 2 the updated rows are then all-gathered into every replica's whole value.
   void update(Device& dev, const config::OptimizerConfig& opt, double lr, int64_t step,
@@ -117,6 +120,7 @@ class ZeroShards final : public ParamHooks {
   std::vector<int> uses_;           // nested acquire() count per unit
   std::vector<bool> grads_open_;    // begin_grads() seen, end_grads() not yet
   std::vector<Tensor> padded_grad_;  // by registration index, while a unit's grads are open
+  bool reduces_ = true;
   std::unique_ptr<Communicator> reduce_replicas_;
   std::vector<Reduction> in_flight_;  // the last end_grads' reductions
   WorkQueue reduce_queue_;  // last: its thread ends before the members its work uses

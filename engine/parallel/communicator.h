@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/runtime/exact_sum.h"
 #include "engine/runtime/tensor.h"
 
 namespace switchyard {
@@ -36,6 +37,8 @@ class Communicator {
   // Integer sums are exact in any order.
   void all_reduce_sum(double* values, int64_t n);
   void all_reduce_sum(int64_t* values, int64_t n);
+  // An exact sum over the group: its limbs added as integers, the same bits in any order.
+  void all_reduce_sum(ExactSum& sum) { all_reduce_sum(sum.limbs(), ExactSum::kSize); }
 
   // `in` (f32) holds size() * out.numel() elements, read as size() equal chunks;
   // rank r's `out` gets the element-wise sum over the group of chunk r, summed in rank

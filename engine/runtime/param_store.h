@@ -70,6 +70,9 @@ struct Param {
   // Whether `work` is a copy of its own (bf16) that must follow `value`.
   bool has_working_copy() const { return work.defined() && work.raw_data() != value.raw_data(); }
   Tensor grad;  // accumulated over micro-batches; undefined while not resident
+  // Under runtime.batch_invariant, the exact sum of the step's gradient parts so far
+  // (engine/optim/exact_grads.h), into which `grad` is emptied; else undefined.
+  Tensor ledger;
 };
 
 // Called by the model around each unit's use of its parameters, so that a sharding

@@ -13,6 +13,7 @@
 #include "engine/optim/zero.h"
 #include "engine/parallel/communicator.h"
 #include "engine/runtime/check.h"
+#include "kernels/exact_grad.h"
 #include "moe/capacity.h"
 
 namespace switchyard {
@@ -469,6 +470,9 @@ RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, D
     if (!holds(held, p.unit)) continue;
     const double numel = static_cast<double>(shape_numel(p.shape));
     const double copy = working == DType::kBF16 && p.shape.size() >= 2 ? 2 * numel : 0;
+    // runtime.batch_invariant's exact sums: a whole ledger of each trainable parameter.
+    if (recipe.runtime().batch_invariant() && p.trainable)
+      m.gradients += 8 * static_cast<double>(exact_grad_ledger_size(shape_numel(p.shape)));
     if (stage >= 2 && !p.spec.expert) {
       const int64_t chunk = chunk_rows(p, dp_size);
       const double rows = static_cast<double>(

@@ -17,11 +17,13 @@
 #include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
+#include "engine/optim/exact_grads.h"
 #include "engine/optim/grad_reducer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/zero.h"
 #include "engine/parallel/host_map.h"
 #include "engine/runtime/dir_lock.h"
+#include "engine/runtime/exact_sum.h"
 #include "engine/runtime/file_util.h"
 #include "engine/runtime/output_paths.h"
 #include "engine/runtime/status_macros.h"
@@ -117,12 +119,6 @@ class RankZeroSink : public ProgressSink {
   ProgressSink& sink_;
   bool active_;
 };
-
-// Sums values over the data-parallel group and divides by its size.
-void average(Communicator& dp, std::vector<double>& values) {
-  dp.all_reduce_sum(values.data(), static_cast<int64_t>(values.size()));
-  for (double& v : values) v /= dp.size();
-}
 
 // Loss-free balancing (moe/expert_bias.h): adds each MoE layer's bias update to the
 // rows of its bias this rank holds (its own rows at ZeRO stage 3, else the whole value).
@@ -351,6 +347,7 @@ struct RankTrainer {
   const std::vector<std::unique_ptr<Transformer>> chunks;
   std::unique_ptr<ZeroShards> zero;
   std::unique_ptr<OverlappedGradReduce> reducer;
+  std::unique_ptr<ExactGrads> exact;  // runtime.batch_invariant: takes the reducers' place
   std::unique_ptr<AdamWOptimizer> optimizer;
 };
 
@@ -398,10 +395,15 @@ absl::StatusOr<std::unique_ptr<RankTrainer>> build_rank_trainer(const RunContext
   t->params.initialize(run.tc.seed());
   if (t->zero) t->zero->initialize(run.tc.seed());
   refresh_working_copies(dev, t->params);
-  // Below stage 2, dense gradients are all-reduced layer by layer as backward finishes
-  // each layer, overlapped with the rest of backward (ZeroShards does the same with its
-  // reduce-scatters).
-  if (!t->zero && run.groups.dp->size() > 1) {
+  // Under runtime.batch_invariant every gradient is summed exactly, after the step's last
+  // backward. Otherwise, below stage 2, dense gradients are all-reduced layer by layer as
+  // backward finishes each layer, overlapped with the rest of backward (ZeroShards does
+  // the same with its reduce-scatters).
+  if (run.recipe.runtime().batch_invariant()) {
+    t->exact = std::make_unique<ExactGrads>(t->params, dev, *run.groups.dp, *run.groups.expert_dp,
+                                            t->zero.get());
+    for (const auto& chunk : t->chunks) chunk->set_param_hooks(t->exact.get());
+  } else if (!t->zero && run.groups.dp->size() > 1) {
     t->reducer = std::make_unique<OverlappedGradReduce>(
         t->params, std::move(run.groups.dp_background), run.groups.background_collectives);
     for (const auto& chunk : t->chunks) chunk->set_param_hooks(t->reducer.get());
@@ -590,10 +592,25 @@ struct StepResult {
   int64_t skipped_steps = 0;  // by train.skip_non_finite_steps, since this start
 };
 
-// The step's losses as this rank summed them over its forwards.
+// The step's losses as this rank summed them over its forwards: each micro-batch's terms
+// added whole and exactly, so the step's figures have the same bits however the
+// micro-batches are spread over ranks and stages (engine/runtime/exact_sum.h).
 struct StepSums {
-  LossParts loss;  // total holds the aux and z terms only, cross_entropy nothing
-  double cross_entropy_sum = 0;  // over this rank's targets
+  ExactSum router_terms;   // the weighted aux, z and sequence-aux terms of the total
+  ExactSum aux, z, seq_aux;  // unweighted
+  ExactSum cross_entropy;  // over this rank's targets
+
+  void add(const LossParts& parts) {
+    router_terms.add(parts.total - parts.cross_entropy);
+    aux.add(parts.aux_loss);
+    z.add(parts.z_loss);
+    seq_aux.add(parts.seq_aux_loss);
+    cross_entropy.add(parts.cross_entropy * static_cast<double>(parts.target_tokens));
+  }
+  void all_reduce(Communicator& group) {
+    for (ExactSum* sum : {&router_terms, &aux, &z, &seq_aux, &cross_entropy})
+      group.all_reduce_sum(*sum);
+  }
 };
 
 // One training step on this rank: its micro-batches' forwards and backwards (through the
@@ -670,11 +687,7 @@ class StepRunner {
   // One forward's losses and routing, on local chunk `chunk`.
   void count_forward(int chunk, const LossParts& parts, const RouterStats& rs, StepSums& sums,
                      ProgressWindow& window) {
-    sums.loss.total += (parts.total - parts.cross_entropy) / accumulation_;
-    sums.cross_entropy_sum += parts.cross_entropy * static_cast<double>(parts.target_tokens);
-    sums.loss.aux_loss += parts.aux_loss / accumulation_;
-    sums.loss.z_loss += parts.z_loss / accumulation_;
-    sums.loss.seq_aux_loss += parts.seq_aux_loss / accumulation_;
+    sums.add(parts);
     if (!balancers_.empty()) balancers_[chunk].add(rs);
     window.dropped += rs.dropped_assignments;
     window.assignments += rs.assignments;
@@ -697,15 +710,8 @@ class StepRunner {
                        });
     run_pipeline_step(run_.layout.pipeline_shape(), *run_.groups.pipeline, stages);
     // Every loss is the last stage's (its chunk adds the whole model's router losses in one
-    // process's order); the other stages add zeros, which leave the sums' bits alone.
-    std::vector<double> totals = {sums.loss.total, sums.loss.aux_loss, sums.loss.z_loss,
-                                  sums.loss.seq_aux_loss, sums.cross_entropy_sum};
-    run_.groups.pipeline->all_reduce_sum(totals.data(), static_cast<int64_t>(totals.size()));
-    sums.loss.total = totals[0];
-    sums.loss.aux_loss = totals[1];
-    sums.loss.z_loss = totals[2];
-    sums.loss.seq_aux_loss = totals[3];
-    sums.cross_entropy_sum = totals[4];
+    // process's order); the other stages add zeros.
+    sums.all_reduce(*run_.groups.pipeline);
   }
 
   // The micro-batches one after another through the whole model.
@@ -726,20 +732,24 @@ class StepRunner {
   // The gradients and the step's losses over every rank.
   LossParts reduce(StepSums& sums, int64_t step_targets) {
     // Dense gradients were reduced layer by layer during the last backward: all-reduced
-    // (below stage 2) or reduce-scattered onto their rows' owners (ZeRO-2/3).
-    if (t_.reducer) t_.reducer->wait();
-    if (t_.zero) t_.zero->wait();
-    run_.groups.expert_dp->all_reduce_sum(t_.params.expert_grads());
-    run_.groups.dp->all_reduce_sum(&sums.cross_entropy_sum, 1);
-    std::vector<double> losses = {sums.loss.total, sums.loss.aux_loss, sums.loss.z_loss,
-                                  sums.loss.seq_aux_loss};
-    average(*run_.groups.dp, losses);
-    LossParts loss = sums.loss;
-    loss.cross_entropy = step_targets > 0 ? sums.cross_entropy_sum / step_targets : 0.0;
-    loss.total = loss.cross_entropy + losses[0];
-    loss.aux_loss = losses[1];
-    loss.z_loss = losses[2];
-    loss.seq_aux_loss = losses[3];
+    // (below stage 2) or reduce-scattered onto their rows' owners (ZeRO-2/3); or, under
+    // runtime.batch_invariant, all are summed exactly now.
+    if (t_.exact) {
+      t_.exact->finish();
+    } else {
+      if (t_.reducer) t_.reducer->wait();
+      if (t_.zero) t_.zero->wait();
+      run_.groups.expert_dp->all_reduce_sum(t_.params.expert_grads());
+    }
+    sums.all_reduce(*run_.groups.dp);
+    // Each global micro-batch's mean loss counts 1 / (micro-batches over all ranks).
+    const double micro_batches = static_cast<double>(global_micro_batches_);
+    LossParts loss;
+    loss.cross_entropy = step_targets > 0 ? sums.cross_entropy.value() / step_targets : 0.0;
+    loss.total = loss.cross_entropy + sums.router_terms.value() / micro_batches;
+    loss.aux_loss = sums.aux.value() / micro_batches;
+    loss.z_loss = sums.z.value() / micro_batches;
+    loss.seq_aux_loss = sums.seq_aux.value() / micro_batches;
     return loss;
   }
 

@@ -394,6 +394,11 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"train.global_batch_size=10"},
                        "train.global_batch_size (10) must be divisible by train.micro_batch_size "
                        "(4)"},
+        ValidationCase{{"runtime.batch_invariant=true", "train.global_batch_size=16385",
+                        "train.micro_batch_size=1"},
+                       "runtime.batch_invariant sums the gradients of at most 16384 "
+                       "micro-batches a step; train.global_batch_size / "
+                       "train.micro_batch_size is 16385"},
         ValidationCase{{"train.global_batch_size=0", "train.micro_batch_size=0"},
                        "train.global_batch_size (0) must be > 0"},
         ValidationCase{{"train.seq_len=0"}, "train.seq_len (0) must be > 0"},

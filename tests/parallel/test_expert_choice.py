@@ -21,4 +21,4 @@ def test_expert_choice_matches_single_process(tmp_path, single, layout):
     single_losses, single_weights = single
     ranks, overrides = LAYOUTS[layout]
     losses, weights = train(tmp_path, layout, ranks, overrides + EXPERT_CHOICE)
-    assert_run_matches(losses, weights, single_losses, single_weights)
+    assert_run_matches(losses, weights, single_losses, single_weights, overrides)

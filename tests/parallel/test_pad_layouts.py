@@ -79,6 +79,6 @@ def test_padded_layout_matches_single_process(tmp_path, padded, single, layout, 
     assert len(single_val) == 3, single_val  # at steps 0, 2 and 4
     ranks, overrides = PAD_LAYOUTS[layout]
     losses, weights = train(tmp_path, layout, ranks, overrides + padded + GATINGS[gating])
-    assert_run_matches(losses, weights, single_losses, single_weights)
+    assert_run_matches(losses, weights, single_losses, single_weights, overrides)
     np.testing.assert_allclose(seq_aux_losses(tmp_path, layout), single_seq_aux, rtol=2e-4)
     np.testing.assert_allclose(val_losses(tmp_path, layout), single_val, rtol=2e-4)

@@ -50,7 +50,7 @@ def test_layout_matches_single_process(tmp_path, single, layout, gating):
     assert np.all((single_seq_aux > 1) & (single_seq_aux < 8)), single_seq_aux
     ranks, overrides = LAYOUTS[layout]
     losses, weights = train(tmp_path, layout, ranks, overrides + SEQ_AUX + GATINGS[gating])
-    assert_run_matches(losses, weights, single_losses, single_weights)
+    assert_run_matches(losses, weights, single_losses, single_weights, overrides)
     np.testing.assert_allclose(seq_aux_losses(tmp_path, layout), single_seq_aux, rtol=2e-4)
 
 

@@ -1,8 +1,9 @@
 """Layout equivalence: a data-, tensor- or expert-parallel run under mpirun trains on the
 same tokens per step as the single-process run, so its losses and final weights must
-match it (float tolerance: only the order of the sums differs) up to the first step whose
-routing differs (assert_run_matches). Also: one rank's fatal error ends the whole job
-quickly with a clear line.
+match it (assert_run_matches): bit for bit where runtime.batch_invariant makes every sum
+exact (all but tensor parallelism), else to float tolerance up to the first step whose
+routing differs. Also: one rank's fatal error ends the whole job quickly with a clear
+line.
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
@@ -117,7 +118,7 @@ def test_layout_matches_single_process(tmp_path, single, layout, routing):
     ranks, overrides = LAYOUTS[layout]
     losses, weights = train(tmp_path, layout, ranks, overrides + ROUTING[routing])
     assert losses.shape == (STEPS, 4)
-    assert_run_matches(losses, weights, single_losses, single_weights)
+    assert_run_matches(losses, weights, single_losses, single_weights, overrides)
 
 
 @pytest.mark.parametrize("layout", ["dp2", "dp2-zero3"])
@@ -219,7 +220,7 @@ def test_router_lr_and_freeze_match_single_process(tmp_path, single_fine_tune, l
     single_losses, single_weights = single_fine_tune
     ranks, overrides = LAYOUTS[layout]
     losses, weights = train(tmp_path, layout, ranks, overrides + FINE_TUNE)
-    assert_run_matches(losses, weights, single_losses, single_weights)
+    assert_run_matches(losses, weights, single_losses, single_weights, overrides)
 
 
 def routed_alike(losses, single_losses):
@@ -230,15 +231,32 @@ def routed_alike(losses, single_losses):
     return len(losses.routing)
 
 
-def assert_run_matches(losses, weights, single_losses, single_weights):
-    """An fp32 run of another layout against one process, up to the first step whose
-    routing differs. The layouts add their sums in other orders, so a near-tie between
-    two experts (or, with a capacity, two tokens) can settle otherwise, and from there the
-    runs part chaotically: a flip is detected by its routing_digest, never fitted by a
-    tolerance (docs/determinism.md). Step 1 starts from the same weights and, under
-    runtime.batch_invariant (COMMON), computes each token's forward bit for bit as one
-    process does, so it must route alike; its gradient norm, compared there, checks every
-    gradient of the layout before any routing can part."""
+def sums_exact(overrides):
+    """Whether runtime.batch_invariant (COMMON) makes every sum of a layout exact, so that
+    it must give one process's bits: all but tensor parallelism, whose partial products
+    meet in another order (docs/determinism.md)."""
+    return not any(o.startswith("parallel.tensor_parallel_size=") and o != "parallel.tensor_parallel_size=1"
+                   for o in overrides)
+
+
+def assert_run_matches(losses, weights, single_losses, single_weights, overrides=None):
+    """A run of another layout (its `overrides`) against one process: bit for bit when
+    the mode's sums are exact for the layout (sums_exact); otherwise an fp32 run up to the
+    first step whose routing differs. Such layouts add their sums in other orders, so a
+    near-tie between two experts (or, with a capacity, two tokens) can settle otherwise,
+    and from there the runs part chaotically: a flip is detected by its routing_digest,
+    never fitted by a tolerance (docs/determinism.md). Step 1 starts from the same weights
+    and, under runtime.batch_invariant (COMMON), computes each token's forward bit for
+    bit as one process does, so it must route alike; its gradient norm, compared there,
+    checks every gradient of the layout before any routing can part."""
+    if overrides is not None and sums_exact(overrides):
+        assert losses.routing == single_losses.routing
+        assert losses.tobytes() == single_losses.tobytes(), (losses, single_losses)
+        assert set(weights) == set(single_weights)
+        differing = [name for name in weights
+                     if weights[name].tobytes() != single_weights[name].tobytes()]
+        assert not differing, differing
+        return
     same = routed_alike(losses, single_losses)
     assert same >= 1, (losses.routing, single_losses.routing)
     np.testing.assert_allclose(losses[0], single_losses[0], rtol=1e-6)
@@ -267,13 +285,14 @@ def assert_weights_match(weights, reference):
 def test_sharding_saves_memory(tmp_path):
     """Per-rank bytes from the memory report (the engine's allocator), dense and expert
     apart. 8 layers, so that no single layer's parameters, which ZeRO-3 gathers whole
-    while the layer runs, dominate the dense ones."""
+    while the layer runs, dominate the dense ones. Outside runtime.batch_invariant, whose
+    exact gradient sums keep a whole ledger on every rank."""
     def memory(name, ranks, overrides):
         run_dir = tmp_path / name
         subprocess.run(mpirun(ranks) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir),
                                         "--dataset-cache", str(tmp_path / "datasets"), *COMMON,
                                         "--set", "model.num_layers=8", "--set", "train.steps=1",
-                                        *overrides],
+                                        "--set", "runtime.batch_invariant=false", *overrides],
                        check=True, capture_output=True, env=ENV, timeout=300)
         for line in (run_dir / "metrics.jsonl").read_text().splitlines():
             if "memory_bytes" in line:
