@@ -14,6 +14,10 @@ def escape(text):
     return text.replace("|", "\\|")
 
 
+# The checkout's own files (the recipes) are named relative to it, as from its root.
+CHECKOUT = str(Path(__file__).resolve().parents[2]) + "/"
+
+
 def main():
     with tempfile.TemporaryDirectory() as root:
         world = make_world(Path(root) / "world")
@@ -23,7 +27,7 @@ def main():
             tmp = Path(root) / f"case{i}"
             tmp.mkdir()
             status, lines = run_refused(case.make(world, tmp))
-            line = lines[0].replace(root, "…") if lines else "(nothing)"
+            line = lines[0].replace(root, "…").replace(CHECKOUT, "") if lines else "(nothing)"
             print(f"| `{case.id}` | {escape(case.input)} | {escape(case.damage)} | "
                   f"{status}: `{escape(line)}` |")
 
