@@ -16,7 +16,8 @@ ExactGrads::ExactGrads(ParamStore& params, Device& dev, Communicator& dense_repl
   units_.resize(static_cast<size_t>(std::max(params.num_units(), 1)));
   int64_t dense = 0, expert = 0;
   for (const Param& p : params.params())
-    if (p.trainable) (p.spec.expert ? expert : dense) += exact_grad_ledger_size(shape_numel(p.shape));
+    if (p.trainable)
+      (p.spec.expert ? expert : dense) += exact_grad_ledger_size(shape_numel(p.shape));
   dense_ledger_ = Tensor::zeros({dense}, DType::kI64, MemoryKind::kGradients, dev);
   expert_ledger_ = Tensor::zeros({expert}, DType::kI64, MemoryKind::kExpertGradients, dev);
   dense = expert = 0;

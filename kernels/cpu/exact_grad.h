@@ -19,6 +19,9 @@ namespace switchyard::cpu {
 
 static_assert(kExactGradMaxParts <= int64_t{1} << 14, "a ledger's limbs hold 2^14 parts");
 
+// 2^48: the weight of hi, one past the largest lo.
+inline constexpr int64_t kExactGradLow = int64_t{1} << 48;
+
 // The two counts after the pairs: parts that were NaN, and parts that were infinite or
 // beyond the range.
 struct ExactGradFaults {
@@ -72,9 +75,9 @@ inline void exact_grad_add(const float* part, int64_t* pairs, int64_t n, ExactGr
     }
     if (units == 0) continue;
     const __int128 x =
-        (static_cast<__int128>(pairs[2 * i]) << 48) + pairs[2 * i + 1] + units;
+        static_cast<__int128>(pairs[2 * i]) * kExactGradLow + pairs[2 * i + 1] + units;
     pairs[2 * i] = static_cast<int64_t>(x >> 48);
-    pairs[2 * i + 1] = static_cast<int64_t>(x & ((int64_t{1} << 48) - 1));
+    pairs[2 * i + 1] = static_cast<int64_t>(x & (kExactGradLow - 1));
   }
   faults.nan += nan;
   faults.out_of_range += out_of_range;
@@ -92,7 +95,7 @@ inline void exact_grad_read(const int64_t* pairs, const ExactGradFaults& faults,
       out[i] = nan ? NAN : INFINITY;
       continue;
     }
-    const __int128 x = (static_cast<__int128>(pairs[2 * i]) << 48) + pairs[2 * i + 1];
+    const __int128 x = static_cast<__int128>(pairs[2 * i]) * kExactGradLow + pairs[2 * i + 1];
     // One rounding to f32, then an exact scaling by a power of two.
     out[i] = std::ldexp(static_cast<float>(x), -64);
   }

@@ -17,9 +17,7 @@ namespace {
 
 using testing::host_tensor;
 
-Tensor ledger_for(int64_t n) {
-  return Tensor::zeros({exact_grad_ledger_size(n)}, DType::kI64);
-}
+Tensor ledger_for(int64_t n) { return Tensor::zeros({exact_grad_ledger_size(n)}, DType::kI64); }
 
 std::vector<float> read(const Tensor& ledger, int64_t n) {
   Tensor out = Tensor::empty({n}, DType::kF32);
@@ -49,7 +47,8 @@ TEST(ExactGradTest, TheSumIsRoundedOnceInAnyOrderAndSplit) {
   for (const auto& part : parts) add(whole, part);
   const std::vector<float> sums = read(whole, kElements);
   for (int64_t i = 0; i < kElements; ++i)
-    EXPECT_EQ(std::bit_cast<uint32_t>(sums[i]), std::bit_cast<uint32_t>(static_cast<float>(exact[i])));
+    EXPECT_EQ(std::bit_cast<uint32_t>(sums[i]),
+              std::bit_cast<uint32_t>(static_cast<float>(exact[i])));
 
   // Shuffled, and split over three ledgers whose integers are then added.
   std::shuffle(parts.begin(), parts.end(), rng);
@@ -57,7 +56,8 @@ TEST(ExactGradTest, TheSumIsRoundedOnceInAnyOrderAndSplit) {
   for (size_t p = 0; p < parts.size(); ++p) add(ranks[p % 3], parts[p]);
   Tensor reduced = ledger_for(kElements);
   for (const Tensor& r : ranks)
-    for (int64_t i = 0; i < reduced.numel(); ++i) reduced.data<int64_t>()[i] += r.data<int64_t>()[i];
+    for (int64_t i = 0; i < reduced.numel(); ++i)
+      reduced.data<int64_t>()[i] += r.data<int64_t>()[i];
   EXPECT_EQ(read(reduced, kElements), sums);
 }
 
