@@ -49,7 +49,7 @@ TEST(ExactSumTest, MatchesAnIntegerReferenceRoundedOnce) {
       const int64_t k = mantissa(rng);
       const int e = exponent(rng);
       values.push_back(std::ldexp(static_cast<double>(k), e));
-      reference += static_cast<__int128>(k) << (e + 30);
+      reference += static_cast<__int128>(k) * (static_cast<__int128>(1) << (e + 30));
     }
     const double expected = std::ldexp(static_cast<double>(reference), -30);
     EXPECT_EQ(bits(exact_sum(values)), bits(expected)) << "trial " << trial;
