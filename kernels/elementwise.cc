@@ -149,6 +149,19 @@ double sum_squares(Device& dev, const Tensor& x) {
 }
 
 std::vector<ExactSum> row_sum_squares(Device& dev, const std::vector<Tensor>& xs) {
+  std::vector<ExactSum> sums(xs.size());
+  if (!dev.is_cuda()) {
+    // Each row's sum as sum_squares computes it, read in place.
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const Tensor x = any_bf16({&xs[i]}) ? widened(xs[i]) : xs[i];
+      const int64_t rows = x.rank() > 0 ? x.dim(0) : 1;
+      const int64_t row = rows > 0 ? x.numel() / rows : 0;
+      for (int64_t r = 0; r < rows; ++r)
+        sums[i].add(cpu::sum_squares(x.data<float>() + r * row, row));
+    }
+    return sums;
+  }
+  // On a device, one sum_squares call over every row, for a single wait.
   std::vector<Tensor> rows;
   std::vector<size_t> owner;  // the tensor of each row
   for (size_t i = 0; i < xs.size(); ++i) {
@@ -159,7 +172,6 @@ std::vector<ExactSum> row_sum_squares(Device& dev, const std::vector<Tensor>& xs
     }
   }
   const std::vector<double> row_sums = sum_squares(dev, rows);
-  std::vector<ExactSum> sums(xs.size());
   for (size_t r = 0; r < rows.size(); ++r) sums[owner[r]].add(row_sums[r]);
   return sums;
 }
