@@ -9,9 +9,7 @@
 #endif
 
 namespace switchyard {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 void add_(Device& dev, Tensor& y, const Tensor& x, float alpha) {
   SY_CHECK_MSG(is_float(y) && x.dtype() == y.dtype(),
@@ -150,29 +148,39 @@ double sum_squares(Device& dev, const Tensor& x) {
 
 std::vector<ExactSum> row_sum_squares(Device& dev, const std::vector<Tensor>& xs) {
   std::vector<ExactSum> sums(xs.size());
-  if (!dev.is_cuda()) {
-    // Each row's sum as sum_squares computes it, read in place.
+  for (const Tensor& x : xs)
+    SY_CHECK_MSG(is_float(x), "row_sum_squares: tensors must be f32 or bf16");
+  auto rows_of = [](const Tensor& x) { return x.rank() > 0 ? x.dim(0) : int64_t{1}; };
+  auto row_length = [&](const Tensor& x) { return rows_of(x) > 0 ? x.numel() / rows_of(x) : 0; };
+#ifdef SWITCHYARD_WITH_CUDA
+  if (dev.is_cuda()) {
+    // One launch per tensor into one buffer of row sums, read back with a single wait.
+    std::vector<int64_t> first_row(xs.size() + 1, 0);
+    for (size_t i = 0; i < xs.size(); ++i) first_row[i + 1] = first_row[i] + rows_of(xs[i]);
+    Tensor cells = Tensor::empty({first_row.back()}, DType::kI64, MemoryKind::kOther, dev);
+    double* cell_sums = static_cast<double*>(cells.raw_data());
     for (size_t i = 0; i < xs.size(); ++i) {
-      const Tensor x = any_bf16({&xs[i]}) ? widened(xs[i]) : xs[i];
-      const int64_t rows = x.rank() > 0 ? x.dim(0) : 1;
-      const int64_t row = rows > 0 ? x.numel() / rows : 0;
-      for (int64_t r = 0; r < rows; ++r)
-        sums[i].add(cpu::sum_squares(x.data<float>() + r * row, row));
+      cudaStream_t stream = op_stream(dev, "row_sum_squares", {&xs[i]});
+      with_cuda_type(xs[i], [&](auto type) {
+        using T = typename decltype(type)::type;
+        cuda::row_sum_squares(cuda_data<T>(xs[i]), rows_of(xs[i]), row_length(xs[i]),
+                              cell_sums + first_row[i], stream);
+      });
     }
+    std::vector<double> row_sums(first_row.back());
+    dev.copy_to_host(row_sums.data(), cells.raw_data(), cells.nbytes());
+    for (size_t i = 0; i < xs.size(); ++i)
+      for (int64_t r = first_row[i]; r < first_row[i + 1]; ++r) sums[i].add(row_sums[r]);
     return sums;
   }
-  // On a device, one sum_squares call over every row, for a single wait.
-  std::vector<Tensor> rows;
-  std::vector<size_t> owner;  // the tensor of each row
+#endif
+  SY_CHECK_MSG(!dev.is_cuda(), "row_sum_squares: this build has no CUDA backend");
+  // Each row's sum as sum_squares computes it, read in place.
   for (size_t i = 0; i < xs.size(); ++i) {
-    const Tensor x = xs[i].rank() > 0 ? xs[i] : xs[i].reshape({1});
-    for (int64_t r = 0; r < x.dim(0); ++r) {
-      rows.push_back(x.slice_rows(r, r + 1));
-      owner.push_back(i);
-    }
+    const Tensor x = any_bf16({&xs[i]}) ? widened(xs[i]) : xs[i];
+    for (int64_t r = 0; r < rows_of(x); ++r)
+      sums[i].add(cpu::sum_squares(x.data<float>() + r * row_length(x), row_length(x)));
   }
-  const std::vector<double> row_sums = sum_squares(dev, rows);
-  for (size_t r = 0; r < rows.size(); ++r) sums[owner[r]].add(row_sums[r]);
   return sums;
 }
 

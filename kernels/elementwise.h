@@ -25,8 +25,9 @@ void bias_backward(Device& dev, const Tensor& dy, Tensor& dbias);
 std::vector<double> sum_squares(Device& dev, const std::vector<Tensor>& xs);
 // The same for one tensor.
 double sum_squares(Device& dev, const Tensor& x);
-// Sums of squares of each tensor, exact over its rows (dimension 0): each row's sum as
-// sum_squares gives it, the rows' sums added exactly. A tensor split into ranges of rows
+// Sums of squares of each tensor, exact over its rows (dimension 0): each row's sum in
+// double in an order fixed by the row's length (on the CPU as sum_squares gives it), the
+// rows' sums added exactly. A tensor split into ranges of rows
 // (expert shards, ZeRO row shards) gives, summed exactly over its parts, the whole
 // tensor's bits.
 std::vector<ExactSum> row_sum_squares(Device& dev, const std::vector<Tensor>& xs);

@@ -51,6 +51,21 @@ __global__ void sum_squares_partial_kernel(const T* x, int64_t n, double* partia
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
+// One block per row (grid-stride over rows): each row's sum in an order fixed by the
+// row's length alone, whatever the number of rows.
+template <typename T>
+__global__ void row_sum_squares_kernel(const T* x, int64_t rows, int64_t n, double* sums) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const double v = static_cast<double>(static_cast<float>(x[r * n + i]));
+      sum += v * v;
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) sums[r] = sum;
+  }
+}
+
 __global__ void sum_partials_kernel(const double* partial, int count, double* total) {
   double sum = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
@@ -128,6 +143,13 @@ void sum_squares(const T* const* xs, const int64_t* ns, int count, double* total
   }
 }
 
+template <typename T>
+void row_sum_squares(const T* x, int64_t rows, int64_t n, double* sums, cudaStream_t stream) {
+  if (rows == 0) return;
+  row_sum_squares_kernel<<<grid_blocks(rows, 1), kThreads, 0, stream>>>(x, rows, n, sums);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T, typename G>
 void sigmoid_gate_forward(const T* x, const G* g, T* y, int64_t rows, int64_t n,
                           cudaStream_t stream) {
@@ -145,11 +167,12 @@ void sigmoid_gate_backward(const T* dy, const T* x, const G* g, T* dx, G* dg, in
   SY_CUDA_CHECK_LAUNCH();
 }
 
-#define SY_INSTANTIATE_ELEMENTWISE(T)                                               \
-  template void add<T>(T*, const T*, float, int64_t, cudaStream_t);                 \
-  template void scale<T>(T*, float, int64_t, cudaStream_t);                         \
-  template void bias_backward<T>(const T*, float*, int64_t, int64_t, cudaStream_t); \
-  template void sum_squares<T>(const T* const*, const int64_t*, int, double*, cudaStream_t);
+#define SY_INSTANTIATE_ELEMENTWISE(T)                                                        \
+  template void add<T>(T*, const T*, float, int64_t, cudaStream_t);                          \
+  template void scale<T>(T*, float, int64_t, cudaStream_t);                                  \
+  template void bias_backward<T>(const T*, float*, int64_t, int64_t, cudaStream_t);          \
+  template void sum_squares<T>(const T* const*, const int64_t*, int, double*, cudaStream_t); \
+  template void row_sum_squares<T>(const T*, int64_t, int64_t, double*, cudaStream_t);
 #define SY_INSTANTIATE_ELEMENTWISE_PAIR(T, U)                                              \
   template void add_bias<T, U>(T*, const U*, int64_t, int64_t, cudaStream_t);              \
   template void sigmoid_gate_forward<T, U>(const T*, const U*, T*, int64_t, int64_t,       \

@@ -429,7 +429,9 @@ void grouped_batched_matmul_nn(Blas& blas, const void* a, const void* w, const i
 void grouped_batched_matmul_tn_accumulate(Blas& blas, const void* a, const void* b,
                                           const int32_t* host_sizes, int64_t groups, int64_t n,
                                           int64_t k, void* dw, GemmTypes types) {
-  if (!grouped_batched_supports(types)) {
+  // Into a bf16 dw, cuBLAS rounds each product to bf16 before it adds dw (gemm() above);
+  // the loop's gemm() adds an f32 product with one rounding, as the CPU does.
+  if (!grouped_batched_supports(types) || types.c == CUDA_R_16BF) {
     grouped_matmul_tn_accumulate(blas, a, b, host_sizes, groups, n, k, dw, types);
     return;
   }

@@ -81,7 +81,8 @@ bool grouped_batched_supports(GemmTypes types);
 // from pinned staging memory, which the next call reuses once that copy has run (so the
 // host runs at most one grouped batched call ahead of the stream). Types it does not
 // support run the per-group loop above instead; so do the groups whose bf16 pointers
-// lack the alignment cuBLAS asks for (see grouped_batched in gemm.cu).
+// lack the alignment cuBLAS asks for (see grouped_batched in gemm.cu), and
+// tn_accumulate into a bf16 dw (cuBLAS would round each product to bf16 before adding).
 void grouped_batched_matmul_nt(Blas& blas, const void* a, const void* w, const int32_t* host_sizes,
                                int64_t groups, int64_t n, int64_t k, void* out, GemmTypes types);
 void grouped_batched_matmul_nn(Blas& blas, const void* a, const void* w, const int32_t* host_sizes,

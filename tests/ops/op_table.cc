@@ -232,6 +232,39 @@ OpEntry sum_squares_entry() {
   return e;
 }
 
+// The gradient norm's sums of squares, exact over rows: one tensor (dims: rows, row
+// length), whole and split into two ranges of rows, whose sums added exactly must give
+// the whole's bits (an expert or ZeRO row split leaves the norm alike). Rows of one
+// element, rows far longer than a GPU block, more rows than one grid; no rows.
+OpEntry row_sum_squares_entry() {
+  OpEntry e;
+  e.name = "row_sum_squares";
+  e.dims = {{1, 1}, {3, 257}, {70000, 3}, {2, 1000003}, {0, 5}};
+  e.dtypes = kOneDtype;
+  e.inputs = [](const OpCase& c) {
+    return std::vector<Tensor>{input({c.dims[0], c.dims[1]}, c.dtypes[0], 40, c, -3, 3)};
+  };
+  e.run = [](const OpRun& r, const OpCase& c) {
+    const int64_t rows = c.dims[0], half = rows / 2;
+    const Tensor& x = r.in(0);
+    const std::vector<ExactSum> whole = row_sum_squares(r.device(), {x});
+    std::vector<ExactSum> parts =
+        row_sum_squares(r.device(), {x.slice_rows(0, half), x.slice_rows(half, rows)});
+    parts[0].add(parts[1]);
+    return std::vector<OpResult>{result("whole", {whole[0].value()}),
+                                 result("two ranges of rows", {parts[0].value()})};
+  };
+  e.reference = [](const Values& in, const OpCase&) {
+    const std::vector<double> sum{
+        cpu::sum_squares<double>(in[0].data(), static_cast<int64_t>(in[0].size()))};
+    return Values{sum, sum};
+  };
+  e.invariant = [](const std::vector<OpResult>& results) {
+    EXPECT_EQ(results[0].values, results[1].values) << "whole and split rows differ";
+  };
+  return e;
+}
+
 // dims (rows, dim): dims below, above and far above a GPU block; more rows than one grid
 // of blocks; no rows. dtypes (activations, weight); rstd and dweight are f32, dweight
 // accumulated onto.
@@ -902,7 +935,7 @@ OpEntry permute() {
         result("dx", dx),
         result("y", y),
         result("dyp", dyp),
-        result("dweights", dweights)};
+        result("dweights", dweights, Match::kSum)};
   };
   e.reference = [](const Values& in, const OpCase& c) {
     const int64_t n = c.dims[0], capacity = c.dims[2], h = kPermuteHidden;
@@ -927,6 +960,7 @@ OpEntry permute() {
   e.loss_result = 6;
   e.upstream = 5;
   e.gradients = {{4, 7}, {6, 8}};
+  e.choice_inputs = {1};  // the router weights order the assignments a capacity keeps
   e.invariant = [](const std::vector<OpResult>& results) {
     EXPECT_EQ(results[0].values[3], 0) << "expert 3 is never chosen";
     EXPECT_EQ(results[0].values[8], 0) << "expert 8 is never chosen";
@@ -1025,10 +1059,23 @@ OpEntry columns() {
 const std::vector<OpEntry>& op_table() {
   static const std::vector<OpEntry> table = [] {
     std::vector<OpEntry> entries = {
-        add_and_scale(), bias(),    sigmoid_gate(), sum_squares_entry(),
-        rmsnorm(),       swiglu(),  rope(),         embedding(),
-        convert_entry(), adamw(),   matmul_entry(), grouped_matmul(),
-        permute(),       regroup(), attention(),    columns(),
+        add_and_scale(),
+        bias(),
+        sigmoid_gate(),
+        sum_squares_entry(),
+        row_sum_squares_entry(),
+        rmsnorm(),
+        swiglu(),
+        rope(),
+        embedding(),
+        convert_entry(),
+        adamw(),
+        matmul_entry(),
+        grouped_matmul(),
+        permute(),
+        regroup(),
+        attention(),
+        columns(),
     };
     for (OpEntry& e : routing_entries()) entries.push_back(std::move(e));
     return entries;

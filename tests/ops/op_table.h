@@ -109,6 +109,10 @@ struct OpEntry {
   size_t loss_result = 0;
   size_t upstream = 0;
   std::vector<Gradient> gradients;
+  // Inputs that steer a discrete choice (the priorities that decide which assignments a
+  // capacity keeps): the magnitudes of kSum results take them as they are, not their
+  // absolute values, so that they follow the same choices as the results.
+  std::vector<size_t> choice_inputs;
   Tolerance tol;
   // Properties of one backend's results, checked on each (results agreeing with each
   // other bit for bit, say).
