@@ -1,5 +1,7 @@
 #include "kernels/cuda/elementwise.h"
 
+#include <algorithm>
+
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -51,16 +53,34 @@ __global__ void sum_squares_partial_kernel(const T* x, int64_t n, double* partia
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
-// One block per row (grid-stride over rows): each row's sum in an order fixed by the
-// row's length alone, whatever the number of rows.
+// Rows are summed in chunks of kRowChunk elements, one block per chunk, then each row's
+// chunk sums in order: a row's sum depends on its length alone, not on the number of
+// rows, and a long row (an expert's whole matrix) is spread over many blocks.
+constexpr int64_t kRowChunk = 8192;
+
+int64_t row_chunks(int64_t n) { return std::max<int64_t>(1, (n + kRowChunk - 1) / kRowChunk); }
+
 template <typename T>
-__global__ void row_sum_squares_kernel(const T* x, int64_t rows, int64_t n, double* sums) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+__global__ void row_chunk_squares_kernel(const T* x, int64_t rows, int64_t n, int64_t chunks,
+                                         double* partial) {
+  for (int64_t b = blockIdx.x; b < rows * chunks; b += gridDim.x) {
+    const int64_t r = b / chunks, begin = b % chunks * kRowChunk;
+    const int64_t end = begin + kRowChunk < n ? begin + kRowChunk : n;
     double sum = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
       const double v = static_cast<double>(static_cast<float>(x[r * n + i]));
       sum += v * v;
     }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) partial[b] = sum;
+  }
+}
+
+__global__ void row_chunk_sums_kernel(const double* partial, int64_t rows, int64_t chunks,
+                                      double* sums) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    double sum = 0.0;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) sum += partial[r * chunks + c];
     sum = block_sum(sum);
     if (threadIdx.x == 0) sums[r] = sum;
   }
@@ -146,7 +166,13 @@ void sum_squares(const T* const* xs, const int64_t* ns, int count, double* total
 template <typename T>
 void row_sum_squares(const T* x, int64_t rows, int64_t n, double* sums, cudaStream_t stream) {
   if (rows == 0) return;
-  row_sum_squares_kernel<<<grid_blocks(rows, 1), kThreads, 0, stream>>>(x, rows, n, sums);
+  const int64_t chunks = row_chunks(n);
+  Scratch<double> partial(rows * chunks, stream);
+  row_chunk_squares_kernel<<<grid_blocks(rows * chunks, 1), kThreads, 0, stream>>>(
+      x, rows, n, chunks, partial.get());
+  SY_CUDA_CHECK_LAUNCH();
+  row_chunk_sums_kernel<<<grid_blocks(rows, 1), kThreads, 0, stream>>>(partial.get(), rows, chunks,
+                                                                       sums);
   SY_CUDA_CHECK_LAUNCH();
 }
 

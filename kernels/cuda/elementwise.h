@@ -30,7 +30,7 @@ template <typename T>
 void sum_squares(const T* const* xs, const int64_t* ns, int count, double* totals,
                  cudaStream_t stream);
 // Sums of squares of each row of x: (rows, n) in double, in an order fixed by n alone,
-// into sums[r] on the device; one launch for all rows.
+// into sums[r] on the device; two launches for all rows, long rows over many blocks.
 template <typename T>
 void row_sum_squares(const T* x, int64_t rows, int64_t n, double* sums, cudaStream_t stream);
 // y[r] += sigmoid(g[r]) * x[r]; x, y: (rows, n), g: (rows).
