@@ -346,14 +346,15 @@ struct BalanceRun {
   std::optional<PlacementAdvice> placement;
 };
 
-// "busiest rank: 1234 tokens contiguous, 1100 advised (-10.9%), >= 1090 for any placement".
+// "busiest rank 1234 assignments contiguous, 1100 advised (-10.9%), >= 1090 for any
+// placement": a rank's load is the routed assignments its experts take.
 std::string placement_line(const PlacementAdvice& a) {
   const double change = a.contiguous_max > 0 ? 100.0 * (static_cast<double>(a.advised_max) /
                                                             static_cast<double>(a.contiguous_max) -
                                                         1.0)
                                              : 0.0;
-  return absl::StrFormat("busiest rank %lld tokens contiguous, %lld advised (%+.1f%%), >= %lld for "
-                         "any placement; parallel.expert_placement: [%s]",
+  return absl::StrFormat("busiest rank %lld assignments contiguous, %lld advised (%+.1f%%), "
+                         ">= %lld for any placement; parallel.expert_placement: [%s]",
                          static_cast<long long>(a.contiguous_max),
                          static_cast<long long>(a.advised_max), change,
                          static_cast<long long>(a.lower_bound), absl::StrJoin(a.placement, ", "));
@@ -395,8 +396,8 @@ void print_table(const std::vector<Variant>& variants, const std::vector<Balance
       const AllToAllStats& a = run.overall.all_to_all;
       for (size_t p = 0; p < a.sent_bytes.size(); ++p) {
         if (variant_width > 0) std::printf("%-*s ", variant_width, "");
-        std::printf("rank %zu: sent %.3f MB, received %.3f MB, %lld tokens (advised placement: "
-                    "%lld)\n",
+        std::printf("rank %zu: sent %.3f MB, received %.3f MB, %lld assignments (advised "
+                    "placement: %lld)\n",
                     p, a.sent_bytes[p] / 1e6, a.received_bytes[p] / 1e6,
                     static_cast<long long>(run.placement->contiguous_loads[p]),
                     static_cast<long long>(run.placement->advised_loads[p]));
@@ -464,25 +465,25 @@ std::string legend_svg(int experts) {
   return svg;
 }
 
-// Bars of the tokens each expert-parallel rank's experts take, under the contiguous and
+// Bars of the assignments each expert-parallel rank's experts take, under the contiguous and
 // the advised placement.
 std::string rank_load_svg(const PlacementAdvice& a) {
-  const int64_t max_tokens = std::max<int64_t>(1, std::max(a.contiguous_max, a.advised_max));
+  const int64_t max_load = std::max<int64_t>(1, std::max(a.contiguous_max, a.advised_max));
   constexpr int kLeft = 110, kBar = 300, kRow = 18;
   const int ranks = static_cast<int>(a.contiguous_loads.size());
   std::string svg = absl::StrCat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"",
                                  kLeft + kBar + 120, "\" height=\"", ranks * 2 * kRow + 10,
                                  "\" font-size=\"11\">\n");
   for (int p = 0; p < ranks; ++p) {
-    const int64_t tokens[2] = {a.contiguous_loads[p], a.advised_loads[p]};
+    const int64_t load[2] = {a.contiguous_loads[p], a.advised_loads[p]};
     for (int d = 0; d < 2; ++d) {
       const int y = (2 * p + d) * kRow;
-      const int w = static_cast<int>(kBar * tokens[d] / max_tokens);
+      const int w = static_cast<int>(kBar * load[d] / max_load);
       absl::StrAppend(&svg, "<text x=\"4\" y=\"", y + 13, "\">rank ", p,
                       d ? " advised" : " contiguous", "</text><rect x=\"", kLeft, "\" y=\"",
                       y + 2, "\" width=\"", w, "\" height=\"", kRow - 4, "\" fill=\"",
                       d ? "#4a7" : "#47a", "\"/><text x=\"", kLeft + w + 4, "\" y=\"", y + 13,
-                      "\">", tokens[d], " tokens</text>\n");
+                      "\">", load[d], " assignments</text>\n");
     }
   }
   absl::StrAppend(&svg, "</svg>\n");
@@ -808,6 +809,10 @@ absl::Status BenchCommand::run_balance() {
     std::printf(" top-%d\n", recipe.moe().top_k());
   else
     std::printf(", compared: %s\n", compare_.c_str());
+  if (ep_ > 1)
+    std::printf("--ep %d: a rank's load is the assignments its experts take (a token counts once "
+                "for each expert it is routed to), all MoE layers together\n",
+                ep_);
   print_table(variants, runs);
   if (history) {
     std::printf("run %s: %zu logged steps; each layer's max/mean at the first and the last:\n",

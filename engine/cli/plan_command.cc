@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "engine/cli/build_info.h"
 #include "engine/cli/number_flags.h"
 #include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
@@ -23,6 +26,7 @@
 #include "engine/train/memory_plan.h"
 #include "engine/train/peak.h"
 #include "kernels/devices.h"
+#include "kernels/threads.h"
 
 namespace switchyard {
 
@@ -51,6 +55,7 @@ struct Machine {
   std::shared_ptr<ShardCache> shards = std::make_shared<ShardCache>();
   double memory_bytes = 0;
   double peak_flops = 0;       // one device's
+  std::string peak_source;     // where peak_flops came from, for the header
   double bandwidth_bytes = 0;  // one rank's, per second, for every collective
 };
 
@@ -196,6 +201,13 @@ void estimate_step(const config::Recipe& recipe, const ModelStats& stats, const 
                bubble / (1 - bubble);
 }
 
+// A recipe that trains on the CPU: it names device "cpu", or none on a machine without a
+// GPU (where train picks the CPU).
+bool on_cpu(const config::Recipe& recipe) {
+  const std::string& device = recipe.runtime().device();
+  return device == "cpu" || (device.empty() && visible_gpus() == 0);
+}
+
 // The plan of `c` on `world` ranks; nullopt for a layout the recipe refuses.
 std::optional<LayoutPlan> plan_layout(const config::Recipe& base, const ModelStats& stats,
                                       const Machine& machine, int world, LayoutChoice c,
@@ -228,7 +240,7 @@ std::optional<LayoutPlan> plan_layout(const config::Recipe& base, const ModelSta
   LayoutPlan p;
   p.choice = c;
   p.layout = *layout;
-  const DType working = working_dtype(recipe.runtime().precision(), /*on_gpu=*/true);
+  const DType working = working_dtype(recipe.runtime().precision(), !on_cpu(recipe));
   for (const RankMemory& m : plan_rank_memory(recipe, p.layout, working, machine.shards.get()))
     if (m.total() > p.worst.total()) p.worst = m;
   p.fits = p.worst.total() <= machine.memory_bytes;
@@ -284,14 +296,43 @@ std::string in_flight_text(const LayoutPlan& p) {
                          held);
 }
 
+// The step-time columns: each term's name (the header) and its seconds in that width.
+struct StepTerm {
+  const char* name;
+  double LayoutPlan::*seconds;
+};
+constexpr StepTerm kStepTerms[] = {
+    {"compute", &LayoutPlan::compute_s},       {"recompute", &LayoutPlan::recompute_s},
+    {"all-to-all", &LayoutPlan::all_to_all_s}, {"tp", &LayoutPlan::tensor_parallel_s},
+    {"pipeline", &LayoutPlan::pipeline_s},     {"bubble", &LayoutPlan::bubble_s},
+    {"gradients", &LayoutPlan::gradient_s}};
+constexpr int kColumn = 9;
+
+int column_width(const char* name) {
+  return std::max(kColumn, static_cast<int>(std::strlen(name)));
+}
+
+// "  #  layout    step s =   compute + ... + gradients   fullest rank's memory": what
+// each row's columns are, and their unit.
+std::string header_text(int layout_width) {
+  std::string text =
+      absl::StrFormat("  #  %-*s %*s =", layout_width, "layout", kColumn, "step s");
+  for (size_t i = 0; i < std::size(kStepTerms); ++i)
+    absl::StrAppend(&text, i > 0 ? " + " : " ",
+                    absl::StrFormat("%*s", column_width(kStepTerms[i].name), kStepTerms[i].name));
+  return absl::StrCat(text, "   fullest rank's memory");
+}
+
 std::string fit_text(const LayoutPlan& p, const Machine& machine) {
-  if (p.fits)
-    return absl::StrFormat("step %.4g s (compute %.4g, recompute %.4g, all-to-all %.4g, tp %.4g, "
-                           "pipeline %.4g, bubble %.4g, gradients %.4g); %s on rank %d%s",
-                           p.step_s(), p.compute_s, p.recompute_s, p.all_to_all_s,
-                           p.tensor_parallel_s, p.pipeline_s, p.bubble_s, p.gradient_s,
-                           size_text(p.worst.total()), p.worst.rank, in_flight_text(p)) +
-           (p.tight ? ", less than a tenth left" : "");
+  if (p.fits) {
+    std::string text = absl::StrFormat("%*.4g  ", kColumn, p.step_s());
+    for (size_t i = 0; i < std::size(kStepTerms); ++i)
+      absl::StrAppend(&text, i > 0 ? "   " : " ",
+                      absl::StrFormat("%*.4g", column_width(kStepTerms[i].name),
+                                      p.*kStepTerms[i].seconds));
+    return absl::StrCat(text, "   ", size_text(p.worst.total()), " on rank ", p.worst.rank,
+                        in_flight_text(p), p.tight ? ", less than a tenth left" : "");
+  }
   const auto [term, bytes] = largest_term(p.worst);
   return absl::StrFormat("does not fit: rank %d needs %s of %s, the most for %s (%s)%s",
                          p.worst.rank, size_text(p.worst.total()),
@@ -336,7 +377,8 @@ PlanCommand::PlanCommand(CLI::App& app) {
       ->check(size_with_units());
   plan_->add_option("--layout", layout_,
                     "one layout, pp=N,tp=N,ep=N,zero=0..3,recompute=none|selective|full "
-                    "(unnamed: 1, 1, 1, 0, the least that fits); default: every valid one");
+                    "(unnamed: 1, 1, 1, 0, the least that fits), or `recipe` for the recipe's "
+                    "own (after --set); default: every valid one");
   plan_->add_option("--gpu", gpu_, "device whose dense bf16 peak sets the compute time");
   plan_->add_option("--peak-tflops", peak_tflops_, "one device's peak TFLOP/s, instead of --gpu's")
       ->transform(real_in({1e-3, 1e6}));
@@ -350,6 +392,30 @@ PlanCommand::PlanCommand(CLI::App& app) {
 }
 
 bool PlanCommand::parsed() const { return plan_->parsed(); }
+
+// One rank's peak: --peak-tflops; else for a CPU recipe (device "cpu", or none on a
+// machine without a GPU) unless --gpu is named, this CPU's measured sgemm peak with the
+// recipe's threads, as train measures it; else --gpu's dense bf16 peak.
+absl::StatusOr<Peak> PlanCommand::device_peak(const config::Recipe& recipe) const {
+  if (peak_tflops_ > 0) return Peak{peak_tflops_ * 1e12, "given by --peak-tflops"};
+  if (on_cpu(recipe) && plan_->count("--gpu") == 0) {
+    const int threads = recipe.runtime().threads() > 0
+                            ? recipe.runtime().threads()
+                            : static_cast<int>(std::thread::hardware_concurrency());
+    set_cpu_threads(threads);
+    std::string warning;
+    const Peak cpu =
+        cpu_peak_flops(default_peak_cache_path(), build_info_line(), threads, &warning);
+    if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
+    return Peak{cpu.flops, absl::StrCat(cpu_model_name(), " ", cpu.source,
+                                        ", as the recipe trains on the CPU (--gpu for a GPU)")};
+  }
+  const double flops = known_gpu_bf16_peak_flops(gpu_);
+  if (flops <= 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu: no known peak for \"", gpu_, "\"; give --peak-tflops"));
+  return Peak{flops, absl::StrCat(gpu_, " dense bf16 (--gpu)")};
+}
 
 absl::Status PlanCommand::run() {
   if (!json_path_.empty())
@@ -366,14 +432,19 @@ absl::Status PlanCommand::run() {
   SY_ASSIGN_OR_RETURN(const int64_t memory_bytes,
                       parse_size_with_units(device_memory_, "--device-memory"));
   machine.memory_bytes = static_cast<double>(memory_bytes);
-  machine.peak_flops = peak_tflops_ > 0 ? peak_tflops_ * 1e12 : known_gpu_bf16_peak_flops(gpu_);
-  if (machine.peak_flops <= 0)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--gpu: no known peak for \"", gpu_, "\"; give --peak-tflops"));
+  SY_ASSIGN_OR_RETURN(const Peak peak, device_peak(recipe));
+  machine.peak_flops = peak.flops;
+  machine.peak_source = peak.source;
   machine.bandwidth_bytes = bandwidth_gbps_ * 1e9;
   std::vector<LayoutChoice> choices;
   bool recompute_given = false;
-  if (!layout_.empty()) {
+  if (layout_ == "recipe") {
+    const config::ParallelConfig& parallel = recipe.parallel();
+    choices.push_back({config::effective_pipeline_size(parallel), parallel.tensor_parallel_size(),
+                       parallel.expert_parallel_size(), parallel.zero_stage(),
+                       recipe.train().recompute()});
+    recompute_given = true;
+  } else if (!layout_.empty()) {
     SY_ASSIGN_OR_RETURN(const LayoutChoice c, parse_layout(layout_, &recompute_given));
     choices.push_back(c);
   } else {
@@ -410,13 +481,17 @@ absl::Status PlanCommand::run() {
   });
   const int fitting = static_cast<int>(std::count_if(
       plans.begin(), plans.end(), [](const LayoutPlan& p) { return p.fits; }));
-  std::printf("%s on %d ranks of %s, %.0f TFLOP/s, %.0f GB/s: %d of %zu layouts fit\n",
-              recipe.name().c_str(), world_, size_text(machine.memory_bytes).c_str(),
-              machine.peak_flops / 1e12, bandwidth_gbps_, fitting, plans.size());
+  std::printf("%s on %d ranks of %s each: %d of %zu layouts fit\n", recipe.name().c_str(),
+              world_, size_text(machine.memory_bytes).c_str(), fitting, plans.size());
+  std::printf("compute at %.4g TFLOP/s a rank: %s; collectives at %.4g GB/s a rank\n",
+              machine.peak_flops / 1e12, machine.peak_source.c_str(), bandwidth_gbps_);
+  size_t layout_width = 0;
+  for (const LayoutPlan& p : plans) layout_width = std::max(layout_width, layout_name(p).size());
+  std::printf("%s\n", header_text(static_cast<int>(layout_width)).c_str());
   nlohmann::ordered_json all = nlohmann::ordered_json::array();
   for (size_t i = 0; i < plans.size(); ++i) {
-    std::printf("%3zu. %-45s %s\n", i + 1, layout_name(plans[i]).c_str(),
-                fit_text(plans[i], machine).c_str());
+    std::printf("%3zu. %-*s %s\n", i + 1, static_cast<int>(layout_width),
+                layout_name(plans[i]).c_str(), fit_text(plans[i], machine).c_str());
     all.push_back(plan_json(plans[i]));
   }
   if (!pipeline_refusal.empty())
@@ -426,6 +501,7 @@ absl::Status PlanCommand::run() {
                                     {"world_size", world_},
                                     {"device_memory_bytes", machine.memory_bytes},
                                     {"peak_flops", machine.peak_flops},
+                                    {"peak_source", machine.peak_source},
                                     {"bandwidth_bytes_per_s", machine.bandwidth_bytes},
                                     {"train_flops_per_token", stats.train_flops_per_token},
                                     {"layouts", all}};

@@ -1,5 +1,5 @@
 // `switchyard plan RECIPE --world N --device-memory BYTES
-//                 [--layout pp=P,tp=T,ep=E,zero=Z[,recompute=none|selective|full]]
+//                 [--layout pp=P,tp=T,ep=E,zero=Z[,recompute=none|selective|full] | recipe]
 //                 [--gpu NAME | --peak-tflops T] [--bandwidth GB/s] [--set ...] [--json F]
 //                 [--overwrite]`:
 // the memory every rank of a layout needs (the trainer's own accounting,
@@ -19,6 +19,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/config/recipe.h"
+#include "engine/train/peak.h"
 
 namespace switchyard {
 
@@ -31,6 +34,8 @@ class PlanCommand {
   absl::Status run();
 
  private:
+  absl::StatusOr<Peak> device_peak(const config::Recipe& recipe) const;
+
   CLI::App* plan_ = nullptr;
   std::string recipe_path_;
   std::vector<std::string> overrides_;

@@ -66,8 +66,13 @@ class TerminalSink : public RecordSink {
     auto both = [](int64_t dense, int64_t expert) {
       return absl::StrCat(mebibytes(dense + expert), " (experts ", mebibytes(expert), ")");
     };
+    const std::string whose =
+        r.pipeline_stages > 1
+            ? absl::StrCat("memory of pipeline stage ", r.pipeline_stage, " of ",
+                           r.pipeline_stages, " (rank 0; each stage holds its own layers)")
+            : "memory per rank";
     terminal_.on_message(absl::StrCat(
-        "memory per rank: parameters ", both(r.parameters, r.expert_parameters),
+        whose, ": parameters ", both(r.parameters, r.expert_parameters),
         ", gradients ", both(r.gradients, r.expert_gradients), ", optimizer state ",
         both(r.optimizer_state, r.expert_optimizer_state), ", peak activations ",
         mebibytes(r.activations)));

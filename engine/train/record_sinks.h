@@ -47,6 +47,8 @@ struct MemoryRecord {
   int64_t parameters = 0, gradients = 0, optimizer_state = 0;
   int64_t expert_parameters = 0, expert_gradients = 0, expert_optimizer_state = 0;
   int64_t activations = 0;
+  // The reporting rank's pipeline stage, of how many: the stages hold different layers.
+  int pipeline_stage = 0, pipeline_stages = 1;
 };
 
 class RecordSink {

@@ -148,7 +148,7 @@ std::string describe_non_finite(double loss, const StepReport& report) {
   return absl::StrCat("the gradient of ", report.non_finite_grad, " is not finite");
 }
 
-MemoryRecord memory_record(const MemoryStats& mem) {
+MemoryRecord memory_record(const MemoryStats& mem, int pipeline_stage, int pipeline_stages) {
   auto peak = [&](MemoryKind k) { return mem.peak_bytes[static_cast<int>(k)]; };
   MemoryRecord r;
   r.parameters = peak(MemoryKind::kParameters);
@@ -158,6 +158,8 @@ MemoryRecord memory_record(const MemoryStats& mem) {
   r.expert_gradients = peak(MemoryKind::kExpertGradients);
   r.expert_optimizer_state = peak(MemoryKind::kExpertOptimizerState);
   r.activations = peak(MemoryKind::kActivations);
+  r.pipeline_stage = pipeline_stage;
+  r.pipeline_stages = pipeline_stages;
   return r;
 }
 
@@ -799,7 +801,9 @@ class ProgressLog {
     if (!result.non_finite.empty())
       SY_RETURN_IF_ERROR(
           records_.on_skipped_step({step, result.non_finite, result.skipped_steps}));
-    if (step == 1) SY_RETURN_IF_ERROR(records_.on_memory(memory_record(t_.dev.memory_stats())));
+    if (step == 1)
+      SY_RETURN_IF_ERROR(records_.on_memory(memory_record(
+          t_.dev.memory_stats(), run_.pipeline_rank, run_.layout.pipeline_parallel_size)));
     ++window_.steps;
     if (!result.non_finite.empty() ||
         (step % run_.tc.log_interval() != 0 && step != run_.tc.steps()))

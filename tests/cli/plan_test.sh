@@ -12,20 +12,33 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 fail() { echo "FAIL $1"; failures=$((failures + 1)); }
 
+number='[0-9.]+(e[-+][0-9]+)?'
 for recipe in "$root"/recipes/*.textproto; do
   name=$(basename "$recipe" .textproto)
   world=64
   [[ $name == switch-base-8 ]] && world=8
-  [[ $name == tiny || $name == *-tiny ]] && world=2
+  [[ $name == tiny* || $name == *-tiny ]] && world=2
   if ! "$bin" plan "$recipe" --world $world --device-memory 80GiB >"$work/out" 2>"$work/err"; then
     fail "$name: exit status"; cat "$work/err"; continue
   fi
-  if ! head -n 1 "$work/out" | grep -qE "^$name on $world ranks of 80.00 GiB, 989 TFLOP/s, 50 GB/s: [0-9]+ of [0-9]+ layouts fit$" ||
-     ! grep -qE '^  1\. pp [0-9]+, dp [0-9]+, tp [0-9]+, ep [0-9]+, zero [0-3](, recompute (selective|full))? +(step|does not fit)' "$work/out"; then
+  # A recipe that names no device trains on the CPU where no GPU is visible, and plan
+  # then takes this CPU's measured peak.
+  peak="989 TFLOP/s a rank: H100 dense bf16 \(--gpu\)"
+  if ! grep -q 'device: "cuda"' "$recipe" && ! nvidia-smi -L >/dev/null 2>&1; then
+    peak="$number TFLOP/s a rank: .+ measured \(sgemm, [0-9]+ threads.*\), as the recipe trains on the CPU \(--gpu for a GPU\)"
+  fi
+  if ! head -n 1 "$work/out" | grep -qE "^$name on $world ranks of 80.00 GiB each: [0-9]+ of [0-9]+ layouts fit$" ||
+     ! sed -n 2p "$work/out" | grep -qE "^compute at $peak; collectives at 50 GB/s a rank$" ||
+     ! sed -n 3p "$work/out" | grep -qE "^  #  layout +step s = +compute \+ +recompute \+ +all-to-all \+ +tp \+ +pipeline \+ +bubble \+ +gradients   fullest rank's memory$" ||
+     ! grep -qE "^  1\. pp [0-9]+, dp [0-9]+, tp [0-9]+, ep [0-9]+, zero [0-3](, recompute (selective|full))? +($number( +$number){7}   [0-9.]+ [KMGT]?i?B on rank [0-9]+|does not fit)" "$work/out"; then
     fail "$name: output"; cat "$work/out"; continue
   fi
   echo "ok   $name: $(head -n 1 "$work/out")"
 done
+
+# A CPU recipe planned for a GPU: --gpu names the GPU whose peak is used.
+"$bin" plan "$root/recipes/tiny.textproto" --world 2 --device-memory 80GiB --gpu H100 | sed -n 2p |
+  grep -qE "^compute at 989 TFLOP/s a rank: H100 dense bf16 \(--gpu\); " || fail "tiny with --gpu H100"
 
 # Mixtral 8x7B fits on 64 H100s only with its experts spread and its state sharded; its
 # recipe ships the layout ranked first among those of one stage (train runs pipeline
@@ -38,7 +51,7 @@ shipped=$(sed -n 's/^  tensor_parallel_size: \([0-9]*\)$/tp \1/p; s/^  expert_pa
   tr 'A-Z' 'a-z' | paste -sd, | sed 's/,/, /g')
 [[ $shipped == tp* ]] || shipped="tp 1, $shipped"  # tensor_parallel_size unset: 1
 grep -E '^ *[0-9]+\. pp 1, ' "$work/out" | head -n 1 |
-  grep -qE "^ *[0-9]+\. pp 1, dp [0-9]+, $shipped +step [0-9.]+ s" ||
+  grep -qE "^ *[0-9]+\. pp 1, dp [0-9]+, $shipped +$number " ||
   { fail "mixtral: best layout of one stage ($shipped)"; cat "$work/out"; }
 grep -qE 'ep 1, zero 0, recompute full +does not fit: rank [0-9]+ needs .* the most for optimizer state' "$work/out" ||
   { fail "mixtral: refusal reason"; cat "$work/out"; }
@@ -58,10 +71,14 @@ assert all(l["tight"] == (l["largest_rank"]["total"] >= 0.9 * j["device_memory_b
 assert all(l["step_s"] >= l["compute_s"] > 0 for l in fit)
 PY
 
+# The recipe's own layout, after --set.
+"$bin" plan "$mixtral" --world 64 --device-memory 80GiB --layout recipe --set parallel.zero_stage=1 |
+  grep -qE '^  1\. pp 1, dp 64, tp 1, ep 8, zero 1, recompute full +[0-9]' || fail "--layout recipe"
+
 # One layout.
 "$bin" plan "$mixtral" --world 64 --device-memory 80GiB --layout tp=4,ep=8,zero=1 >"$work/out" &&
   [[ $(grep -cE '^  1\. pp 1, dp 16, tp 4, ep 8, zero 1(,| )' "$work/out") -eq 1 ]] &&
-  [[ $(wc -l <"$work/out") -eq 2 ]] || { fail "one layout"; cat "$work/out"; }
+  [[ $(wc -l <"$work/out") -eq 4 ]] || { fail "one layout"; cat "$work/out"; }
 
 # Pipeline layouts are ranked with their bubble, and one that does not fit names the
 # micro-batches its fullest stage holds.

@@ -11,6 +11,7 @@ Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 import json
 import math
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -23,6 +24,7 @@ SWITCHYARD = os.environ["SWITCHYARD"]
 MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny.textproto"
+BLEND = ROOT / "recipes" / "tiny-blend.textproto"
 CORPUS = ROOT / "data" / "corpus" / "tinyshakespeare.txt"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -133,10 +135,14 @@ def test_a_masked_step_has_the_same_loss_on_one_and_two_ranks(data, tmp_path):
 
 
 def blend_recipe(path, data, chat_weight=1.0):
-    text = RECIPE.read_text().replace('corpus: "../data/corpus/tinyshakespeare.txt"', "")
-    text = text.replace("data {", "data {\n  sources { name: \"plays\" dataset: \"%s\" weight: 3 }\n"
-                        "  sources { name: \"chat\" dataset: \"%s\" weight: %g }" %
-                        (data / "corpus", data / "chat", chat_weight), 1)
+    """recipes/tiny-blend.textproto (docs/data.md's walkthrough) on this test's prepared sets: the
+    plays as a dataset prepared with the chat set's tokenizer."""
+    text, plays = re.subn(r'name: "plays" corpus: "[^"]*"',
+                          'name: "plays" dataset: "%s"' % (data / "corpus"), BLEND.read_text())
+    text, chat = re.subn(r'name: "chat"( +)dataset: "[^"]*" weight: 1 ',
+                         r'name: "chat"\1dataset: "%s" weight: %g ' % (data / "chat", chat_weight),
+                         text)
+    assert plays == chat == 1, "recipes/tiny-blend.textproto no longer has the walkthrough's sources"
     path.write_text(text)
     return path
 

@@ -308,7 +308,7 @@ BLOCKS = {
     ("docs/data.md", "$ switchyard data prepare --tokenizer runs/tiny/checkpoints/final"): Skip(
         "the walkthrough, measured by hand from the tiny run; tests/data/"
         "test_instruction_blend.py runs its steps at a smaller size"),
-    ("docs/data.md", "$ switchyard inspect recipes/blend.textproto"): Skip(
+    ("docs/data.md", "$ switchyard inspect recipes/tiny-blend.textproto"): Skip(
         "the walkthrough, measured by hand from the tiny run; tests/data/"
         "test_instruction_blend.py runs its steps at a smaller size"),
     ("docs/data.md", "{\"messages\""): Skip(

@@ -104,9 +104,11 @@ def single_nine_layers(tmp_path_factory):
 # bit.
 @pytest.mark.parametrize("schedule", ["GPIPE", "ONE_F_ONE_B"])
 def test_two_stages_match_one_process_bit_for_bit(tmp_path, single_two_layers, schedule):
-    run_dir, _ = train(tmp_path, "run", 2, ["--set", "parallel.pipeline_parallel_size=2",
-                                            "--set", f"parallel.pipeline_schedule={schedule}"])
+    run_dir, out = train(tmp_path, "run", 2, ["--set", "parallel.pipeline_parallel_size=2",
+                                              "--set", f"parallel.pipeline_schedule={schedule}"])
     assert_run_matches(run_dir, single_two_layers)
+    # The memory line names the stage it measured (the stages hold different layers).
+    assert "\nmemory of pipeline stage 0 of 2 (rank 0; each stage holds its own layers): " in out
 
 
 def test_gshard_with_a_capacity_matches_one_process_bit_for_bit(tmp_path):
