@@ -481,7 +481,13 @@ void MoeLayer::sequence_aux_grad(Device& dev, int64_t first_token, float seq_aux
 }
 
 void MoeLayer::discard() {
-  x_whole_ = x_ = router_x_ = probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
+  discard_keeping_routing();
+  probs_ = router_logits_ = expert_ids_ = weights_ = Tensor();
+  real_tokens_.clear();
+}
+
+void MoeLayer::discard_keeping_routing() {
+  x_whole_ = x_ = router_x_ = Tensor();
   sequence_sums_ = Tensor();
   xp_ = gate_up_out_ = act_ = Tensor();
   dispatcher_.release();

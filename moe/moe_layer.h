@@ -80,6 +80,8 @@ class MoeLayer {
   void set_recompute_experts(bool recompute) { recompute_experts_ = recompute; }
   // Drops everything forward saved for backward (its routing included).
   void discard();
+  // The same but the routing last_routing() reads: what a forward-only pass keeps.
+  void discard_keeping_routing();
   // Everything forward saved (routing, dispatch plan, shared experts), moved out of the
   // layer (left as after discard()) and back, so that several micro-batches can wait for
   // their backward (pipeline schedules).

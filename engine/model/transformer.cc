@@ -51,6 +51,14 @@ struct Transformer::Block {
     if (moe) moe->discard();
     if (dense) dense->discard();
   }
+  // A forward-only pass (evaluation, bench balance): nothing is kept for a backward, only
+  // the routing that MoeLayer::last_routing() reports.
+  void discard_after_forward_only() {
+    x = attn_rstd = attn_in = h = ffn_rstd = ffn_in = Tensor();
+    attention->discard();
+    if (moe) moe->discard_keeping_routing();
+    if (dense) dense->discard();
+  }
   // Everything the block and its modules saved, moved out (leaving the block as after a
   // backward) and back.
   struct Saved {
@@ -352,7 +360,10 @@ Tensor Transformer::blocks_forward(Device& dev, Tensor x, Pass pass, const Rng& 
                                                 static_cast<uint64_t>(b.moe_before));
     Rng stream = b.rng;
     x = block_forward(dev, b, x, pass, stream, rope, stats_);
-    if (b.input_only) b.discard();
+    if (pass != Pass::kTrain)
+      b.discard_after_forward_only();
+    else if (b.input_only)
+      b.discard();
     release({1 + layer});
   }
   return x;
@@ -369,6 +380,8 @@ Transformer::ChunkOutput Transformer::run_chunk(Device& dev, const Tensor& input
   ChunkOutput out;
   if (has_head()) {
     out.losses = head_forward(dev, x, logits_out);
+    // A forward-only pass keeps nothing for a backward (logits_out holds its own reference).
+    if (pass != Pass::kTrain) final_in_ = final_out_ = final_rstd_ = logits_ = lse_ = Tensor();
   } else {
     out.hidden = x;
     stats_.collect();

@@ -140,3 +140,22 @@ def test_a_relative_dataset_is_saved_absolute(dataset, tmp_path):
     assert f'dataset: "{dataset}"' in saved
     run([SWITCHYARD, "bench", "balance", run_dir / "checkpoints" / "final", "--batches", "1"],
         cwd=dataset)
+
+
+def memory_bytes(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return next(m["memory_bytes"] for m in map(json.loads, lines) if "memory_bytes" in m)
+
+
+@pytest.mark.parametrize("recompute", ["NONE", "FULL"])
+def test_an_evaluation_keeps_nothing_for_a_backward(dataset, tmp_path, recompute):
+    """The evaluation at step 0 runs batches of 8 windows, as large as these micro-batches:
+    freeing each layer's tensors as the next layer has its input, it stays under the
+    training step's peak of activations (under FULL recomputation it had kept every layer's,
+    2.5 times the step's)."""
+    shape = ["--set", "train.micro_batch_size=8", "--set", "train.global_batch_size=8",
+             "--set", f"train.recompute={recompute}"]
+    train(tmp_path / "with", dataset, *shape)
+    train(tmp_path / "without", dataset, *shape, "--set", "train.eval_interval=0")
+    assert val_losses(tmp_path / "with")
+    assert memory_bytes(tmp_path / "with") == memory_bytes(tmp_path / "without")
