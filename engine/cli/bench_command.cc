@@ -680,8 +680,8 @@ absl::StatusOr<BalanceRun> measure(const config::Recipe& recipe, const std::stri
       make_balance_counts(recipe.moe().num_experts(), recipe.moe().top_k(), ep));
   Rng rng(recipe.train().seed());
   for (const TokenBatch& b : batches) {
-    bm.model->forward(cpu_device(), b.ids, b.targets, /*training=*/false, rng,
-                      /*logits_out=*/nullptr, /*doc_starts=*/Tensor(), b.window_tokens);
+    bm.model->evaluate(cpu_device(), b.ids, b.targets, rng, /*logits_out=*/nullptr,
+                       /*doc_starts=*/Tensor(), b.window_tokens);
     for (size_t l = 0; l < moe_layers.size(); ++l)
       add_routing(routing_sample(moe_layers[l]->last_routing()), counts[l]);
   }

@@ -253,6 +253,24 @@ LossParts Transformer::forward(Device& dev, const Tensor& ids, const Tensor& tar
       .losses;
 }
 
+LossParts Transformer::evaluate(Device& dev, const Tensor& ids, const Tensor& targets,
+                                const Rng& rng, Tensor* logits_out, const Tensor& doc_starts,
+                                const Tensor& window_tokens) {
+  SY_CHECK_MSG(has_embedding() && has_head(),
+               "evaluate: the whole model (a chunk: evaluate_chunk)");
+  return run_chunk(dev, Tensor(), ids, targets, Pass::kForwardOnly, rng, logits_out, doc_starts,
+                   window_tokens)
+      .losses;
+}
+
+Transformer::ChunkOutput Transformer::evaluate_chunk(Device& dev, const Tensor& input,
+                                                     const Tensor& ids, const Tensor& targets,
+                                                     const Tensor& doc_starts,
+                                                     const Tensor& window_tokens) {
+  return run_chunk(dev, input, ids, targets, Pass::kForwardOnly, Rng(0), nullptr, doc_starts,
+                   window_tokens);
+}
+
 Transformer::ChunkOutput Transformer::forward_chunk(Device& dev, const Tensor& input,
                                                     const Tensor& ids, const Tensor& targets,
                                                     const Rng& rng, const Tensor& doc_starts,
@@ -360,7 +378,7 @@ Tensor Transformer::blocks_forward(Device& dev, Tensor x, Pass pass, const Rng& 
                                                 static_cast<uint64_t>(b.moe_before));
     Rng stream = b.rng;
     x = block_forward(dev, b, x, pass, stream, rope, stats_);
-    if (pass != Pass::kTrain)
+    if (pass == Pass::kForwardOnly)
       b.discard_after_forward_only();
     else if (b.input_only)
       b.discard();
@@ -381,7 +399,8 @@ Transformer::ChunkOutput Transformer::run_chunk(Device& dev, const Tensor& input
   if (has_head()) {
     out.losses = head_forward(dev, x, logits_out);
     // A forward-only pass keeps nothing for a backward (logits_out holds its own reference).
-    if (pass != Pass::kTrain) final_in_ = final_out_ = final_rstd_ = logits_ = lse_ = Tensor();
+    if (pass == Pass::kForwardOnly)
+      final_in_ = final_out_ = final_rstd_ = logits_ = lse_ = Tensor();
   } else {
     out.hidden = x;
     stats_.collect();

@@ -82,6 +82,12 @@ class Transformer {
   LossParts forward(Device& dev, const Tensor& ids, const Tensor& targets, bool training,
                     const Rng& rng, Tensor* logits_out = nullptr,
                     const Tensor& doc_starts = Tensor(), const Tensor& window_tokens = Tensor());
+  // forward() in evaluation mode that keeps nothing for a backward (evaluation, `eval`,
+  // bench balance): each block's tensors go once the next block has its input, the head's
+  // after the loss; the MoE layers' last_routing() still describes it. No backward follows.
+  LossParts evaluate(Device& dev, const Tensor& ids, const Tensor& targets, const Rng& rng,
+                     Tensor* logits_out = nullptr, const Tensor& doc_starts = Tensor(),
+                     const Tensor& window_tokens = Tensor());
   // Backward of forward()'s total loss multiplied by `loss_scale` (e.g. 1 / micro-batches).
   // `ce_tokens`, when positive, replaces this batch's target count as the cross-entropy's
   // denominator: the mean count over a step's micro-batches, so that with loss-masked
@@ -113,6 +119,10 @@ class Transformer {
                             const Tensor& doc_starts = Tensor(), bool training = true,
                             const Tensor& window_tokens = Tensor(),
                             const RoutingSums& before = {});
+  // forward_chunk() as evaluate() runs the whole model: evaluation mode, nothing kept.
+  ChunkOutput evaluate_chunk(Device& dev, const Tensor& input, const Tensor& ids,
+                             const Tensor& targets, const Tensor& doc_starts = Tensor(),
+                             const Tensor& window_tokens = Tensor());
   // output_grad: the gradient of the chunk's output (undefined on the last chunk, which
   // starts from the loss). Returns the gradient of its input (undefined on the first
   // chunk). loss_scale and ce_tokens as backward()'s.
@@ -172,7 +182,9 @@ class Transformer {
 
  private:
   struct Block;
-  enum class Pass { kTrain, kEval, kGenerate };
+  // kEval: evaluation mode, saving for a backward; kForwardOnly: evaluation mode, keeping
+  // nothing (evaluate()); kGenerate: sampling (logits(), decode()).
+  enum class Pass { kTrain, kEval, kForwardOnly, kGenerate };
   // forward(), forward_chunk() and logits().
   ChunkOutput run_chunk(Device& dev, const Tensor& input, const Tensor& ids,
                         const Tensor& targets, Pass pass, const Rng& rng, Tensor* logits_out,

@@ -26,8 +26,7 @@ absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
                                             int64_t windows, Communicator* replicas) {
   const EvalForward forward = [&](const Tensor& ids, const Tensor& targets,
                                   const Tensor& doc_starts, const Tensor& window_tokens) {
-    return model.forward(dev, ids, targets, /*training=*/false, Rng(0), nullptr, doc_starts,
-                         window_tokens);
+    return model.evaluate(dev, ids, targets, Rng(0), nullptr, doc_starts, window_tokens);
   };
   return evaluate_windows(forward, data, seq_len, windows, replicas);
 }

@@ -182,8 +182,8 @@ LossParts pipeline_eval_forward(Device& dev, const std::vector<std::unique_ptr<T
       input = receive.front().tensor;
     }
     Transformer::ChunkOutput out =
-        chunks[shape.local_chunk(k)]->forward_chunk(dev, input, ids, targets, Rng(0), doc_starts,
-                                                    /*training=*/false, window_tokens);
+        chunks[shape.local_chunk(k)]->evaluate_chunk(dev, input, ids, targets, doc_starts,
+                                                     window_tokens);
     if (k + 1 < shape.num_chunks()) {
       std::vector<Communicator::Message> send = {{true, shape.rank_of(k + 1), out.hidden}};
       pipeline.exchange(send);

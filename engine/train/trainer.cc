@@ -563,8 +563,8 @@ class Evaluator {
         return pipeline_eval_forward(t_.dev, t_.chunks, run_.layout, *run_.groups.pipeline,
                                      run_.recipe.model().hidden_size(), t_.working, ids,
                                      targets, doc_starts, window_tokens);
-      return t_.model().forward(t_.dev, ids, targets, /*training=*/false, Rng(0), nullptr,
-                                doc_starts, window_tokens);
+      return t_.model().evaluate(t_.dev, ids, targets, Rng(0), nullptr, doc_starts,
+                                 window_tokens);
     };
   }
 
