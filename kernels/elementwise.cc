@@ -178,8 +178,9 @@ std::vector<ExactSum> row_sum_squares(Device& dev, const std::vector<Tensor>& xs
   // Each row's sum as sum_squares computes it, read in place.
   for (size_t i = 0; i < xs.size(); ++i) {
     const Tensor x = any_bf16({&xs[i]}) ? widened(xs[i]) : xs[i];
-    for (int64_t r = 0; r < rows_of(x); ++r)
-      sums[i].add(cpu::sum_squares(x.data<float>() + r * row_length(x), row_length(x)));
+    const int64_t rows = rows_of(x), row = row_length(x);
+    for (int64_t r = 0; r < rows; ++r)
+      sums[i].add(cpu::sum_squares(x.data<float>() + r * row, row));
   }
   return sums;
 }

@@ -56,6 +56,7 @@ struct Machine {
   double memory_bytes = 0;
   double peak_flops = 0;       // one device's
   std::string peak_source;     // where peak_flops came from, for the header
+  bool on_cpu = false;         // the recipe trains on the CPU (fp32 working weights)
   double bandwidth_bytes = 0;  // one rank's, per second, for every collective
 };
 
@@ -240,7 +241,7 @@ std::optional<LayoutPlan> plan_layout(const config::Recipe& base, const ModelSta
   LayoutPlan p;
   p.choice = c;
   p.layout = *layout;
-  const DType working = working_dtype(recipe.runtime().precision(), !on_cpu(recipe));
+  const DType working = working_dtype(recipe.runtime().precision(), !machine.on_cpu);
   for (const RankMemory& m : plan_rank_memory(recipe, p.layout, working, machine.shards.get()))
     if (m.total() > p.worst.total()) p.worst = m;
   p.fits = p.worst.total() <= machine.memory_bytes;
@@ -396,9 +397,10 @@ bool PlanCommand::parsed() const { return plan_->parsed(); }
 // One rank's peak: --peak-tflops; else for a CPU recipe (device "cpu", or none on a
 // machine without a GPU) unless --gpu is named, this CPU's measured sgemm peak with the
 // recipe's threads, as train measures it; else --gpu's dense bf16 peak.
-absl::StatusOr<Peak> PlanCommand::device_peak(const config::Recipe& recipe) const {
+absl::StatusOr<Peak> PlanCommand::device_peak(const config::Recipe& recipe,
+                                              bool recipe_on_cpu) const {
   if (peak_tflops_ > 0) return Peak{peak_tflops_ * 1e12, "given by --peak-tflops"};
-  if (on_cpu(recipe) && plan_->count("--gpu") == 0) {
+  if (recipe_on_cpu && plan_->count("--gpu") == 0) {
     const int threads = recipe.runtime().threads() > 0
                             ? recipe.runtime().threads()
                             : static_cast<int>(std::thread::hardware_concurrency());
@@ -432,7 +434,8 @@ absl::Status PlanCommand::run() {
   SY_ASSIGN_OR_RETURN(const int64_t memory_bytes,
                       parse_size_with_units(device_memory_, "--device-memory"));
   machine.memory_bytes = static_cast<double>(memory_bytes);
-  SY_ASSIGN_OR_RETURN(const Peak peak, device_peak(recipe));
+  machine.on_cpu = on_cpu(recipe);
+  SY_ASSIGN_OR_RETURN(const Peak peak, device_peak(recipe, machine.on_cpu));
   machine.peak_flops = peak.flops;
   machine.peak_source = peak.source;
   machine.bandwidth_bytes = bandwidth_gbps_ * 1e9;

@@ -34,7 +34,7 @@ class PlanCommand {
   absl::Status run();
 
  private:
-  absl::StatusOr<Peak> device_peak(const config::Recipe& recipe) const;
+  absl::StatusOr<Peak> device_peak(const config::Recipe& recipe, bool recipe_on_cpu) const;
 
   CLI::App* plan_ = nullptr;
   std::string recipe_path_;
