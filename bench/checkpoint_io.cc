@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "engine/parallel/local_communicator.h"
-#include "engine/runtime/rng.h"
+#include "core/comm/local_communicator.h"
+#include "core/runtime/rng.h"
 
 namespace switchyard {
 namespace {

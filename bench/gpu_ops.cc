@@ -21,8 +21,8 @@
 #include <tuple>
 #include <vector>
 
-#include "engine/runtime/rng.h"
-#include "engine/runtime/tensor.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/tensor.h"
 #include "engine/train/peak.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"

@@ -30,9 +30,9 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "core/runtime/file_util.h"
 #include "engine/parallel/mpi_runtime.h"
 #include "engine/parallel/pipeline_executor.h"
-#include "engine/runtime/file_util.h"
 #include "kernels/threads.h"
 
 namespace switchyard {

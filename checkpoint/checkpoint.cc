@@ -17,13 +17,13 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/output_paths.h"
+#include "core/config/recipe.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/output_paths.h"
+#include "core/runtime/status_macros.h"
 #include "data/hdf5_reader.h"
 #include "data/hdf5_writer.h"
 #include "data/sha256.h"
-#include "engine/config/recipe.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 

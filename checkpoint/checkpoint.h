@@ -16,8 +16,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/manifest.pb.h"
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/tensor.h"
+#include "core/comm/communicator.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

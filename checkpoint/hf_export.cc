@@ -17,10 +17,10 @@
 #include "checkpoint/hf_import.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
+#include "core/config/recipe.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/status_macros.h"
 #include "data/tokenizer.h"
-#include "engine/config/recipe.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

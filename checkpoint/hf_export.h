@@ -14,8 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/config/recipe.pb.h"
-#include "engine/runtime/tensor.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -16,11 +16,11 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
+#include "core/config/recipe.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/json_fields.h"
+#include "core/runtime/status_macros.h"
 #include "data/tokenizer.h"
-#include "engine/config/recipe.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/json_fields.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/json_fields.h"
-#include "engine/runtime/status_macros.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/json_fields.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 

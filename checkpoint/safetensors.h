@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/tensor.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

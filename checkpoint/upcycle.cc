@@ -7,9 +7,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "engine/config/recipe.h"
-#include "engine/runtime/rng.h"
-#include "engine/runtime/status_macros.h"
+#include "core/config/recipe.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

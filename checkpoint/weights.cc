@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
-#include "engine/config/recipe.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/status_macros.h"
+#include "core/config/recipe.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 

@@ -12,9 +12,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
 #include "data/tokenizer.h"
-#include "engine/config/recipe.pb.h"
-#include "engine/runtime/param_store.h"
 
 namespace switchyard {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/runtime/check.h"
-#include "engine/runtime/rng.h"
+#include "core/runtime/check.h"
+#include "core/runtime/rng.h"
 
 namespace switchyard {
 

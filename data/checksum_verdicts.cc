@@ -6,10 +6,10 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/status_macros.h"
 #include "data/corpus_cache.h"
 #include "data/sha256.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

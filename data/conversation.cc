@@ -3,8 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/json_fields.h"
-#include "engine/runtime/status_macros.h"
+#include "core/runtime/json_fields.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 

@@ -9,13 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/status_macros.h"
 #include "data/dataset_index.h"
-#include "engine/runtime/file_util.h"
 #include "data/prepare.h"
 #include "data/sha256.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 

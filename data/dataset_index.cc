@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/json_fields.h"
-#include "engine/runtime/status_macros.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/json_fields.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 std::string shard_file_name(std::string_view split, int64_t index, int64_t count) {

@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/runtime/json_fields.h"
 #include "data/tokenizer.h"
-#include "engine/runtime/json_fields.h"
 
 namespace switchyard {
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/status_macros.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

@@ -5,8 +5,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/status_macros.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

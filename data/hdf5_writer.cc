@@ -3,7 +3,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/file_util.h"
+#include "core/runtime/file_util.h"
 
 namespace switchyard {
 

@@ -4,11 +4,11 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/status_macros.h"
 #include "data/dataset_index.h"
 #include "data/sha256.h"
 #include "data/token_dataset.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

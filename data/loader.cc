@@ -6,9 +6,9 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/check.h"
-#include "engine/runtime/rng.h"
-#include "engine/runtime/status_macros.h"
+#include "core/runtime/check.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 

@@ -7,14 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/json_fields.h"
+#include "core/runtime/numbers.h"
+#include "core/runtime/status_macros.h"
 #include "data/prepare.h"
 #include "data/sha256.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/json_fields.h"
-#include "engine/runtime/numbers.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

@@ -32,7 +32,7 @@ struct PartId {
   int64_t count = 1;
 };
 
-// "2/8" -> part 2 of 8 (0 <= I < N <= kMaxParts, each read by engine/runtime/numbers.h);
+// "2/8" -> part 2 of 8 (0 <= I < N <= kMaxParts, each read by core/runtime/numbers.h);
 // anything else is one line naming --part.
 absl::StatusOr<PartId> parse_part_id(std::string_view text);
 // "part-00002-of-00008.json"

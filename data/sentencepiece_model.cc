@@ -1,6 +1,6 @@
 // No Abseil header may be included here (see the header).
 #include "data/sentencepiece_model.h"
-#include "engine/runtime/text.h"
+#include "core/runtime/text.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>

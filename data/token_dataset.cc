@@ -6,11 +6,11 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "core/runtime/check.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/status_macros.h"
 #include "data/checksum_verdicts.h"
 #include "data/dataset_index.h"
-#include "engine/runtime/check.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 

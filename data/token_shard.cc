@@ -10,10 +10,10 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "core/runtime/check.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/status_macros.h"
 #include "data/hdf5_writer.h"
-#include "engine/runtime/check.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

@@ -4,11 +4,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/status_macros.h"
 #include "data/document_reader.h"
 #include "data/sentencepiece_model.h"
 #include "data/sha256.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 

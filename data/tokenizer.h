@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/config/vocab_limit.h"
 #include "data/progress.h"
 
 namespace switchyard {
@@ -37,9 +38,6 @@ inline constexpr SpecialTokenIds kTrainedSpecialIds = {0, 1, 2, 3};
 
 // The special and byte pieces alone take 260; below this there is no room for merges.
 inline constexpr int64_t kMinTokenizerVocabSize = 300;
-// The largest vocabulary any file may declare (tokenizers, dataset indexes, token shards);
-// published models stay below 2^18.
-inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;
 
 struct TokenizerTrainOptions {
   std::vector<std::string> inputs;  // text / JSON Lines files, see data/document_reader.h

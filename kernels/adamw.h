@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

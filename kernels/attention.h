@@ -3,7 +3,7 @@
 // query row's log-sum-exp, and the backward recomputes the probabilities from q, k and it.
 #pragma once
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -5,7 +5,7 @@
 // dimension and whose row count is everything before it.
 #pragma once
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -4,7 +4,7 @@
 
 #include <initializer_list>
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

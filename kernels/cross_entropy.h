@@ -1,7 +1,7 @@
 // Softmax cross-entropy over the vocabulary.
 #pragma once
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "engine/runtime/device.h"
-#include "engine/runtime/tensor.h"
+#include "core/runtime/device.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

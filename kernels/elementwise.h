@@ -7,8 +7,8 @@
 
 #include <vector>
 
-#include "engine/runtime/exact_sum.h"
-#include "engine/runtime/tensor.h"
+#include "core/runtime/exact_sum.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -1,7 +1,7 @@
 // Token embedding lookup.
 #pragma once
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

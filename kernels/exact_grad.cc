@@ -1,6 +1,6 @@
 #include "kernels/exact_grad.h"
 
-#include "engine/runtime/check.h"
+#include "core/runtime/check.h"
 #include "kernels/cpu/exact_grad.h"
 
 namespace switchyard {

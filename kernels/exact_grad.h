@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -1,6 +1,6 @@
 #include "kernels/gating.h"
 
-#include "engine/runtime/rng.h"
+#include "core/runtime/rng.h"
 #include "kernels/cpu/gating.h"
 #include "kernels/router_aux.h"
 #ifdef SWITCHYARD_WITH_CUDA

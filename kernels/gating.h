@@ -1,7 +1,7 @@
 // Router gating: from fp32 router logits to k (expert, weight) pairs per token.
 #pragma once
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 #include "kernels/top_k_selection.h"
 
 namespace switchyard {

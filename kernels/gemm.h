@@ -2,7 +2,7 @@
 // column count is the last dimension and whose row count is everything before it.
 #pragma once
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -2,7 +2,7 @@
 // grouped by expert, and the expert outputs are combined back into token order.
 #pragma once
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -1,7 +1,7 @@
 // RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension.
 #pragma once
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -2,7 +2,7 @@
 // pairs with channel j + head_dim/2, inv_freq[i] = theta^(-2i/head_dim).
 #pragma once
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 
@@ -10,7 +10,7 @@ namespace switchyard {
 // transformers does (fp32 inverse frequencies, fp32 angles).
 Tensor rope_table(int64_t seq, int64_t head_dim, float theta);
 
-// YaRN's parameters (the recipe's model.rope_scaling, engine/config/recipe.proto, where
+// YaRN's parameters (the recipe's model.rope_scaling, core/config/recipe.proto, where
 // the formulas are), beta_fast and beta_slow resolved.
 struct YarnScaling {
   double factor;

@@ -1,7 +1,7 @@
 // Router statistics for the load-balancing aux loss, and its gradient.
 #pragma once
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -6,9 +6,9 @@
 #include <numeric>
 #include <type_traits>
 
-#include "engine/runtime/check.h"
-#include "engine/runtime/device.h"
-#include "engine/runtime/tensor.h"
+#include "core/runtime/check.h"
+#include "core/runtime/device.h"
+#include "core/runtime/tensor.h"
 #include "kernels/permute.h"
 #include "moe/capacity.h"
 #include "moe/router_stats.h"

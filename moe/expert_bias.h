@@ -10,8 +10,8 @@
 
 #include <vector>
 
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/tensor.h"
+#include "core/comm/communicator.h"
+#include "core/runtime/tensor.h"
 #include "moe/router_stats.h"
 
 namespace switchyard {

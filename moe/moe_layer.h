@@ -25,11 +25,11 @@
 #include <utility>
 #include <vector>
 
-#include "engine/config/recipe.pb.h"
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/param_store.h"
-#include "engine/runtime/rng.h"
-#include "engine/runtime/tensor.h"
+#include "core/comm/communicator.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/tensor.h"
 #include "kernels/sequence_aux.h"
 #include "kernels/top_k_selection.h"
 #include "moe/router_stats.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "engine/runtime/check.h"
+#include "core/runtime/check.h"
 
 namespace switchyard {
 

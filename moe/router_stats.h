@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -9,9 +9,9 @@
 
 #include <string>
 
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/param_store.h"
-#include "engine/runtime/tensor.h"
+#include "core/comm/communicator.h"
+#include "core/runtime/param_store.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

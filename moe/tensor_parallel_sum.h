@@ -2,8 +2,8 @@
 // gradients of column-parallel layers) in any compute dtype.
 #pragma once
 
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/tensor.h"
+#include "core/comm/communicator.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

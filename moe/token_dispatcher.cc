@@ -4,7 +4,7 @@
 #include <numeric>
 #include <utility>
 
-#include "engine/runtime/check.h"
+#include "core/runtime/check.h"
 #include "kernels/gemm.h"
 #include "kernels/permute.h"
 #include "moe/capacity.h"

@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/tensor.h"
+#include "core/comm/communicator.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

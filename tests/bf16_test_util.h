@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 #include "kernels/convert.h"
 
 namespace switchyard::testing {

@@ -13,7 +13,7 @@
 #include <sstream>
 #include <vector>
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 #include "tests/test_util.h"
 
 namespace switchyard::testing {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/runtime/rng.h"
+#include "core/runtime/rng.h"
 
 namespace switchyard::testing {
 

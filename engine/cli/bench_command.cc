@@ -21,16 +21,16 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "core/config/recipe.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/output_paths.h"
+#include "core/runtime/status_macros.h"
 #include "data/corpus_cache.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "engine/cli/load_model.h"
 #include "engine/cli/number_flags.h"
-#include "engine/config/recipe.h"
 #include "engine/model/transformer.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/output_paths.h"
-#include "engine/runtime/status_macros.h"
 #include "engine/train/balance_history.h"
 #include "engine/train/metrics_log.h"
 #include "kernels/threads.h"
@@ -733,7 +733,7 @@ absl::Status BenchCommand::run() {
   return absl::InvalidArgumentError("bench: unknown command");
 }
 
-// --json and --report against the inputs and what is there (engine/runtime/output_paths.h),
+// --json and --report against the inputs and what is there (core/runtime/output_paths.h),
 // before any work.
 absl::Status BenchCommand::check_balance_outputs() const {
   std::vector<OutputPath> outputs;

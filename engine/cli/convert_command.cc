@@ -8,14 +8,14 @@
 #include "checkpoint/hf_import.h"
 #include "checkpoint/upcycle.h"
 #include "checkpoint/weights.h"
+#include "core/runtime/device.h"
+#include "core/runtime/dir_lock.h"
+#include "core/runtime/output_paths.h"
+#include "core/runtime/param_store.h"
+#include "core/runtime/status_macros.h"
 #include "engine/cli/load_model.h"
 #include "engine/cli/number_flags.h"
 #include "engine/model/transformer.h"
-#include "engine/runtime/device.h"
-#include "engine/runtime/dir_lock.h"
-#include "engine/runtime/output_paths.h"
-#include "engine/runtime/param_store.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {
@@ -23,8 +23,8 @@ namespace {
 // Upcycling bounds: as the recipe's, at most 4096 experts, so K and G are no more either.
 constexpr int64_t kMaxExperts = 4096;
 
-// The output directory's lock (engine/runtime/dir_lock.h) for the command's run, taken once
-// the output paths' checks (engine/runtime/output_paths.h) allow the directory, so that a
+// The output directory's lock (core/runtime/dir_lock.h) for the command's run, taken once
+// the output paths' checks (core/runtime/output_paths.h) allow the directory, so that a
 // refused conversion creates nothing, and checked again under the lock: an earlier
 // conversion may have filled it meanwhile. `input` names the input directory in messages.
 absl::StatusOr<DirLock> lock_output(const InputPath& input, const std::string& out,

@@ -11,16 +11,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "core/config/recipe.h"
+#include "core/runtime/dir_lock.h"
+#include "core/runtime/output_paths.h"
+#include "core/runtime/status_macros.h"
 #include "data/inspect.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "engine/cli/inspect_checkpoint.h"
 #include "engine/cli/number_flags.h"
 #include "engine/cli/progress_line.h"
-#include "engine/config/recipe.h"
-#include "engine/runtime/dir_lock.h"
-#include "engine/runtime/output_paths.h"
-#include "engine/runtime/status_macros.h"
 #include "engine/train/training_data.h"
 
 namespace switchyard {
@@ -99,7 +99,7 @@ std::string special_ids_text(const SpecialTokenIds& s) {
   return absl::StrFormat("unk %d, bos %d, eos %d, pad %d", s.unk, s.bos, s.eos, s.pad);
 }
 
-// The lock of the dataset directory `dir` (engine/runtime/dir_lock.h) for the command's
+// The lock of the dataset directory `dir` (core/runtime/dir_lock.h) for the command's
 // run. A part locks itself alone, so that the parts of one dataset run at once while a
 // second run of the same part is refused; a whole prepare and merge-parts lock the dataset.
 // A merge of parts still running refuses by itself: their records are unfinished.

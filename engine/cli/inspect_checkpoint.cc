@@ -5,8 +5,8 @@
 #include <map>
 
 #include "checkpoint/checkpoint.h"
-#include "engine/config/recipe.h"
-#include "engine/runtime/status_macros.h"
+#include "core/config/recipe.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 

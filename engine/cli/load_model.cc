@@ -7,8 +7,8 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_import.h"
 #include "checkpoint/weights.h"
+#include "core/runtime/status_macros.h"
 #include "data/token_dataset.h"
-#include "engine/runtime/status_macros.h"
 #include "kernels/threads.h"
 
 namespace switchyard {

@@ -8,10 +8,10 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
 #include "data/tokenizer.h"
-#include "engine/config/recipe.pb.h"
 #include "engine/model/transformer.h"
-#include "engine/runtime/param_store.h"
 
 namespace switchyard {
 

@@ -22,6 +22,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/weights.h"
+#include "core/config/recipe.h"
+#include "core/runtime/output_paths.h"
+#include "core/runtime/status_macros.h"
+#include "core/runtime/text.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "engine/cli/bench_command.h"
@@ -31,16 +35,12 @@
 #include "engine/cli/load_model.h"
 #include "engine/cli/number_flags.h"
 #include "engine/cli/plan_command.h"
-#include "engine/cli/sample_command.h"
 #include "engine/cli/progress_line.h"
-#include "engine/config/recipe.h"
+#include "engine/cli/sample_command.h"
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
 #include "engine/parallel/mpi_runtime.h"
 #include "engine/parallel/topology.h"
-#include "engine/runtime/output_paths.h"
-#include "engine/runtime/status_macros.h"
-#include "engine/runtime/text.h"
 #include "engine/train/evaluation.h"
 #include "engine/train/memory_plan.h"
 #include "engine/train/trainer.h"
@@ -124,7 +124,7 @@ absl::Status dry_run(const config::Recipe& recipe, const Layout& layout) {
   return absl::OkStatus();
 }
 
-// The run directory against every path the run reads (engine/runtime/output_paths.h): it
+// The run directory against every path the run reads (core/runtime/output_paths.h): it
 // writes metrics.jsonl and the checkpoint directory there, and may hold its inputs
 // elsewhere (a dataset inside it); the checkpoint it resumes is its own.
 absl::Status check_run_dir(const config::Recipe& recipe, const std::string& recipe_path,

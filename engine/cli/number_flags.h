@@ -1,4 +1,4 @@
-// CLI11 validators that read a numeric flag with engine/runtime/numbers.h, so that every
+// CLI11 validators that read a numeric flag with core/runtime/numbers.h, so that every
 // flag takes the spellings and gives the refusals a `--set` value does; CLI11 puts the
 // flag's name first ("--tokens: 0 is out of range [1, 16777216]"). Each is a transform
 // on an option bound to a typed variable, which keeps its default for --help:
@@ -8,7 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 
-#include "engine/runtime/numbers.h"
+#include "core/runtime/numbers.h"
 
 namespace switchyard {
 

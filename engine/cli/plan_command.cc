@@ -14,15 +14,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "core/config/recipe.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/output_paths.h"
+#include "core/runtime/status_macros.h"
 #include "engine/cli/build_info.h"
 #include "engine/cli/number_flags.h"
-#include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/parallel/topology.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/output_paths.h"
-#include "engine/runtime/status_macros.h"
 #include "engine/train/memory_plan.h"
 #include "engine/train/peak.h"
 #include "kernels/devices.h"
@@ -83,7 +83,7 @@ struct LayoutPlan {
 };
 
 // "pp=2,tp=2,ep=8,zero=1,recompute=full": every key at most once, each an integer of
-// [1, kMaxPlanWorld] (zero: [0, 3]) read by engine/runtime/numbers.h, recompute none,
+// [1, kMaxPlanWorld] (zero: [0, 3]) read by core/runtime/numbers.h, recompute none,
 // selective or full. `*recompute_given`: whether it was named.
 absl::StatusOr<LayoutChoice> parse_layout(const std::string& text, bool* recompute_given) {
   const auto refuse = [&text] {

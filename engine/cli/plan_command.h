@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "engine/train/peak.h"
 
 namespace switchyard {

@@ -10,16 +10,16 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
-#include "absl/types/span.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "core/runtime/device.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/status_macros.h"
+#include "core/runtime/text.h"
 #include "data/tokenizer.h"
 #include "engine/cli/load_model.h"
 #include "engine/cli/number_flags.h"
 #include "engine/model/transformer.h"
-#include "engine/runtime/device.h"
-#include "engine/runtime/rng.h"
-#include "engine/runtime/status_macros.h"
-#include "engine/runtime/text.h"
 
 namespace switchyard {
 

@@ -5,13 +5,13 @@
 #include <utility>
 #include <vector>
 
+#include "engine/parallel/tensor_shards.h"
 #include "kernels/attention.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
-#include "engine/parallel/tensor_shards.h"
 #include "moe/tensor_parallel_sum.h"
 
 namespace switchyard {

@@ -14,11 +14,11 @@
 #include <memory>
 #include <string>
 
-#include "engine/config/recipe.pb.h"
+#include "core/comm/communicator.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
+#include "core/runtime/tensor.h"
 #include "engine/model/mla.h"
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/param_store.h"
-#include "engine/runtime/tensor.h"
 #include "kernels/rope.h"
 
 namespace switchyard {

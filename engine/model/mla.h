@@ -19,10 +19,10 @@
 
 #include <string>
 
-#include "engine/config/recipe.pb.h"
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/param_store.h"
-#include "engine/runtime/tensor.h"
+#include "core/comm/communicator.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "engine/config/recipe.pb.h"
+#include "core/config/recipe.pb.h"
 
 namespace switchyard {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "engine/parallel/tensor_shards.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"

@@ -7,11 +7,11 @@
 #include <memory>
 #include <vector>
 
-#include "engine/config/recipe.pb.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/tensor.h"
 #include "engine/model/attention.h"
-#include "engine/runtime/param_store.h"
-#include "engine/runtime/rng.h"
-#include "engine/runtime/tensor.h"
 #include "moe/moe_layer.h"
 #include "moe/router_stats.h"
 #include "moe/swiglu_ffn.h"

@@ -16,9 +16,9 @@
 
 #include <vector>
 
+#include "core/comm/communicator.h"
+#include "core/runtime/param_store.h"
 #include "engine/optim/zero.h"
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/param_store.h"
 
 namespace switchyard {
 

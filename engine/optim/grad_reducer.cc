@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/runtime/check.h"
+#include "core/runtime/check.h"
 
 namespace switchyard {
 

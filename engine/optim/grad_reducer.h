@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/param_store.h"
-#include "engine/runtime/work_queue.h"
+#include "core/comm/communicator.h"
+#include "core/runtime/param_store.h"
+#include "core/runtime/work_queue.h"
 
 namespace switchyard {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/runtime/exact_sum.h"
 #include "engine/optim/zero.h"
-#include "engine/runtime/exact_sum.h"
 #include "kernels/adamw.h"
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"

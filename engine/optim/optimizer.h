@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/config/recipe.pb.h"
+#include "core/comm/communicator.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
 #include "engine/optim/zero.h"
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/param_store.h"
 
 namespace switchyard {
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
+#include "core/runtime/check.h"
 #include "engine/optim/optimizer.h"
-#include "engine/runtime/check.h"
 #include "kernels/adamw.h"
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"

@@ -25,10 +25,10 @@
 #include <memory>
 #include <vector>
 
-#include "engine/config/recipe.pb.h"
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/param_store.h"
-#include "engine/runtime/work_queue.h"
+#include "core/comm/communicator.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
+#include "core/runtime/work_queue.h"
 
 namespace switchyard {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace switchyard {
 

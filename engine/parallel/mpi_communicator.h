@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace switchyard {
 

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "engine/parallel/local_communicator.h"
+#include "core/comm/local_communicator.h"
 #include "engine/parallel/mpi_communicator.h"
 
 namespace switchyard {

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "engine/parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace switchyard {
 

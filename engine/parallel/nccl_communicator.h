@@ -34,7 +34,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/parallel/communicator.h"
+#include "core/comm/communicator.h"
 #include "engine/parallel/topology.h"
 #include "kernels/cuda/cuda_device.h"
 

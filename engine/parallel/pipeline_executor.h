@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/parallel/communicator.h"
+#include "core/comm/communicator.h"
+#include "core/runtime/tensor.h"
 #include "engine/parallel/pipeline_schedule.h"
-#include "engine/runtime/tensor.h"
 
 namespace switchyard {
 
@@ -77,7 +77,7 @@ std::string pipeline_event_kind_name(PipelineEventKind kind);
 //   {"step":S,"rank":R,"kind":"forward"|"backward"|"exchange","micro_batch":I,"chunk":C,
 //    "sends":N,"receives":N,"start_s":T0,"end_s":T1}
 // (micro_batch and chunk -1 on an exchange, sends and receives 0 on a pass).
-// Callers write them with write_file_atomically (engine/runtime/file_util.h).
+// Callers write them with write_file_atomically (core/runtime/file_util.h).
 std::string pipeline_events_json_lines(int step, int rank,
                                        const std::vector<PipelineEvent>& events);
 

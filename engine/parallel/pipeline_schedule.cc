@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/check.h"
+#include "core/runtime/check.h"
 
 namespace switchyard {
 namespace {

@@ -3,8 +3,8 @@
 // into any tensor-parallel size.
 #pragma once
 
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/tensor.h"
+#include "core/comm/communicator.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

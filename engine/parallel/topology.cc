@@ -2,11 +2,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/config/recipe.h"
-#include "engine/parallel/local_communicator.h"
+#include "core/comm/local_communicator.h"
+#include "core/config/recipe.h"
+#include "core/runtime/status_macros.h"
 #include "engine/parallel/mpi_communicator.h"
 #include "engine/parallel/mpi_runtime.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/config/recipe.pb.h"
-#include "engine/parallel/communicator.h"
+#include "core/comm/communicator.h"
+#include "core/config/recipe.pb.h"
 #include "engine/parallel/pipeline_schedule.h"
 
 namespace switchyard {

@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/rng.h"
-#include "engine/runtime/status_macros.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 

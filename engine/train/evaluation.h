@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/comm/communicator.h"
 #include "data/token_dataset.h"
 #include "engine/model/transformer.h"
-#include "engine/parallel/communicator.h"
 
 namespace switchyard {
 

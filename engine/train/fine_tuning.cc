@@ -12,8 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/weights.h"
+#include "core/runtime/status_macros.h"
 #include "engine/optim/optimizer.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 

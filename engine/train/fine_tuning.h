@@ -7,9 +7,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/config/recipe.pb.h"
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/param_store.h"
+#include "core/comm/communicator.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
 #include "engine/train/trainer.h"
 
 namespace switchyard {

@@ -8,11 +8,11 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "engine/config/recipe.h"
+#include "core/comm/communicator.h"
+#include "core/config/recipe.h"
+#include "core/runtime/check.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/zero.h"
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/check.h"
 #include "kernels/exact_grad.h"
 #include "moe/capacity.h"
 

@@ -1,7 +1,7 @@
 // The memory a training rank needs, computed from the shapes the model registers without
 // allocating anything: what `train` checks against its device, what `train --dry-run`
 // prints for every rank of a layout and what `switchyard plan` ranks layouts by. Each
-// term is one of the categories the device's allocator counts (engine/runtime/device.h),
+// term is one of the categories the device's allocator counts (core/runtime/device.h),
 // so a run's measured peaks (metrics.jsonl's memory_bytes) can be set against it
 // (docs/planning.md).
 #pragma once
@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
-#include "engine/config/recipe.pb.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
 #include "engine/parallel/topology.h"
-#include "engine/runtime/param_store.h"
 
 namespace switchyard {
 

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 #include "kernels/devices.h"
 #include "kernels/gemm.h"
 #include "kernels/threads.h"

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "engine/runtime/device.h"
+#include "core/runtime/device.h"
 #include "engine/train/peak_cache.h"
 
 namespace switchyard {

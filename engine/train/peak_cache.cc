@@ -6,9 +6,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/json_fields.h"
-#include "engine/runtime/text.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/json_fields.h"
+#include "core/runtime/text.h"
 
 namespace switchyard {
 

@@ -4,7 +4,7 @@
 #include <map>
 #include <utility>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 
 namespace switchyard {
 

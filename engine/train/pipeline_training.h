@@ -9,12 +9,12 @@
 #include <utility>
 #include <vector>
 
-#include "engine/config/recipe.pb.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/grad_reducer.h"
 #include "engine/parallel/pipeline_executor.h"
 #include "engine/parallel/topology.h"
-#include "engine/runtime/param_store.h"
 #include "kernels/devices.h"
 #include "moe/router_stats.h"
 

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "core/runtime/param_store.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/zero.h"
 #include "engine/parallel/topology.h"
-#include "engine/runtime/param_store.h"
 
 namespace switchyard {
 

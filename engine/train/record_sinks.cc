@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/output_paths.h"
-#include "engine/runtime/status_macros.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/output_paths.h"
+#include "core/runtime/status_macros.h"
 #include "engine/train/metrics_log.h"
 #include "engine/train/tensorboard_writer.h"
 #include "moe/balance_stats.h"

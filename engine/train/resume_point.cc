@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/runtime/status_macros.h"
+#include "core/runtime/status_macros.h"
 #include "engine/train/training_data.h"
 
 namespace switchyard {

@@ -8,10 +8,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.h"
+#include "core/comm/communicator.h"
+#include "core/config/recipe.pb.h"
 #include "data/loader.h"
-#include "engine/config/recipe.pb.h"
 #include "engine/optim/optimizer.h"
-#include "engine/parallel/communicator.h"
 
 namespace switchyard {
 

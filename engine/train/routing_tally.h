@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/parallel/communicator.h"
+#include "core/comm/communicator.h"
 #include "moe/router_stats.h"
 
 namespace switchyard {

@@ -12,9 +12,14 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
+#include "core/config/recipe.h"
+#include "core/runtime/dir_lock.h"
+#include "core/runtime/exact_sum.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/output_paths.h"
+#include "core/runtime/status_macros.h"
 #include "data/loader.h"
 #include "data/token_dataset.h"
-#include "engine/config/recipe.h"
 #include "engine/model/model_stats.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/exact_grads.h"
@@ -22,11 +27,6 @@
 #include "engine/optim/optimizer.h"
 #include "engine/optim/zero.h"
 #include "engine/parallel/host_map.h"
-#include "engine/runtime/dir_lock.h"
-#include "engine/runtime/exact_sum.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/output_paths.h"
-#include "engine/runtime/status_macros.h"
 #include "engine/train/evaluation.h"
 #include "engine/train/fine_tuning.h"
 #include "engine/train/memory_plan.h"
@@ -197,7 +197,7 @@ struct TrainingData {
   bool blend = false;  // data.sources
 };
 
-// The run directory's lock (engine/runtime/dir_lock.h), taken by the reporting rank before
+// The run directory's lock (core/runtime/dir_lock.h), taken by the reporting rank before
 // anything in the directory is read or written and held until train() returns, so that a
 // second job on the same --run-dir (started twice, requeued while this one runs) is
 // refused naming this one. The other ranks do not lock: they write their checkpoint shards
@@ -596,7 +596,7 @@ struct StepResult {
 
 // The step's losses as this rank summed them over its forwards: each micro-batch's terms
 // added whole and exactly, so the step's figures have the same bits however the
-// micro-batches are spread over ranks and stages (engine/runtime/exact_sum.h).
+// micro-batches are spread over ranks and stages (core/runtime/exact_sum.h).
 struct StepSums {
   ExactSum router_terms;   // the weighted aux, z and sequence-aux terms of the total
   ExactSum aux, z, seq_aux;  // unweighted

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/config/recipe.pb.h"
+#include "core/config/recipe.pb.h"
 #include "engine/parallel/topology.h"
 #include "engine/train/peak.h"
 

@@ -6,9 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/config/recipe.h"
+#include "core/runtime/status_macros.h"
 #include "data/corpus_cache.h"
-#include "engine/config/recipe.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/config/recipe.pb.h"
 #include "data/loader.h"
 #include "data/progress.h"
 #include "data/token_dataset.h"
-#include "engine/config/recipe.pb.h"
 
 namespace switchyard {
 

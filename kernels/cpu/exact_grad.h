@@ -12,7 +12,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "engine/runtime/exact_sum.h"
+#include "core/runtime/exact_sum.h"
 #include "kernels/cpu/elementwise.h"
 
 namespace switchyard::cpu {

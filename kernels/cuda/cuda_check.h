@@ -6,7 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "engine/runtime/check.h"
+#include "core/runtime/check.h"
 
 #define SY_CUDA_CHECK(expr)                                                   \
   do {                                                                        \

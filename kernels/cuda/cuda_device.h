@@ -10,8 +10,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/runtime/device.h"
-#include "engine/runtime/tensor.h"
+#include "core/runtime/device.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 namespace cuda {

@@ -6,7 +6,7 @@
 
 #include <type_traits>
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -1,4 +1,4 @@
-#include "engine/runtime/rng.h"
+#include "core/runtime/rng.h"
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gating.h"

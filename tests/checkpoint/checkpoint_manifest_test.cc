@@ -7,7 +7,7 @@
 #include <string>
 
 #include "checkpoint/checkpoint.h"
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 
 namespace switchyard {
 namespace {

@@ -13,9 +13,9 @@
 #include <string>
 #include <tuple>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
+#include "core/runtime/rng.h"
 #include "engine/model/transformer.h"
-#include "engine/runtime/rng.h"
 
 namespace switchyard {
 namespace {

@@ -1,4 +1,4 @@
-"""A directory output is complete or absent (engine/runtime/output_paths.h,
+"""A directory output is complete or absent (core/runtime/output_paths.h,
 StagedDirectory): `convert to-hf`, `from-hf` and `upcycle` write into a temporary sibling
 of the output and rename it into place at the end. A conversion that fails after it has
 started writing (here a write refused by RLIMIT_FSIZE, as a full disk would) leaves no

@@ -1,4 +1,4 @@
-"""Nothing the user owns is destroyed by an output path (engine/runtime/output_paths.h).
+"""Nothing the user owns is destroyed by an output path (core/runtime/output_paths.h).
 
 For every command that writes, each output is tried as one of its inputs, inside an input
 directory, as a directory containing an input, and over an existing file of another kind

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 
 namespace switchyard::config {
 namespace {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 
 namespace switchyard::config {
 namespace {

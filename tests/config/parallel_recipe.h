@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 
 namespace switchyard::config::testing {
 

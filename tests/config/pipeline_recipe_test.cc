@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "tests/config/parallel_recipe.h"
 
 namespace switchyard::config {

@@ -1,4 +1,4 @@
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 
 #include <gtest/gtest.h>
 

@@ -10,8 +10,8 @@
 #include <fstream>
 #include <functional>
 
+#include "core/runtime/file_util.h"
 #include "data/hdf5_writer.h"
-#include "engine/runtime/file_util.h"
 #include "tests/data/data_test_util.h"
 
 // libhdf5's own metadata checksum, exported by the library though not declared in its

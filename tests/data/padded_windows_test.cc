@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/runtime/check.h"
 #include "data/loader.h"
 #include "data/token_dataset.h"
-#include "engine/runtime/check.h"
 #include "tests/data/data_test_util.h"
 
 namespace switchyard {

@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "core/runtime/status_macros.h"
 #include "data/inspect.h"
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include "core/config/recipe.h"
 #include "data/sha256.h"
-#include "engine/config/recipe.h"
 #include "tests/data/data_test_util.h"
 
 namespace switchyard {

@@ -14,7 +14,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "engine/runtime/text.h"
+#include "core/runtime/text.h"
 
 namespace switchyard::fuzz {
 

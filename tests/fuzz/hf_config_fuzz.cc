@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "checkpoint/hf_import.h"
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/fuzz/protobuf_log_trap.h"
 

@@ -1,11 +1,11 @@
 // A directory lock's file (DIR/.switchyard.lock), read for its holder's identity while
 // another writer holds it, so possibly half-written or not the engine's: any bytes
 // describe a holder, or "holder unknown", on one line of bounded length with no control
-// byte, the refusal's text (engine/runtime/dir_lock.h).
+// byte, the refusal's text (core/runtime/dir_lock.h).
 #include <cstdint>
 #include <string>
 
-#include "engine/runtime/dir_lock.h"
+#include "core/runtime/dir_lock.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace sy = switchyard;

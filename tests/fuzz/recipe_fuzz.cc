@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/fuzz/protobuf_log_trap.h"
 

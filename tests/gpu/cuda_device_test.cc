@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/devices.h"
 

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/config/recipe.h"
-#include "engine/parallel/local_communicator.h"
+#include "core/comm/local_communicator.h"
+#include "core/config/recipe.h"
 #include "engine/parallel/nccl_communicator.h"
 #include "engine/train/pipeline_training.h"
 #include "kernels/elementwise.h"

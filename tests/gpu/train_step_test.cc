@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 #include "tests/gpu/gpu_test_util.h"

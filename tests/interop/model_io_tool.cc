@@ -6,9 +6,9 @@
 #include <cstdio>
 
 #include "checkpoint/safetensors.h"
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
+#include "core/runtime/status_macros.h"
 #include "engine/model/transformer.h"
-#include "engine/runtime/status_macros.h"
 
 namespace switchyard {
 namespace {

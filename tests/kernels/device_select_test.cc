@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 #include "kernels/devices.h"
 
 namespace switchyard {

@@ -9,7 +9,7 @@
 #include <numeric>
 #include <vector>
 
-#include "engine/runtime/rng.h"
+#include "core/runtime/rng.h"
 #include "kernels/cpu/gating.h"
 #include "kernels/router_aux.h"
 #include "tests/test_util.h"

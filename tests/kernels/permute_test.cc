@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "engine/runtime/rng.h"
+#include "core/runtime/rng.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/permute.h"
 #include "tests/bf16_test_util.h"

@@ -115,7 +115,7 @@ TEST(RopeTest, Bf16OperandsComputeInF32) {
   EXPECT_TRUE(stores(x, expected));
 }
 
-// YaRN's table against its definition (engine/config/recipe.proto) in double, at
+// YaRN's table against its definition (core/config/recipe.proto) in double, at
 // DeepSeek-V3's published factor and context: pairs 0-1 keep their frequency, 2-6 are
 // on the ramp, 7 is divided by the factor.
 TEST(RopeTest, YarnTableMatchesItsDefinition) {

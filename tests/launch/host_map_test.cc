@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/parallel/local_communicator.h"
+#include "core/comm/local_communicator.h"
 
 namespace switchyard {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "engine/parallel/local_communicator.h"
+#include "core/comm/local_communicator.h"
 
 namespace switchyard {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 

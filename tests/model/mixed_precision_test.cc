@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 

@@ -5,7 +5,7 @@
 
 #include <filesystem>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 
 namespace switchyard {
 namespace {

@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "engine/parallel/local_communicator.h"
-#include "engine/runtime/device.h"
+#include "core/comm/local_communicator.h"
+#include "core/runtime/device.h"
 
 namespace switchyard {
 namespace {

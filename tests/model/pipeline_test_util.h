@@ -5,10 +5,10 @@
 #include <cstring>
 #include <string>
 
-#include "engine/config/recipe.h"
-#include "engine/runtime/param_store.h"
-#include "engine/runtime/rng.h"
-#include "engine/runtime/tensor.h"
+#include "core/config/recipe.h"
+#include "core/runtime/param_store.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard::pipeline_test {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 #include "engine/model/transformer.h"
 
 namespace switchyard {

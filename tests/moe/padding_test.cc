@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/rng.h"
+#include "core/runtime/rng.h"
 #include "moe/moe_layer.h"
 #include "tests/moe/small_moe_layer.h"
 

@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "engine/runtime/rng.h"
+#include "core/runtime/rng.h"
 #include "moe/balance_stats.h"
 
 namespace switchyard {

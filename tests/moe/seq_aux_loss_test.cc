@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/config/recipe.h"
-#include "engine/runtime/rng.h"
+#include "core/config/recipe.h"
+#include "core/runtime/rng.h"
 #include "kernels/sequence_aux.h"
 #include "moe/moe_layer.h"
 #include "tests/moe/small_moe_layer.h"

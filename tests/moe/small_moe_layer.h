@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-#include "engine/config/recipe.pb.h"
-#include "engine/runtime/rng.h"
-#include "engine/runtime/tensor.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard::testing {
 

@@ -8,7 +8,7 @@
 #include <iterator>
 #include <limits>
 
-#include "engine/runtime/rng.h"
+#include "core/runtime/rng.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/columns.h"

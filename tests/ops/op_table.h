@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard::testing {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "engine/runtime/rng.h"
+#include "core/runtime/rng.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gating.h"
 #include "kernels/cpu/router_aux.h"

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/local_communicator.h"
+#include "core/runtime/device.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/zero.h"
-#include "engine/parallel/local_communicator.h"
-#include "engine/runtime/device.h"
 
 namespace switchyard {
 namespace {

@@ -38,10 +38,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/config/recipe.pb.h"
-#include "engine/runtime/param_store.h"
-#include "engine/runtime/rng.h"
-#include "engine/runtime/tensor.h"
+#include "core/config/recipe.pb.h"
+#include "core/runtime/param_store.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/tensor.h"
 #include "gtest/gtest.h"
 #include "moe/moe_layer.h"
 #include "moe/router_stats.h"

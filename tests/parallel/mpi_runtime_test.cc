@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "engine/parallel/local_communicator.h"
+#include "core/comm/local_communicator.h"
 #include "engine/parallel/mpi_communicator.h"
 #include "gtest/gtest.h"
 #include "tests/parallel/parallel_test_env.h"

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/parallel/communicator.h"
-#include "engine/runtime/tensor.h"
+#include "core/comm/communicator.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard::testing {
 

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace switchyard::testing {
 

@@ -1,7 +1,7 @@
 // One writer at a time: a second DirLock on a directory (another open file description, as
 // another process would have) is refused naming the holder; a released lock is taken again;
 // a symlinked or foreign lock file is handled without trusting its bytes.
-#include "engine/runtime/dir_lock.h"
+#include "core/runtime/dir_lock.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

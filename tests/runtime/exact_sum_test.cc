@@ -1,6 +1,6 @@
 // ExactSum: the correctly rounded sum of doubles, the same bits in every order, grouping
 // and split over "ranks" (limbs added as integers).
-#include "engine/runtime/exact_sum.h"
+#include "core/runtime/exact_sum.h"
 
 #include <gtest/gtest.h>
 

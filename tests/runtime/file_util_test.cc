@@ -1,6 +1,6 @@
 // Names read from files stay inside the directory the user named: symlinks that lead out
 // are refused, except into the blobs of a Hugging Face hub cache snapshot, and only there.
-#include "engine/runtime/file_util.h"
+#include "core/runtime/file_util.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 // The one parser of every number a user types: the spellings it takes and refuses, its
 // bounds, and the shape of a refusal ("<field>: <text> <what is wrong>").
-#include "engine/runtime/numbers.h"
+#include "core/runtime/numbers.h"
 
 #include <gtest/gtest.h>
 

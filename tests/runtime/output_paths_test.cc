@@ -1,7 +1,7 @@
 // Outputs against inputs: an output that is, lies inside or contains an input (symlinks
 // followed) is refused naming both; an input the output owns may lie inside it; an existing
 // file is replaced only with --overwrite and only when it is of the output's kind.
-#include "engine/runtime/output_paths.h"
+#include "core/runtime/output_paths.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

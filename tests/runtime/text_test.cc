@@ -1,5 +1,5 @@
 // Text made safe to print: control bytes escaped in errors, generated text made UTF-8.
-#include "engine/runtime/text.h"
+#include "core/runtime/text.h"
 
 #include <gtest/gtest.h>
 

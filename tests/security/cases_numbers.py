@@ -1,5 +1,5 @@
 """Hostile numbers on the command line: every flag and `--set` value is read by one parser
-(engine/runtime/numbers.h), so each spelling is refused the same way everywhere, in one
+(core/runtime/numbers.h), so each spelling is refused the same way everywhere, in one
 line naming the flag, before anything is written (see hostile.py for the harness)."""
 from hostile import Case, TINY_RECIPE
 

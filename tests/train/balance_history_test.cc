@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "engine/runtime/rng.h"
+#include "core/runtime/rng.h"
 
 namespace switchyard {
 namespace {

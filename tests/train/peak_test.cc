@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/file_util.h"
+#include "core/runtime/file_util.h"
 #include "kernels/threads.h"
 
 namespace switchyard {

@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/config/recipe.h"
-#include "engine/parallel/local_communicator.h"
+#include "core/comm/local_communicator.h"
+#include "core/config/recipe.h"
 #include "engine/train/pipeline_training.h"
 
 namespace switchyard {

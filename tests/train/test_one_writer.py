@@ -1,4 +1,4 @@
-"""One writer at a time in an output directory (engine/runtime/dir_lock.h): a second `train`
+"""One writer at a time in an output directory (core/runtime/dir_lock.h): a second `train`
 on a run directory that a running `train` writes is refused in one line naming the first's
 host and pid, and the first ends with the records and weights of an undisturbed run; a
 lock whose holder was killed (SIGKILL) is taken over; a second `data prepare` into one

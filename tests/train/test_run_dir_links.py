@@ -1,4 +1,4 @@
-"""Files inside a run directory are never followed out of it (engine/runtime/file_util.h,
+"""Files inside a run directory are never followed out of it (core/runtime/file_util.h,
 Links::kRefuse, AtomicFileWriter, fresh_directory): a symbolic link planted at the name of
 a file `train` writes there (metrics.jsonl, a `.partial` it writes through, `latest`'s
 partial file, the final weights directory and its temporary) is refused or replaced,

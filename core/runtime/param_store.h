@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/rng.h"
-#include "engine/runtime/tensor.h"
+#include "core/runtime/rng.h"
+#include "core/runtime/tensor.h"
 
 namespace switchyard {
 

@@ -1,4 +1,4 @@
-#include "engine/runtime/dir_lock.h"
+#include "core/runtime/dir_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -16,10 +16,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/json_fields.h"
-#include "engine/runtime/status_macros.h"
-#include "engine/runtime/text.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/json_fields.h"
+#include "core/runtime/status_macros.h"
+#include "core/runtime/text.h"
 
 namespace switchyard {
 

@@ -1,4 +1,4 @@
-#include "engine/runtime/output_paths.h"
+#include "core/runtime/output_paths.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,10 +14,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/dir_lock.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/json_fields.h"
-#include "engine/runtime/status_macros.h"
+#include "core/runtime/dir_lock.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/json_fields.h"
+#include "core/runtime/status_macros.h"
 
 namespace switchyard {
 

@@ -1,4 +1,4 @@
-#include "engine/parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 #include <chrono>
 #include <string>

@@ -68,7 +68,7 @@ class DirLock;
 // the output's lock.
 class StagedDirectory {
  public:
-  // Call with the output's lock (engine/runtime/dir_lock.h) held.
+  // Call with the output's lock (core/runtime/dir_lock.h) held.
   static absl::StatusOr<StagedDirectory> create(const std::string& out);
 
   StagedDirectory(StagedDirectory&& other) noexcept;

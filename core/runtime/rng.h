@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "engine/runtime/host_device.h"
+#include "core/runtime/host_device.h"
 
 namespace switchyard {
 

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/config/recipe.pb.h"
+#include "core/config/recipe.pb.h"
 
 namespace switchyard::config {
 

@@ -1,4 +1,4 @@
-#include "engine/runtime/param_store.h"
+#include "core/runtime/param_store.h"
 
 #include <algorithm>
 

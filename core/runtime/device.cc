@@ -1,4 +1,4 @@
-#include "engine/runtime/device.h"
+#include "core/runtime/device.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_format.h"
 
-#include "engine/runtime/check.h"
+#include "core/runtime/check.h"
 
 namespace switchyard {
 

@@ -1,4 +1,4 @@
-#include "engine/runtime/tensor.h"
+#include "core/runtime/tensor.h"
 
 #include <cstring>
 

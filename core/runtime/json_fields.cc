@@ -1,4 +1,4 @@
-#include "engine/runtime/json_fields.h"
+#include "core/runtime/json_fields.h"
 
 namespace switchyard {
 

@@ -1,4 +1,4 @@
-#include "engine/runtime/numbers.h"
+#include "core/runtime/numbers.h"
 
 #include <algorithm>
 #include <charconv>

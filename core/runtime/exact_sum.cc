@@ -1,4 +1,4 @@
-#include "engine/runtime/exact_sum.h"
+#include "core/runtime/exact_sum.h"
 
 #include <bit>
 #include <cmath>

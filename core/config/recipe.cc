@@ -1,4 +1,4 @@
-#include "engine/config/recipe.h"
+#include "core/config/recipe.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -19,11 +19,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "data/tokenizer.h"
-#include "engine/runtime/exact_sum.h"
-#include "engine/runtime/file_util.h"
-#include "engine/runtime/numbers.h"
-#include "engine/runtime/status_macros.h"
+#include "core/config/vocab_limit.h"
+#include "core/runtime/exact_sum.h"
+#include "core/runtime/file_util.h"
+#include "core/runtime/numbers.h"
+#include "core/runtime/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
@@ -705,7 +705,7 @@ bool is_number(const pb::FieldDescriptor& field) {
   }
 }
 
-// A number field's value, read by engine/runtime/numbers.h within its type's range (the
+// A number field's value, read by core/runtime/numbers.h within its type's range (the
 // validation checks each field's own bounds after); a refusal is the whole message
 // ("train.seed: -1 must be a non-negative integer").
 absl::Status set_number(pb::Message& message, const pb::FieldDescriptor& field,

@@ -1,4 +1,4 @@
-#include "engine/runtime/file_util.h"
+#include "core/runtime/file_util.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/status_macros.h"
-#include "engine/runtime/text.h"
+#include "core/runtime/status_macros.h"
+#include "core/runtime/text.h"
 
 namespace switchyard {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/check.h"
-#include "engine/runtime/bf16.h"
-#include "engine/runtime/device.h"
+#include "core/runtime/bf16.h"
+#include "core/runtime/check.h"
+#include "core/runtime/device.h"
 
 namespace switchyard {
 

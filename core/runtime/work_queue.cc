@@ -1,4 +1,4 @@
-#include "engine/runtime/work_queue.h"
+#include "core/runtime/work_queue.h"
 
 #include <utility>
 
