@@ -490,7 +490,7 @@ void MoeLayer::discard_keeping_routing() {
   x_whole_ = x_ = router_x_ = Tensor();
   sequence_sums_ = Tensor();
   xp_ = gate_up_out_ = act_ = Tensor();
-  dispatcher_.release();
+  dispatcher_.discard();
   shared_out_ = shared_gate_logit_ = Tensor();
   if (shared_) shared_->discard();
 }
