@@ -69,11 +69,11 @@ struct Transformer::Block {
   struct Stash {
     Saved own;
     Attention::Stash attention;
-    MoeLayer::Saved moe;
+    MoeLayer::Stash moe;
     SwigluFfn::Saved dense;
   };
   Stash stash() {
-    return {std::exchange(saved, {}), attention->stash(), moe ? moe->stash() : MoeLayer::Saved{},
+    return {std::exchange(saved, {}), attention->stash(), moe ? moe->stash() : MoeLayer::Stash{},
             dense ? dense->stash() : SwigluFfn::Saved{}};
   }
   void restore(Stash&& stash) {
