@@ -1,6 +1,7 @@
-// One MoE FFN layer: router -> gating -> the token dispatcher (capacity, permute,
-// all-to-all over the expert-parallel group; moe/token_dispatcher.h) -> grouped SwiGLU
-// experts -> the dispatcher's combine, plus optional shared experts.
+// One MoE FFN layer: the router (logits, gating, routing losses; moe/router.h) -> the
+// token dispatcher (capacity, permute, all-to-all over the expert-parallel group;
+// moe/token_dispatcher.h) -> grouped SwiGLU experts -> the dispatcher's combine, plus
+// optional shared experts.
 //
 // With an expert-parallel group of P ranks, rank p holds the experts at positions
 // [p * E/P, (p+1) * E/P) of the parameter store's expert order (parallel.expert_placement;
@@ -22,31 +23,18 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "core/comm/communicator.h"
 #include "core/config/recipe.pb.h"
 #include "core/runtime/param_store.h"
 #include "core/runtime/rng.h"
 #include "core/runtime/tensor.h"
-#include "kernels/sequence_aux.h"
-#include "kernels/top_k_selection.h"
+#include "moe/router.h"
 #include "moe/router_stats.h"
 #include "moe/swiglu_ffn.h"
 #include "moe/token_dispatcher.h"
 
 namespace switchyard {
-
-// One forward's routing of its n tokens: router logits and softmax probabilities (sigmoid
-// scores for SIGMOID_TOPK) (n, E) f32, top-k expert ids (n, k) i32 and their weights
-// (n, k) f32.
-struct MoeRouting {
-  Tensor logits;
-  Tensor probs;
-  Tensor expert_ids;
-  Tensor weights;
-};
 
 class MoeLayer {
  public:
@@ -82,109 +70,73 @@ class MoeLayer {
   void discard();
   // The same but the routing last_routing() reads: what a forward-only pass keeps.
   void discard_keeping_routing();
-  // Everything forward saved (routing, dispatch plan, shared experts), moved out of the
-  // layer (left as after discard()) and back, so that several micro-batches can wait for
-  // their backward (pipeline schedules).
+  // Everything the layer itself saved for backward (its router, dispatcher and shared
+  // experts keep theirs), its one record of it.
   struct Saved {
-    Tensor x_whole, x, router_x, probs, router_logits, expert_ids, weights;
-    Tensor xp, gate_up_out, act, shared_out, shared_gate_logit;
-    Tensor sequence_sums;
-    SequenceRows sequence_rows;
-    std::vector<int32_t> real_tokens;
-    int64_t window = 0;
+    Tensor x_whole;            // (n * tp, hidden) the group's tokens
+    Tensor x;                  // (n, hidden) the rows this rank routes
+    Tensor xp;                 // (rows, hidden) tokens in local-expert order
+    Tensor gate_up_out;        // (rows, 2 * ffn)
+    Tensor act;                // (rows, ffn)
+    Tensor shared_out;         // (n, hidden)
+    Tensor shared_gate_logit;  // (n, 1)
+  };
+  // The records of the layer and its modules, moved out of the layer (left as after
+  // discard()) and back, so that several micro-batches can wait for their backward
+  // (pipeline schedules).
+  struct Stash {
+    Saved own;
+    Router::Saved router;
     TokenDispatcher::Saved dispatcher;
     SwigluFfn::Saved shared;
   };
-  Saved stash();
-  void restore(Saved&& saved);
+  Stash stash();
+  void restore(Stash&& stash);
 
   int num_experts() const { return num_experts_; }
   int top_k() const { return top_k_; }
   // The sigmoid router's per-expert selection bias (E) f32, a parameter that no gradient
   // trains (loss-free balancing moves it, ExpertBiasBalancer); null for other gatings.
-  Param* expert_bias() const { return expert_bias_; }
+  Param* expert_bias() const { return router_.expert_bias(); }
   // The routing of the last forward (this rank's tokens), for load-balance analysis
   // (`bench balance`): the layer's saved tensors, or with padded windows a host copy of
   // the rows holding text, one after another (padding is routed nowhere, so it is left
   // out).
-  MoeRouting last_routing() const;
+  MoeRouting last_routing() const { return router_.last_routing(); }
 
  private:
-  // Runs the local experts on xp_, rows grouped by local expert (the dispatcher's
-  // local_counts()).
+  // forward() and infer(): the routed and shared experts at this capacity factor;
+  // seq_len 0: no sequence-wise aux loss.
+  Tensor run(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
+             float capacity_factor, int64_t seq_len, PaddedWindows padding);
+  // Runs the local experts on the saved xp, rows grouped by local expert (the
+  // dispatcher's local_counts()).
   Tensor experts_forward(Device& dev);
-  // The experts' gate/up and activation outputs of xp_ into gate_up_out_ and act_.
+  // The experts' gate/up and activation outputs of xp into gate_up_out and act.
   void experts_hidden(Device& dev);
   // The experts' weight gradients from the gradients of their outputs and of their
   // gate/up products (engine/optim/exact_grads.h: one part per source rank).
   void expert_weight_grads(Device& dev, const Tensor& dout, const Tensor& dgate_up);
-  // The router: fills probs_, expert_ids_ and weights_ from router_logits_ and writes
-  // the routing sums (2E + 1) of this rank's tokens, and with sequence sums
-  // (sequence_sums_ defined) those of its sequences. `first_token`: the group index of
-  // this rank's first token (round-robin routing); `capacity_factor`: expert choice's.
-  void route(Device& dev, int64_t first_token, float capacity_factor, Tensor& sums);
-  // forward() and infer(): the routed and shared experts at this capacity factor;
-  // seq_len 0: no sequence-wise aux loss.
-  Tensor run(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
-             float capacity_factor, int64_t seq_len);
-  // The tokens the router sees, of the group's `total`: capacity, the routing sums and
-  // their means are over these (the real tokens with padding).
-  int64_t routed_tokens(int64_t total) const;
-  // Padded windows: the [begin, end) ranges of this rank's rows (those from group token
-  // `first_token`, n of them) holding text (`real` true) or padding.
-  std::vector<std::pair<int64_t, int64_t>> row_ranges(int64_t first_token, int64_t n,
-                                                      bool real) const;
-  // Sends this rank's padding rows of `ids` (n, slots) to no expert (-1).
-  void unroute_padding(int64_t first_token, Tensor& ids) const;
-  // Expert choice with padding: the experts choose among this rank's real rows alone (the
-  // capacity over them); the padding is chosen by none.
-  void expert_choice_among_real(Device& dev, int64_t first_token, float capacity_factor,
-                                Tensor& sums);
-  // The routing sums (2E + 1) and, when defined, sequence_sums_ over the real rows only.
-  void real_routing_sums(Device& dev, int64_t first_token, Tensor& sums);
-  // backward(): the sequence-wise aux loss's gradient into dlogits (this rank's rows).
-  void sequence_aux_grad(Device& dev, int64_t first_token, float seq_aux_loss_scale,
-                         Tensor& dlogits) const;
+  // The shared experts on the group's tokens x, added to the routed output y; and their
+  // backward, added to dx.
+  void shared_forward(Device& dev, const Tensor& x, Tensor& y);
+  void shared_backward(Device& dev, const Tensor& dy, Tensor& dx);
 
   int num_experts_;
   int num_local_experts_;
   Communicator* ep_;  // null or of size 1: no exchange
   Communicator* tp_;  // null or of size 1: every token routed here
   int top_k_;
-  // Assignment slots per token: top_k, or for EXPERT_CHOICE one per expert (-1 where the
-  // expert did not take the token).
-  int slots_;
-  config::Gating gating_;
-  SigmoidGating sigmoid_;  // SIGMOID_TOPK's settings
-  bool force_balance_;
   bool sequence_aux_;  // moe.seq_aux_loss_coef > 0
   float capacity_factor_;
   bool recompute_experts_ = false;
-  Param* router_;      // (E, hidden)
-  Param* expert_bias_ = nullptr;  // (E), SIGMOID_TOPK only
-  Param* gate_up_;     // (E, 2 * ffn, hidden), gate rows first
-  Param* down_;        // (E, hidden, ffn)
+  Router router_;  // first: its parameters come first in the layer's
+  Param* gate_up_;  // (E, 2 * ffn, hidden), gate rows first
+  Param* down_;     // (E, hidden, ffn)
   std::unique_ptr<SwigluFfn> shared_;
   Param* shared_gate_ = nullptr;  // (1, hidden)
   TokenDispatcher dispatcher_;
-
-  // Saved for backward.
-  Tensor x_whole_;            // (n * tp, hidden) the group's tokens
-  Tensor x_;                  // (n, hidden) the rows this rank routes
-  Tensor router_x_;           // x_ in f32, the router's input
-  Tensor probs_;              // (n, E)
-  Tensor router_logits_;      // (n, E)
-  Tensor expert_ids_;         // (n, slots)
-  Tensor weights_;            // (n, slots)
-  Tensor sequence_sums_;      // (sequences, 2E) the group's, with the sequence-wise aux loss
-  SequenceRows sequence_rows_;  // where this rank's rows lie in those sequences
-  std::vector<int32_t> real_tokens_;  // forward's real_tokens; empty: no padding
-  int64_t window_ = 0;                // forward's seq_len with real_tokens
-  Tensor xp_;                 // (rows, hidden) tokens in local-expert order
-  Tensor gate_up_out_;        // (rows, 2 * ffn)
-  Tensor act_;                // (rows, ffn)
-  Tensor shared_out_;         // (n, hidden)
-  Tensor shared_gate_logit_;  // (n, 1)
+  Saved saved_;
 };
 
 }  // namespace switchyard

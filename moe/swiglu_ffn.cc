@@ -20,13 +20,13 @@ SwigluFfn::SwigluFfn(ParamStore& params, const std::string& prefix, int64_t hidd
 Tensor SwigluFfn::forward(Device& dev, const Tensor& x) {
   const int64_t n = x.rows();
   const int64_t ffn = down_->shape[1];
-  x_ = x;
-  gate_up_out_ = Tensor::empty({n, 2 * ffn}, x.dtype(), MemoryKind::kActivations, dev);
-  matmul(dev, x, false, gate_up_->work, true, gate_up_out_);
-  act_ = Tensor::empty({n, ffn}, x.dtype(), MemoryKind::kActivations, dev);
-  swiglu_forward(dev, gate_up_out_, act_);
+  saved_.x = x;
+  saved_.gate_up_out = Tensor::empty({n, 2 * ffn}, x.dtype(), MemoryKind::kActivations, dev);
+  matmul(dev, x, false, gate_up_->work, true, saved_.gate_up_out);
+  saved_.act = Tensor::empty({n, ffn}, x.dtype(), MemoryKind::kActivations, dev);
+  swiglu_forward(dev, saved_.gate_up_out, saved_.act);
   Tensor y = Tensor::empty({n, down_->shape[0]}, x.dtype(), MemoryKind::kActivations, dev);
-  matmul(dev, act_, false, down_->work, true, y);
+  matmul(dev, saved_.act, false, down_->work, true, y);
   if (tp_) tensor_parallel_sum(dev, *tp_, y);
   return y;
 }
@@ -34,30 +34,23 @@ Tensor SwigluFfn::forward(Device& dev, const Tensor& x) {
 Tensor SwigluFfn::backward(Device& dev, const Tensor& dy) {
   const int64_t n = dy.rows();
   const int64_t ffn = down_->shape[1];
-  matmul(dev, dy, true, act_, false, down_->grad, 1.0f, 1.0f);
+  matmul(dev, dy, true, saved_.act, false, down_->grad, 1.0f, 1.0f);
   Tensor dact = Tensor::empty({n, ffn}, dy.dtype(), MemoryKind::kActivations, dev);
   matmul(dev, dy, false, down_->work, false, dact);
   Tensor dgate_up = Tensor::empty({n, 2 * ffn}, dy.dtype(), MemoryKind::kActivations, dev);
-  swiglu_backward(dev, dact, gate_up_out_, dgate_up);
-  matmul(dev, dgate_up, true, x_, false, gate_up_->grad, 1.0f, 1.0f);
-  Tensor dx = Tensor::empty({n, x_.row_size()}, dy.dtype(), MemoryKind::kActivations, dev);
+  swiglu_backward(dev, dact, saved_.gate_up_out, dgate_up);
+  matmul(dev, dgate_up, true, saved_.x, false, gate_up_->grad, 1.0f, 1.0f);
+  Tensor dx = Tensor::empty({n, saved_.x.row_size()}, dy.dtype(), MemoryKind::kActivations, dev);
   matmul(dev, dgate_up, false, gate_up_->work, false, dx);
   if (tp_) tensor_parallel_sum(dev, *tp_, dx);
   discard();
   return dx;
 }
 
-void SwigluFfn::discard() { x_ = gate_up_out_ = act_ = Tensor(); }
+void SwigluFfn::discard() { saved_ = {}; }
 
-SwigluFfn::Saved SwigluFfn::stash() {
-  return {std::exchange(x_, Tensor()), std::exchange(gate_up_out_, Tensor()),
-          std::exchange(act_, Tensor())};
-}
+SwigluFfn::Saved SwigluFfn::stash() { return std::exchange(saved_, {}); }
 
-void SwigluFfn::restore(Saved&& saved) {
-  x_ = std::move(saved.x);
-  gate_up_out_ = std::move(saved.gate_up_out);
-  act_ = std::move(saved.act);
-}
+void SwigluFfn::restore(Saved&& saved) { saved_ = std::move(saved); }
 
 }  // namespace switchyard

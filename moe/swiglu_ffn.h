@@ -25,11 +25,14 @@ class SwigluFfn {
   Tensor backward(Device& dev, const Tensor& dy);
   // Drops what forward saved for backward.
   void discard();
-  // What forward saved, moved out of the module (left as after discard()) and back, so
-  // that several micro-batches can wait for their backward (pipeline schedules).
+  // Everything forward saved for backward, the module's one record of it.
   struct Saved {
-    Tensor x, gate_up_out, act;
+    Tensor x;            // (n, hidden)
+    Tensor gate_up_out;  // (n, 2 * ffn_hidden)
+    Tensor act;          // (n, ffn_hidden)
   };
+  // The record moved out of the module (left as after discard()) and back, so that
+  // several micro-batches can wait for their backward (pipeline schedules).
   Saved stash();
   void restore(Saved&& saved);
 
@@ -37,9 +40,7 @@ class SwigluFfn {
   Communicator* tp_;  // null or of size 1: no reduction
   Param* gate_up_;  // (2, ffn_hidden, hidden)
   Param* down_;     // (hidden, ffn_hidden)
-  Tensor x_;        // (n, hidden)
-  Tensor gate_up_out_;  // (n, 2 * ffn_hidden)
-  Tensor act_;      // (n, ffn_hidden)
+  Saved saved_;
 };
 
 }  // namespace switchyard

@@ -63,25 +63,25 @@ Tensor TokenDispatcher::positions_of(Device& dev, const Tensor& ids) const {
 }
 
 void TokenDispatcher::count_by_expert(Device& dev) {
-  const Tensor by_position = tokens_per_expert_.on_host();
+  const Tensor by_position = saved_.tokens_per_expert.on_host();
   Tensor by_expert = Tensor::empty({num_experts_}, DType::kI32);
   const int32_t* from = by_position.data<int32_t>();
   int32_t* to = by_expert.data<int32_t>();
   for (int e = 0; e < num_experts_; ++e) to[e] = from[position_[static_cast<size_t>(e)]];
-  logical_tokens_per_expert_ = by_expert.to(dev, MemoryKind::kActivations);
+  saved_.logical_tokens_per_expert = by_expert.to(dev, MemoryKind::kActivations);
 }
 
 void TokenDispatcher::plan_positions(Device& dev, const Tensor& ids, const Tensor& weights,
                                      int64_t total_tokens, float capacity_factor) {
   const int E = num_experts_;
   const int64_t n = ids.dim(0);
-  tokens_per_expert_ = activation(dev, {E}, DType::kI32);
-  dest_rows_ = activation(dev, {n, slots_}, DType::kI32);
+  saved_.tokens_per_expert = activation(dev, {E}, DType::kI32);
+  saved_.dest_rows = activation(dev, {n, slots_}, DType::kI32);
   const int64_t capacity =
       capacity_factor > 0 ? expert_capacity(capacity_factor, total_tokens, top_k_, E) : -1;
   if (!tp_ || capacity < 0) {
-    permute_plan(dev, ids, weights, E, capacity, tokens_per_expert_, dest_rows_);
-    permuted_rows_ = n * slots_;
+    permute_plan(dev, ids, weights, E, capacity, saved_.tokens_per_expert, saved_.dest_rows);
+    saved_.permuted_rows = n * slots_;
     return;
   }
   // Capacity keeps each expert's highest-weight assignments among all the group's
@@ -105,38 +105,39 @@ void TokenDispatcher::plan_positions(Device& dev, const Tensor& ids, const Tenso
     if (dest[a] < 0) kept[a] = -1;
     rows += kept[a] >= 0;
   }
-  permute_plan(dev, kept_ids.to(dev, MemoryKind::kActivations), weights, E, -1, tokens_per_expert_,
-               dest_rows_);
-  permuted_rows_ = rows;
+  permute_plan(dev, kept_ids.to(dev, MemoryKind::kActivations), weights, E, -1,
+               saved_.tokens_per_expert, saved_.dest_rows);
+  saved_.permuted_rows = rows;
 }
 
 Tensor TokenDispatcher::dispatch(Device& dev, const Tensor& x) {
-  Tensor permuted = activation(dev, {permuted_rows_, x.row_size()}, x.dtype());
-  permute_gather(dev, x, dest_rows_, permuted);
+  Tensor permuted = activation(dev, {saved_.permuted_rows, x.row_size()}, x.dtype());
+  permute_gather(dev, x, saved_.dest_rows, permuted);
   if (ep_) return exchange(dev, permuted);
-  local_counts_ = group_sizes_for(dev, x.dtype(), tokens_per_expert_);
+  saved_.local_counts = group_sizes_for(dev, x.dtype(), saved_.tokens_per_expert);
   return permuted;
 }
 
 Tensor TokenDispatcher::combine(Device& dev, const Tensor& local_out, const Tensor& weights) {
-  expert_out_ = ep_ ? return_rows(dev, local_out) : local_out;
-  Tensor y = activation(dev, {dest_rows_.dim(0), local_out.row_size()}, local_out.dtype());
-  unpermute_combine(dev, expert_out_, dest_rows_, weights, y);
+  saved_.expert_out = ep_ ? return_rows(dev, local_out) : local_out;
+  Tensor y = activation(dev, {saved_.dest_rows.dim(0), local_out.row_size()}, local_out.dtype());
+  unpermute_combine(dev, saved_.expert_out, saved_.dest_rows, weights, y);
   return y;
 }
 
 Tensor TokenDispatcher::combine_backward(Device& dev, const Tensor& dy, const Tensor& weights,
                                          Tensor& dweights) {
   const int64_t hidden = dy.row_size();
-  Tensor dexpert_out = activation(dev, {expert_out_.rows(), hidden}, dy.dtype());
-  unpermute_combine_backward(dev, dy, expert_out_, dest_rows_, weights, dexpert_out, dweights);
+  Tensor dexpert_out = activation(dev, {saved_.expert_out.rows(), hidden}, dy.dtype());
+  unpermute_combine_backward(dev, dy, saved_.expert_out, saved_.dest_rows, weights, dexpert_out,
+                             dweights);
   if (!ep_) return dexpert_out;
   // Backward of return_rows: the rows' gradients travel the dispatch direction.
-  const int64_t rows = regroup_rows_.rows();
+  const int64_t rows = saved_.regroup_rows.rows();
   Tensor received = activation(dev, {rows, hidden}, dy.dtype());
-  ep_->all_to_all_v(dexpert_out, send_rows_, received, recv_rows_);
+  ep_->all_to_all_v(dexpert_out, saved_.send_rows, received, saved_.recv_rows);
   Tensor dlocal_out = activation(dev, {rows, hidden}, dy.dtype());
-  permute_gather(dev, received, regroup_rows_, dlocal_out);
+  permute_gather(dev, received, saved_.regroup_rows, dlocal_out);
   return dlocal_out;
 }
 
@@ -146,43 +147,19 @@ void TokenDispatcher::dispatch_backward(Device& dev, const Tensor& dlocal_rows, 
     // Backward of exchange: back to source order, then to the routing ranks.
     Tensor by_source =
         Tensor::zeros(dlocal_rows.shape(), dlocal_rows.dtype(), MemoryKind::kActivations, dev);
-    permute_gather_backward(dev, dlocal_rows, regroup_rows_, by_source);
-    dpermuted = activation(dev, {expert_out_.rows(), dlocal_rows.row_size()}, dlocal_rows.dtype());
-    ep_->all_to_all_v(by_source, recv_rows_, dpermuted, send_rows_);
+    permute_gather_backward(dev, dlocal_rows, saved_.regroup_rows, by_source);
+    dpermuted = activation(dev, {saved_.expert_out.rows(), dlocal_rows.row_size()},
+                           dlocal_rows.dtype());
+    ep_->all_to_all_v(by_source, saved_.recv_rows, dpermuted, saved_.send_rows);
   }
-  permute_gather_backward(dev, dpermuted, dest_rows_, dx);
+  permute_gather_backward(dev, dpermuted, saved_.dest_rows, dx);
 }
 
-void TokenDispatcher::release() {
-  tokens_per_expert_ = logical_tokens_per_expert_ = dest_rows_ = regroup_rows_ = local_counts_ =
-      expert_out_ = Tensor();
-}
+void TokenDispatcher::discard() { saved_ = {}; }
 
-TokenDispatcher::Saved TokenDispatcher::stash() {
-  return {std::exchange(tokens_per_expert_, Tensor()),
-          std::exchange(logical_tokens_per_expert_, Tensor()),
-          std::exchange(dest_rows_, Tensor()),
-          std::exchange(regroup_rows_, Tensor()),
-          std::exchange(local_counts_, Tensor()),
-          std::exchange(expert_out_, Tensor()),
-          std::exchange(permuted_rows_, 0),
-          std::exchange(send_rows_, {}),
-          std::exchange(recv_rows_, {}),
-          std::exchange(received_by_source_, {})};
-}
+TokenDispatcher::Saved TokenDispatcher::stash() { return std::exchange(saved_, {}); }
 
-void TokenDispatcher::restore(Saved&& saved) {
-  tokens_per_expert_ = std::move(saved.tokens_per_expert);
-  logical_tokens_per_expert_ = std::move(saved.logical_tokens_per_expert);
-  dest_rows_ = std::move(saved.dest_rows);
-  regroup_rows_ = std::move(saved.regroup_rows);
-  local_counts_ = std::move(saved.local_counts);
-  expert_out_ = std::move(saved.expert_out);
-  permuted_rows_ = saved.permuted_rows;
-  send_rows_ = std::move(saved.send_rows);
-  recv_rows_ = std::move(saved.recv_rows);
-  received_by_source_ = std::move(saved.received_by_source);
-}
+void TokenDispatcher::restore(Saved&& saved) { saved_ = std::move(saved); }
 
 Tensor TokenDispatcher::exchange(Device& dev, const Tensor& rows) {
   const int P = ep_->size();
@@ -193,50 +170,51 @@ Tensor TokenDispatcher::exchange(Device& dev, const Tensor& rows) {
   Tensor both_counts = activation(dev, {2 * E, 1}, DType::kI32);
   Tensor sent_counts = both_counts.slice_rows(0, E);
   Tensor recv_counts = both_counts.slice_rows(E, 2 * E);
-  sent_counts.copy_from(tokens_per_expert_.reshape({E, 1}));
+  sent_counts.copy_from(saved_.tokens_per_expert.reshape({E, 1}));
   const std::vector<int64_t> per_rank(P, local);
   ep_->all_to_all_v(sent_counts, per_rank, recv_counts, per_rank);
   const Tensor counts_host = both_counts.on_host();
   const int32_t* per_expert = counts_host.data<int32_t>();
   const int32_t* from = per_expert + E;  // from[i * local + e]
 
-  send_rows_.assign(P, 0);
-  recv_rows_.assign(P, 0);
-  received_by_source_.assign(from, from + E);
-  local_counts_ = activation(cpu_device(), {local}, DType::kI32);
-  int32_t* counts = local_counts_.data<int32_t>();
+  saved_.send_rows.assign(P, 0);
+  saved_.recv_rows.assign(P, 0);
+  saved_.received_by_source.assign(from, from + E);
+  saved_.local_counts = activation(cpu_device(), {local}, DType::kI32);
+  int32_t* counts = saved_.local_counts.data<int32_t>();
   std::fill(counts, counts + local, 0);
   for (int j = 0; j < P; ++j)
     for (int e = 0; e < local; ++e) {
-      send_rows_[j] += per_expert[j * local + e];
-      recv_rows_[j] += from[j * local + e];
+      saved_.send_rows[j] += per_expert[j * local + e];
+      saved_.recv_rows[j] += from[j * local + e];
       counts[e] += from[j * local + e];
     }
-  const int64_t sent_rows = total(send_rows_);
+  const int64_t sent_rows = total(saved_.send_rows);
   SY_CHECK_MSG(sent_rows <= rows.rows(),
                "MoE dispatch: the expert counts add up to more than the permuted rows");
-  const int64_t received_rows = total(recv_rows_);
+  const int64_t received_rows = total(saved_.recv_rows);
   Tensor received = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
   // The kept rows lead the permuted buffer; the rest (dropped assignments) stay here.
-  ep_->all_to_all_v(rows.slice_rows(0, sent_rows), send_rows_, received, recv_rows_);
+  ep_->all_to_all_v(rows.slice_rows(0, sent_rows), saved_.send_rows, received, saved_.recv_rows);
 
   // Received rows come by source rank, then local expert; the grouped GEMMs want them
   // by local expert, then source rank. Their places come from the received counts, on
   // the device.
-  regroup_rows_ = activation(dev, {received_rows, 1}, DType::kI32);
-  regroup_received_rows(dev, recv_counts.reshape({P, local}), regroup_rows_);
+  saved_.regroup_rows = activation(dev, {received_rows, 1}, DType::kI32);
+  regroup_received_rows(dev, recv_counts.reshape({P, local}), saved_.regroup_rows);
   Tensor grouped = activation(dev, {received_rows, rows.row_size()}, rows.dtype());
-  permute_gather(dev, received, regroup_rows_, grouped);
+  permute_gather(dev, received, saved_.regroup_rows, grouped);
   return grouped;
 }
 
 Tensor TokenDispatcher::return_rows(Device& dev, const Tensor& expert_rows) {
-  // Back to source order: by_source[r] = expert_rows[regroup_rows_[r]], added to zeros.
+  // Back to source order: by_source[r] = expert_rows[saved_.regroup_rows[r]], added to zeros.
   Tensor by_source =
       Tensor::zeros(expert_rows.shape(), expert_rows.dtype(), MemoryKind::kActivations, dev);
-  permute_gather_backward(dev, expert_rows, regroup_rows_, by_source);
-  Tensor out = activation(dev, {total(send_rows_), expert_rows.row_size()}, expert_rows.dtype());
-  ep_->all_to_all_v(by_source, recv_rows_, out, send_rows_);
+  permute_gather_backward(dev, expert_rows, saved_.regroup_rows, by_source);
+  Tensor out =
+      activation(dev, {total(saved_.send_rows), expert_rows.row_size()}, expert_rows.dtype());
+  ep_->all_to_all_v(by_source, saved_.recv_rows, out, saved_.send_rows);
   return out;
 }
 

@@ -41,15 +41,15 @@ class TokenDispatcher {
             float capacity_factor);
   // Kept assignments per (logical) expert (E) i32 on the device, for this rank's tokens.
   const Tensor& tokens_per_expert() const {
-    return position_.empty() ? tokens_per_expert_ : logical_tokens_per_expert_;
+    return position_.empty() ? saved_.tokens_per_expert : saved_.logical_tokens_per_expert;
   }
   // The planned rows of x (n, hidden), grouped by the local expert that takes them
   // (rows per local expert: local_counts()).
   Tensor dispatch(Device& dev, const Tensor& x);
-  const Tensor& local_counts() const { return local_counts_; }
+  const Tensor& local_counts() const { return saved_.local_counts; }
   // Under expert parallelism, the rows each source rank sent each local expert:
   // [source * local experts + expert]. Within an expert's rows, the sources come in order.
-  const std::vector<int64_t>& received_by_source() const { return received_by_source_; }
+  const std::vector<int64_t>& received_by_source() const { return saved_.received_by_source; }
   // The local experts' outputs back in token order, each token's the sum of its kept
   // assignments' rows times `weights` (n, slots).
   Tensor combine(Device& dev, const Tensor& local_out, const Tensor& weights);
@@ -59,15 +59,22 @@ class TokenDispatcher {
   // Backward of dispatch: adds the rows' gradients (by local expert) into dx (n, hidden).
   void dispatch_backward(Device& dev, const Tensor& dlocal_rows, Tensor& dx);
   // Drops the plan and the saved rows.
-  void release();
-  // The plan and the saved rows, moved out (leaving the dispatcher as after release())
-  // and back: one micro-batch's, while others run (pipeline schedules).
+  void discard();
+  // The plan and the saved rows, the dispatcher's one record of them.
   struct Saved {
-    Tensor tokens_per_expert, logical_tokens_per_expert, dest_rows, regroup_rows, local_counts,
-        expert_out;
+    Tensor tokens_per_expert;          // (E) i32 on the device, by position
+    Tensor logical_tokens_per_expert;  // (E) i32 on the device, by expert (a placement only)
+    Tensor dest_rows;  // (n, slots) i32: each assignment's permuted row, -1 dropped
     int64_t permuted_rows = 0;
+    // Exchange plan (expert parallelism): rows sent to / received from each rank, the
+    // received rows' places in local-expert order, and the rows per local expert.
     std::vector<int64_t> send_rows, recv_rows, received_by_source;
+    Tensor regroup_rows;  // (received, 1) i32
+    Tensor local_counts;  // (local experts) i32, where the grouped products want them
+    Tensor expert_out;    // (permuted rows, hidden) the experts' outputs in permuted order
   };
+  // The record moved out (leaving the dispatcher as after discard()) and back: one
+  // micro-batch's, while others run (pipeline schedules).
   Saved stash();
   void restore(Saved&& saved);
 
@@ -92,16 +99,7 @@ class TokenDispatcher {
   // position_[e]: expert e's position in the expert order; empty when in order.
   std::vector<int32_t> position_;
 
-  Tensor tokens_per_expert_;          // (E) i32 on the device, by position
-  Tensor logical_tokens_per_expert_;  // (E) i32 on the device, by expert (a placement only)
-  Tensor dest_rows_;                  // (n, slots) i32: each assignment's permuted row, -1 dropped
-  int64_t permuted_rows_ = 0;
-  // Exchange plan (expert parallelism): rows sent to / received from each rank, the
-  // received rows' places in local-expert order, and the rows per local expert.
-  std::vector<int64_t> send_rows_, recv_rows_, received_by_source_;
-  Tensor regroup_rows_;  // (received, 1) i32
-  Tensor local_counts_;  // (local experts) i32, where the grouped products want them
-  Tensor expert_out_;    // (permuted rows, hidden) the experts' outputs in permuted order
+  Saved saved_;
 };
 
 }  // namespace switchyard

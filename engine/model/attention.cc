@@ -184,32 +184,33 @@ Tensor Attention::project(Device& dev, const Tensor& x, Param* weight, Param* bi
 Tensor Attention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq,
                           const Tensor& rope, const Tensor& doc_starts) {
   if (latent_) return latent_->forward(dev, x, batch, seq, rope, doc_starts);
-  batch_ = batch;
-  seq_ = seq;
-  x_ = x;
-  q_ = project(dev, x, wq_, q_bias_, q_norm_, &q_pre_norm_, &q_rstd_)
+  saved_.batch = batch;
+  saved_.seq = seq;
+  saved_.x = x;
+  saved_.q = project(dev, x, wq_, q_bias_, q_norm_, &saved_.q_pre_norm, &saved_.q_rstd)
            .reshape({batch, seq, heads_, head_dim_});
-  k_ = project(dev, x, wk_, k_bias_, k_norm_, &k_pre_norm_, &k_rstd_)
+  saved_.k = project(dev, x, wk_, k_bias_, k_norm_, &saved_.k_pre_norm, &saved_.k_rstd)
            .reshape({batch, seq, kv_heads_, head_dim_});
-  v_ = project(dev, x, wv_, v_bias_, nullptr, nullptr, nullptr)
+  saved_.v = project(dev, x, wv_, v_bias_, nullptr, nullptr, nullptr)
            .reshape({batch, seq, kv_heads_, head_dim_});
-  doc_starts_ = doc_starts;
-  Tensor q_rows = rope_view(q_, doc_starts_.defined()), k_rows = rope_view(k_, doc_starts_.defined());
+  saved_.doc_starts = doc_starts;
+  const bool documents = saved_.doc_starts.defined();
+  Tensor q_rows = rope_view(saved_.q, documents), k_rows = rope_view(saved_.k, documents);
   rope_forward(dev, rope, q_rows);
   rope_forward(dev, rope, k_rows);
   core_forward(dev);
   Tensor y = activation(dev, {batch * seq, wo_->shape[0]}, x.dtype());
-  matmul(dev, attn_out_, false, wo_->work, true, y);
-  if (recompute_core_) attn_out_ = lse_ = Tensor();
+  matmul(dev, saved_.attn_out, false, wo_->work, true, y);
+  if (recompute_core_) saved_.attn_out = saved_.lse = Tensor();
   if (tp_) tensor_parallel_sum(dev, *tp_, y);
   return y;
 }
 
 void Attention::core_forward(Device& dev) {
-  Tensor out4 = activation(dev, q_.shape(), q_.dtype());
-  lse_ = activation(dev, {batch_, heads_, seq_}, DType::kF32);
-  attention_forward(dev, q_, k_, v_, out4, lse_, doc_starts_);
-  attn_out_ = out4.reshape({batch_ * seq_, heads_ * head_dim_});
+  Tensor out4 = activation(dev, saved_.q.shape(), saved_.q.dtype());
+  saved_.lse = activation(dev, {saved_.batch, heads_, saved_.seq}, DType::kF32);
+  attention_forward(dev, saved_.q, saved_.k, saved_.v, out4, saved_.lse, saved_.doc_starts);
+  saved_.attn_out = out4.reshape({saved_.batch * saved_.seq, heads_ * head_dim_});
 }
 
 void Attention::set_recompute_core(bool recompute) {
@@ -218,44 +219,17 @@ void Attention::set_recompute_core(bool recompute) {
 }
 
 void Attention::discard() {
+  saved_ = {};
   if (latent_) latent_->discard();
-  x_ = q_ = k_ = v_ = q_pre_norm_ = k_pre_norm_ = q_rstd_ = k_rstd_ = lse_ = attn_out_ = doc_starts_ = Tensor();
 }
 
-Attention::Saved Attention::stash() {
-  Saved s;
-  s.batch = std::exchange(batch_, 0);
-  s.seq = std::exchange(seq_, 0);
-  s.x = std::exchange(x_, Tensor());
-  s.q = std::exchange(q_, Tensor());
-  s.k = std::exchange(k_, Tensor());
-  s.v = std::exchange(v_, Tensor());
-  s.q_pre_norm = std::exchange(q_pre_norm_, Tensor());
-  s.k_pre_norm = std::exchange(k_pre_norm_, Tensor());
-  s.q_rstd = std::exchange(q_rstd_, Tensor());
-  s.k_rstd = std::exchange(k_rstd_, Tensor());
-  s.lse = std::exchange(lse_, Tensor());
-  s.doc_starts = std::exchange(doc_starts_, Tensor());
-  s.attn_out = std::exchange(attn_out_, Tensor());
-  if (latent_) s.latent = latent_->stash();
-  return s;
+Attention::Stash Attention::stash() {
+  return {std::exchange(saved_, {}), latent_ ? latent_->stash() : LatentAttention::Saved{}};
 }
 
-void Attention::restore(Saved&& s) {
-  batch_ = s.batch;
-  seq_ = s.seq;
-  x_ = std::move(s.x);
-  q_ = std::move(s.q);
-  k_ = std::move(s.k);
-  v_ = std::move(s.v);
-  q_pre_norm_ = std::move(s.q_pre_norm);
-  k_pre_norm_ = std::move(s.k_pre_norm);
-  q_rstd_ = std::move(s.q_rstd);
-  k_rstd_ = std::move(s.k_rstd);
-  lse_ = std::move(s.lse);
-  doc_starts_ = std::move(s.doc_starts);
-  attn_out_ = std::move(s.attn_out);
-  if (latent_) latent_->restore(std::move(s.latent));
+void Attention::restore(Stash&& stash) {
+  saved_ = std::move(stash.own);
+  if (latent_) latent_->restore(std::move(stash.latent));
 }
 
 KvCache Attention::empty_cache(int64_t positions) const {
@@ -295,7 +269,7 @@ void Attention::project_backward(Device& dev, Tensor& dproj, Param* weight, Para
                                  Tensor& dx) {
   const Tensor d = norm ? normalize_backward(dev, dproj, *norm, pre_norm, rstd) : dproj;
   if (bias) bias_backward(dev, d, bias->grad);
-  matmul(dev, d, true, x_, false, weight->grad, 1.0f, 1.0f);
+  matmul(dev, d, true, saved_.x, false, weight->grad, 1.0f, 1.0f);
   matmul(dev, d, false, weight->work, false, dx, 1.0f, 1.0f);
 }
 
@@ -304,25 +278,27 @@ Tensor Attention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
   const int64_t n = dy.rows();
   const DType dtype = dy.dtype();
   if (recompute_core_) core_forward(dev);
-  matmul(dev, dy, true, attn_out_, false, wo_->grad, 1.0f, 1.0f);
-  Tensor dattn = activation(dev, {batch_, seq_, heads_, head_dim_}, dtype);
+  matmul(dev, dy, true, saved_.attn_out, false, wo_->grad, 1.0f, 1.0f);
+  Tensor dattn = activation(dev, {saved_.batch, saved_.seq, heads_, head_dim_}, dtype);
   Tensor dattn2 = dattn.reshape({n, heads_ * head_dim_});
   matmul(dev, dy, false, wo_->work, false, dattn2);
-  Tensor dq = activation(dev, q_.shape(), dtype);
-  Tensor dk = activation(dev, k_.shape(), dtype);
-  Tensor dv = activation(dev, v_.shape(), dtype);
-  attention_backward(dev, dattn, q_, k_, v_, attn_out_.reshape({batch_, seq_, heads_, head_dim_}),
-                     lse_, dq, dk, dv, doc_starts_);
-  Tensor dq_rows = rope_view(dq, doc_starts_.defined()), dk_rows = rope_view(dk, doc_starts_.defined());
+  Tensor dq = activation(dev, saved_.q.shape(), dtype);
+  Tensor dk = activation(dev, saved_.k.shape(), dtype);
+  Tensor dv = activation(dev, saved_.v.shape(), dtype);
+  const Tensor out4 = saved_.attn_out.reshape({saved_.batch, saved_.seq, heads_, head_dim_});
+  attention_backward(dev, dattn, saved_.q, saved_.k, saved_.v, out4, saved_.lse, dq, dk, dv,
+                     saved_.doc_starts);
+  const bool documents = saved_.doc_starts.defined();
+  Tensor dq_rows = rope_view(dq, documents), dk_rows = rope_view(dk, documents);
   rope_backward(dev, rope, dq_rows);
   rope_backward(dev, rope, dk_rows);
 
-  Tensor dx = Tensor::zeros({n, x_.row_size()}, dtype, MemoryKind::kActivations, dev);
+  Tensor dx = Tensor::zeros({n, saved_.x.row_size()}, dtype, MemoryKind::kActivations, dev);
   Tensor dq2 = dq.reshape({n, heads_ * head_dim_});
   Tensor dk2 = dk.reshape({n, kv_heads_ * head_dim_});
   Tensor dv2 = dv.reshape({n, kv_heads_ * head_dim_});
-  project_backward(dev, dq2, wq_, q_bias_, q_norm_, q_pre_norm_, q_rstd_, dx);
-  project_backward(dev, dk2, wk_, k_bias_, k_norm_, k_pre_norm_, k_rstd_, dx);
+  project_backward(dev, dq2, wq_, q_bias_, q_norm_, saved_.q_pre_norm, saved_.q_rstd, dx);
+  project_backward(dev, dk2, wk_, k_bias_, k_norm_, saved_.k_pre_norm, saved_.k_rstd, dx);
   project_backward(dev, dv2, wv_, v_bias_, nullptr, Tensor(), Tensor(), dx);
   if (tp_) tensor_parallel_sum(dev, *tp_, dx);
   discard();

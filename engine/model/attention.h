@@ -70,16 +70,25 @@ class Attention {
   void set_recompute_core(bool recompute);
   // Drops everything forward saved for backward.
   void discard();
-  // What forward saved (latent attention's included), moved out of the module (left as
-  // after discard()) and back, so that several micro-batches can wait for their backward
-  // (pipeline schedules).
+  // Everything forward saved for backward, the module's one record of it (latent
+  // attention, when the recipe sets model.mla, keeps its own instead).
   struct Saved {
     int64_t batch = 0, seq = 0;
-    Tensor x, q, k, v, q_pre_norm, k_pre_norm, q_rstd, k_rstd, lse, doc_starts, attn_out;
+    Tensor x;           // (n, hidden)
+    Tensor q, k, v;     // (batch, seq, heads|kv_heads, head_dim), after RoPE
+    Tensor q_pre_norm, k_pre_norm, q_rstd, k_rstd;
+    Tensor lse;         // (batch, heads, seq) softmax log-sum-exp, f32
+    Tensor doc_starts;  // (batch, seq) i32, or undefined without documents
+    Tensor attn_out;    // (n, heads * head_dim), also read by the attention backward
+  };
+  // The records moved out of the module (left as after discard()) and back, so that
+  // several micro-batches can wait for their backward (pipeline schedules).
+  struct Stash {
+    Saved own;
     LatentAttention::Saved latent;
   };
-  Saved stash();
-  void restore(Saved&& saved);
+  Stash stash();
+  void restore(Stash&& stash);
   // Generation on the CPU in f32, one rank: x (n, hidden), the normalised inputs of
   // positions [past, past + n); rope: a table covering them. Writes their keys and
   // values into `cache` rows [past, past + n) and attends each position over the cached
@@ -99,7 +108,7 @@ class Attention {
   // norm weight's gradient.
   Tensor normalize_backward(Device& dev, const Tensor& dnormed, Param& norm,
                             const Tensor& pre_norm, const Tensor& rstd);
-  // The core: softmax(q k^T) v of q_, k_, v_ into attn_out_ and lse_.
+  // The core: softmax(q k^T) v of the saved q, k, v into its attn_out and lse.
   void core_forward(Device& dev);
   // Backward of project(); accumulates the input gradient into dx.
   void project_backward(Device& dev, Tensor& dproj, Param* weight, Param* bias, Param* norm,
@@ -115,13 +124,7 @@ class Attention {
   Param *q_bias_ = nullptr, *k_bias_ = nullptr, *v_bias_ = nullptr;
   Param *q_norm_ = nullptr, *k_norm_ = nullptr;
 
-  int64_t batch_ = 0, seq_ = 0;
-  Tensor x_;                  // (n, hidden)
-  Tensor q_, k_, v_;          // (batch, seq, heads|kv_heads, head_dim), after RoPE
-  Tensor q_pre_norm_, k_pre_norm_, q_rstd_, k_rstd_;
-  Tensor lse_;                // (batch, heads, seq) softmax log-sum-exp, f32
-  Tensor doc_starts_;         // (batch, seq) i32, or undefined without documents
-  Tensor attn_out_;           // (n, heads * head_dim), also read by the attention backward
+  Saved saved_;
 };
 
 }  // namespace switchyard

@@ -92,16 +92,16 @@ Tensor LatentAttention::query_heads(Device& dev, const Tensor& x, int64_t batch,
   if (wq_) {
     q = project(dev, x, *wq_);
   } else {
-    cq_ = project(dev, x, *wq_a_);
-    cq_rstd_ = activation(dev, {n}, DType::kF32);
-    cq_normed_ = activation(dev, cq_.shape(), dtype);
-    rmsnorm_forward(dev, cq_, q_norm_->value, eps_, cq_normed_, cq_rstd_);
-    q = project(dev, cq_normed_, *wq_b_);
+    saved_.cq = project(dev, x, *wq_a_);
+    saved_.cq_rstd = activation(dev, {n}, DType::kF32);
+    saved_.cq_normed = activation(dev, saved_.cq.shape(), dtype);
+    rmsnorm_forward(dev, saved_.cq, q_norm_->value, eps_, saved_.cq_normed, saved_.cq_rstd);
+    q = project(dev, saved_.cq_normed, *wq_b_);
   }
   const Tensor q_heads = q.reshape({n * heads_, qk_});
   Tensor q_rot = activation(dev, {batch, seq, heads_, rope_}, dtype);
   copy_columns(dev, q_heads, nope_, q_rot, 0, rope_);
-  Tensor q_rot_rows = rope_view(q_rot, doc_starts_.defined());
+  Tensor q_rot_rows = rope_view(q_rot, saved_.doc_starts.defined());
   rope_forward(dev, rope, q_rot_rows);
   const Shape full = {batch, seq, heads_, width_};
   Tensor q_full = width_ > qk_ ? zeroed(dev, full, dtype) : activation(dev, full, dtype);
@@ -116,14 +116,14 @@ Tensor LatentAttention::key_latent(Device& dev, const Tensor& x, int64_t batch, 
   const int64_t n = batch * seq;
   const DType dtype = x.dtype();
   const Tensor latent = project(dev, x, *wkv_a_);  // (n, kv_rank + rope)
-  c_ = activation(dev, {n, kv_rank_}, dtype);
-  copy_columns(dev, latent, 0, c_, 0, kv_rank_);
-  c_rstd_ = activation(dev, {n}, DType::kF32);
-  c_normed_ = activation(dev, c_.shape(), dtype);
-  rmsnorm_forward(dev, c_, kv_norm_->value, eps_, c_normed_, c_rstd_);
+  saved_.c = activation(dev, {n, kv_rank_}, dtype);
+  copy_columns(dev, latent, 0, saved_.c, 0, kv_rank_);
+  saved_.c_rstd = activation(dev, {n}, DType::kF32);
+  saved_.c_normed = activation(dev, saved_.c.shape(), dtype);
+  rmsnorm_forward(dev, saved_.c, kv_norm_->value, eps_, saved_.c_normed, saved_.c_rstd);
   Tensor k_rot = activation(dev, {batch, seq, 1, rope_}, dtype);
   copy_columns(dev, latent, kv_rank_, k_rot, 0, rope_);
-  Tensor k_rot_rows = rope_view(k_rot, doc_starts_.defined());
+  Tensor k_rot_rows = rope_view(k_rot, saved_.doc_starts.defined());
   rope_forward(dev, rope, k_rot_rows);
   return k_rot.reshape({n, rope_});
 }
@@ -134,51 +134,52 @@ void LatentAttention::key_value_heads(Device& dev, const Tensor& c_normed, const
   const DType dtype = c_normed.dtype();
   const Tensor kv = project(dev, c_normed, *wkv_b_).reshape({n * heads_, nope_ + v_dim_});
   const Shape full = {batch, seq, heads_, width_};
-  k_full_ = width_ > qk_ ? zeroed(dev, full, dtype) : activation(dev, full, dtype);
-  v_full_ = width_ > v_dim_ ? zeroed(dev, full, dtype) : activation(dev, full, dtype);
-  copy_columns(dev, kv, 0, k_full_, 0, nope_);
-  Tensor k_rows = k_full_.reshape({n, heads_ * width_});
+  saved_.k_full = width_ > qk_ ? zeroed(dev, full, dtype) : activation(dev, full, dtype);
+  saved_.v_full = width_ > v_dim_ ? zeroed(dev, full, dtype) : activation(dev, full, dtype);
+  copy_columns(dev, kv, 0, saved_.k_full, 0, nope_);
+  Tensor k_rows = saved_.k_full.reshape({n, heads_ * width_});
   for (int64_t h = 0; h < heads_; ++h)
     copy_columns(dev, k_rot, 0, k_rows, h * width_ + nope_, rope_);
-  copy_columns(dev, kv, nope_, v_full_, 0, v_dim_);
+  copy_columns(dev, kv, nope_, saved_.v_full, 0, v_dim_);
 }
 
 Tensor LatentAttention::forward(Device& dev, const Tensor& x, int64_t batch, int64_t seq,
                                 const Tensor& rope, const Tensor& doc_starts) {
-  batch_ = batch;
-  seq_ = seq;
-  x_ = x;
-  doc_starts_ = doc_starts;
-  q_full_ = query_heads(dev, x, batch, seq, rope);
+  saved_.batch = batch;
+  saved_.seq = seq;
+  saved_.x = x;
+  saved_.doc_starts = doc_starts;
+  saved_.q_full = query_heads(dev, x, batch, seq, rope);
   const Tensor k_rot = key_latent(dev, x, batch, seq, rope);
-  key_value_heads(dev, c_normed_, k_rot, batch, seq);
+  key_value_heads(dev, saved_.c_normed, k_rot, batch, seq);
   core_forward(dev);
-  Tensor y = project(dev, attn_out_, *wo_);
-  if (recompute_core_) out_full_ = lse_ = attn_out_ = Tensor();
+  Tensor y = project(dev, saved_.attn_out, *wo_);
+  if (recompute_core_) saved_.out_full = saved_.lse = saved_.attn_out = Tensor();
   if (tp_) tensor_parallel_sum(dev, *tp_, y);
   return y;
 }
 
 void LatentAttention::core_forward(Device& dev) {
-  const int64_t n = batch_ * seq_;
-  const DType dtype = q_full_.dtype();
-  out_full_ = activation(dev, q_full_.shape(), dtype);
-  lse_ = activation(dev, {batch_, heads_, seq_}, DType::kF32);
-  attention_forward(dev, q_full_, k_full_, v_full_, out_full_, lse_, doc_starts_);
-  attn_out_ = activation(dev, {n, heads_ * v_dim_}, dtype);
-  Tensor attn_heads = attn_out_.reshape({n * heads_, v_dim_});
-  copy_columns(dev, out_full_, 0, attn_heads, 0, v_dim_);
+  const int64_t n = saved_.batch * saved_.seq;
+  const DType dtype = saved_.q_full.dtype();
+  saved_.out_full = activation(dev, saved_.q_full.shape(), dtype);
+  saved_.lse = activation(dev, {saved_.batch, heads_, saved_.seq}, DType::kF32);
+  attention_forward(dev, saved_.q_full, saved_.k_full, saved_.v_full, saved_.out_full,
+                    saved_.lse, saved_.doc_starts);
+  saved_.attn_out = activation(dev, {n, heads_ * v_dim_}, dtype);
+  Tensor attn_heads = saved_.attn_out.reshape({n * heads_, v_dim_});
+  copy_columns(dev, saved_.out_full, 0, attn_heads, 0, v_dim_);
 }
 
 void LatentAttention::query_backward(Device& dev, const Tensor& dq, Tensor& latent_grad,
                                      Tensor& dx) {
   if (wq_) {
-    project_backward(dev, dq, x_, *wq_, dx, 0.0f);
+    project_backward(dev, dq, saved_.x, *wq_, dx, 0.0f);
     if (tp_) tensor_parallel_sum(dev, *tp_, dx);
     return;
   }
-  Tensor dcq_normed = activation(dev, cq_normed_.shape(), dq.dtype());
-  project_backward(dev, dq, cq_normed_, *wq_b_, dcq_normed, 0.0f);
+  Tensor dcq_normed = activation(dev, saved_.cq_normed.shape(), dq.dtype());
+  project_backward(dev, dq, saved_.cq_normed, *wq_b_, dcq_normed, 0.0f);
   copy_columns(dev, dcq_normed, 0, latent_grad, 0, q_rank_);
 }
 
@@ -189,17 +190,18 @@ void LatentAttention::latent_backward(Device& dev, const Tensor& latent_grad, Te
     Tensor dnormed = activation(dev, {n, q_rank_}, dtype);
     copy_columns(dev, latent_grad, 0, dnormed, 0, q_rank_);
     Tensor dcq = activation(dev, {n, q_rank_}, dtype);
-    rmsnorm_backward(dev, dnormed, cq_, q_norm_->value, cq_rstd_, dcq, q_norm_->grad);
-    project_backward(dev, dcq, x_, *wq_a_, dx, 0.0f);
+    rmsnorm_backward(dev, dnormed, saved_.cq, q_norm_->value, saved_.cq_rstd, dcq,
+                     q_norm_->grad);
+    project_backward(dev, dcq, saved_.x, *wq_a_, dx, 0.0f);
   }
   Tensor dnormed = activation(dev, {n, kv_rank_}, dtype);
   copy_columns(dev, latent_grad, q_rank_, dnormed, 0, kv_rank_);
   Tensor dc = activation(dev, {n, kv_rank_}, dtype);
-  rmsnorm_backward(dev, dnormed, c_, kv_norm_->value, c_rstd_, dc, kv_norm_->grad);
+  rmsnorm_backward(dev, dnormed, saved_.c, kv_norm_->value, saved_.c_rstd, dc, kv_norm_->grad);
   Tensor dlatent = activation(dev, {n, kv_rank_ + rope_}, dtype);
   copy_columns(dev, dc, 0, dlatent, 0, kv_rank_);
   copy_columns(dev, latent_grad, q_rank_ + kv_rank_, dlatent, kv_rank_, rope_);
-  project_backward(dev, dlatent, x_, *wkv_a_, dx, 1.0f);
+  project_backward(dev, dlatent, saved_.x, *wkv_a_, dx, 1.0f);
 }
 
 Tensor LatentAttention::backward(Device& dev, const Tensor& dy, const Tensor& rope) {
@@ -207,24 +209,24 @@ Tensor LatentAttention::backward(Device& dev, const Tensor& dy, const Tensor& ro
   const DType dtype = dy.dtype();
   if (recompute_core_) core_forward(dev);
   Tensor dattn = activation(dev, {n, heads_ * v_dim_}, dtype);
-  project_backward(dev, dy, attn_out_, *wo_, dattn, 0.0f);
-  const Shape full = q_full_.shape();
+  project_backward(dev, dy, saved_.attn_out, *wo_, dattn, 0.0f);
+  const Shape full = saved_.q_full.shape();
   Tensor dout = width_ > v_dim_ ? zeroed(dev, full, dtype) : activation(dev, full, dtype);
   copy_columns(dev, dattn.reshape({n * heads_, v_dim_}), 0, dout, 0, v_dim_);
   Tensor dq_full = activation(dev, full, dtype);
   Tensor dk_full = activation(dev, full, dtype);
   Tensor dv_full = activation(dev, full, dtype);
-  attention_backward(dev, dout, q_full_, k_full_, v_full_, out_full_, lse_, dq_full, dk_full,
-                     dv_full, doc_starts_);
+  attention_backward(dev, dout, saved_.q_full, saved_.k_full, saved_.v_full, saved_.out_full,
+                     saved_.lse, dq_full, dk_full, dv_full, saved_.doc_starts);
   scale_(dev, dq_full, q_scale_);
 
   // Queries: the position-free channels as they are, the rotary ones rotated back.
   Tensor dq = activation(dev, {n, heads_ * qk_}, dtype);
   Tensor dq_heads = dq.reshape({n * heads_, qk_});
   copy_columns(dev, dq_full, 0, dq_heads, 0, nope_);
-  Tensor dq_rot = activation(dev, {batch_, seq_, heads_, rope_}, dtype);
+  Tensor dq_rot = activation(dev, {saved_.batch, saved_.seq, heads_, rope_}, dtype);
   copy_columns(dev, dq_full, nope_, dq_rot, 0, rope_);
-  Tensor dq_rot_rows = rope_view(dq_rot, doc_starts_.defined());
+  Tensor dq_rot_rows = rope_view(dq_rot, saved_.doc_starts.defined());
   rope_backward(dev, rope, dq_rot_rows);
   copy_columns(dev, dq_rot, 0, dq_heads, nope_, rope_);
 
@@ -233,20 +235,20 @@ Tensor LatentAttention::backward(Device& dev, const Tensor& dy, const Tensor& ro
   Tensor dkv_heads = dkv.reshape({n * heads_, nope_ + v_dim_});
   copy_columns(dev, dk_full, 0, dkv_heads, 0, nope_);
   copy_columns(dev, dv_full, 0, dkv_heads, nope_, v_dim_);
-  Tensor dk_rot = zeroed(dev, {batch_, seq_, 1, rope_}, dtype);
+  Tensor dk_rot = zeroed(dev, {saved_.batch, saved_.seq, 1, rope_}, dtype);
   Tensor dk_rot_rows = dk_rot.reshape({n, rope_});
   const Tensor dk_rows = dk_full.reshape({n, heads_ * width_});
   for (int64_t h = 0; h < heads_; ++h)
     add_columns(dev, dk_rows, h * width_ + nope_, dk_rot_rows, 0, rope_);
-  Tensor dk_rot_view = rope_view(dk_rot, doc_starts_.defined());
+  Tensor dk_rot_view = rope_view(dk_rot, saved_.doc_starts.defined());
   rope_backward(dev, rope, dk_rot_view);
 
   // One buffer of the latents' gradients: [query latent | key/value latent | rotary key].
   Tensor latent_grad = activation(dev, {n, q_rank_ + kv_rank_ + rope_}, dtype);
-  Tensor dx = activation(dev, {n, x_.row_size()}, dtype);
+  Tensor dx = activation(dev, {n, saved_.x.row_size()}, dtype);
   query_backward(dev, dq, latent_grad, dx);
   Tensor dc_normed = activation(dev, {n, kv_rank_}, dtype);
-  project_backward(dev, dkv, c_normed_, *wkv_b_, dc_normed, 0.0f);
+  project_backward(dev, dkv, saved_.c_normed, *wkv_b_, dc_normed, 0.0f);
   copy_columns(dev, dc_normed, 0, latent_grad, q_rank_, kv_rank_);
   copy_columns(dev, dk_rot_rows, 0, latent_grad, q_rank_ + kv_rank_, rope_);
   if (tp_) tensor_parallel_sum(dev, *tp_, latent_grad);
@@ -265,11 +267,11 @@ Tensor LatentAttention::decode(Device& dev, const Tensor& x, int64_t past, const
                "attention decode runs on the CPU in f32 on one rank");
   const int64_t n = x.rows(), positions = past + n;
   SY_CHECK_MSG(past >= 0 && positions <= cache.k.dim(0), "attention decode: the cache is full");
-  doc_starts_ = Tensor();
+  saved_.doc_starts = Tensor();
   const Tensor rope_rows = rope.slice_rows(past, positions);
   const Tensor q_full = query_heads(dev, x, 1, n, rope_rows);
   cache.v.slice_rows(past, positions).copy_from(key_latent(dev, x, 1, n, rope_rows));
-  cache.k.slice_rows(past, positions).copy_from(c_normed_);
+  cache.k.slice_rows(past, positions).copy_from(saved_.c_normed);
   const Tensor attn = attend_latent(dev, q_full.reshape({n, heads_ * width_}), cache, past);
   discard();
   return project(dev, attn, *wo_);
@@ -313,49 +315,10 @@ Tensor LatentAttention::attend_latent(Device& dev, const Tensor& q_rows, const K
   return attn;
 }
 
-void LatentAttention::discard() {
-  x_ = cq_ = cq_rstd_ = cq_normed_ = c_ = c_rstd_ = c_normed_ = Tensor();
-  q_full_ = k_full_ = v_full_ = out_full_ = lse_ = attn_out_ = doc_starts_ = Tensor();
-}
+void LatentAttention::discard() { saved_ = {}; }
 
-LatentAttention::Saved LatentAttention::stash() {
-  Saved s;
-  s.batch = std::exchange(batch_, 0);
-  s.seq = std::exchange(seq_, 0);
-  s.x = std::exchange(x_, Tensor());
-  s.cq = std::exchange(cq_, Tensor());
-  s.cq_rstd = std::exchange(cq_rstd_, Tensor());
-  s.cq_normed = std::exchange(cq_normed_, Tensor());
-  s.c = std::exchange(c_, Tensor());
-  s.c_rstd = std::exchange(c_rstd_, Tensor());
-  s.c_normed = std::exchange(c_normed_, Tensor());
-  s.q_full = std::exchange(q_full_, Tensor());
-  s.k_full = std::exchange(k_full_, Tensor());
-  s.v_full = std::exchange(v_full_, Tensor());
-  s.out_full = std::exchange(out_full_, Tensor());
-  s.lse = std::exchange(lse_, Tensor());
-  s.attn_out = std::exchange(attn_out_, Tensor());
-  s.doc_starts = std::exchange(doc_starts_, Tensor());
-  return s;
-}
+LatentAttention::Saved LatentAttention::stash() { return std::exchange(saved_, {}); }
 
-void LatentAttention::restore(Saved&& s) {
-  batch_ = s.batch;
-  seq_ = s.seq;
-  x_ = std::move(s.x);
-  cq_ = std::move(s.cq);
-  cq_rstd_ = std::move(s.cq_rstd);
-  cq_normed_ = std::move(s.cq_normed);
-  c_ = std::move(s.c);
-  c_rstd_ = std::move(s.c_rstd);
-  c_normed_ = std::move(s.c_normed);
-  q_full_ = std::move(s.q_full);
-  k_full_ = std::move(s.k_full);
-  v_full_ = std::move(s.v_full);
-  out_full_ = std::move(s.out_full);
-  lse_ = std::move(s.lse);
-  attn_out_ = std::move(s.attn_out);
-  doc_starts_ = std::move(s.doc_starts);
-}
+void LatentAttention::restore(Saved&& saved) { saved_ = std::move(saved); }
 
 }  // namespace switchyard

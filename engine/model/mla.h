@@ -53,13 +53,19 @@ class LatentAttention {
   void set_recompute_core(bool recompute) { recompute_core_ = recompute; }
   // Drops everything forward saved for backward.
   void discard();
-  // What forward saved, moved out (leaving the module as after discard()) and back, so
-  // that several micro-batches can wait for their backward (pipeline schedules).
+  // Everything forward saved for backward, the module's one record of it.
   struct Saved {
     int64_t batch = 0, seq = 0;
-    Tensor x, cq, cq_rstd, cq_normed, c, c_rstd, c_normed;
-    Tensor q_full, k_full, v_full, out_full, lse, attn_out, doc_starts;
+    Tensor x;                        // (n, hidden)
+    Tensor cq, cq_rstd, cq_normed;   // query latent (n, q_rank) before and after its norm
+    Tensor c, c_rstd, c_normed;      // key/value latent (n, kv_rank)
+    Tensor q_full, k_full, v_full;   // (batch, seq, heads, D)
+    Tensor out_full, lse;            // the core's output (batch, seq, heads, D) and lse
+    Tensor attn_out;                 // (n, heads * v_dim)
+    Tensor doc_starts;               // (batch, seq) i32, or undefined without documents
   };
+  // The record moved out (leaving the module as after discard()) and back, so that
+  // several micro-batches can wait for their backward (pipeline schedules).
   Saved stash();
   void restore(Saved&& saved);
 
@@ -67,10 +73,10 @@ class LatentAttention {
   // The per-head queries (batch, seq, heads, D) of x: [q_nope, rope(q_rot)], zero-padded
   // and scaled by q_scale_; saves the query latent for backward.
   Tensor query_heads(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
-  // The key/value latent of x: saves c_, c_rstd_ and c_normed_ (n, kv_rank) and returns
+  // The key/value latent of x: saves c, c_rstd and c_normed (n, kv_rank) and returns
   // the rotated rotary key (n, rope).
   Tensor key_latent(Device& dev, const Tensor& x, int64_t batch, int64_t seq, const Tensor& rope);
-  // The per-head keys and values k_full_, v_full_ (batch, seq, heads, D) of the normalised
+  // The per-head keys and values k_full, v_full (batch, seq, heads, D) of the normalised
   // latent (n, kv_rank) and the rotary key (n, rope) every head shares.
   void key_value_heads(Device& dev, const Tensor& c_normed, const Tensor& k_rot, int64_t batch,
                        int64_t seq);
@@ -81,7 +87,7 @@ class LatentAttention {
   // up-projection -> (n, heads * v_head_dim). Per step, heads x positions x (kv_rank +
   // rope) for the scores instead of expanding every cached position's keys and values.
   Tensor attend_latent(Device& dev, const Tensor& q_rows, const KvCache& cache, int64_t past);
-  // The core: softmax(q k^T) v of the per-head operands into out_full_, lse_, attn_out_.
+  // The core: softmax(q k^T) v of the per-head operands into out_full, lse, attn_out.
   void core_forward(Device& dev);
   // The query projection's gradient dq (n, heads * qk) into the latent gradient buffer
   // (its first q_rank_ columns) or, without a query latent, into dx.
@@ -101,14 +107,7 @@ class LatentAttention {
   Param *wq_a_ = nullptr, *q_norm_ = nullptr, *wq_b_ = nullptr;
   Param *wkv_a_, *kv_norm_, *wkv_b_, *wo_;
 
-  int64_t batch_ = 0, seq_ = 0;
-  Tensor x_;                          // (n, hidden)
-  Tensor cq_, cq_rstd_, cq_normed_;   // query latent (n, q_rank) before and after its norm
-  Tensor c_, c_rstd_, c_normed_;      // key/value latent (n, kv_rank)
-  Tensor q_full_, k_full_, v_full_;   // (batch, seq, heads, D)
-  Tensor out_full_, lse_;             // the core's output (batch, seq, heads, D) and lse
-  Tensor attn_out_;                   // (n, heads * v_dim)
-  Tensor doc_starts_;                 // (batch, seq) i32, or undefined without documents
+  Saved saved_;
 };
 
 }  // namespace switchyard

@@ -38,15 +38,20 @@ struct Transformer::Block {
   std::unique_ptr<MoeLayer> moe;
   std::unique_ptr<SwigluFfn> dense;
   float eps;
-  // Saved for backward.
-  Tensor x, attn_rstd, attn_in, h, ffn_rstd, ffn_in;
-  // Full recomputation: the forward kept only x, and the random state it started from.
-  bool input_only = false;
-  Rng rng;
   int moe_before = 0;  // the model's MoE layers before this one
-  // Drops what the block and its modules saved, but its input.
+  // Everything the block itself saved for backward, its one record of it.
+  struct Saved {
+    Tensor x;  // the input
+    // Full recomputation: the forward kept only x, and the random state it started from.
+    bool input_only = false;
+    // Braced: the record is rebuilt from braced lists, which leave out the rest.
+    Rng rng{};
+    Tensor attn_rstd{}, attn_in{}, h{}, ffn_rstd{}, ffn_in{};
+  };
+  Saved saved;
+  // Drops what the block and its modules saved, but its input and random state.
   void discard() {
-    attn_rstd = attn_in = h = ffn_rstd = ffn_in = Tensor();
+    saved = {.x = std::move(saved.x), .input_only = saved.input_only, .rng = saved.rng};
     attention->discard();
     if (moe) moe->discard();
     if (dense) dense->discard();
@@ -54,61 +59,35 @@ struct Transformer::Block {
   // A forward-only pass (evaluation, bench balance): nothing is kept for a backward, only
   // the routing that MoeLayer::last_routing() reports.
   void discard_after_forward_only() {
-    x = attn_rstd = attn_in = h = ffn_rstd = ffn_in = Tensor();
+    saved = {};
     attention->discard();
     if (moe) moe->discard_keeping_routing();
     if (dense) dense->discard();
   }
-  // Everything the block and its modules saved, moved out (leaving the block as after a
+  // The block's and its modules' records, moved out (leaving the block as after a
   // backward) and back.
-  struct Saved {
-    Tensor x, attn_rstd, attn_in, h, ffn_rstd, ffn_in;
-    bool input_only = false;
-    Rng rng;
-    Attention::Saved attention;
-    MoeLayer::Saved moe;
+  struct Stash {
+    Saved own;
+    Attention::Stash attention;
+    MoeLayer::Stash moe;
     SwigluFfn::Saved dense;
   };
-  Saved stash() {
-    Saved s;
-    s.x = std::exchange(x, Tensor());
-    s.attn_rstd = std::exchange(attn_rstd, Tensor());
-    s.attn_in = std::exchange(attn_in, Tensor());
-    s.h = std::exchange(h, Tensor());
-    s.ffn_rstd = std::exchange(ffn_rstd, Tensor());
-    s.ffn_in = std::exchange(ffn_in, Tensor());
-    s.input_only = std::exchange(input_only, false);
-    s.rng = std::exchange(rng, Rng());
-    s.attention = attention->stash();
-    if (moe) s.moe = moe->stash();
-    if (dense) s.dense = dense->stash();
-    return s;
+  Stash stash() {
+    return {std::exchange(saved, {}), attention->stash(), moe ? moe->stash() : MoeLayer::Stash{},
+            dense ? dense->stash() : SwigluFfn::Saved{}};
   }
-  void restore(Saved&& s) {
-    x = std::move(s.x);
-    attn_rstd = std::move(s.attn_rstd);
-    attn_in = std::move(s.attn_in);
-    h = std::move(s.h);
-    ffn_rstd = std::move(s.ffn_rstd);
-    ffn_in = std::move(s.ffn_in);
-    input_only = s.input_only;
-    rng = s.rng;
-    attention->restore(std::move(s.attention));
-    if (moe) moe->restore(std::move(s.moe));
-    if (dense) dense->restore(std::move(s.dense));
+  void restore(Stash&& stash) {
+    saved = std::move(stash.own);
+    attention->restore(std::move(stash.attention));
+    if (moe) moe->restore(std::move(stash.moe));
+    if (dense) dense->restore(std::move(stash.dense));
   }
 };
 
-// The model's own saved state and its blocks', in block order.
+// The model's own record and its blocks', in block order.
 struct Transformer::Activations::State {
-  int64_t batch = 0, seq = 0;
-  Tensor ids, targets, targets_host;
-  Tensor final_in, final_rstd, final_out, logits, lse;
-  int64_t target_tokens = 0;
-  Tensor doc_starts, doc_rope;
-  std::vector<int32_t> window_tokens;
-  RouterStats stats;
-  std::vector<Block::Saved> blocks;
+  Saved model;
+  std::vector<Block::Stash> blocks;
 };
 
 Transformer::Activations::Activations() = default;
@@ -117,48 +96,19 @@ Transformer::Activations::Activations(Activations&&) noexcept = default;
 Transformer::Activations& Transformer::Activations::operator=(Activations&&) noexcept = default;
 
 Transformer::Activations Transformer::stash_activations() {
-  auto s = std::make_unique<Activations::State>();
-  s->batch = std::exchange(batch_, 0);
-  s->seq = std::exchange(seq_, 0);
-  s->ids = std::exchange(ids_, Tensor());
-  s->targets = std::exchange(targets_, Tensor());
-  s->targets_host = std::exchange(targets_host_, Tensor());
-  s->final_in = std::exchange(final_in_, Tensor());
-  s->final_rstd = std::exchange(final_rstd_, Tensor());
-  s->final_out = std::exchange(final_out_, Tensor());
-  s->logits = std::exchange(logits_, Tensor());
-  s->lse = std::exchange(lse_, Tensor());
-  s->target_tokens = std::exchange(target_tokens_, 0);
-  s->doc_starts = std::exchange(doc_starts_, Tensor());
-  s->doc_rope = std::exchange(doc_rope_, Tensor());
-  s->window_tokens = std::exchange(window_tokens_, {});
-  s->stats = std::exchange(stats_, RouterStats());
-  for (auto& b : blocks_) s->blocks.push_back(b->stash());
   Activations saved;
-  saved.state_ = std::move(s);
+  saved.state_ = std::make_unique<Activations::State>();
+  saved.state_->model = std::exchange(saved_, {});
+  for (auto& b : blocks_) saved.state_->blocks.push_back(b->stash());
   return saved;
 }
 
 void Transformer::restore_activations(Activations&& saved) {
   SY_CHECK_MSG(saved.state_ && saved.state_->blocks.size() == blocks_.size(),
                "restore_activations: not a stash of this model");
-  Activations::State& s = *saved.state_;
-  batch_ = s.batch;
-  seq_ = s.seq;
-  ids_ = std::move(s.ids);
-  targets_ = std::move(s.targets);
-  targets_host_ = std::move(s.targets_host);
-  final_in_ = std::move(s.final_in);
-  final_rstd_ = std::move(s.final_rstd);
-  final_out_ = std::move(s.final_out);
-  logits_ = std::move(s.logits);
-  lse_ = std::move(s.lse);
-  target_tokens_ = s.target_tokens;
-  doc_starts_ = std::move(s.doc_starts);
-  doc_rope_ = std::move(s.doc_rope);
-  window_tokens_ = std::move(s.window_tokens);
-  stats_ = std::move(s.stats);
-  for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i]->restore(std::move(s.blocks[i]));
+  saved_ = std::move(saved.state_->model);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    blocks_[i]->restore(std::move(saved.state_->blocks[i]));
   saved.state_.reset();
 }
 
@@ -281,31 +231,33 @@ Transformer::ChunkOutput Transformer::forward_chunk(Device& dev, const Tensor& i
 }
 
 const Tensor& Transformer::forward_rope(Device& dev) {
-  return doc_starts_.defined() ? doc_rope_ : rope_for(dev, seq_);
+  return saved_.doc_starts.defined() ? saved_.doc_rope : rope_for(dev, saved_.seq);
 }
 
 Tensor Transformer::ffn(Device& dev, Block& block, const Tensor& in, Pass pass, Rng& rng,
                         RouterStats& stats) {
   if (!block.moe) return block.dense->forward(dev, in);
   if (pass == Pass::kGenerate) return block.moe->infer(dev, in, stats);
-  return block.moe->forward(dev, in, pass == Pass::kTrain, rng, stats, seq_, window_tokens_);
+  return block.moe->forward(dev, in, pass == Pass::kTrain, rng, stats, saved_.seq,
+                            saved_.window_tokens);
 }
 
 Tensor Transformer::block_forward(Device& dev, Block& b, const Tensor& x, Pass pass, Rng& rng,
                                   const Tensor& rope, RouterStats& stats) {
   const int64_t n = x.rows();
   const int64_t hidden = x.row_size();
-  b.x = x;
-  b.attn_in = activation(dev, {n, hidden}, x.dtype());
-  b.attn_rstd = activation(dev, {n});
-  rmsnorm_forward(dev, x, b.attn_norm->value, b.eps, b.attn_in, b.attn_rstd);
-  Tensor h = b.attention->forward(dev, b.attn_in, batch_, seq_, rope, doc_starts_);
+  b.saved.x = x;
+  b.saved.attn_in = activation(dev, {n, hidden}, x.dtype());
+  b.saved.attn_rstd = activation(dev, {n});
+  rmsnorm_forward(dev, x, b.attn_norm->value, b.eps, b.saved.attn_in, b.saved.attn_rstd);
+  Tensor h =
+      b.attention->forward(dev, b.saved.attn_in, saved_.batch, saved_.seq, rope, saved_.doc_starts);
   add_(dev, h, x);
-  b.h = h;
-  b.ffn_in = activation(dev, {n, hidden}, x.dtype());
-  b.ffn_rstd = activation(dev, {n});
-  rmsnorm_forward(dev, h, b.ffn_norm->value, b.eps, b.ffn_in, b.ffn_rstd);
-  Tensor f = ffn(dev, b, b.ffn_in, pass, rng, stats);
+  b.saved.h = h;
+  b.saved.ffn_in = activation(dev, {n, hidden}, x.dtype());
+  b.saved.ffn_rstd = activation(dev, {n});
+  rmsnorm_forward(dev, h, b.ffn_norm->value, b.eps, b.saved.ffn_in, b.saved.ffn_rstd);
+  Tensor f = ffn(dev, b, b.saved.ffn_in, pass, rng, stats);
   add_(dev, f, h);
   return f;
 }
@@ -313,31 +265,34 @@ Tensor Transformer::block_forward(Device& dev, Block& b, const Tensor& x, Pass p
 void Transformer::recompute_block(Device& dev, Block& b, const Tensor& rope) {
   RouterStats counted_apart;
   counted_apart.begin(dev, b.moe ? 1 : 0);
-  Rng replay = b.rng;
-  block_forward(dev, b, b.x, Pass::kTrain, replay, rope, counted_apart);
+  Rng replay = b.saved.rng;
+  block_forward(dev, b, b.saved.x, Pass::kTrain, replay, rope, counted_apart);
 }
 
 void Transformer::begin_forward(Device& dev, const Tensor& ids, const Tensor& targets,
                                 const Tensor& doc_starts, const Tensor& window_tokens,
                                 const RoutingSums& before) {
-  batch_ = ids.dim(0);
-  seq_ = ids.dim(1);
-  window_tokens_.clear();
+  saved_.batch = ids.dim(0);
+  saved_.seq = ids.dim(1);
+  saved_.window_tokens.clear();
   if (window_tokens.defined()) {
-    SY_CHECK_MSG(window_tokens.numel() == batch_,
+    SY_CHECK_MSG(window_tokens.numel() == saved_.batch,
                  "forward: window_tokens needs one entry per window");
     const int32_t* tokens = window_tokens.data<int32_t>();
-    window_tokens_.assign(tokens, tokens + batch_);
+    saved_.window_tokens.assign(tokens, tokens + saved_.batch);
   }
-  const int64_t n = batch_ * seq_;
-  doc_starts_ = doc_starts.defined() ? doc_starts.to(dev, MemoryKind::kActivations) : Tensor();
-  doc_rope_ = doc_starts.defined() ? document_rope_table(rope_for(dev, seq_).on_host(), doc_starts)
-                                         .to(dev, MemoryKind::kActivations)
-                                   : Tensor();
-  targets_host_ = targets.reshape({n}).on_host();
+  const int64_t n = saved_.batch * saved_.seq;
+  saved_.doc_starts =
+      doc_starts.defined() ? doc_starts.to(dev, MemoryKind::kActivations) : Tensor();
+  saved_.doc_rope =
+      doc_starts.defined()
+          ? document_rope_table(rope_for(dev, saved_.seq).on_host(), doc_starts)
+                .to(dev, MemoryKind::kActivations)
+          : Tensor();
+  saved_.targets_host = targets.reshape({n}).on_host();
   if (&ids.device() == &dev && !tp_) {
-    ids_ = ids.reshape({n});
-    targets_ = targets_host_.to(dev, MemoryKind::kActivations);
+    saved_.ids = ids.reshape({n});
+    saved_.targets = saved_.targets_host.to(dev, MemoryKind::kActivations);
   } else {
     // Token ids (this shard's rows of the vocabulary under tp) and targets: one copy.
     Tensor both = activation(cpu_device(), {2, n}, DType::kI32);
@@ -345,21 +300,22 @@ void Transformer::begin_forward(Device& dev, const Tensor& ids, const Tensor& ta
     Tensor targets_part = both.slice_rows(1, 2).reshape({n});
     ids_part.copy_from(tp_ && embed_ ? shard_ids(ids.on_host().reshape({n}))
                                   : ids.on_host().reshape({n}));
-    targets_part.copy_from(targets_host_);
+    targets_part.copy_from(saved_.targets_host);
     both = both.to(dev, MemoryKind::kActivations);
-    ids_ = both.slice_rows(0, 1).reshape({n});
-    targets_ = both.slice_rows(1, 2).reshape({n});
+    saved_.ids = both.slice_rows(0, 1).reshape({n});
+    saved_.targets = both.slice_rows(1, 2).reshape({n});
   }
-  stats_.begin(dev, num_moe_layers_, before);
-  stats_.model_layers = model_moe_layers_;
+  saved_.stats.begin(dev, num_moe_layers_, before);
+  saved_.stats.model_layers = model_moe_layers_;
 }
 
 Tensor Transformer::embed(Device& dev) {
   acquire({0});
   // The compute dtype is the working copies' (ParamStore::allocate): bf16 activations
   // with bf16 weights, f32 otherwise.
-  Tensor x = activation(dev, {ids_.numel(), recipe_.model().hidden_size()}, embed_->work.dtype());
-  embedding_forward(dev, ids_, embed_->work, x);
+  Tensor x = activation(dev, {saved_.ids.numel(), recipe_.model().hidden_size()},
+                        embed_->work.dtype());
+  embedding_forward(dev, saved_.ids, embed_->work, x);
   release({0});
   if (tp_) tensor_parallel_sum(dev, *tp_, x);
   return x;
@@ -371,16 +327,17 @@ Tensor Transformer::blocks_forward(Device& dev, Tensor x, Pass pass, const Rng& 
     Block& b = *blocks_[i];
     const int layer = first_layer_ + static_cast<int>(i);
     acquire({1 + layer});
-    b.input_only = pass == Pass::kTrain && config::recomputes_layer(recipe_.train(), static_cast<int>(i));
+    b.saved.input_only =
+        pass == Pass::kTrain && config::recomputes_layer(recipe_.train(), static_cast<int>(i));
     // The micro-batch's stream where one process's earlier MoE layers leave it (GShard
     // takes one number per token and layer), whichever chunk runs this one.
-    b.rng = Rng(rng.seed(), rng.counter() + static_cast<uint64_t>(x.rows()) *
+    b.saved.rng = Rng(rng.seed(), rng.counter() + static_cast<uint64_t>(x.rows()) *
                                                 static_cast<uint64_t>(b.moe_before));
-    Rng stream = b.rng;
-    x = block_forward(dev, b, x, pass, stream, rope, stats_);
+    Rng stream = b.saved.rng;
+    x = block_forward(dev, b, x, pass, stream, rope, saved_.stats);
     if (pass == Pass::kForwardOnly)
       b.discard_after_forward_only();
-    else if (b.input_only)
+    else if (b.saved.input_only)
       b.discard();
     release({1 + layer});
   }
@@ -400,13 +357,14 @@ Transformer::ChunkOutput Transformer::run_chunk(Device& dev, const Tensor& input
     out.losses = head_forward(dev, x, logits_out);
     // A forward-only pass keeps nothing for a backward (logits_out holds its own reference).
     if (pass == Pass::kForwardOnly)
-      final_in_ = final_out_ = final_rstd_ = logits_ = lse_ = Tensor();
+      saved_.final_in = saved_.final_out = saved_.final_rstd = saved_.logits = saved_.lse =
+          Tensor();
   } else {
     out.hidden = x;
-    stats_.collect();
+    saved_.stats.collect();
   }
   add_routing_losses(out.losses);
-  out.sums = stats_.all_layers;
+  out.sums = saved_.stats.all_layers;
   return out;
 }
 
@@ -415,23 +373,24 @@ LossParts Transformer::head_forward(Device& dev, const Tensor& x, Tensor* logits
   const int64_t vocab = lm_head_->shape[0];  // this rank's vocabulary rows
   const std::vector<int> head = head_units();
   acquire(head);
-  final_in_ = x;
-  final_out_ = activation(dev, {n, x.row_size()}, x.dtype());
-  final_rstd_ = activation(dev, {n});
-  rmsnorm_forward(dev, x, final_norm_->value, recipe_.model().norm_eps(), final_out_, final_rstd_);
+  saved_.final_in = x;
+  saved_.final_out = activation(dev, {n, x.row_size()}, x.dtype());
+  saved_.final_rstd = activation(dev, {n});
+  rmsnorm_forward(dev, x, final_norm_->value, recipe_.model().norm_eps(), saved_.final_out,
+                  saved_.final_rstd);
   Tensor losses = activation(dev, {n});
-  lse_ = activation(dev, {n});
+  saved_.lse = activation(dev, {n});
   // Under tensor parallelism each chunk gives this shard's log-sum-exp and target logits;
   // they are combined over the group once all rows are scored.
-  Tensor shard_lse = tp_ ? activation(dev, {n}) : lse_;
+  Tensor shard_lse = tp_ ? activation(dev, {n}) : saved_.lse;
   Tensor target_logits = tp_ ? activation(dev, {n}) : Tensor();
   const int64_t rows = logits_out ? n : logit_rows(n, vocab);
   Tensor chunk = activation(dev, {rows, vocab});
   for (int64_t begin = 0; begin < n; begin += rows) {
     const int64_t end = std::min(n, begin + rows);
     Tensor logits = chunk.slice_rows(0, end - begin);
-    matmul(dev, final_out_.slice_rows(begin, end), false, lm_head_->work, true, logits);
-    const Tensor targets = targets_.slice_rows(begin, end);
+    matmul(dev, saved_.final_out.slice_rows(begin, end), false, lm_head_->work, true, logits);
+    const Tensor targets = saved_.targets.slice_rows(begin, end);
     Tensor lse = shard_lse.slice_rows(begin, end);
     if (tp_) {
       Tensor target = target_logits.slice_rows(begin, end);
@@ -443,27 +402,27 @@ LossParts Transformer::head_forward(Device& dev, const Tensor& x, Tensor* logits
     }
   }
   // One chunk is kept for backward; more are recomputed there.
-  logits_ = rows >= n ? chunk : Tensor();
+  saved_.logits = rows >= n ? chunk : Tensor();
   release(head);
   if (logits_out) {
     // A copy: in f32 backward turns the kept logits into their gradient in place.
-    *logits_out = tp_ ? gather_shards(*tp_, logits_, 1) : activation(dev, {n, vocab});
-    if (!tp_) logits_out->copy_from(logits_);
+    *logits_out = tp_ ? gather_shards(*tp_, saved_.logits, 1) : activation(dev, {n, vocab});
+    if (!tp_) logits_out->copy_from(saved_.logits);
   }
   losses = tp_ ? vocab_parallel_losses(dev, shard_lse, target_logits) : losses.on_host();
-  stats_.collect();
+  saved_.stats.collect();
   double sum = 0;
-  target_tokens_ = 0;
-  const int32_t* t = targets_host_.data<int32_t>();
+  saved_.target_tokens = 0;
+  const int32_t* t = saved_.targets_host.data<int32_t>();
   const float* l = losses.data<float>();
   for (int64_t i = 0; i < n; ++i) {
     if (t[i] < 0) continue;
     sum += l[i];
-    ++target_tokens_;
+    ++saved_.target_tokens;
   }
   LossParts parts;
-  parts.target_tokens = target_tokens_;
-  parts.cross_entropy = target_tokens_ ? sum / target_tokens_ : 0.0;
+  parts.target_tokens = saved_.target_tokens;
+  parts.cross_entropy = saved_.target_tokens ? sum / saved_.target_tokens : 0.0;
   return parts;
 }
 
@@ -475,9 +434,9 @@ void Transformer::add_routing_losses(LossParts& parts) const {
     parts.total = parts.cross_entropy;
     return;
   }
-  parts.aux_loss = stats_.aux_loss(recipe_.moe().aux_loss_per_layer());
-  parts.z_loss = stats_.all_layers.z_loss;
-  parts.seq_aux_loss = stats_.all_layers.seq_aux_loss;
+  parts.aux_loss = saved_.stats.aux_loss(recipe_.moe().aux_loss_per_layer());
+  parts.z_loss = saved_.stats.all_layers.z_loss;
+  parts.seq_aux_loss = saved_.stats.all_layers.seq_aux_loss;
   parts.total = parts.cross_entropy + recipe_.moe().aux_loss_coef() * parts.aux_loss +
                 recipe_.moe().z_loss_coef() * parts.z_loss +
                 recipe_.moe().seq_aux_loss_coef() * parts.seq_aux_loss;
@@ -517,7 +476,7 @@ Tensor Transformer::vocab_parallel_losses(Device& dev, const Tensor& shard_lse,
   Tensor losses = activation(cpu_device(), {n});
   const float* part = all_lse_host.data<float>();
   const float* target = target_host.data<float>();
-  const int32_t* t = targets_host_.data<int32_t>();
+  const int32_t* t = saved_.targets_host.data<int32_t>();
   float* lse = lse_host.data<float>();
   float* loss = losses.data<float>();
   for (int64_t i = 0; i < n; ++i) {
@@ -528,7 +487,7 @@ Tensor Transformer::vocab_parallel_losses(Device& dev, const Tensor& shard_lse,
     lse[i] = static_cast<float>(max + std::log(sum));
     loss[i] = t[i] < 0 ? 0.0f : lse[i] - target[i];
   }
-  lse_.copy_from(lse_host);
+  saved_.lse.copy_from(lse_host);
   return losses;
 }
 
@@ -549,22 +508,22 @@ Tensor Transformer::backward_chunk(Device& dev, const Tensor& output_grad, float
   if (!has_head() && !recipe_.moe().aux_loss_per_layer()) {
     SY_CHECK_MSG(num_moe_layers_ == 0 || !model_sums.selections.empty(),
                  "backward_chunk: the all-layer aux loss needs the whole model's sums");
-    stats_.all_layers = model_sums;
+    saved_.stats.all_layers = model_sums;
   }
   Tensor dx = blocks_backward(
       dev, has_head() ? head_backward(dev, loss_scale, ce_tokens) : output_grad, loss_scale);
   if (has_embedding()) {
     if (hooks_) hooks_->begin_grads(0);
-    embedding_backward(dev, ids_, dx, embed_->grad);
+    embedding_backward(dev, saved_.ids, dx, embed_->grad);
     if (hooks_) hooks_->end_grads(0);
     dx = Tensor();
   }
-  ids_ = targets_ = targets_host_ = Tensor();
+  saved_.ids = saved_.targets = saved_.targets_host = Tensor();
   return dx;
 }
 
 Tensor Transformer::head_backward(Device& dev, float loss_scale, double ce_tokens) {
-  const int64_t n = batch_ * seq_;
+  const int64_t n = saved_.batch * saved_.seq;
   const int64_t hidden = recipe_.model().hidden_size();
   const std::vector<int> head = head_units();
   acquire(head);
@@ -572,25 +531,25 @@ Tensor Transformer::head_backward(Device& dev, float loss_scale, double ce_token
     for (int u : head) hooks_->begin_grads(u);
   // In f32 the logits buffer becomes its own gradient; in bf16 the gradient is a bf16
   // operand of the LM head's products.
-  const DType dtype = final_out_.dtype();
-  const double denominator = ce_tokens > 0 ? ce_tokens : static_cast<double>(target_tokens_);
+  const DType dtype = saved_.final_out.dtype();
+  const double denominator = ce_tokens > 0 ? ce_tokens : static_cast<double>(saved_.target_tokens);
   const float ce_scale =
-      target_tokens_ ? loss_scale / static_cast<float>(denominator) : 0.0f;
+      saved_.target_tokens ? loss_scale / static_cast<float>(denominator) : 0.0f;
   Tensor dfinal = activation(dev, {n, hidden}, dtype);
   // Forward kept the logits when one chunk held them all; otherwise each chunk's logits
   // are recomputed from the saved final norm output.
   const int64_t vocab = lm_head_->shape[0];
-  const int64_t rows = logits_.defined() ? n : logit_rows(n, vocab);
-  Tensor chunk = logits_.defined() ? logits_ : activation(dev, {rows, vocab});
+  const int64_t rows = saved_.logits.defined() ? n : logit_rows(n, vocab);
+  Tensor chunk = saved_.logits.defined() ? saved_.logits : activation(dev, {rows, vocab});
   Tensor dchunk = dtype == DType::kF32 ? chunk : activation(dev, {rows, vocab}, dtype);
   for (int64_t begin = 0; begin < n; begin += rows) {
     const int64_t end = std::min(n, begin + rows);
-    const Tensor in = final_out_.slice_rows(begin, end);
+    const Tensor in = saved_.final_out.slice_rows(begin, end);
     Tensor logits = chunk.slice_rows(0, end - begin);
-    if (!logits_.defined()) matmul(dev, in, false, lm_head_->work, true, logits);
+    if (!saved_.logits.defined()) matmul(dev, in, false, lm_head_->work, true, logits);
     Tensor dlogits = dchunk.slice_rows(0, end - begin);
-    cross_entropy_backward(dev, logits, targets_.slice_rows(begin, end),
-                           lse_.slice_rows(begin, end), ce_scale, dlogits,
+    cross_entropy_backward(dev, logits, saved_.targets.slice_rows(begin, end),
+                           saved_.lse.slice_rows(begin, end), ce_scale, dlogits,
                            {vocab_start_, recipe_.model().vocab_size()});
     matmul(dev, dlogits, true, in, false, lm_head_->grad, 1.0f, 1.0f);
     Tensor d = dfinal.slice_rows(begin, end);
@@ -598,11 +557,11 @@ Tensor Transformer::head_backward(Device& dev, float loss_scale, double ce_token
   }
   chunk = dchunk = Tensor();
   if (tp_) tensor_parallel_sum(dev, *tp_, dfinal);
-  logits_ = lse_ = Tensor();
+  saved_.logits = saved_.lse = Tensor();
   Tensor dx = activation(dev, {n, hidden}, dtype);
-  rmsnorm_backward(dev, dfinal, final_in_, final_norm_->value, final_rstd_, dx,
+  rmsnorm_backward(dev, dfinal, saved_.final_in, final_norm_->value, saved_.final_rstd, dx,
                    final_norm_->grad);
-  final_in_ = final_out_ = final_rstd_ = Tensor();
+  saved_.final_in = saved_.final_out = saved_.final_rstd = Tensor();
   release(head);
   // A tied embedding's gradient is complete only after the embedding's backward.
   if (hooks_) hooks_->end_grads(head.back());
@@ -610,7 +569,7 @@ Tensor Transformer::head_backward(Device& dev, float loss_scale, double ce_token
 }
 
 Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
-  const int64_t n = batch_ * seq_;
+  const int64_t n = saved_.batch * saved_.seq;
   const int64_t hidden = recipe_.model().hidden_size();
   const DType dtype = dx.dtype();
   const Tensor& rope = forward_rope(dev);
@@ -619,10 +578,10 @@ Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
   const float z_scale = recipe_.moe().z_loss_coef() * loss_scale;
   const float seq_aux_scale = recipe_.moe().seq_aux_loss_coef() * loss_scale;
   // Every MoE layer's aux-loss gradient (E values), one upload for the whole backward.
-  const int64_t num_moe = static_cast<int64_t>(stats_.layers.size());
+  const int64_t num_moe = static_cast<int64_t>(saved_.stats.layers.size());
   Tensor aux_grads_host = activation(cpu_device(), {num_moe, recipe_.moe().num_experts()});
   for (int64_t l = 0; l < num_moe; ++l) {
-    const std::vector<float> g = stats_.aux_loss_prob_gradient(aux_scale, per_layer, l);
+    const std::vector<float> g = saved_.stats.aux_loss_prob_gradient(aux_scale, per_layer, l);
     std::copy(g.begin(), g.end(), aux_grads_host.data<float>() + l * aux_grads_host.row_size());
   }
   const Tensor aux_grads = aux_grads_host.to(dev, MemoryKind::kActivations);
@@ -633,7 +592,7 @@ Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
     const int unit = 1 + first_layer_ + static_cast<int>(i);
     acquire({unit});
     if (hooks_) hooks_->begin_grads(unit);
-    if (b.input_only) recompute_block(dev, b, rope);
+    if (b.saved.input_only) recompute_block(dev, b, rope);
     // dx is the gradient w.r.t. the block output f + h.
     Tensor dffn_in;
     if (b.moe) {
@@ -645,15 +604,16 @@ Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
       dffn_in = b.dense->backward(dev, dx);
     }
     Tensor dh = activation(dev, {n, hidden}, dtype);
-    rmsnorm_backward(dev, dffn_in, b.h, b.ffn_norm->value, b.ffn_rstd, dh, b.ffn_norm->grad);
+    rmsnorm_backward(dev, dffn_in, b.saved.h, b.ffn_norm->value, b.saved.ffn_rstd, dh,
+                     b.ffn_norm->grad);
     add_(dev, dh, dx);
     Tensor dattn_in = b.attention->backward(dev, dh, rope);
     Tensor dprev = activation(dev, {n, hidden}, dtype);
-    rmsnorm_backward(dev, dattn_in, b.x, b.attn_norm->value, b.attn_rstd, dprev,
+    rmsnorm_backward(dev, dattn_in, b.saved.x, b.attn_norm->value, b.saved.attn_rstd, dprev,
                      b.attn_norm->grad);
     add_(dev, dprev, dh);
     dx = dprev;
-    b.x = b.attn_rstd = b.attn_in = b.h = b.ffn_rstd = b.ffn_in = Tensor();
+    b.saved = {};
     release({unit});
     if (hooks_) hooks_->end_grads(unit);
   }
@@ -667,7 +627,7 @@ Tensor Transformer::logits(Device& dev, const Tensor& ids) {
   SY_CHECK_MSG(has_embedding() && has_head(), "logits: the whole model, not a chunk");
   Tensor out;
   run_chunk(dev, Tensor(), ids, targets, Pass::kGenerate, Rng(0), &out, Tensor(), Tensor());
-  logits_ = lse_ = final_in_ = final_out_ = final_rstd_ = Tensor();
+  saved_.logits = saved_.lse = saved_.final_in = saved_.final_out = saved_.final_rstd = Tensor();
   return out;
 }
 
@@ -694,7 +654,7 @@ Tensor Transformer::decode(Device& dev, const std::vector<int32_t>& ids, DecodeC
   const Tensor& rope = rope_for(dev, positions);
   Tensor id_tensor = activation(dev, {n}, DType::kI32);
   std::copy(ids.begin(), ids.end(), id_tensor.data<int32_t>());
-  stats_.begin(dev, static_cast<int>(moe_layers().size()));
+  saved_.stats.begin(dev, static_cast<int>(moe_layers().size()));
   Tensor x = activation(dev, {n, hidden});
   embedding_forward(dev, id_tensor, embed_->work, x);
   Rng unused;
@@ -707,7 +667,7 @@ Tensor Transformer::decode(Device& dev, const std::vector<int32_t>& ids, DecodeC
     add_(dev, h, x);
     Tensor ffn_in = activation(dev, {n, hidden});
     rmsnorm_forward(dev, h, b.ffn_norm->value, b.eps, ffn_in, rstd);
-    x = ffn(dev, b, ffn_in, Pass::kGenerate, unused, stats_);
+    x = ffn(dev, b, ffn_in, Pass::kGenerate, unused, saved_.stats);
     add_(dev, x, h);
   }
   cache.length += n;

@@ -175,7 +175,7 @@ class Transformer {
 
   // The last forward's routing statistics, of this chunk's MoE layers (RouterStats::merge
   // joins a micro-batch's chunks into the whole model's).
-  const RouterStats& router_stats() const { return stats_; }
+  const RouterStats& router_stats() const { return saved_.stats; }
   bool has_moe() const { return num_moe_layers_ > 0; }
   // The MoE layers in depth order; their last_routing() describes the last forward.
   std::vector<const MoeLayer*> moe_layers() const;
@@ -208,7 +208,7 @@ class Transformer {
   Tensor head_backward(Device& dev, float loss_scale, double ce_tokens);
   // Backward of blocks_forward: dx, the gradient of the chunk's output -> its input's.
   Tensor blocks_backward(Device& dev, Tensor dx, float loss_scale);
-  // The rotary rows of the current forward: rope_for(seq_), or with documents doc_rope_.
+  // The rotary rows of the current forward: rope_for(seq), or with documents doc_rope.
   const Tensor& forward_rope(Device& dev);
   // A block's FFN (dense, or MoE routed as `pass` asks) on its normalised input; an MoE
   // layer adds its routing to `stats`.
@@ -230,8 +230,8 @@ class Transformer {
   // Host ids shifted into this rank's embedding rows; -1 for another rank's tokens.
   Tensor shard_ids(const Tensor& ids) const;
   // Combines the group's shard log-sum-exps and target logits (all_reduce'd in place):
-  // fills lse_ with the whole vocabulary's log-sum-exp and returns the per-token losses
-  // (on the host).
+  // fills the saved lse with the whole vocabulary's log-sum-exp and returns the per-token
+  // losses (on the host).
   Tensor vocab_parallel_losses(Device& dev, const Tensor& shard_lse, Tensor& target_logits);
   // Rows of the LM head whose f32 logits fit in runtime.max_logits_mb (1 to n).
   int64_t logit_rows(int64_t n, int64_t vocab) const;
@@ -249,18 +249,21 @@ class Transformer {
   int model_moe_layers_ = 0;  // the whole model's
   Tensor rope_;
   int64_t rope_seq_ = 0;
-  Tensor doc_starts_, doc_rope_;  // on the device, with documents (forward's doc_starts)
-  std::vector<int32_t> window_tokens_;  // forward's window_tokens; empty: no padding
-  RouterStats stats_;
-
-  // Saved for backward.
-  int64_t batch_ = 0, seq_ = 0;
-  Tensor ids_, targets_;  // ids_: shifted into this rank's rows under tensor parallelism
-  Tensor targets_host_;   // targets_ on the host, for the loss sums
-  Tensor final_in_, final_rstd_, final_out_;
-  Tensor logits_;  // kept only when one chunk held all rows (logit_rows)
-  Tensor lse_;
-  int64_t target_tokens_ = 0;
+  // Everything the model itself saved for backward (its blocks keep theirs), its one
+  // record of it.
+  struct Saved {
+    Tensor doc_starts, doc_rope;  // on the device, with documents (forward's doc_starts)
+    std::vector<int32_t> window_tokens;  // forward's window_tokens; empty: no padding
+    RouterStats stats;
+    int64_t batch = 0, seq = 0;
+    Tensor ids, targets;  // ids: shifted into this rank's rows under tensor parallelism
+    Tensor targets_host;  // targets on the host, for the loss sums
+    Tensor final_in, final_rstd, final_out;
+    Tensor logits;  // kept only when one chunk held all rows (logit_rows)
+    Tensor lse;
+    int64_t target_tokens = 0;
+  };
+  Saved saved_;
 };
 
 }  // namespace switchyard

@@ -223,7 +223,7 @@ TEST(SequenceAuxLayer, StashKeepsEachMicroBatchsSums) {
   const std::vector<float> alone = router_grad();
 
   forward(first);
-  MoeLayer::Saved saved = layer.stash();
+  MoeLayer::Stash saved = layer.stash();
   forward(second);
   layer.backward(cpu_device(), dy, no_aux, 0, 1.0f);
   const std::vector<float> other = router_grad();
