@@ -2,8 +2,13 @@
 that a run whose tests all passed with some skipped exits 77, which ctest reports as
 skipped (SKIP_RETURN_CODE) rather than passed: a Slurm test without root, GPU layouts
 without their GPUs, a fault test that cannot mount, an architecture that an older
-transformers lacks. The skip reasons are printed (-rs)."""
+transformers lacks. The skip reasons are printed (-rs).
+
+tests/ is the rootdir, whatever the file's area and the working directory, so that pytest
+loads tests/conftest.py (with no ini file, pytest would take the file's own directory and
+look for conftest.py files no higher)."""
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,5 +23,6 @@ class ReportSkips:
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main(["-q", "-rs", "-p", "no:cacheprovider", *sys.argv[1:]],
+    sys.exit(pytest.main(["-q", "-rs", "-p", "no:cacheprovider",
+                          "--rootdir", str(Path(__file__).resolve().parent), *sys.argv[1:]],
                          plugins=[ReportSkips()]))

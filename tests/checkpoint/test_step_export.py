@@ -8,18 +8,12 @@ export is an OlmoeForCausalLM directory.
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import load_file
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, run
+
 # A constant learning rate without warmup: the first two steps of a 4-step run are those
 # of a 2-step run.
 SETS = ["model.num_layers=2", "train.seq_len=32", "train.global_batch_size=4",
@@ -30,24 +24,16 @@ TP_EP_ZERO1 = ["parallel.tensor_parallel_size=2", "parallel.expert_parallel_size
                "parallel.zero_stage=1"]
 
 
-def run(argv, ranks=1):
-    launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
-    result = subprocess.run(launcher + [str(a) for a in argv], capture_output=True, text=True,
-                            timeout=600, env=ENV)
-    assert result.returncode == 0, result.stderr
-    return result
-
-
 def train(run_dir, cache, steps, layout=TP_EP_ZERO1, ranks=4):
     args = [SWITCHYARD, "train", RECIPE, "--run-dir", run_dir, "--dataset-cache", cache,
             "--set", f"train.steps={steps}"]
     for s in SETS + layout:
         args += ["--set", s]
-    return run_dir / "checkpoints", run(args, ranks=ranks).stdout
+    return run_dir / "checkpoints", run(args, ranks=ranks, threads=1, timeout=600).stdout
 
 
 def export(weights, out):
-    run([SWITCHYARD, "convert", "to-hf", weights, out])
+    run([SWITCHYARD, "convert", "to-hf", weights, out], threads=1, timeout=600)
     return load_file(str(out / "model.safetensors"))
 
 

@@ -5,28 +5,16 @@ the padding left out as training leaves it out (routed to no expert).
 Run by ctest with the interop Python; SWITCHYARD names the binary.
 """
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import h5py
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
-from chat_dataset import ROOT, prepare_chats  # noqa: E402
+from sy_testing import SWITCHYARD, TINY_RECIPE, run
 
-SWITCHYARD = os.environ["SWITCHYARD"]
 SEQ = 128  # the tiny recipe's train.seq_len
 BATCH = 8  # its train.micro_batch_size
 BATCHES = 2
 TOP_K = 2
-
-
-def run(argv):
-    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return result
 
 
 def train_document_lengths(chat):
@@ -39,10 +27,10 @@ def train_document_lengths(chat):
     return lengths
 
 
-def test_padding_is_left_out_of_the_load(tmp_path):
-    chat = prepare_chats(run, SWITCHYARD, tmp_path, 200)
+def test_padding_is_left_out_of_the_load(tmp_path, chat_dataset):
+    chat = chat_dataset(200)
     recipe = tmp_path / "padded.textproto"
-    tiny = (ROOT / "recipes" / "tiny.textproto").read_text()
+    tiny = TINY_RECIPE.read_text()
     corpus = 'corpus: "../data/corpus/tinyshakespeare.txt"'
     assert corpus in tiny
     recipe.write_text(tiny.replace(corpus, f'dataset: "{chat}"\n  packing: PAD'))

@@ -7,17 +7,14 @@ Run by ctest with the interop environment's Python; SWITCHYARD names the binary.
 Chromium is the Debian package that scripts/setup.sh installs.
 """
 import json
-import os
 import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-ROOT = Path(__file__).resolve().parents[2]
+from sy_testing import SWITCHYARD, TINY_RECIPE, run
+
 WIDTH, HEIGHT = 1200, 900
 CELL = 28  # the report's heatmap cell, in CSS pixels
 
@@ -38,22 +35,18 @@ def load_color(share, experts):
 
 def run_chromium(tmp_path, *args):
     # A profile of its own, so no other Chromium's lock or settings get in the way.
-    return subprocess.run(
-        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--force-color-profile=srgb", "--enable-logging=stderr", "--v=0",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={WIDTH},{HEIGHT}", *args],
-        capture_output=True, text=True, timeout=60)
+    return run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                "--force-color-profile=srgb", "--enable-logging=stderr", "--v=0",
+                f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={WIDTH},{HEIGHT}",
+                *args], expect=None, timeout=60)
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
-    result = subprocess.run(
-        [SWITCHYARD, "bench", "balance", str(ROOT / "recipes" / "tiny.textproto"),
-         "--synthetic", "zipf:1.1", "--batches", "1", "--compare", "top_k=1,2",
-         "--json", str(tmp / "b.json"), "--report", str(tmp / "b.html")],
-        capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    run([SWITCHYARD, "bench", "balance", TINY_RECIPE, "--synthetic", "zipf:1.1", "--batches", "1",
+         "--compare", "top_k=1,2", "--json", tmp / "b.json", "--report", tmp / "b.html"],
+        timeout=120)
     return tmp, json.loads((tmp / "b.json").read_text()), tmp / "b.html"
 
 

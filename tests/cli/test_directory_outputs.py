@@ -10,29 +10,19 @@ Run by ctest with the interop Python; SWITCHYARD names the binary. The inputs co
 short tiny run (tests/security/hostile.py).
 """
 import hashlib
-import os
 import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-from cases_upcycle import _dense  # noqa: E402
-from hostile import make_world  # noqa: E402
+from cases_upcycle import _dense
+from sy_testing import SWITCHYARD, run
 
-SWITCHYARD = os.environ["SWITCHYARD"]
 # Less than the tiny model's embedding (512 KiB in f32), which every conversion writes
 # first: the write fails part of the way into the weights.
 FILE_SIZE_LIMIT = 256 * 1024
 SHARD = ["--max-shard-size", "600KB"]
 USER_FILE = b"notes the user keeps beside an export\n"
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("world"))
 
 
 def convert(*args, file_size_limit=None):
@@ -41,9 +31,8 @@ def convert(*args, file_size_limit=None):
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
     # restore_signals=False keeps SIGXFSZ ignored, as Python has it: a write past the limit
     # fails with EFBIG instead of killing the process.
-    return subprocess.run([SWITCHYARD, "convert", *map(str, args)], capture_output=True,
-                          text=True, timeout=300, preexec_fn=limit, restore_signals=False,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return run([SWITCHYARD, "convert", *args], expect=None, threads=1, preexec_fn=limit,
+               restore_signals=False)
 
 
 def snapshot(root):

@@ -15,23 +15,14 @@ short tiny run (tests/security/hostile.py).
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-from cases_upcycle import _dense  # noqa: E402
-from hostile import TINY_RECIPE, make_world  # noqa: E402
+from cases_upcycle import _dense
+from sy_testing import CORPUS, SWITCHYARD, TINY_RECIPE, run
 
-SWITCHYARD = os.environ["SWITCHYARD"]
 FOREIGN = b"a file the user owns, of no kind a command writes\n"
-
-
-@pytest.fixture(scope="session")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("world"))
 
 
 def snapshot(root):
@@ -47,9 +38,9 @@ def snapshot(root):
     return files
 
 
-def run(argv):
-    result = subprocess.run([SWITCHYARD, *argv], capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+def status_and_errors(argv):
+    """Runs switchyard with argv: its exit status and stderr lines."""
+    result = run([SWITCHYARD, *argv], expect=None, threads=1)
     return result.returncode, result.stderr.splitlines()
 
 
@@ -67,7 +58,7 @@ class Command:
 def _tokenizer(world, tmp):
     corpus = tmp / "in" / "corpus.txt"
     corpus.parent.mkdir()
-    shutil.copy(TINY_RECIPE.parents[1] / "data" / "corpus" / "tinyshakespeare.txt", corpus)
+    shutil.copy(CORPUS, corpus)
     return [corpus], lambda out: [
         "data", "tokenizer", "--input", str(corpus), "--vocab-size", "400", "--out",
         str(out)], tmp
@@ -140,7 +131,7 @@ def refused(argv, tmp, *named):
     """Runs a command that must be refused in one line naming `named`, changing nothing
     under `tmp`."""
     before = snapshot(tmp)
-    status, lines = run(argv)
+    status, lines = status_and_errors(argv)
     assert status == 1, f"{argv}: exit status {status}, stderr {lines}"
     assert len(lines) == 1, lines
     for path in named:
@@ -203,9 +194,9 @@ def test_two_outputs_that_are_one_file(world, tmp_path):
 def test_overwrite_replaces_its_own_kind(command, world, tmp_path):
     _, argv, _ = command.make(world, tmp_path)
     out = tmp_path / "out"
-    assert run(argv(out))[0] == 0
+    assert status_and_errors(argv(out))[0] == 0
     refused(argv(out), tmp_path, out)
-    status, lines = run([*argv(out), "--overwrite"])
+    status, lines = status_and_errors([*argv(out), "--overwrite"])
     assert status == 0, lines
 
 

@@ -9,8 +9,6 @@ and with latent attention under YaRN (DeepseekV3ForCausalLM on the transformers 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import h5py
@@ -18,13 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "tiny.textproto"
-CORPUS = ROOT / "data" / "corpus" / "tinyshakespeare.txt"
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+from sy_testing import CORPUS, SWITCHYARD, TINY_RECIPE as RECIPE, run
+
 SEQ = 64
 SMALL = ["--set", "model.num_layers=2", "--set", f"train.seq_len={SEQ}",
          "--set", "optimizer.warmup_steps=0", "--set", "train.log_interval=1",
@@ -45,14 +38,6 @@ LATENT_YARN = ["--set", "model.num_kv_heads=4", "--set", "model.mla.q_lora_rank=
 ARCHITECTURES = {"standard": [], "latent_yarn": LATENT_YARN}
 
 
-def run(argv, ranks=1):
-    launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
-    result = subprocess.run(launcher + [str(a) for a in argv], capture_output=True, text=True,
-                            timeout=600, env=ENV)
-    assert result.returncode == 0, result.stderr
-    return result
-
-
 def metrics(run_dir):
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
@@ -65,15 +50,17 @@ def dataset(tmp_path_factory):
     text = CORPUS.read_text()[:200_000]
     (root / "corpus.txt").write_text(text[:text.rfind("\n\n") + 1])
     run([SWITCHYARD, "data", "tokenizer", "--input", root / "corpus.txt", "--vocab-size", "512",
-         "--out", root / "tok.model"])
+         "--out", root / "tok.model"], threads=1, timeout=600)
     run([SWITCHYARD, "data", "prepare", "--tokenizer", root / "tok.model",
-         "--input", root / "corpus.txt", "--out", root / "ds", "--val-fraction", "0.1"])
+         "--input", root / "corpus.txt", "--out", root / "ds", "--val-fraction", "0.1"],
+        threads=1, timeout=600)
     return root / "ds"
 
 
 def train(run_dir, dataset, *extra, ranks=1):
     return run([SWITCHYARD, "train", RECIPE, "--run-dir", run_dir, *SMALL,
-                "--set", "data.corpus=", "--set", f"data.dataset={dataset}", *extra], ranks)
+                "--set", "data.corpus=", "--set", f"data.dataset={dataset}", *extra], ranks=ranks,
+               threads=1, timeout=600)
 
 
 def windows_with_documents(shard_paths, windows):
@@ -100,13 +87,14 @@ def windows_with_documents(shard_paths, windows):
 def test_evaluation_equals_transformers_with_document_masks(dataset, tmp_path, architecture):
     train(tmp_path / "run", dataset, *ARCHITECTURES[architecture])
     final = tmp_path / "run" / "checkpoints" / "final"
-    report = json.loads(run([SWITCHYARD, "eval", final, "--data", dataset]).stdout)
+    report = json.loads(run([SWITCHYARD, "eval", final, "--data", dataset], threads=1,
+                            timeout=600).stdout)
     index = json.loads((dataset / "index.json").read_text())
     shards = [dataset / e["file"] for e in index["splits"]["val"]]
     ids, targets, doc_starts = windows_with_documents(shards, 2048 // SEQ)
     assert (doc_starts > 0).any()  # windows do hold several documents
     assert report["tokens"] == targets.size
-    run([SWITCHYARD, "convert", "to-hf", final, tmp_path / "hf"])
+    run([SWITCHYARD, "convert", "to-hf", final, tmp_path / "hf"], threads=1, timeout=600)
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf",
                                                  attn_implementation="eager").float().eval()

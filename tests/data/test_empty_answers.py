@@ -9,44 +9,27 @@ Run by ctest with the interop Python; SWITCHYARD names the binary. The tokenizer
 from a short tiny run (tests/security/hostile.py).
 """
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
+from sy_testing import MISTRAL_TEMPLATE, SWITCHYARD, run
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-from hostile import REPO, make_world  # noqa: E402
-
-SWITCHYARD = os.environ["SWITCHYARD"]
 WARNING = ("warning: --input: the only tokens that carry loss are the template's "
            "end-of-sequence tokens (4, one per answer)")
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("world"))
 
 
 def prepare(world, tmp, response):
     chats = tmp / "chats.jsonl"
     chats.write_text("".join(json.dumps({"prompt": f"Question {i}?", "response": response})
                              + "\n" for i in range(4)))
-    return subprocess.run(
-        [SWITCHYARD, "data", "prepare", "--tokenizer", str(world.dataset(tmp) / "tokenizer.model"),
-         "--input", str(chats), "--out", str(tmp / "out"), "--val-fraction", "0",
-         "--chat-template", str(REPO / "data" / "templates" / "mistral.json")],
-        capture_output=True, text=True, timeout=300)
+    return run([SWITCHYARD, "data", "prepare", "--tokenizer",
+                world.dataset(tmp) / "tokenizer.model", "--input", chats, "--out", tmp / "out",
+                "--val-fraction", "0", "--chat-template", MISTRAL_TEMPLATE])
 
 
 def test_only_end_of_sequence_tokens_carry_loss(world, tmp_path):
     result = prepare(world, tmp_path, "")
-    assert result.returncode == 0, result.stderr
     assert WARNING in result.stdout, result.stdout
 
 
 def test_answers_with_text_give_no_warning(world, tmp_path):
     result = prepare(world, tmp_path, "Nay, answer me.")
-    assert result.returncode == 0, result.stderr
     assert "warning" not in result.stdout + result.stderr

@@ -8,30 +8,25 @@ Run by ctest with the interop environment's Python; TOKEN_TOOL names tests/data/
 """
 import hashlib
 import json
-import os
-import subprocess
 
 import h5py
 import numpy as np
 import pytest
 import sentencepiece as spm
 
-TOOL = os.environ["TOKEN_TOOL"]
-CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "data", "corpus", "tinyshakespeare.txt")
+from sy_testing import CORPUS, SWITCHYARD, TINY_RECIPE as RECIPE, binary, run
+
+TOOL = binary("TOKEN_TOOL")
 SEQ = 32
-SWITCHYARD = os.environ["SWITCHYARD"]
-RECIPE = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "tiny.textproto")
 # The h5py file format docs/data.md asks for: superblock 2 and version 2 object headers,
 # the subset of HDF5 the engine's reader reads.
 LIBVER = ("v108", "v108")
 
 
 def tool(*args, expect_ok=True):
-    result = subprocess.run([TOOL, *map(str, args)], capture_output=True, text=True)
+    result = run([TOOL, *args], expect=0 if expect_ok else 1, timeout=None)
     if expect_ok:
-        assert result.returncode == 0, result.stderr
         return json.loads(result.stdout) if result.stdout.strip() else None
-    assert result.returncode == 1, (result.returncode, result.stderr)
     assert result.stderr.count("\n") == 1, result.stderr
     return result.stderr
 
@@ -158,15 +153,12 @@ def test_engine_trains_on_h5py_shards(work, sp):
         write_shard(data / f"{split}-00000-of-00001.h5", ids, ends, 600, sha)
     write_index(data, {"train": ["train-00000-of-00001.h5"], "val": ["val-00000-of-00001.h5"]},
                 600, sha)
-    run = work / "run"
-    result = subprocess.run(
-        [SWITCHYARD, "train", RECIPE, "--run-dir", run, "--set", f"data.dataset={data}",
+    run_dir = work / "run"
+    run([SWITCHYARD, "train", RECIPE, "--run-dir", run_dir, "--set", f"data.dataset={data}",
          "--set", "data.corpus=", "--set", "model.vocab_size=600", "--set", "train.steps=4",
          "--set", "optimizer.warmup_steps=1", "--set", "train.eval_interval=2",
-         "--set", "train.eval_batches=1"],
-        capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+         "--set", "train.eval_batches=1"], timeout=None)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [m["val_loss"] for m in metrics if "val_loss" in m]
     assert len(evals) == 3 and all(np.isfinite(evals))
     assert evals[-1] < evals[0]

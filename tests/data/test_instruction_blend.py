@@ -9,10 +9,7 @@ under another layout ends where the uninterrupted run does.
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
-import math
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import h5py
@@ -20,26 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "tiny.textproto"
-BLEND = ROOT / "recipes" / "tiny-blend.textproto"
-CORPUS = ROOT / "data" / "corpus" / "tinyshakespeare.txt"
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+from sy_testing import CORPUS, MISTRAL_TEMPLATE, REPO, SWITCHYARD, TINY_RECIPE as RECIPE, run
+
+BLEND = REPO / "recipes" / "tiny-blend.textproto"
 SEQ = 32
 SMALL = ["--set", "model.num_layers=2", "--set", f"train.seq_len={SEQ}",
          "--set", "optimizer.warmup_steps=0", "--set", "train.log_interval=1",
          "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=2"]
-
-
-def run(argv, ranks=1):
-    launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
-    result = subprocess.run(launcher + [str(a) for a in argv], capture_output=True, text=True,
-                            timeout=600, env=ENV)
-    assert result.returncode == 0, result.stderr
-    return result
 
 
 def metrics(run_dir):
@@ -53,13 +37,12 @@ def speeches():
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """A tokenizer, the corpus prepared with it, and a chat set in both record shapes."""
+def data(tmp_path_factory, corpus_tokenizer):
+    """The corpus prepared with a tokenizer, and a chat set in both record shapes."""
     root = tmp_path_factory.mktemp("data")
-    run([SWITCHYARD, "data", "tokenizer", "--input", CORPUS, "--vocab-size", "1024",
-         "--out", root / "tok.model"])
-    run([SWITCHYARD, "data", "prepare", "--tokenizer", root / "tok.model", "--input", CORPUS,
-         "--out", root / "corpus", "--val-fraction", "0.05"])
+    tokenizer = corpus_tokenizer(1024)
+    run([SWITCHYARD, "data", "prepare", "--tokenizer", tokenizer, "--input", CORPUS,
+         "--out", root / "corpus", "--val-fraction", "0.05"], threads=1, timeout=600)
     lines = []
     for i, (prompt, answer) in enumerate(speeches()):
         if i % 2:
@@ -68,14 +51,15 @@ def data(tmp_path_factory):
             lines.append(json.dumps({"messages": [{"role": "user", "content": prompt},
                                                   {"role": "assistant", "content": answer}]}))
     (root / "chats.jsonl").write_text("\n".join(lines) + "\n")
-    run([SWITCHYARD, "data", "prepare", "--tokenizer", root / "tok.model",
+    run([SWITCHYARD, "data", "prepare", "--tokenizer", tokenizer,
          "--input", root / "chats.jsonl", "--out", root / "chat", "--val-fraction", "0.2",
-         "--chat-template", ROOT / "data" / "templates" / "mistral.json"])
+         "--chat-template", MISTRAL_TEMPLATE], threads=1, timeout=600)
     return root
 
 
 def train(run_dir, *extra, ranks=1):
-    return run([SWITCHYARD, "train", RECIPE, "--run-dir", run_dir, *SMALL, *extra], ranks)
+    return run([SWITCHYARD, "train", RECIPE, "--run-dir", run_dir, *SMALL, *extra], ranks=ranks,
+               threads=1, timeout=600)
 
 
 def chat_run(run_dir, data, *extra, ranks=1):
@@ -103,13 +87,14 @@ def masked_windows(shard_paths, windows):
 def test_masked_evaluation_equals_transformers_on_the_same_shard(data, tmp_path):
     chat_run(tmp_path / "run", data)
     final = tmp_path / "run" / "checkpoints" / "final"
-    report = json.loads(run([SWITCHYARD, "eval", final, "--data", data / "chat"]).stdout)
+    report = json.loads(run([SWITCHYARD, "eval", final, "--data", data / "chat"], threads=1,
+                            timeout=600).stdout)
     index = json.loads((data / "chat" / "index.json").read_text())
     shards = [data / "chat" / e["file"] for e in index["splits"]["val"]]
     ids, targets = masked_windows(shards, 1 << 30)
     assert 0 < (targets != -100).sum() < targets.size  # prompts are masked, answers are not
     assert report["tokens"] == int((targets != -100).sum())
-    run([SWITCHYARD, "convert", "to-hf", final, tmp_path / "hf"])
+    run([SWITCHYARD, "convert", "to-hf", final, tmp_path / "hf"], threads=1, timeout=600)
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float().eval()
     with torch.no_grad():
@@ -149,13 +134,14 @@ def blend_recipe(path, data, chat_weight=1.0):
 
 def test_a_blend_reports_each_source_and_resumes_under_another_layout(data, tmp_path):
     recipe = blend_recipe(tmp_path / "blend.textproto", data)
-    described = run([SWITCHYARD, "inspect", recipe]).stdout
+    described = run([SWITCHYARD, "inspect", recipe], threads=1, timeout=600).stdout
     assert "plays: weight 3, 75.0% of each batch" in described
     assert "chat: weight 1, 25.0% of each batch" in described
     steps = ["--set", "train.steps=6", "--set", "train.eval_interval=3",
              "--set", "checkpoint.interval_steps=3"]
     whole = tmp_path / "whole"
-    run([SWITCHYARD, "train", recipe, "--run-dir", whole, *SMALL, *steps])
+    run([SWITCHYARD, "train", recipe, "--run-dir", whole, *SMALL, *steps], threads=1,
+        timeout=600)
     logged = [m for m in metrics(whole) if "tokens_by_source" in m]
     last = logged[-1]
     assert last["step"] == 6
@@ -168,7 +154,7 @@ def test_a_blend_reports_each_source_and_resumes_under_another_layout(data, tmp_
     # Stopped at step 3 (its checkpoint) and resumed on 2 data-parallel ranks.
     part = tmp_path / "part"
     run([SWITCHYARD, "train", recipe, "--run-dir", part, *SMALL, *steps,
-         "--resume-from", whole / "checkpoints" / "step_3"], ranks=2)
+         "--resume-from", whole / "checkpoints" / "step_3"], ranks=2, threads=1, timeout=600)
     resumed = {m["step"]: m for m in metrics(part) if "tokens_by_source" in m}
     for m in logged:
         if m["step"] > 3:
@@ -176,6 +162,6 @@ def test_a_blend_reports_each_source_and_resumes_under_another_layout(data, tmp_
             assert resumed[m["step"]]["loss"] == pytest.approx(m["loss"], rel=1e-4)
     # Changing the blend is refused on resume.
     changed = blend_recipe(tmp_path / "changed.textproto", data, chat_weight=2.0)
-    result = subprocess.run([SWITCHYARD, "train", changed, "--run-dir", whole, *SMALL, *steps],
-                            capture_output=True, text=True, timeout=600, env=ENV)
+    result = run([SWITCHYARD, "train", changed, "--run-dir", whole, *SMALL, *steps], expect=None,
+                 threads=1, timeout=600)
     assert result.returncode == 1 and "data.sources" in result.stderr

@@ -7,8 +7,6 @@ bit for bit where the uninterrupted run does.
 Run by ctest with the interop Python; SWITCHYARD names the binary.
 """
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import h5py
@@ -16,12 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from chat_dataset import prepare_chats
+from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, run
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "tiny.textproto"
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 SEQ = 96
 SMALL = ["--set", "model.num_layers=2", "--set", f"train.seq_len={SEQ}",
          "--set", "optimizer.warmup_steps=0", "--set", "train.log_interval=1",
@@ -30,27 +24,21 @@ SMALL = ["--set", "model.num_layers=2", "--set", f"train.seq_len={SEQ}",
          "--set", "checkpoint.interval_steps=2", "--set", "data.packing=PAD"]
 
 
-def run(argv):
-    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=600,
-                            env=ENV)
-    assert result.returncode == 0, result.stderr
-    return result
-
-
 def metrics(run_dir):
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
-def chat(tmp_path_factory):
+def chat(chat_dataset):
     """Pairs of consecutive speeches as prompt and answer, prepared with the Mistral
     template: some conversations fit a window, some are longer."""
-    return prepare_chats(run, SWITCHYARD, tmp_path_factory.mktemp("data"), 300)
+    return chat_dataset(300)
 
 
 def train(run_dir, chat, *extra):
     return run([SWITCHYARD, "train", RECIPE, "--run-dir", run_dir, *SMALL,
-                "--set", "data.corpus=", "--set", f"data.dataset={chat}", *extra])
+                "--set", "data.corpus=", "--set", f"data.dataset={chat}", *extra], threads=1,
+               timeout=600)
 
 
 def padded_windows(shard_paths, pad_id):
@@ -77,7 +65,8 @@ def padded_windows(shard_paths, pad_id):
 def test_padded_evaluation_equals_transformers(chat, tmp_path):
     train(tmp_path / "run", chat)
     final = tmp_path / "run" / "checkpoints" / "final"
-    report = json.loads(run([SWITCHYARD, "eval", final, "--data", chat, "--windows", "64"]).stdout)
+    report = json.loads(run([SWITCHYARD, "eval", final, "--data", chat, "--windows", "64"],
+                            threads=1, timeout=600).stdout)
     index = json.loads((chat / "index.json").read_text())
     shards = [chat / e["file"] for e in index["splits"]["val"]]
     special = index["special_ids"]
@@ -86,7 +75,7 @@ def test_padded_evaluation_equals_transformers(chat, tmp_path):
     lengths = (targets != -100).sum(axis=1)
     assert lengths.min() < lengths.max()  # windows of several lengths, padded
     assert report["tokens"] == int((targets != -100).sum())
-    run([SWITCHYARD, "convert", "to-hf", final, tmp_path / "hf"])
+    run([SWITCHYARD, "convert", "to-hf", final, tmp_path / "hf"], threads=1, timeout=600)
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float().eval()
     with torch.no_grad():

@@ -5,13 +5,11 @@ line instead of being read whole.
 
 Run by ctest; SWITCHYARD names the binary.
 """
-import os
 import subprocess
 import sys
-from pathlib import Path
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus" / "tinyshakespeare.txt"
+from sy_testing import CORPUS, SWITCHYARD
+
 MIB = 1 << 20
 
 
@@ -34,37 +32,35 @@ def peak_rss(argv):
     return int(status), result.stderr, int(kib) * 1024
 
 
-def test_peak_memory_does_not_grow_with_the_input(tmp_path):
+def test_peak_memory_does_not_grow_with_the_input(tmp_path, corpus_tokenizer):
     text = CORPUS.read_text()
-    subprocess.run([SWITCHYARD, "data", "tokenizer", "--input", CORPUS, "--vocab-size", "512",
-                    "--out", tmp_path / "tok.model"], check=True, capture_output=True)
+    tokenizer = corpus_tokenizer(512)
     peaks = {}
     for copies in (8, 64):
         path = tmp_path / f"corpus{copies}.txt"
         path.write_text(text * copies)
         status, stderr, peaks[copies] = peak_rss(
-            [SWITCHYARD, "data", "prepare", "--tokenizer", tmp_path / "tok.model",
+            [SWITCHYARD, "data", "prepare", "--tokenizer", tokenizer,
              "--input", path, "--out", tmp_path / f"ds{copies}", "--threads", "2"])
         assert status == 0, stderr
     assert peaks[64] < peaks[8] + 32 * MIB, peaks
     assert peaks[64] < 400 * MIB, peaks
 
 
-def test_a_line_past_the_document_limit_is_refused(tmp_path):
+def test_a_line_past_the_document_limit_is_refused(tmp_path, corpus_tokenizer):
     """Refused having read at most the 64 MiB a document may hold, once: the peak is the
     binary's own (measured on the small corpus; a CUDA build maps its libraries) plus less
     than two copies of the line."""
-    subprocess.run([SWITCHYARD, "data", "tokenizer", "--input", CORPUS, "--vocab-size", "512",
-                    "--out", tmp_path / "tok.model"], check=True, capture_output=True)
+    tokenizer = corpus_tokenizer(512)
     status, stderr, baseline = peak_rss(
-        [SWITCHYARD, "data", "prepare", "--tokenizer", tmp_path / "tok.model", "--input", CORPUS,
+        [SWITCHYARD, "data", "prepare", "--tokenizer", tokenizer, "--input", CORPUS,
          "--out", tmp_path / "small"])
     assert status == 0, stderr
     path = tmp_path / "one-line.jsonl"
     with open(path, "w") as f:
         f.write('{"text": "' + "a" * (65 * MIB) + '"}\n')
     status, stderr, peak = peak_rss(
-        [SWITCHYARD, "data", "prepare", "--tokenizer", tmp_path / "tok.model", "--input", path,
+        [SWITCHYARD, "data", "prepare", "--tokenizer", tokenizer, "--input", path,
          "--out", tmp_path / "ds"])
     assert status == 1
     assert len(stderr.strip().splitlines()) == 1

@@ -9,18 +9,15 @@ one rank; every `--set` passed on to plan), and from each recipe on the machine 
 names for it. A recipe that trains on a GPU is planned on 80 GiB H100s, the devices the
 docs and recipe comments name; one that trains on the CPU on 8 GiB a rank.
 
-    SWITCHYARD=build/engine/cli/switchyard python -m pytest -q tests/docs/test_doc_layouts.py
+    SWITCHYARD=build/engine/cli/switchyard python tests/run_pytest.py tests/docs/test_doc_layouts.py
 """
-import os
 import re
 import shlex
-import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SWITCHYARD = os.environ.get("SWITCHYARD", str(ROOT / "build/engine/cli/switchyard"))
+from sy_testing import REPO as ROOT, SWITCHYARD, run
+
 DOCS = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
 
 # Each recipe's own layout, on the ranks its comments (or the docs that launch it) name.
@@ -58,7 +55,7 @@ def plan(recipe, world, overrides):
                memory, "--layout", "recipe"]
     for override in overrides:
         command += ["--set", override]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    result = run(command, expect=None, timeout=120)
     rows = [line for line in result.stdout.splitlines() if re.match(r"\s*1\. ", line)]
     return result.returncode, (rows[0] if rows else result.stderr.strip()), command
 

@@ -12,7 +12,7 @@ what the command prints: each of its lines, with every number and duration free 
 `...` standing for any text, must appear in that order (docs trim outputs at `...`).
 
     SWITCHYARD=build/engine/cli/switchyard MPIEXEC=$(which mpiexec) \\
-        python -m pytest -q tests/docs/test_docs_commands.py
+        python tests/run_pytest.py tests/docs/test_docs_commands.py
 """
 import dataclasses
 import gzip
@@ -20,17 +20,12 @@ import json
 import os
 import pty
 import re
-import shlex
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
-import pytest
+from sy_testing import MPIEXEC, REPO as ROOT, SWITCHYARD, environment
 
-ROOT = Path(__file__).resolve().parents[2]
-SWITCHYARD = os.environ.get("SWITCHYARD", str(ROOT / "build/engine/cli/switchyard"))
-MPIEXEC = os.environ.get("MPIEXEC") or shutil.which("mpirun")
 PYENV = Path(os.environ.get("SWITCHYARD_PYENV",
                             Path.home() / ".cache" / "switchyard" / "pyenv"))
 COMMAND_TIMEOUT_S = 600
@@ -455,14 +450,11 @@ class Workspace:
     def __init__(self, root):
         self.root = root
         self.outputs = {}
-        self.env = dict(os.environ, HOME=str(root / "home"),
-                        PATH=f"{root / 'bin'}:{os.environ['PATH']}",
-                        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        self.env.pop("SWITCHYARD_PYENV", None)
+        self.env = environment(HOME=root / "home", PATH=f"{root / 'bin'}:{os.environ['PATH']}",
+                               SWITCHYARD_PYENV=None)
         (root / "bin").mkdir(parents=True)
         (root / "bin/switchyard").symlink_to(SWITCHYARD)
-        if MPIEXEC:
-            (root / "bin/mpirun").symlink_to(MPIEXEC)
+        (root / "bin/mpirun").symlink_to(MPIEXEC)
         (root / "home/.cache/switchyard").mkdir(parents=True)
         (root / "home/.cache/switchyard/pyenv").symlink_to(PYENV)
         self.tree("")
@@ -589,7 +581,6 @@ def run_block(work, block, entry):
         entry.check(block, work.root)
 
 
-@pytest.mark.skipif(not Path(SWITCHYARD).exists(), reason="SWITCHYARD is not built")
 def test_docs_commands_run_as_written(tmp_path):
     work = Workspace(tmp_path / "repo")
     for block in all_blocks():

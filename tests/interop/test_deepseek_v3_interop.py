@@ -20,9 +20,10 @@ import pytest
 import torch
 import transformers
 
-from test_family_interop import (BATCH, SEQ, VOCAB, SWITCHYARD, assert_close,
-                                 assert_gradients_match, assert_import_refuses,
-                                 engine_forward_backward, load_hf, run, to_engine_layout)
+from sy_testing import SWITCHYARD, run
+from test_family_interop import (BATCH, SEQ, VOCAB, assert_close, assert_gradients_match,
+                                 assert_import_refuses, engine_forward_backward, load_hf,
+                                 to_engine_layout)
 
 BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=40, num_attention_heads=4,
             num_key_value_heads=4, num_experts_per_tok=2, max_position_embeddings=64,
@@ -93,7 +94,7 @@ def test_import_matches_transformers_losses_and_gradients(tmp_path, shape):
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
     model.save_pretrained(tmp_path / "hf")
-    run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights")
+    run([SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights"], timeout=None)
     ours = engine_forward_backward(tmp_path / "weights", ids.numpy(), tmp_path)
 
     assert_close("logits", ours["logits"], out.logits.detach().reshape(BATCH * SEQ, VOCAB).numpy(), 1e-4)
@@ -116,8 +117,8 @@ def test_import_matches_transformers_losses_and_gradients(tmp_path, shape):
 def test_import_export_round_trip_is_exact(tmp_path, shape):
     model = make_model(shape).eval()
     model.save_pretrained(tmp_path / "hf")
-    run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights")
-    run(SWITCHYARD, "convert", "to-hf", tmp_path / "weights", tmp_path / "back")
+    run([SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights"], timeout=None)
+    run([SWITCHYARD, "convert", "to-hf", tmp_path / "weights", tmp_path / "back"], timeout=None)
     config = json.loads((tmp_path / "back/config.json").read_text())
     assert config["architectures"] == ["DeepseekV3ForCausalLM"]
     yarn = SHAPES[shape].get("rope_scaling")

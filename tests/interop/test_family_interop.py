@@ -10,9 +10,7 @@ Qwen3-MoE cases skip under a transformers without the class). SWITCHYARD names
 the binary and MODEL_IO_TOOL the tool that runs the engine's forward and backward.
 """
 import json
-import os
 import re
-import subprocess
 
 import numpy as np
 import pytest
@@ -20,8 +18,9 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-TOOL = os.environ["MODEL_IO_TOOL"]
+from sy_testing import SWITCHYARD, binary, run
+
+TOOL = binary("MODEL_IO_TOOL")
 VOCAB, BATCH, SEQ, AUX_COEF = 128, 2, 16, 0.02
 COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=40, num_attention_heads=4,
               num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=64,
@@ -48,13 +47,6 @@ FAMILIES = {
                        shared_expert_intermediate_size=40, decoder_sparse_step=1,
                        mlp_only_layers=[0], norm_topk_prob=False)),
 }
-
-
-def run(*args, check=True):
-    result = subprocess.run([str(a) for a in args], capture_output=True, text=True)
-    if check:
-        assert result.returncode == 0, f"{args}: {result.stderr}"
-    return result
 
 
 def make_model(family):
@@ -125,7 +117,8 @@ def assert_import_refuses(model, tmp_path, field, value):
     config = json.loads(config_path.read_text())
     config[field] = value
     config_path.write_text(json.dumps(config))
-    result = run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights", check=False)
+    result = run([SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights"],
+                 expect=None, timeout=None)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1 and field in lines[0], result.stderr
     assert not (tmp_path / "weights").exists()
@@ -136,8 +129,8 @@ def engine_forward_backward(weights_dir, ids, tmp):
     targets = np.full(ids.shape, -1, dtype=np.int32)
     targets[:, :-1] = ids[:, 1:]
     save_file({"ids": ids.astype(np.int32), "targets": targets}, str(tmp / "batch.safetensors"))
-    run(TOOL, weights_dir / "recipe.textproto", weights_dir / "model.safetensors",
-        tmp / "batch.safetensors", tmp / "out.safetensors")
+    run([TOOL, weights_dir / "recipe.textproto", weights_dir / "model.safetensors",
+         tmp / "batch.safetensors", tmp / "out.safetensors"], timeout=None)
     return load_file(str(tmp / "out.safetensors"))
 
 
@@ -159,7 +152,7 @@ def test_import_matches_transformers_losses_and_gradients(tmp_path, family):
     out = model(input_ids=ids, labels=ids, output_router_logits=True)
     out.loss.backward()
     model.save_pretrained(tmp_path / "hf")
-    run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights")
+    run([SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights"], timeout=None)
     ours = engine_forward_backward(tmp_path / "weights", ids.numpy(), tmp_path)
 
     assert_close("logits", ours["logits"], out.logits.detach().reshape(BATCH * SEQ, VOCAB).numpy(), 1e-4)
@@ -176,8 +169,8 @@ def test_import_matches_transformers_losses_and_gradients(tmp_path, family):
 def test_import_export_round_trip_is_exact(tmp_path, family):
     model = make_model(family).eval()
     model.save_pretrained(tmp_path / "hf")
-    run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights")
-    run(SWITCHYARD, "convert", "to-hf", tmp_path / "weights", tmp_path / "back")
+    run([SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights"], timeout=None)
+    run([SWITCHYARD, "convert", "to-hf", tmp_path / "weights", tmp_path / "back"], timeout=None)
     config = json.loads((tmp_path / "back/config.json").read_text())
     assert config["architectures"] == [FAMILIES[family][0]]
     back = load_hf(tmp_path / "back")

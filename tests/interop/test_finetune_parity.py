@@ -13,42 +13,17 @@ the step trains on every window once, and both losses are means over its tokens.
 Run by ctest with the interop environment's Python; SWITCHYARD names the binary.
 """
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import torch
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus" / "tinyshakespeare.txt"
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
-VOCAB = 320
+from sy_testing import SWITCHYARD, run
+
+VOCAB = 320  # conftest.py's batch_dataset
 WINDOWS = 4          # the global batch, and the train split's number of windows
 AUX_COEF = 0.02      # router_aux_loss_coef, large enough to weigh in the total
-
-
-def run(*args):
-    result = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=ENV,
-                            timeout=600)
-    assert result.returncode == 0, f"{args}: {result.stderr}"
-    return result
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """A tokenizer of VOCAB pieces, and a dataset of a few hundred tokens made with it."""
-    root = tmp_path_factory.mktemp("data")
-    text = CORPUS.read_text()
-    (root / "corpus.txt").write_text(text[:40000])
-    (root / "batch.txt").write_text(text[40000:40300])
-    run(SWITCHYARD, "data", "tokenizer", "--input", root / "corpus.txt",
-        "--vocab-size", VOCAB, "--out", root / "tok.model")
-    run(SWITCHYARD, "data", "prepare", "--tokenizer", root / "tok.model",
-        "--input", root / "batch.txt", "--out", root / "dataset", "--val-fraction", "0")
-    return root / "tok.model", root / "dataset"
 
 
 def train_tokens(dataset):
@@ -122,8 +97,8 @@ def first_step(run_dir):
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "olmoe", "qwen3_moe"])
-def test_first_step_loss_equals_transformers(tmp_path, data, kind):
-    tokenizer, dataset = data
+def test_first_step_loss_equals_transformers(tmp_path, batch_dataset, kind):
+    tokenizer, dataset = batch_dataset
     tokens = train_tokens(dataset)
     seq_len = (len(tokens) - 1) // WINDOWS
     ids, targets = windows(tokens, seq_len)
@@ -132,14 +107,16 @@ def test_first_step_loss_equals_transformers(tmp_path, data, kind):
     model = hf_model(kind)
     model.save_pretrained(tmp_path / "hf")
     (tmp_path / "hf" / "tokenizer.model").write_bytes(tokenizer.read_bytes())
-    run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights")
+    run([SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights"], threads=1,
+        timeout=600)
     run_dir = tmp_path / "run"
-    result = run(SWITCHYARD, "train", tmp_path / "weights" / "recipe.textproto",
-                 "--run-dir", run_dir, "--set", f"data.dataset={dataset}",
-                 "--set", "train.steps=1", "--set", f"train.seq_len={seq_len}",
-                 "--set", f"train.global_batch_size={WINDOWS}",
-                 "--set", f"train.micro_batch_size={WINDOWS}",
-                 "--set", "train.log_interval=1", "--set", "train.eval_interval=0")
+    result = run([SWITCHYARD, "train", tmp_path / "weights" / "recipe.textproto",
+                  "--run-dir", run_dir, "--set", f"data.dataset={dataset}",
+                  "--set", "train.steps=1", "--set", f"train.seq_len={seq_len}",
+                  "--set", f"train.global_batch_size={WINDOWS}",
+                  "--set", f"train.micro_batch_size={WINDOWS}",
+                  "--set", "train.log_interval=1", "--set", "train.eval_interval=0"],
+                 threads=1, timeout=600)
     assert "starting from the weights in" in result.stdout
 
     ce, aux = hf_losses(model, ids, targets)

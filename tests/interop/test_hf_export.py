@@ -9,17 +9,15 @@ MODEL_IO_TOOL the tool that runs the engine's forward on given weights.
 """
 import json
 import os
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-TOOL = os.environ["MODEL_IO_TOOL"]
-ROOT = Path(__file__).resolve().parents[2]
+from sy_testing import SWITCHYARD, TINY_RECIPE, binary, run
+
+TOOL = binary("MODEL_IO_TOOL")
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak. 1234  x\n"
 
 QWEN_SETS = ["moe.num_shared_experts=1", "moe.shared_expert_ffn_hidden_size=64",
@@ -31,13 +29,6 @@ VARIANT_SETS = {"mixtral": [], "qwen2_moe": QWEN_SETS, "qwen3_moe": QWEN3_SETS,
                 "olmoe": ["model.qk_norm=true"]}
 
 
-def run(*args, check=True):
-    result = subprocess.run([str(a) for a in args], capture_output=True, text=True)
-    if check:
-        assert result.returncode == 0, f"{args}: {result.stderr}"
-    return result
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("dataset-cache")
@@ -45,13 +36,13 @@ def cache(tmp_path_factory):
 
 def train(tmp, cache, sets=()):
     run_dir = tmp / "run"
-    args = [SWITCHYARD, "train", ROOT / "recipes/tiny.textproto", "--run-dir", run_dir,
+    args = [SWITCHYARD, "train", TINY_RECIPE, "--run-dir", run_dir,
             "--set", "train.steps=2", "--set", "optimizer.warmup_steps=1",
             "--set", "train.eval_interval=0", "--set", "model.num_layers=2",
             "--dataset-cache", cache]
     for s in sets:
         args += ["--set", s]
-    run(*args)
+    run(args, timeout=None)
     return run_dir / "checkpoints" / "final"
 
 
@@ -62,8 +53,8 @@ def batch(vocab, seed=3):
 
 def engine_logits(weights_dir, ids, tmp):
     save_file({"ids": ids, "targets": ids}, str(tmp / "batch.safetensors"))
-    run(TOOL, weights_dir / "recipe.textproto", weights_dir / "model.safetensors",
-        tmp / "batch.safetensors", tmp / "out.safetensors")
+    run([TOOL, weights_dir / "recipe.textproto", weights_dir / "model.safetensors",
+         tmp / "batch.safetensors", tmp / "out.safetensors"], timeout=None)
     return load_file(str(tmp / "out.safetensors"))["logits"].reshape(ids.shape + (-1,))
 
 
@@ -106,7 +97,7 @@ def test_export_loads_and_matches_engine(tmp_path, cache, variant, architecture)
         pytest.skip(f"transformers {transformers.__version__} has no {architecture}")
     final = train(tmp_path, cache, VARIANT_SETS[variant])
     out = tmp_path / "hf"
-    run(SWITCHYARD, "convert", "to-hf", final, out)
+    run([SWITCHYARD, "convert", "to-hf", final, out], timeout=None)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [architecture] and config["model_type"] == variant
     assert config["rms_norm_eps"] == 1e-05 and isinstance(config["rope_theta"], float)
@@ -124,28 +115,29 @@ def test_export_loads_and_matches_engine(tmp_path, cache, variant, architecture)
 
     # A round trip through from-hf gives the same weights, hence the same logits.
     back = tmp_path / "back"
-    run(SWITCHYARD, "convert", "from-hf", out, back)
+    run([SWITCHYARD, "convert", "from-hf", out, back], timeout=None)
     assert (back / "tokenizer.model").read_bytes() == (final / "tokenizer.model").read_bytes()
     np.testing.assert_array_equal(engine_logits(back, ids, tmp_path), engine_logits(final, ids, tmp_path))
-    run(SWITCHYARD, "sample", back, "--prompt", "First", "--tokens", "4")
+    run([SWITCHYARD, "sample", back, "--prompt", "First", "--tokens", "4"], timeout=None)
 
 
 def test_bf16_and_sharded_exports_load(tmp_path, cache):
     final = train(tmp_path, cache)
     ids = batch(1024)
     reference = engine_logits(final, ids, tmp_path)
-    run(SWITCHYARD, "convert", "to-hf", final, tmp_path / "bf16", "--dtype", "bf16")
+    run([SWITCHYARD, "convert", "to-hf", final, tmp_path / "bf16", "--dtype", "bf16"], timeout=None)
     assert json.loads((tmp_path / "bf16/config.json").read_text())["torch_dtype"] == "bfloat16"
     # transformers on the bf16 export computes what the engine computes on the same
     # rounded weights (imported back); that the export holds exactly the f32 weights
     # rounded to bf16 is checked against the f32 export below. (The rounded model's
     # logits are not compared with the f32 ones: a small trained model's logits cancel,
     # so their bf16 error has no scale of its own.)
-    run(SWITCHYARD, "convert", "from-hf", tmp_path / "bf16", tmp_path / "bf16_back")
+    run([SWITCHYARD, "convert", "from-hf", tmp_path / "bf16", tmp_path / "bf16_back"], timeout=None)
     rounded = engine_logits(tmp_path / "bf16_back", ids, tmp_path)
     assert_close(hf_logits(load_hf(tmp_path / "bf16", torch.float32), ids), rounded, 1e-4)
 
-    run(SWITCHYARD, "convert", "to-hf", final, tmp_path / "sharded", "--max-shard-size", "2MB")
+    run([SWITCHYARD, "convert", "to-hf", final, tmp_path / "sharded", "--max-shard-size", "2MB"],
+        timeout=None)
     index = json.loads((tmp_path / "sharded/model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     assert not (tmp_path / "sharded/model.safetensors").exists()
@@ -155,27 +147,27 @@ def test_bf16_and_sharded_exports_load(tmp_path, cache):
     assert f32_weights.keys() == bf16_weights.keys()
     for name, value in f32_weights.items():
         assert torch.equal(value.to(torch.bfloat16), bf16_weights[name]), name
-    run(SWITCHYARD, "convert", "from-hf", tmp_path / "sharded", tmp_path / "back")
+    run([SWITCHYARD, "convert", "from-hf", tmp_path / "sharded", tmp_path / "back"], timeout=None)
     np.testing.assert_array_equal(engine_logits(tmp_path / "back", ids, tmp_path), reference)
 
 
 def test_overwrite_leaves_exactly_the_new_files(tmp_path, cache):
     final = train(tmp_path, cache)
     out = tmp_path / "hf"
-    run(SWITCHYARD, "convert", "to-hf", final, out, "--max-shard-size", "2MB")
+    run([SWITCHYARD, "convert", "to-hf", final, out, "--max-shard-size", "2MB"], timeout=None)
     assert len(list(out.glob("model-*-of-*.safetensors"))) >= 3
     (out / "notes.txt").write_text("not an export's file")
-    refused = run(SWITCHYARD, "convert", "to-hf", final, out, check=False)
+    refused = run([SWITCHYARD, "convert", "to-hf", final, out], expect=None, timeout=None)
     assert refused.returncode == 1 and "--overwrite" in refused.stderr, refused.stderr
-    run(SWITCHYARD, "convert", "to-hf", final, out, "--overwrite")
+    run([SWITCHYARD, "convert", "to-hf", final, out, "--overwrite"], timeout=None)
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json", "generation_config.json", "model.safetensors", "notes.txt",
         "special_tokens_map.json", "tokenizer.model", "tokenizer_config.json"]
 
     back = tmp_path / "back"
-    run(SWITCHYARD, "convert", "from-hf", out, back)
+    run([SWITCHYARD, "convert", "from-hf", out, back], timeout=None)
     (back / "notes.txt").write_text("kept")
-    run(SWITCHYARD, "convert", "from-hf", out, back, "--overwrite")
+    run([SWITCHYARD, "convert", "from-hf", out, back, "--overwrite"], timeout=None)
     assert sorted(p.name for p in back.iterdir()) == [
         "model.safetensors", "notes.txt", "recipe.textproto", "tokenizer.model"]
 
@@ -194,7 +186,8 @@ def test_overwrite_leaves_exactly_the_new_files(tmp_path, cache):
       "model.rope_scaling.original_max_position_embeddings=16"], "model.rope_scaling")])
 def test_inexpressible_models_are_refused(tmp_path, cache, sets, reason):
     final = train(tmp_path, cache, sets)
-    result = run(SWITCHYARD, "convert", "to-hf", final, tmp_path / "hf", check=False)
+    result = run([SWITCHYARD, "convert", "to-hf", final, tmp_path / "hf"], expect=None,
+                 timeout=None)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and reason in lines[0], result.stderr
@@ -239,7 +232,7 @@ def test_import_transformers_model(tmp_path, kind, dtype):
     ids = batch(256)
     reference = hf_logits(model, ids)
     model.to(dtype).save_pretrained(tmp_path / "hf")
-    run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights")
+    run([SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights"], timeout=None)
     assert_close(engine_logits(tmp_path / "weights", ids, tmp_path), reference, 1e-4)
 
 
@@ -251,7 +244,8 @@ def test_import_refuses_what_the_engine_cannot_honour(tmp_path, field, value):
     config = json.loads(config_path.read_text())
     config[field] = value
     config_path.write_text(json.dumps(config))
-    result = run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights", check=False)
+    result = run([SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights"],
+                 expect=None, timeout=None)
     assert result.returncode == 1 and field in result.stderr and len(result.stderr.splitlines()) == 1
     assert not (tmp_path / "weights").exists()
 
@@ -273,5 +267,5 @@ def test_import_fused_expert_layout(tmp_path):
         fused[f"model.layers.{layer}.mlp.experts.down_proj"] = np.stack(
             [tensors[f"{p}{e}.w2.weight"] for e in range(4)])
     save_file(fused, str(tmp_path / "hf/model.safetensors"), metadata={"format": "pt"})
-    run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights")
+    run([SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "weights"], timeout=None)
     assert_close(engine_logits(tmp_path / "weights", ids, tmp_path), reference, 1e-4)

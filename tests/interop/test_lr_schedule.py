@@ -7,17 +7,14 @@ at 0, and the warmup's last step reaches lr.
 Run by ctest with the interop Python; SWITCHYARD names the binary.
 """
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import transformers
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
+from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, run
+
 STEPS, WARMUP, LR = 12, 4, 3e-3
 
 
@@ -31,8 +28,7 @@ def engine_rates(tmp_path, decay, min_lr):
            "--set", "train.eval_interval=0", "--set", "train.global_batch_size=2",
            "--set", "train.micro_batch_size=2", "--set", "model.num_layers=1",
            "--set", "train.seq_len=32", "--set", "runtime.threads=1"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
+    run(cmd)
     lines = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
     rates = {m["step"]: m["lr"] for m in lines if "loss" in m}
     assert sorted(rates) == list(range(1, STEPS + 1)), rates

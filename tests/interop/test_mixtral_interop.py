@@ -5,7 +5,6 @@ load-balancing aux loss and the same gradient for every parameter.
 Run by ctest with the interop environment's Python; MODEL_IO_TOOL names the tool binary.
 """
 import os
-import subprocess
 import tempfile
 
 import numpy as np
@@ -14,7 +13,9 @@ import torch
 from safetensors.numpy import load_file, save_file
 from transformers import MixtralConfig, MixtralForCausalLM
 
-TOOL = os.environ["MODEL_IO_TOOL"]
+from sy_testing import binary, run
+
+TOOL = binary("MODEL_IO_TOOL")
 
 VOCAB, HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, EXPERTS, TOP_K = 256, 32, 48, 2, 4, 2, 4, 2
 AUX_COEF = 0.02
@@ -88,9 +89,9 @@ def test_logits_losses_and_gradients_match_transformers(tie):
                   os.path.join(tmp, "weights.safetensors"))
         save_file({"ids": ids.numpy().astype(np.int32), "targets": targets},
                   os.path.join(tmp, "batch.safetensors"))
-        subprocess.run([TOOL, recipe, os.path.join(tmp, "weights.safetensors"),
-                        os.path.join(tmp, "batch.safetensors"), os.path.join(tmp, "out.safetensors")],
-                       check=True)
+        run([TOOL, recipe, os.path.join(tmp, "weights.safetensors"),
+             os.path.join(tmp, "batch.safetensors"), os.path.join(tmp, "out.safetensors")],
+            timeout=None)
         ours = load_file(os.path.join(tmp, "out.safetensors"))
 
     assert_close("logits", ours["logits"], out.logits.detach().reshape(BATCH * SEQ, VOCAB).numpy(), 1e-4)

@@ -8,35 +8,20 @@ and the stop at end-of-sequence do what the docs say.
 Run by ctest with the interop environment's Python; SWITCHYARD names the binary.
 """
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus" / "tinyshakespeare.txt"
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
+from sy_testing import SWITCHYARD, run
+
 VOCAB = 320
 NEW_TOKENS = 200
 PROMPT = "ROMEO:\nI will not stay"
 
 
-def run(*args):
-    result = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=ENV,
-                            timeout=300)
-    assert result.returncode == 0, f"{args}: {result.stderr}"
-    return result
-
-
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tokenizer")
-    (root / "corpus.txt").write_text(CORPUS.read_text()[:40000])
-    run(SWITCHYARD, "data", "tokenizer", "--input", root / "corpus.txt",
-        "--vocab-size", VOCAB, "--out", root / "tok.model")
-    return root / "tok.model"
+def tokenizer(corpus_tokenizer):
+    return corpus_tokenizer(VOCAB, 40000)
 
 
 def hf_model(kind):
@@ -84,7 +69,7 @@ def hf_greedy(model, prompt_ids):
 def imported(model, tokenizer, root):
     model.save_pretrained(root / "hf")
     (root / "hf" / "tokenizer.model").write_bytes(tokenizer.read_bytes())
-    run(SWITCHYARD, "convert", "from-hf", root / "hf", root / "weights")
+    run([SWITCHYARD, "convert", "from-hf", root / "hf", root / "weights"], threads=1)
     return root / "weights"
 
 
@@ -94,20 +79,20 @@ def test_greedy_sample_equals_generate(tmp_path, tokenizer, kind):
     weights = imported(model, tokenizer, tmp_path)
     sample = [SWITCHYARD, "sample", weights, "--prompt", PROMPT, "--temperature", "0",
               "--ignore-eos", "--tokens", NEW_TOKENS, "--ids"]
-    cached = json.loads(run(*sample).stdout)
+    cached = json.loads(run(sample, threads=1).stdout)
     assert len(cached["generated_ids"]) == NEW_TOKENS
     expected = hf_greedy(model, cached["prompt_ids"])
     assert cached["generated_ids"] == expected
     assert len(set(expected)) > 20, "a greedy loop on one token would hide a wrong cache"
-    assert json.loads(run(*sample, "--no-kv-cache").stdout) == cached
+    assert json.loads(run([*sample, "--no-kv-cache"], threads=1).stdout) == cached
 
 
 def test_sampling_options(tmp_path, tokenizer):
     weights = imported(hf_model("mixtral"), tokenizer, tmp_path)
 
     def sample(*flags):
-        return run(SWITCHYARD, "sample", weights, "--prompt", PROMPT, "--tokens", 40,
-                   "--ignore-eos", *flags)
+        return run([SWITCHYARD, "sample", weights, "--prompt", PROMPT, "--tokens", 40,
+                    "--ignore-eos", *flags], threads=1)
 
     def ids(*flags):
         result = sample("--ids", *flags)
@@ -129,11 +114,10 @@ def test_sampling_options(tmp_path, tokenizer):
     # text is compared as bytes and the stop is two ASCII letters from its middle.
     command = [SWITCHYARD, "sample", weights, "--prompt", PROMPT, "--tokens", "40",
                "--ignore-eos", "--temperature", "0"]
-    text = subprocess.run(command, capture_output=True, env=ENV, check=True).stdout
+    text = run(command, threads=1, timeout=None, text=False).stdout
     at = next(i for i in range(len(PROMPT) + 10, len(text) - 1) if text[i:i + 2].isalpha())
     stop = text[at:at + 2]
-    stopped = subprocess.run([*command, "--stop", stop], capture_output=True, env=ENV,
-                             check=True).stdout
+    stopped = run([*command, "--stop", stop], threads=1, timeout=None, text=False).stdout
     assert stopped == text[:text.index(stop, len(PROMPT))] + b"\n"
 
 
@@ -144,8 +128,8 @@ def test_stops_at_eos(tmp_path, tokenizer):
     eos = 2  # data/tokenizer.h kTrainedSpecialIds
 
     def sample(weights, *flags):
-        result = run(SWITCHYARD, "sample", weights, "--prompt", PROMPT, "--temperature", "0",
-                     "--tokens", "5", "--ids", *flags)
+        result = run([SWITCHYARD, "sample", weights, "--prompt", PROMPT, "--temperature", "0",
+                      "--tokens", "5", "--ids", *flags], threads=1)
         return json.loads(result.stdout)
 
     prompt = sample(imported(model, tokenizer, tmp_path / "plain"))["prompt_ids"]

@@ -11,10 +11,6 @@ Run by ctest with the interop environment's Python under transformers 5.x and 4.
 SWITCHYARD names the binary and MODEL_IO_TOOL the tool that runs the engine's forward.
 """
 import json
-import os
-import subprocess
-from pathlib import Path
-
 import h5py
 import numpy as np
 import pytest
@@ -22,13 +18,10 @@ import torch
 import transformers
 from safetensors.numpy import load_file
 
+from sy_testing import SWITCHYARD, run
 from test_family_interop import assert_close, engine_forward_backward, load_hf
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-TOOL = os.environ["MODEL_IO_TOOL"]
-CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus" / "tinyshakespeare.txt"
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
-VOCAB, BATCH, SEQ = 320, 2, 16
+VOCAB, BATCH, SEQ = 320, 2, 16  # VOCAB: conftest.py's batch_dataset
 # fp32 throughout: the upcycled forward sums the same products in another order.
 RTOL = 1e-5
 COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attention_heads=4,
@@ -44,14 +37,6 @@ FAMILIES = {
 # (experts, top_k, granularity): copies of the whole FFN; the FFN cut in 2 halves, 4
 # copies of each, 2 copies chosen per token; cut in 4, each expert chosen.
 SHAPES = [(4, 2, 1), (8, 4, 2), (4, 4, 4)]
-
-
-def run(*args, check=True):
-    result = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=ENV,
-                            timeout=600)
-    if check:
-        assert result.returncode == 0, f"{args}: {result.stderr}"
-    return result
 
 
 def dense_model(family):
@@ -70,8 +55,9 @@ def dense_model(family):
 
 
 def upcycle(hf_dir, out, experts, top_k, granularity, check=True):
-    return run(SWITCHYARD, "convert", "upcycle", hf_dir, out, "--experts", experts,
-               "--top-k", top_k, "--granularity", granularity, check=check)
+    return run([SWITCHYARD, "convert", "upcycle", hf_dir, out, "--experts", experts,
+                "--top-k", top_k, "--granularity", granularity],
+               expect=0 if check else None, threads=1, timeout=600)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "e{}k{}g{}".format(*s))
@@ -95,7 +81,8 @@ def test_upcycled_forward_equals_dense(tmp_path, family, shape):
     if family == "qwen2":
         # Qwen2's q/k/v biases without shared experts: no transformers MoE class has both.
         return
-    run(SWITCHYARD, "convert", "to-hf", tmp_path / "moe", tmp_path / "back")
+    run([SWITCHYARD, "convert", "to-hf", tmp_path / "moe", tmp_path / "back"], threads=1,
+        timeout=600)
     config = json.loads((tmp_path / "back/config.json").read_text())
     assert config["architectures"] == ["MixtralForCausalLM"]
     assert (config["num_local_experts"], config["num_experts_per_tok"]) == (experts, top_k)
@@ -132,24 +119,10 @@ def test_router_rows_repeat_per_slice_and_differ_between_copies(tmp_path):
     upcycle(tmp_path / "hf", tmp_path / "again", 6, 2, 2)
     again = load_file(str(tmp_path / "again/model.safetensors"))
     assert all(np.array_equal(weights[k], again[k]) for k in weights)
-    run(SWITCHYARD, "convert", "upcycle", tmp_path / "hf", tmp_path / "seeded", "--experts", 6,
-        "--top-k", 2, "--granularity", 2, "--seed", 9)
+    run([SWITCHYARD, "convert", "upcycle", tmp_path / "hf", tmp_path / "seeded", "--experts", 6,
+         "--top-k", 2, "--granularity", 2, "--seed", 9], threads=1, timeout=600)
     seeded = load_file(str(tmp_path / "seeded/model.safetensors"))
     assert not np.array_equal(seeded["model.layers.1.mlp.gate.weight"], router)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """A tokenizer of VOCAB pieces, and a dataset of a few hundred tokens made with it."""
-    root = tmp_path_factory.mktemp("data")
-    text = CORPUS.read_text()
-    (root / "corpus.txt").write_text(text[:40000])
-    (root / "batch.txt").write_text(text[40000:40300])
-    run(SWITCHYARD, "data", "tokenizer", "--input", root / "corpus.txt",
-        "--vocab-size", VOCAB, "--out", root / "tok.model")
-    run(SWITCHYARD, "data", "prepare", "--tokenizer", root / "tok.model",
-        "--input", root / "batch.txt", "--out", root / "dataset", "--val-fraction", "0")
-    return root / "tok.model", root / "dataset"
 
 
 def train_windows(dataset, windows):
@@ -167,19 +140,19 @@ def train_windows(dataset, windows):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_training_the_upcycled_model_starts_at_the_dense_loss(tmp_path, data, family):
-    tokenizer, dataset = data
+def test_training_the_upcycled_model_starts_at_the_dense_loss(tmp_path, batch_dataset, family):
+    tokenizer, dataset = batch_dataset
     ids, targets = train_windows(dataset, 4)
     model = dense_model(family)
     model.save_pretrained(tmp_path / "hf")
     (tmp_path / "hf/tokenizer.model").write_bytes(tokenizer.read_bytes())
     upcycle(tmp_path / "hf", tmp_path / "moe", 8, 4, 2)
     run_dir = tmp_path / "run"
-    result = run(SWITCHYARD, "train", tmp_path / "moe/recipe.textproto", "--run-dir", run_dir,
-                 "--set", f"data.dataset={dataset}", "--set", "train.steps=3",
-                 "--set", f"train.seq_len={ids.shape[1]}", "--set", "train.global_batch_size=4",
-                 "--set", "train.micro_batch_size=4", "--set", "train.log_interval=1",
-                 "--set", "train.eval_interval=0")
+    result = run([SWITCHYARD, "train", tmp_path / "moe/recipe.textproto", "--run-dir", run_dir,
+                  "--set", f"data.dataset={dataset}", "--set", "train.steps=3",
+                  "--set", f"train.seq_len={ids.shape[1]}", "--set", "train.global_batch_size=4",
+                  "--set", "train.micro_batch_size=4", "--set", "train.log_interval=1",
+                  "--set", "train.eval_interval=0"], threads=1, timeout=600)
     assert "starting from the weights in" in result.stdout
     with torch.no_grad():
         logits = model(input_ids=torch.from_numpy(ids)).logits
@@ -236,9 +209,11 @@ def test_dense_config_fields_the_engine_cannot_honour_are_refused(tmp_path, fami
 
 def test_dense_directories_are_refused_by_from_hf_and_moe_ones_by_upcycle(tmp_path):
     dense_model("llama").save_pretrained(tmp_path / "hf")
-    result = run(SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "w", check=False)
+    result = run([SWITCHYARD, "convert", "from-hf", tmp_path / "hf", tmp_path / "w"],
+                 expect=None, threads=1, timeout=600)
     refused(result, "convert upcycle")
     upcycle(tmp_path / "hf", tmp_path / "moe", 4, 2, 1)
-    run(SWITCHYARD, "convert", "to-hf", tmp_path / "moe", tmp_path / "mixtral")
+    run([SWITCHYARD, "convert", "to-hf", tmp_path / "moe", tmp_path / "mixtral"], threads=1,
+        timeout=600)
     refused(upcycle(tmp_path / "mixtral", tmp_path / "again", 4, 2, 1, check=False), "from-hf")
     assert not (tmp_path / "w").exists() and not (tmp_path / "again").exists()

@@ -23,12 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, environment, run
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from run_metrics import losses  # noqa: E402
 
-SWITCHYARD = os.environ.get("SWITCHYARD", "")
-MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
 PROGRAMS = ["munged", "slurmctld", "slurmd", "sbatch", "scancel", "scontrol", "sinfo",
             "squeue", "unshare"]
 
@@ -127,8 +126,8 @@ wait -n
 
 
 class Slurm:
-    """A one-node cluster whose daemons are the test's, and the environment in which the
-    Slurm commands talk to them."""
+    """A one-node cluster whose daemons are the test's, and the variables (env) with which
+    the Slurm commands talk to them."""
 
     def __init__(self, root):
         self.root = root
@@ -136,7 +135,7 @@ class Slurm:
         # temporary directories are not.
         self.munge = Path(tempfile.mkdtemp(prefix="switchyard-munge-"))
         self.conf = root / "slurm.conf"
-        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        self.env = {"SLURM_CONF": self.conf}
         self.daemons = None
 
     def start(self):
@@ -149,7 +148,7 @@ class Slurm:
         self.conf.write_text(slurm_conf(self.root, self.munge))
         self.daemons = subprocess.Popen(
             ["unshare", "--pid", "--mount-proc", "--kill-child=SIGKILL", "bash", "-c",
-             DAEMONS_SCRIPT], env=dict(self.env, ROOT=str(self.root), MUNGE=str(self.munge)),
+             DAEMONS_SCRIPT], env=environment(**self.env, ROOT=self.root, MUNGE=self.munge),
             preexec_fn=die_with_parent)
         self.wait_for(lambda: self.command("sinfo", "-h", "-o", "%T", check=False).stdout.strip()
                       == "idle", 60, "sinfo to show the node idle")
@@ -166,10 +165,7 @@ class Slurm:
         wait_until(ready, timeout, what)
 
     def command(self, *argv, check=True):
-        result = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
-        if check:
-            assert result.returncode == 0, f"{argv}: {result.stdout}{result.stderr}"
-        return result
+        return run(argv, expect=0 if check else None, timeout=60, env=self.env)
 
     def job_state(self, job):
         out = self.command("scontrol", "show", "job", job).stdout
@@ -216,11 +212,7 @@ def cache(tmp_path_factory):
 def reference(tmp_path_factory, cache):
     """The same run under mpirun, outside Slurm, never stopped."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    result = subprocess.run(
-        [MPIEXEC, "--oversubscribe", "-np", "2", *train_args(run_dir, cache)],
-        capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
-    assert result.returncode == 0, result.stdout + result.stderr
+    run(train_args(run_dir, cache), ranks=2)
     return run_dir
 
 

@@ -6,14 +6,14 @@ cut into micro-batches; it is state, saved in checkpoints and restored on resume
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import re
-import subprocess
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from test_train_equivalence import (COMMON, ENV, LAYOUTS, RECIPE, SWITCHYARD,
-                                    assert_run_matches, mpirun, routed_alike, train)
+from sy_testing import SWITCHYARD, run
+from test_train_equivalence import (COMMON, LAYOUTS, RECIPE, assert_run_matches, routed_alike,
+                                    train)
 
 RATE = 0.01
 SIGMOID = ["--set", "moe.gating=SIGMOID_TOPK", "--set", "moe.aux_loss_coef=0",
@@ -80,11 +80,9 @@ def test_resume_restores_the_bias(tmp_path, single, single_dir):
     checkpoint = single_dir / "single" / "checkpoints" / "step_4"
     for ranks, overrides in [(1, []), LAYOUTS["dp2xep2-zero3"]]:
         run_dir = tmp_path / f"resumed_on_{ranks}"
-        cmd = mpirun(ranks) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir),
-                               "--dataset-cache", str(single_dir / "datasets"), *COMMON,
-                               *SIGMOID, *overrides, "--resume-from", str(checkpoint)]
-        result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-        assert result.returncode == 0, result.stderr
+        result = run([SWITCHYARD, "train", RECIPE, "--run-dir", run_dir,
+                      "--dataset-cache", single_dir / "datasets", *COMMON, *SIGMOID, *overrides,
+                      "--resume-from", checkpoint], ranks=ranks)
         assert f"resuming from {checkpoint} (step 4)" in result.stdout, result.stdout
         resumed = load_file(str(run_dir / "checkpoints" / "final" / "model.safetensors"))
         for name, bias in biases(saved).items():

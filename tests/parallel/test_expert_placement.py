@@ -7,16 +7,15 @@ resumes under another.
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
-import subprocess
-
 import h5py
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
 from run_dirs import rewind
-from test_train_equivalence import (COMMON, ENV, LAYOUTS, RECIPE, SWITCHYARD,
-                                    assert_run_matches, logged_losses, mpirun, train)
+from sy_testing import SWITCHYARD, run
+from test_train_equivalence import (COMMON, LAYOUTS, RECIPE, assert_run_matches, logged_losses,
+                                    train)
 
 # The tiny recipe's 8 experts: no rank keeps its contiguous share, and under ep 2 rank 0
 # holds experts 5, 2, 7, 0 (four slices of each expert tensor in a checkpoint), rank 1
@@ -58,12 +57,10 @@ def test_capacity_over_a_tensor_parallel_group_follows_the_placement(tmp_path):
     assert_run_matches(losses, weights, single_losses, single_weights)
 
 
-def run(tmp_path, name, ranks, extra):
-    cmd = mpirun(ranks) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(tmp_path / name),
-                           "--dataset-cache", str(tmp_path / "datasets"), *COMMON, *extra]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+def train_output(tmp_path, name, ranks, extra):
+    """What the run prints; its run directory is tmp_path / name."""
+    return run([SWITCHYARD, "train", RECIPE, "--run-dir", tmp_path / name,
+                "--dataset-cache", tmp_path / "datasets", *COMMON, *extra], ranks=ranks).stdout
 
 
 @pytest.mark.parametrize("resumed_by", [
@@ -72,7 +69,7 @@ def run(tmp_path, name, ranks, extra):
 ], ids=["ep4-other-placement", "one-process"])
 def test_a_checkpoint_resumes_under_another_placement(tmp_path, single, resumed_by):
     saving = ["--set", "checkpoint.interval_steps=2"]
-    run(tmp_path, "run", 2, saving + LAYOUTS["ep2"][1] + placed(PLACEMENT))
+    train_output(tmp_path, "run", 2, saving + LAYOUTS["ep2"][1] + placed(PLACEMENT))
     rewind(tmp_path / "run", 2)
     gate_up = "param/model.layers.0.mlp.experts.gate_up_proj"
     for rank, runs in [(0, [gate_up, gate_up + ".rows_0", gate_up + ".rows_2",
@@ -83,7 +80,7 @@ def test_a_checkpoint_resumes_under_another_placement(tmp_path, single, resumed_
             saved.visit(names.append)
         assert sorted(n for n in names if n.startswith(gate_up)) == runs, names
     ranks, overrides = resumed_by
-    out = run(tmp_path, "run", ranks, saving + overrides)
+    out = train_output(tmp_path, "run", ranks, saving + overrides)
     assert "resuming from" in out and "(step 2)" in out, out
     losses = logged_losses(tmp_path / "run")
     weights = load_file(str(tmp_path / "run" / "checkpoints" / "final" / "model.safetensors"))
@@ -96,12 +93,10 @@ def test_final_weights_convert_as_the_contiguous_runs(tmp_path):
     its own name, as the contiguous run's does."""
     exports = {}
     for name, placement in [("contiguous", []), ("placed", placed(PLACEMENT))]:
-        run(tmp_path, name, 2, LAYOUTS["ep2"][1] + placement)
+        train_output(tmp_path, name, 2, LAYOUTS["ep2"][1] + placement)
         out = tmp_path / f"{name}-hf"
-        result = subprocess.run([SWITCHYARD, "convert", "to-hf",
-                                 str(tmp_path / name / "checkpoints" / "final"), str(out)],
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
+        run([SWITCHYARD, "convert", "to-hf", tmp_path / name / "checkpoints" / "final", out],
+            timeout=120)
         exports[name] = load_file(str(out / "model.safetensors"))
     assert set(exports["placed"]) == set(exports["contiguous"])
     for tensor, value in exports["contiguous"].items():
@@ -122,10 +117,9 @@ def test_final_weights_convert_as_the_contiguous_runs(tmp_path):
     ("0,1,x", 2, "parallel.expert_placement[2]: x is not an integer"),
 ])
 def test_a_bad_placement_is_refused_in_one_line(tmp_path, placement, ep, message):
-    result = subprocess.run(
-        [SWITCHYARD, "train", RECIPE, "--run-dir", str(tmp_path / "run"), "--dry-run",
-         "--set", f"parallel.expert_parallel_size={ep}", *placed(placement)],
-        capture_output=True, text=True, timeout=60)
+    result = run([SWITCHYARD, "train", RECIPE, "--run-dir", tmp_path / "run", "--dry-run",
+                  "--set", f"parallel.expert_parallel_size={ep}", *placed(placement)],
+                 expect=None, timeout=60)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

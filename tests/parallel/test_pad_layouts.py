@@ -8,18 +8,12 @@ validation losses and the final weights must match the single run.
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from test_seq_aux_layouts import seq_aux_losses
-from test_train_equivalence import ENV, LAYOUTS, SWITCHYARD, assert_run_matches, train
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
-from chat_dataset import prepare_chats  # noqa: E402
+from test_train_equivalence import LAYOUTS, assert_run_matches, train
 
 PAD_LAYOUTS = {**LAYOUTS, "pp2": (2, ["--set", "parallel.pipeline_parallel_size=2"])}
 
@@ -35,11 +29,6 @@ GATINGS = {
                 "--set", "moe.norm_topk_prob=true", "--set", "moe.bias_update_rate=0.001"],
 }
 
-def run(argv):
-    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=ENV,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr
-
 
 def val_losses(tmp_path, name):
     lines = [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
@@ -47,10 +36,10 @@ def val_losses(tmp_path, name):
 
 
 @pytest.fixture(scope="module")
-def padded(tmp_path_factory):
+def padded(chat_dataset):
     """Pairs of speeches as prompt and answer with the Mistral template, trained one
     conversation per window: most are shorter than the window."""
-    chat = prepare_chats(run, SWITCHYARD, tmp_path_factory.mktemp("data"), 200)
+    chat = chat_dataset(200)
     return ["--set", "data.corpus=", "--set", f"data.dataset={chat}",
             "--set", "data.packing=PAD", "--set", "train.seq_len=96"] + ROUTING
 

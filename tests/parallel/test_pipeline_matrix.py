@@ -14,13 +14,13 @@ the head as a layer each (parallel.pipeline_ends_as_layers) trains as one proces
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
-import subprocess
 
 import pytest
 
 from run_dirs import rewind
+from sy_testing import SWITCHYARD, run
 from test_pipeline_train import assert_layout_matches, assert_run_matches, logged_steps, train
-from test_train_equivalence import ENV, RECIPE, SWITCHYARD
+from test_train_equivalence import RECIPE
 
 EIGHT = ["--set", "model.num_layers=8"]
 FOUR = ["--set", "model.num_layers=4"]
@@ -62,14 +62,14 @@ def single(tmp_path_factory):
     """One process's run of `layers` layers under `routing`, trained once for the module."""
     runs = {}
 
-    def run(layers, routing="dropless"):
+    def run_single(layers, routing="dropless"):
         if (layers, routing) not in runs:
             extra = ["--set", f"model.num_layers={layers}", *ROUTING[routing]]
             runs[layers, routing] = train(tmp_path_factory.mktemp(f"single{layers}{routing}"),
                                           "run", 1, extra)[0]
         return runs[layers, routing]
 
-    return run
+    return run_single
 
 
 # Losses, routing statistics and weights one process's bit for bit, several layers a
@@ -97,9 +97,7 @@ def test_dropping_routing_on_stages_and_chunks_matches_one_process(tmp_path, sin
 
 def stage_parameters(extra):
     """Each stage's parameter bytes, as train --dry-run plans them for 4 ranks."""
-    result = subprocess.run([SWITCHYARD, "train", RECIPE, "--dry-run", "--world", "4", *extra],
-                            capture_output=True, text=True, env=ENV, timeout=60)
-    assert result.returncode == 0, result.stderr
+    result = run([SWITCHYARD, "train", RECIPE, "--dry-run", "--world", "4", *extra], timeout=60)
     plan = json.loads(result.stdout.splitlines()[-1])
     return [rank["parameters"] for rank in plan["ranks"]]
 

@@ -4,26 +4,27 @@ script's refusals of hostile event files (one line naming the file, line and fie
 traceback, no picture left behind).
 
     PIPELINE_BUBBLE=build/bench/pipeline_bubble MPIEXEC=$(which mpiexec) \\
-        python -m pytest -q tests/parallel/test_pipeline_timeline.py
+        python tests/run_pytest.py tests/parallel/test_pipeline_timeline.py
 """
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts/pipeline_timeline.py"
-BENCH = os.environ.get("PIPELINE_BUBBLE", str(ROOT / "build/bench/pipeline_bubble"))
-MPIEXEC = os.environ.get("MPIEXEC", "mpiexec")
+from sy_testing import REPO, binary, run
+
+SCRIPT = REPO / "scripts/pipeline_timeline.py"
+
+
+def bench():
+    """The benchmark's binary, asked for by the tests that run it alone."""
+    return binary("PIPELINE_BUBBLE", REPO / "build/bench/pipeline_bubble")
 
 
 def draw(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
-                          text=True, timeout=60)
+    return run([sys.executable, SCRIPT, *args], expect=None, timeout=60)
 
 
 def event(**fields):
@@ -36,12 +37,10 @@ def event(**fields):
 def test_bench_events_are_drawn(tmp_path):
     events = tmp_path / "events"
     events.mkdir()
-    run = subprocess.run([MPIEXEC, "--oversubscribe", "--allow-run-as-root", "-np", "2", BENCH,
-                          "--cost", "sleep", "--forward-ms", "0.1", "--layers", "2",
-                          "--micro-batches", "2", "--steps", "1", "--events", str(events)],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert "INTERLEAVED_1F1B" in run.stdout
+    result = run([bench(), "--cost", "sleep", "--forward-ms", "0.1", "--layers", "2",
+                  "--micro-batches", "2", "--steps", "1", "--events", events],
+                 ranks=2, timeout=120)
+    assert "INTERLEAVED_1F1B" in result.stdout
     names = sorted(p.name for p in events.iterdir())
     assert names == sorted(f"{s}_p2_v{v}_m2.rank{r}.jsonl" for s, v in
                            (("GPIPE", 1), ("ONE_F_ONE_B", 1), ("INTERLEAVED_1F1B", 2))
@@ -124,9 +123,9 @@ def test_files_that_are_not_one_rank_each_are_refused(tmp_path):
     (["--cost", "sleep", "--forward-ms", "0"], "2 or more"),
 ])
 def test_bad_benchmark_arguments_are_refused_in_one_line(args, reason):
-    run = subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=60)
-    assert run.returncode != 0, run
-    out = run.stdout + run.stderr
+    result = run([bench(), *args], expect=None, timeout=60)
+    assert result.returncode != 0, result
+    out = result.stdout + result.stderr
     assert reason in out, out
 
 

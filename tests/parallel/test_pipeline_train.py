@@ -11,7 +11,6 @@ Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 import json
 import pathlib
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,7 +18,8 @@ from safetensors.numpy import load_file
 
 import test_train_equivalence as layouts
 from run_dirs import rewind
-from test_train_equivalence import COMMON, ENV, RECIPE, SWITCHYARD, mpirun
+from sy_testing import SWITCHYARD, run
+from test_train_equivalence import COMMON, RECIPE
 
 # tiny's aux loss per layer; ALL_LAYER below takes transformers' formula instead. Batch-
 # invariant products (docs/determinism.md): a stage rank computes with fewer threads than
@@ -44,11 +44,9 @@ def uneven_recipe(tmp_path, layers):
 
 def train(tmp_path, name, ranks, extra=(), recipe=RECIPE):
     run_dir = tmp_path / name
-    cmd = mpirun(ranks) + [SWITCHYARD, "train", recipe, "--run-dir", str(run_dir),
-                           "--dataset-cache", str(tmp_path.parent / "datasets"),
-                           *PIPELINE_COMMON, *extra]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result = run([SWITCHYARD, "train", recipe, "--run-dir", run_dir,
+                  "--dataset-cache", tmp_path.parent / "datasets", *PIPELINE_COMMON, *extra],
+                 ranks=ranks)
     return run_dir, result.stdout
 
 
@@ -330,9 +328,8 @@ def test_a_one_process_checkpoint_resumes_under_four_ranks(tmp_path, layout):
 
 def test_pipeline_final_weights_convert_to_hugging_face(tmp_path):
     run_dir, _ = train(tmp_path, "run", 2, ["--set", "parallel.pipeline_parallel_size=2"])
-    result = subprocess.run([SWITCHYARD, "convert", "to-hf", str(run_dir / "checkpoints" / "final"),
-                             str(tmp_path / "hf")], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    run([SWITCHYARD, "convert", "to-hf", run_dir / "checkpoints" / "final", tmp_path / "hf"],
+        timeout=120)
     assert (tmp_path / "hf" / "config.json").exists()
 
 
@@ -350,9 +347,8 @@ def test_evaluation_through_the_stages_matches_one_process(tmp_path):
 
 
 def test_a_pipeline_size_that_does_not_divide_the_world_is_refused(tmp_path):
-    result = subprocess.run(
-        mpirun(2) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(tmp_path / "run"), *COMMON,
-                     "--set", "parallel.pipeline_parallel_size=3", "--set", "model.num_layers=3"],
-        capture_output=True, text=True, env=ENV, timeout=120)
+    result = run([SWITCHYARD, "train", RECIPE, "--run-dir", tmp_path / "run", *COMMON,
+                  "--set", "parallel.pipeline_parallel_size=3", "--set", "model.num_layers=3"],
+                 ranks=2, expect=None, timeout=120)
     assert result.returncode != 0
     assert "parallel.pipeline_parallel_size (3) must divide the world size (2)" in result.stderr

@@ -29,14 +29,14 @@ CASES = {  # name: (layout, routing overrides)
 def none_runs(tmp_path_factory):
     runs = {}
 
-    def run(case):
+    def run_none(case):
         if case not in runs:
             layout, routing = CASES[case]
             ranks, overrides = LAYOUTS[layout]
             runs[case] = train(tmp_path_factory.mktemp(case), "none", ranks, overrides + routing)
         return runs[case]
 
-    return run
+    return run_none
 
 
 @pytest.mark.parametrize("mode", MODES)

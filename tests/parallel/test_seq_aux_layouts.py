@@ -32,14 +32,14 @@ def seq_aux_losses(tmp_path, name):
 def single(tmp_path_factory):
     runs = {}
 
-    def run(gating):
+    def run_single(gating):
         if gating not in runs:
             where = tmp_path_factory.mktemp(gating)
             runs[gating] = (train(where, "single", 1, SEQ_AUX + GATINGS[gating]),
                             seq_aux_losses(where, "single"))
         return runs[gating]
 
-    return run
+    return run_single
 
 
 @pytest.mark.parametrize("gating", GATINGS)

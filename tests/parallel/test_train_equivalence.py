@@ -8,36 +8,26 @@ line.
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
-import os
-import subprocess
 import time
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-MPIEXEC = os.environ["MPIEXEC"]
-RECIPE = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "tiny.textproto")
+from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, run
+
 STEPS = 4
 COMMON = ["--set", f"train.steps={STEPS}", "--set", "optimizer.warmup_steps=1",
           "--set", "train.log_interval=1", "--set", "train.eval_interval=0",
           "--set", "train.global_batch_size=8", "--set", "train.micro_batch_size=2",
           "--set", "model.num_layers=2", "--set", "train.seq_len=64",
           "--set", "runtime.batch_invariant=true"]
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-
-
-def mpirun(ranks):
-    return [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
 
 
 def train(tmp_path, name, ranks, extra=()):
     run_dir = tmp_path / name
-    cmd = mpirun(ranks) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir),
-                           "--dataset-cache", str(tmp_path / "datasets"), *COMMON, *extra]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result = run([SWITCHYARD, "train", RECIPE, "--run-dir", run_dir,
+                  "--dataset-cache", tmp_path / "datasets", *COMMON, *extra], ranks=ranks)
     # The run saw the world mpirun launched, not a world of one per process.
     assert f"; {ranks} ranks (dp " in result.stdout, result.stdout
     weights = load_file(str(run_dir / "checkpoints" / "final" / "model.safetensors"))
@@ -102,12 +92,12 @@ GSHARD_LAYOUTS = ("dp2", "ep4", "dp2xep2", "tp2", "tp2xep2", "dp2xtp2xep2", "dp2
 def single(tmp_path_factory):
     runs = {}
 
-    def run(routing):
+    def run_single(routing):
         if routing not in runs:
             runs[routing] = train(tmp_path_factory.mktemp(routing), "single", 1, ROUTING[routing])
         return runs[routing]
 
-    return run
+    return run_single
 
 
 @pytest.mark.parametrize("layout, routing", [
@@ -289,11 +279,10 @@ def test_sharding_saves_memory(tmp_path):
     exact gradient sums keep a whole ledger on every rank."""
     def memory(name, ranks, overrides):
         run_dir = tmp_path / name
-        subprocess.run(mpirun(ranks) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir),
-                                        "--dataset-cache", str(tmp_path / "datasets"), *COMMON,
-                                        "--set", "model.num_layers=8", "--set", "train.steps=1",
-                                        "--set", "runtime.batch_invariant=false", *overrides],
-                       check=True, capture_output=True, env=ENV, timeout=300)
+        run([SWITCHYARD, "train", RECIPE, "--run-dir", run_dir,
+             "--dataset-cache", tmp_path / "datasets", *COMMON, "--set", "model.num_layers=8",
+             "--set", "train.steps=1", "--set", "runtime.batch_invariant=false", *overrides],
+            ranks=ranks)
         for line in (run_dir / "metrics.jsonl").read_text().splitlines():
             if "memory_bytes" in line:
                 return json.loads(line)["memory_bytes"]
@@ -321,10 +310,9 @@ def test_a_failing_rank_ends_the_job(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     start = time.monotonic()
-    result = subprocess.run(
-        mpirun(2) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(blocker / "run"),
-                     "--dataset-cache", str(tmp_path / "datasets"), *COMMON],
-        capture_output=True, text=True, env=ENV, timeout=120)
+    result = run([SWITCHYARD, "train", RECIPE, "--run-dir", blocker / "run",
+                  "--dataset-cache", tmp_path / "datasets", *COMMON],
+                 ranks=2, expect=None, timeout=120)
     assert result.returncode != 0
     assert "switchyard: error (rank 0):" in result.stderr
     assert "cannot create the directory" in result.stderr
@@ -332,10 +320,8 @@ def test_a_failing_rank_ends_the_job(tmp_path):
 
 
 def test_an_impossible_layout_is_refused_before_any_work(tmp_path):
-    result = subprocess.run(
-        mpirun(2) + [SWITCHYARD, "train", RECIPE, "--run-dir", str(tmp_path / "run"), *COMMON,
-                     "--set", "parallel.expert_parallel_size=3"],
-        capture_output=True, text=True, env=ENV, timeout=120)
+    result = run([SWITCHYARD, "train", RECIPE, "--run-dir", tmp_path / "run", *COMMON,
+                  "--set", "parallel.expert_parallel_size=3"], ranks=2, expect=None, timeout=120)
     assert result.returncode != 0
     assert "parallel.expert_parallel_size" in result.stderr
     assert not (tmp_path / "run").exists()

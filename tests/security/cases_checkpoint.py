@@ -8,7 +8,8 @@ checkpoint/manifest.proto's field numbers.
 import os
 import struct
 
-from hostile import Case, TINY_RECIPE, h5py_file
+from hostile import Case, h5py_file
+from sy_testing import TINY_RECIPE
 
 # manifest.proto field numbers.
 MANIFEST_FORMAT_VERSION = 1

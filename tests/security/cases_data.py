@@ -2,12 +2,12 @@
 import hashlib
 import json
 import os
-import subprocess
 
 import h5py
 import numpy as np
 
-from hostile import SWITCHYARD, Case, TINY_RECIPE, h5py_file
+from hostile import Case, h5py_file
+from sy_testing import SWITCHYARD, TINY_RECIPE, run
 
 
 def _train_on(world, tmp, dataset):
@@ -196,7 +196,7 @@ def _other_tokenizer_dataset(world, tmp):
                   "--out", str(tmp / "other.model")],
                  ["data", "prepare", "--tokenizer", str(tmp / "other.model"), "--input",
                   str(text), "--out", str(tmp / "other"), "--val-fraction", "0.5"]):
-        subprocess.run([SWITCHYARD, *argv], check=True, capture_output=True)
+        run([SWITCHYARD, *argv], timeout=None)
     return ["eval", str(world.weights(tmp)), "--data", str(tmp / "other")]
 
 

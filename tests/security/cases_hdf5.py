@@ -8,7 +8,6 @@ checksum, so that the reader's structural check, not the checksum, is what refus
 import struct
 
 import h5py
-import numpy as np
 
 from cases_checkpoint import _step_dir
 from cases_data import _damage_shard

@@ -5,7 +5,8 @@ import math
 import os
 import struct
 
-from hostile import REPO, Case
+from hostile import Case
+from sy_testing import REPO
 
 NAN_TENSOR = "model.norm.weight"
 EXPERTS = "model.layers.0.mlp.experts.gate_up_proj"

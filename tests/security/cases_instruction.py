@@ -5,7 +5,8 @@ import os
 
 import numpy as np
 
-from hostile import REPO, TINY_RECIPE, Case, h5py_file
+from hostile import Case, h5py_file
+from sy_testing import REPO, TINY_RECIPE
 from cases_data import _first_train_shard, _reindex, _train_on
 
 MISTRAL = REPO / "data" / "templates" / "mistral.json"

@@ -1,7 +1,8 @@
 """Hostile numbers on the command line: every flag and `--set` value is read by one parser
 (core/runtime/numbers.h), so each spelling is refused the same way everywhere, in one
 line naming the flag, before anything is written (see hostile.py for the harness)."""
-from hostile import Case, TINY_RECIPE
+from hostile import Case
+from sy_testing import TINY_RECIPE
 
 
 def _sample(*flags):

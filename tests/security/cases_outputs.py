@@ -8,7 +8,8 @@ import numpy as np
 
 from cases_data import _index, _reindex
 from cases_instruction import _blend, _prepare, _template_text
-from hostile import TINY_RECIPE, Case, h5py_file
+from hostile import Case, h5py_file
+from sy_testing import TINY_RECIPE
 
 FOREIGN = "a file the user owns\n"
 

@@ -1,11 +1,9 @@
 """Hostile parts of a `data prepare` (part records, their shards) and a resume with other
 arguments (see hostile.py for the harness)."""
 import json
-import subprocess
 
-from hostile import REPO, SWITCHYARD, Case
-
-CORPUS = REPO / "data" / "corpus" / "tinyshakespeare.txt"
+from hostile import Case
+from sy_testing import CORPUS, SWITCHYARD, run
 
 
 def _prepare_parts(world, tmp, parts=(0, 1), shard_tokens=(20000, 20000)):
@@ -19,9 +17,9 @@ def _prepare_parts(world, tmp, parts=(0, 1), shard_tokens=(20000, 20000)):
         inputs[-1].write_text(text[k * 100000:(k + 1) * 100000])
     out = tmp / "out"
     for i in parts:
-        subprocess.run([SWITCHYARD, "data", "prepare", "--tokenizer", dataset / "tokenizer.model",
-                        "--input", *inputs, "--out", out, "--shard-tokens", str(shard_tokens[i]),
-                        "--part", f"{i}/2"], check=True, capture_output=True)
+        run([SWITCHYARD, "data", "prepare", "--tokenizer", dataset / "tokenizer.model",
+             "--input", *inputs, "--out", out, "--shard-tokens", shard_tokens[i],
+             "--part", f"{i}/2"], timeout=None)
     return out
 
 
@@ -60,7 +58,7 @@ def _resume_other(world, tmp):
     text.write_text(CORPUS.read_text()[:100000])
     args = ["data", "prepare", "--tokenizer", str(dataset / "tokenizer.model"), "--input",
             str(text), "--out", str(tmp / "out")]
-    subprocess.run([SWITCHYARD, *args, "--part", "0/1"], check=True, capture_output=True)
+    run([SWITCHYARD, *args, "--part", "0/1"], timeout=None)
     return args + ["--shard-tokens", "5000"]
 
 

@@ -1,7 +1,8 @@
 """Hostile and damaged recipes and command-line values (see hostile.py for the harness)."""
 import os
 
-from hostile import Case, TINY_RECIPE
+from hostile import Case
+from sy_testing import SWITCHYARD, TINY_RECIPE, run
 
 
 def _recipe_copy(tmp, text=None):
@@ -156,10 +157,7 @@ CASES += [
 
 
 def _train_imported_without_data(world, tmp):
-    import subprocess
-    from hostile import SWITCHYARD
-    subprocess.run([SWITCHYARD, "convert", "from-hf", str(world.hf(tmp)), str(tmp / "imported")],
-                   check=True, capture_output=True)
+    run([SWITCHYARD, "convert", "from-hf", world.hf(tmp), tmp / "imported"], timeout=None)
     return ["train", str(tmp / "imported" / "recipe.textproto"), "--run-dir", str(tmp / "run")]
 
 

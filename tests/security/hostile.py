@@ -8,15 +8,12 @@ MEMORY_LIMIT_BYTES of address space: no crash, hang or unbounded allocation.
 The cases live in cases_<area>.py files, each a list CASES.
 """
 import dataclasses
-import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Callable, List
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-REPO = Path(__file__).resolve().parents[2]
-TINY_RECIPE = REPO / "recipes" / "tiny.textproto"
+from sy_testing import SWITCHYARD, TINY_RECIPE, run
+
 TIME_LIMIT_S = 60
 MEMORY_LIMIT_BYTES = 8 << 30
 # Short runs of the tiny recipe: two steps, a checkpoint after each.
@@ -79,9 +76,10 @@ class World:
 
 def make_world(root: Path) -> World:
     world = World(root)
-    run = root / "run"
-    check([SWITCHYARD, *world.train_args(TINY_RECIPE, run)])
-    check([SWITCHYARD, "convert", "to-hf", str(run / "checkpoints" / "final"), str(root / "hf")])
+    run_dir = root / "run"
+    run([SWITCHYARD, *world.train_args(TINY_RECIPE, run_dir)], timeout=600)
+    run([SWITCHYARD, "convert", "to-hf", run_dir / "checkpoints" / "final", root / "hf"],
+        timeout=600)
     return world
 
 
@@ -93,11 +91,6 @@ def h5py_file(path, mode, libver=("v108", "v108")):
     return h5py.File(path, mode, libver=libver)
 
 
-def check(argv):
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"{argv}: {result.stderr}"
-
-
 def _limit_memory():
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
@@ -105,7 +98,6 @@ def _limit_memory():
 
 def run_refused(argv: List[str]):
     """Runs switchyard; returns (exit status, stderr lines)."""
-    result = subprocess.run([SWITCHYARD, *argv], capture_output=True, text=True,
-                            timeout=TIME_LIMIT_S, preexec_fn=_limit_memory,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    result = run([SWITCHYARD, *argv], expect=None, timeout=TIME_LIMIT_S, threads=1,
+                 preexec_fn=_limit_memory)
     return result.returncode, result.stderr.splitlines()

@@ -3,11 +3,15 @@ error it got. SWITCHYARD names the binary.
 
     SWITCHYARD=build/engine/cli/switchyard python tests/security/print_table.py
 """
+import sys
 import tempfile
 from pathlib import Path
 
-from hostile import make_world, run_refused
-from test_hostile_inputs import CASES
+# sy_testing.py is in tests/, which conftest.py puts on the path under pytest but not for a
+# run as a script.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hostile import make_world, run_refused  # noqa: E402
+from test_hostile_inputs import CASES  # noqa: E402
 
 
 def escape(text):

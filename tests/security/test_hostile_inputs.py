@@ -23,17 +23,13 @@ import cases_prepare_parts
 import cases_recipe
 import cases_sample
 import cases_upcycle
-from hostile import REPO, make_world, run_refused
+from hostile import run_refused
+from sy_testing import REPO
 
 CASES = [*cases_recipe.CASES, *cases_data.CASES, *cases_checkpoint.CASES, *cases_hdf5.CASES,
          *cases_hf.CASES, *cases_hf_config.CASES, *cases_hub.CASES, *cases_sample.CASES,
          *cases_eval.CASES, *cases_instruction.CASES, *cases_upcycle.CASES, *cases_balance.CASES,
          *cases_prepare_parts.CASES, *cases_numbers.CASES, *cases_outputs.CASES]
-
-
-@pytest.fixture(scope="session")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("world"))
 
 
 def test_case_ids_are_unique():

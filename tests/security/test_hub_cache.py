@@ -4,23 +4,14 @@ tokenizer. cases_hub.py holds the hub layouts it refuses.
 
 Run by ctest with the interop Python; SWITCHYARD names the binary.
 """
-import subprocess
-
 import pytest
 
 from cases_hub import hub_snapshot
-from hostile import SWITCHYARD, make_world
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("world"))
+from sy_testing import SWITCHYARD, run
 
 
 def convert(*args):
-    result = subprocess.run([SWITCHYARD, "convert", *map(str, args)], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    run([SWITCHYARD, "convert", *args])
 
 
 def single_file(world, tmp):

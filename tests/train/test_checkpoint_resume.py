@@ -5,7 +5,6 @@ a run that never stopped; a checkpoint saved by one layout resumes on another.
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
 import json
-import os
 import random
 import re
 import shutil
@@ -16,30 +15,20 @@ import time
 import pytest
 
 from run_metrics import losses
+from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, environment, run
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-MPIEXEC = os.environ["MPIEXEC"]
-RECIPE = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "tiny.textproto")
 STEPS = 8
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
-def command(run_dir, cache, ranks=1, extra=()):
-    launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
-    return launcher + [
-        SWITCHYARD, "train", RECIPE, "--run-dir", str(run_dir), "--dataset-cache", str(cache),
+def command(run_dir, cache, extra=()):
+    return [
+        SWITCHYARD, "train", str(RECIPE), "--run-dir", str(run_dir), "--dataset-cache", str(cache),
         "--set", f"train.steps={STEPS}", "--set", "optimizer.warmup_steps=1",
         "--set", "train.log_interval=1", "--set", "train.eval_interval=4",
         "--set", "train.eval_batches=1", "--set", "train.global_batch_size=8",
         "--set", "train.micro_batch_size=2", "--set", "model.num_layers=2",
         "--set", "train.seq_len=64", "--set", "checkpoint.interval_steps=2",
         "--set", "checkpoint.keep=5", *extra]
-
-
-def run(cmd):
-    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
-    assert result.returncode == 0, result.stderr
-    return result
 
 
 def resumed_step(output):
@@ -59,7 +48,7 @@ def steps_logged(run_dir):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("whole")
-    run(command(root / "run", root / "cache"))
+    run(command(root / "run", root / "cache"), timeout=600)
     return losses(root / "run"), root / "cache"
 
 
@@ -69,7 +58,7 @@ def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path, uninterrup
     rng = random.Random(7)
     for _ in range(3):
         process = subprocess.Popen(command(run_dir, cache), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, env=ENV)
+                                   stderr=subprocess.DEVNULL, env=environment())
         # Killed at a random moment once the first checkpoint exists, so that every rerun
         # has one to resume from.
         deadline = time.monotonic() + 120
@@ -78,7 +67,7 @@ def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path, uninterrup
         time.sleep(rng.uniform(0.0, 0.8))
         process.send_signal(signal.SIGKILL)
         process.wait()
-    assert resumed_step(run(command(run_dir, cache)).stdout) > 0
+    assert resumed_step(run(command(run_dir, cache), timeout=600).stdout) > 0
     assert losses(run_dir) == reference
 
 
@@ -86,7 +75,7 @@ def test_sigterm_checkpoints_and_stops_cleanly(tmp_path, uninterrupted):
     reference, cache = uninterrupted
     run_dir = tmp_path / "run"
     process = subprocess.Popen(command(run_dir, cache), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=ENV)
+                               stderr=subprocess.PIPE, text=True, env=environment())
     deadline = time.monotonic() + 120
     while steps_logged(run_dir) < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -95,7 +84,7 @@ def test_sigterm_checkpoints_and_stops_cleanly(tmp_path, uninterrupted):
     assert process.returncode == 128 + signal.SIGTERM, err
     stopped = int(re.search(r"stopped after step (\d+);", out).group(1))
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped}\n"
-    assert resumed_step(run(command(run_dir, cache)).stdout) == stopped
+    assert resumed_step(run(command(run_dir, cache), timeout=600).stdout) == stopped
     assert losses(run_dir) == reference
 
 
@@ -123,9 +112,10 @@ def rewind(run_dir, step):
 def test_another_layout_resumes(tmp_path, uninterrupted, saved_by, resumed_by):
     reference, cache = uninterrupted
     run_dir = tmp_path / "run"
-    run(command(run_dir, cache, saved_by[0], saved_by[1]))
+    run(command(run_dir, cache, saved_by[1]), ranks=saved_by[0], timeout=600)
     rewind(run_dir, 4)
-    assert resumed_step(run(command(run_dir, cache, resumed_by[0], resumed_by[1])).stdout) == 4
+    resumed_run = run(command(run_dir, cache, resumed_by[1]), ranks=resumed_by[0], timeout=600)
+    assert resumed_step(resumed_run.stdout) == 4
     resumed = losses(run_dir)
     assert resumed.keys() == reference.keys()
     for key, value in reference.items():
@@ -145,7 +135,7 @@ def test_another_layout_resumes(tmp_path, uninterrupted, saved_by, resumed_by):
 def test_keep_prunes_old_checkpoints(tmp_path, uninterrupted):
     _, cache = uninterrupted
     run_dir = tmp_path / "run"
-    run(command(run_dir, cache, extra=["--set", "checkpoint.keep=2"]))
+    run(command(run_dir, cache, extra=["--set", "checkpoint.keep=2"]), timeout=600)
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert names == ["final", "latest", "step_6", "step_8"]
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_8\n"
@@ -154,17 +144,16 @@ def test_keep_prunes_old_checkpoints(tmp_path, uninterrupted):
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, uninterrupted):
     _, cache = uninterrupted
     run_dir = tmp_path / "run"
-    run(command(run_dir, cache))
+    run(command(run_dir, cache), timeout=600)
     rewind(run_dir, 6)
-    report = run([SWITCHYARD, "inspect", str(run_dir / "checkpoints")]).stdout
+    report = run([SWITCHYARD, "inspect", run_dir / "checkpoints"], timeout=600).stdout
     assert "checkpoint at step 6" in report and "slices verified" in report
     h5 = run_dir / "checkpoints" / "step_6" / "rank_0.h5"
     data = bytearray(h5.read_bytes())
     data[-100] ^= 0xFF
     h5.write_bytes(bytes(data))
     for cmd in (command(run_dir, cache), [SWITCHYARD, "inspect", str(run_dir / "checkpoints")]):
-        result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-        assert result.returncode == 1
+        result = run(cmd, expect=1)
         assert result.stderr.count("\n") == 1 and "rank_0.h5" in result.stderr, result.stderr
 
 
@@ -172,7 +161,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, uninterrupted):
 def saved_run(tmp_path_factory, uninterrupted):
     _, cache = uninterrupted
     run_dir = tmp_path_factory.mktemp("saved") / "run"
-    run(command(run_dir, cache))
+    run(command(run_dir, cache), timeout=600)
     return run_dir
 
 
@@ -193,9 +182,7 @@ def test_resuming_with_another_model_or_data_order_is_refused(tmp_path, uninterr
     run_dir = tmp_path / "run"
     shutil.copytree(saved_run, run_dir)
     before = (run_dir / "metrics.jsonl").read_bytes()
-    result = subprocess.run(command(run_dir, cache, extra=change), capture_output=True,
-                            text=True, env=ENV, timeout=300)
-    assert result.returncode == 1, result.stdout + result.stderr
+    result = run(command(run_dir, cache, extra=change), expect=1)
     assert result.stderr.count("\n") == 1 and re.search(named, result.stderr), result.stderr
     assert "step_8" in result.stderr, result.stderr
     assert (run_dir / "metrics.jsonl").read_bytes() == before
@@ -206,24 +193,23 @@ def test_eval_of_the_final_weights_gives_the_runs_last_validation_loss(uninterru
     _, cache = uninterrupted
     dataset = next(p for p in cache.iterdir() if (p / "index.json").exists())
     # The run evaluates eval_batches (1) x micro_batch_size (2) windows of the val split.
-    result = run([SWITCHYARD, "eval", str(saved_run / "checkpoints" / "final"),
-                  "--data", str(dataset), "--windows", "2"])
+    result = run([SWITCHYARD, "eval", saved_run / "checkpoints" / "final",
+                  "--data", dataset, "--windows", "2"], timeout=600)
     assert result.stderr == ""
     report = json.loads(result.stdout)
     assert report["split"] == "val" and report["tokens"] == 2 * 64
     assert report["val_loss"] == pytest.approx(losses(saved_run)[("val", STEPS)], rel=1e-6)
-    train_split = json.loads(run([SWITCHYARD, "eval", str(saved_run / "checkpoints" / "final"),
-                                  "--data", str(dataset), "--split", "train",
-                                  "--windows", "2"]).stdout)
+    train_split = json.loads(run([SWITCHYARD, "eval", saved_run / "checkpoints" / "final",
+                                  "--data", dataset, "--split", "train", "--windows", "2"],
+                                 timeout=600).stdout)
     assert train_split["split"] == "train" and train_split["val_loss"] != report["val_loss"]
 
 
 def sample(run_dir, *extra):
     """The bytes sample prints (an undertrained model may end on part of a character)."""
-    result = subprocess.run([SWITCHYARD, "sample", str(run_dir / "checkpoints" / "final"),
-                             "--prompt", "ROMEO:", "--tokens", "24", *extra],
-                            capture_output=True, env=ENV, timeout=300)
-    assert result.returncode == 0 and result.stderr == b"", result.stderr
+    result = run([SWITCHYARD, "sample", run_dir / "checkpoints" / "final", "--prompt", "ROMEO:",
+                  "--tokens", "24", *extra], text=False)
+    assert result.stderr == b"", result.stderr
     return result.stdout
 
 

@@ -10,16 +10,12 @@ Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-MPIEXEC = os.environ.get("MPIEXEC", "mpirun")
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+from sy_testing import CORPUS, SWITCHYARD, TINY_RECIPE as RECIPE, run
+
 SEQ = 32
 EVAL_WINDOWS = 20  # two and a half batches of evaluation windows
 SMALL = ["--set", "model.num_layers=2", "--set", f"train.seq_len={SEQ}",
@@ -28,33 +24,24 @@ SMALL = ["--set", "model.num_layers=2", "--set", f"train.seq_len={SEQ}",
          "--set", f"train.eval_tokens={EVAL_WINDOWS * SEQ}"]
 
 
-def run(argv, ranks=1, cwd=None):
-    launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
-    result = subprocess.run(launcher + [str(a) for a in argv], capture_output=True, text=True,
-                            timeout=600, env=ENV, cwd=cwd)
-    assert result.returncode == 0, result.stderr
-    return result
-
-
 def val_losses(run_dir):
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return {m["step"]: m["val_loss"] for m in map(json.loads, lines) if "val_loss" in m}
 
 
 def eval_loss(weights, dataset, *extra):
-    report = json.loads(run([SWITCHYARD, "eval", weights, "--data", dataset, *extra]).stdout)
+    report = json.loads(run([SWITCHYARD, "eval", weights, "--data", dataset, *extra],
+                            threads=1, timeout=600).stdout)
     assert report["tokens"] == EVAL_WINDOWS * SEQ
     return report["val_loss"]
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
+def dataset(tmp_path_factory, corpus_tokenizer):
     """The tiny corpus prepared once."""
     cache = tmp_path_factory.mktemp("cache")
-    run([SWITCHYARD, "data", "tokenizer", "--input", RECIPE.parents[1] / "data" / "corpus" /
-         "tinyshakespeare.txt", "--vocab-size", "1024", "--out", cache / "tok.model"])
-    run([SWITCHYARD, "data", "prepare", "--tokenizer", cache / "tok.model", "--input",
-         RECIPE.parents[1] / "data" / "corpus" / "tinyshakespeare.txt", "--out", cache / "ds"])
+    run([SWITCHYARD, "data", "prepare", "--tokenizer", corpus_tokenizer(1024), "--input", CORPUS,
+         "--out", cache / "ds"], threads=1, timeout=600)
     return cache / "ds"
 
 
@@ -62,7 +49,8 @@ def train(run_dir, dataset, *extra, ranks=1, cwd=None):
     return run([SWITCHYARD, "train", RECIPE, "--run-dir", run_dir, *SMALL,
                 "--set", "data.corpus=", "--set", f"data.dataset={dataset}",
                 "--set", "train.steps=1", "--set", "train.eval_interval=1",
-                "--set", "checkpoint.interval_steps=1", *extra], ranks, cwd)
+                "--set", "checkpoint.interval_steps=1", *extra],
+               ranks=ranks, threads=1, timeout=600, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +80,7 @@ def test_eval_reads_a_two_rank_checkpoint_and_its_hugging_face_export(runs, data
     step = runs / "ep2" / "checkpoints" / "step_1"
     from_checkpoint = eval_loss(step, dataset)
     assert from_checkpoint == pytest.approx(val_losses(runs / "ep2")[1], rel=1e-6)
-    run([SWITCHYARD, "convert", "to-hf", step, tmp_path / "hf"])
+    run([SWITCHYARD, "convert", "to-hf", step, tmp_path / "hf"], threads=1, timeout=600)
     # A Hugging Face directory does not record the run's evaluation set: name it.
     hf_loss = eval_loss(tmp_path / "hf", dataset, "--windows", EVAL_WINDOWS)
     assert hf_loss == pytest.approx(from_checkpoint, rel=1e-6)
@@ -104,9 +92,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(runs, dataset, tmp_path
     rank_file = step / "rank_0.h5"
     with open(rank_file, "r+b") as f:
         f.truncate(rank_file.stat().st_size // 2)
-    result = subprocess.run([SWITCHYARD, "eval", str(step), "--data", str(dataset)],
-                            capture_output=True, text=True, timeout=120, env=ENV)
-    assert result.returncode == 1
+    result = run([SWITCHYARD, "eval", step, "--data", dataset], expect=1, threads=1, timeout=120)
     assert len(result.stderr.splitlines()) == 1 and str(rank_file) in result.stderr
 
 
@@ -126,10 +112,12 @@ def test_a_run_directory_works_from_anywhere_and_after_a_move(dataset, tmp_path)
     elsewhere.mkdir()
     final = moved / "checkpoints" / "final"
     assert eval_loss(moved / "checkpoints" / "step_1", moved / "data") != eval_loss(final, moved / "data")
-    run([SWITCHYARD, "bench", "balance", final, "--batches", "1"], cwd=elsewhere)
+    run([SWITCHYARD, "bench", "balance", final, "--batches", "1"], threads=1, timeout=600,
+        cwd=elsewhere)
     resumed = elsewhere / "resumed"
     run([SWITCHYARD, "train", final / "recipe.textproto", "--run-dir", resumed,
-         "--resume-from", moved / "checkpoints" / "step_1"], cwd=elsewhere)
+         "--resume-from", moved / "checkpoints" / "step_1"], threads=1, timeout=600,
+        cwd=elsewhere)
     assert val_losses(resumed)[2] == val_losses(moved)[2]
 
 
@@ -139,7 +127,7 @@ def test_a_relative_dataset_is_saved_absolute(dataset, tmp_path):
     saved = (run_dir / "checkpoints" / "final" / "recipe.textproto").read_text()
     assert f'dataset: "{dataset}"' in saved
     run([SWITCHYARD, "bench", "balance", run_dir / "checkpoints" / "final", "--batches", "1"],
-        cwd=dataset)
+        threads=1, timeout=600, cwd=dataset)
 
 
 def memory_bytes(run_dir):

@@ -10,7 +10,6 @@ import os
 import queue
 import random
 import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -22,12 +21,9 @@ import numpy as np
 import pytest
 
 from run_metrics import losses
+from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, environment, mpirun, run
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-MPIEXEC = os.environ["MPIEXEC"]
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
 STEPS = 30
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 RESUMED = re.compile(r"resuming from (\S+) \(step (\d+)\)")
 
 
@@ -41,12 +37,6 @@ def train_args(run_dir, cache, *extra):
             "--set", "train.micro_batch_size=2", "--set", "model.num_layers=1",
             "--set", "train.seq_len=32", "--set", "checkpoint.interval_steps=1",
             "--set", "checkpoint.keep=2", "--set", "runtime.threads=1", *extra]
-
-
-def run(cmd, expect=0):
-    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-    assert result.returncode == expect, result.stdout + result.stderr
-    return result
 
 
 def resumed_step(output):
@@ -139,7 +129,7 @@ def test_kill_9_at_many_moments_then_resume_is_bit_identical(tmp_path, cache, un
     resumes = []
     for life in range(KILLS + 1):
         process = subprocess.Popen(train_args(run_dir, cache), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, env=ENV)
+                                   stderr=subprocess.STDOUT, text=True, env=environment())
         lines = Lines(process)
         if life == 0:
             lines.wait_for(r"saved checkpoint .*step_1$")
@@ -166,7 +156,7 @@ def mount_and_run(mount_point, size, cmd, out_dir):
     then copies what the run left there to out_dir (the tmpfs goes with the namespace)."""
     script = ('mount -t tmpfs -o size="$1" tmpfs "$2" && shift 3 && "$@" > "$OUT/stdout" '
               '2> "$OUT/stderr"; echo $? > "$OUT/rc"; cp -a "$MNT/run" "$OUT/run"')
-    env = dict(ENV, OUT=str(out_dir), MNT=str(mount_point))
+    env = environment(OUT=out_dir, MNT=mount_point)
     subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
                     size, str(mount_point), "--", *cmd], env=env, check=True, timeout=300)
     return (int((out_dir / "rc").read_text()), (out_dir / "stdout").read_text(),
@@ -213,8 +203,7 @@ SIGKILL_TIMEOUT_S = 1
 
 
 def mpi(ranks, args):
-    return [MPIEXEC, "--oversubscribe", "--mca", "odls_base_sigkill_timeout",
-            str(SIGKILL_TIMEOUT_S), "-np", str(ranks)] + args
+    return mpirun(ranks, "--mca", "odls_base_sigkill_timeout", str(SIGKILL_TIMEOUT_S)) + args
 
 
 def rank_pids(launcher_pid):
@@ -270,7 +259,7 @@ def uninterrupted_np2(tmp_path_factory, cache):
 def test_a_killed_rank_ends_every_rank_in_bounded_time(tmp_path, cache, victim, layout):
     process = subprocess.Popen(mpi(2, train_args(tmp_path / "run", cache, *mpi_run(layout))),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=ENV)
+                               env=environment())
     lines = Lines(process)
     lines.wait_for(r"^step\s+5/")
     ranks = rank_pids(process.pid)
@@ -300,7 +289,7 @@ def test_sigterm_to_mpirun_checkpoints_one_agreed_step_and_resumes_exactly(
     run_dir = tmp_path / "run"
     process = subprocess.Popen(mpi(2, train_args(run_dir, cache, *mpi_run(layout))),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=ENV)
+                               env=environment())
     lines = Lines(process)
     lines.wait_for(r"^step\s+5/")
     process.send_signal(signal.SIGTERM)

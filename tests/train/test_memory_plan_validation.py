@@ -16,16 +16,17 @@ Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries. 
 script, it prints the table of docs/planning.md.
 """
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SWITCHYARD = os.environ.get("SWITCHYARD", "")
-MPIEXEC = os.environ.get("MPIEXEC", "mpiexec")
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+# sy_testing.py is in tests/, which conftest.py puts on the path under pytest but not for a
+# run as a script.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sy_testing import REPO, SWITCHYARD, run  # noqa: E402
+
+RECIPES = REPO / "recipes"
 TOLERANCE = 0.10
 # Each run evaluates before its step (eval_interval 1: at step 0), as an ordinary run does:
 # a forward-only pass keeps nothing for a backward, so it raises no measured peak.
@@ -33,7 +34,6 @@ COMMON = ["train.steps=1", "train.eval_interval=1", "train.eval_batches=1",
           "train.log_interval=1", "model.num_layers=2", "train.seq_len=64",
           "train.global_batch_size=8", "train.micro_batch_size=4",
           "checkpoint.interval_steps=0"]
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 BALANCED = ["moe.router_force_balance=true"]
 
 CONFIGS = {  # name: (ranks, overrides[, recipe: tiny unless named])
@@ -106,21 +106,16 @@ def sets(overrides):
 
 
 def planned(recipe, ranks, overrides):
-    out = subprocess.run([SWITCHYARD, "train", recipe, "--dry-run", "--world", str(ranks),
-                          *sets(overrides)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = run([SWITCHYARD, "train", recipe, "--dry-run", "--world", ranks, *sets(overrides)],
+              timeout=60)
     rank0 = json.loads(out.stdout.splitlines()[-1])["ranks"][0]
     return {t: sum(rank0[k] for k in keys) for t, (keys, _) in TERMS.items()}
 
 
 def measured(tmp_path, name, recipe, ranks, overrides):
     run_dir = tmp_path / name.replace(" ", "_").replace(",", "")
-    launcher = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
-    out = subprocess.run(launcher + [SWITCHYARD, "train", recipe, "--run-dir", str(run_dir),
-                                     "--dataset-cache", str(tmp_path / "datasets"),
-                                     *sets(overrides)],
-                         capture_output=True, text=True, env=ENV, timeout=300)
-    assert out.returncode == 0, out.stderr
+    run([SWITCHYARD, "train", recipe, "--run-dir", run_dir,
+         "--dataset-cache", tmp_path / "datasets", *sets(overrides)], ranks=ranks)
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     memory = next(l["memory_bytes"] for l in lines if "memory_bytes" in l)
     return {t: sum(memory[k] for k in keys) for t, (_, keys) in TERMS.items()}

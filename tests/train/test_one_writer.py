@@ -26,13 +26,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
-from test_prepare_parts import files_of, split_stream  # noqa: E402
+from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, run
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "tiny.textproto"
-CORPUS = ROOT / "data" / "corpus" / "tinyshakespeare.txt"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+from test_prepare_parts import files_of, prepare_args, split_stream  # noqa: E402
+
 LOCK = ".switchyard.lock"
 STEPS = 60
 # Wall-clock figures of a metrics line; every other field is the same in any run of the
@@ -49,12 +47,6 @@ def train_args(run_dir, cache, *extra):
             "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=2",
             "--set", "model.num_layers=1", "--set", "train.seq_len=32",
             "--set", "checkpoint.interval_steps=10", "--set", "runtime.threads=1", *extra]
-
-
-def run(cmd, expect=0):
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == expect, result.stdout + result.stderr
-    return result
 
 
 def start(cmd):
@@ -145,54 +137,42 @@ def test_the_lock_of_a_killed_train_is_taken_over(undisturbed, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    """Three input files, a tokenizer, and the dataset one undisturbed prepare makes of
+def inputs(tmp_path_factory, prepare_inputs):
+    """A tokenizer, three input files, and the dataset one undisturbed prepare makes of
     them."""
-    root = tmp_path_factory.mktemp("inputs")
-    text = CORPUS.read_text()
-    files = []
-    for name in ("a.txt", "b.txt", "c.txt"):
-        files.append(root / name)
-        files[-1].write_text(text * 2)
-    run([SWITCHYARD, "data", "tokenizer", "--input", str(CORPUS), "--vocab-size", "512",
-         "--out", str(root / "tok.model")])
-    run(prepare_args(root, files, root / "whole"))
-    return root, files
-
-
-def prepare_args(root, files, out, *extra):
-    return [SWITCHYARD, "data", "prepare", "--tokenizer", str(root / "tok.model"), "--input",
-            *map(str, files), "--out", str(out), "--shard-tokens", "100000",
-            "--val-fraction", "0.02", "--threads", "1", *extra]
+    tokenizer, files = prepare_inputs
+    whole = tmp_path_factory.mktemp("inputs") / "whole"
+    run(prepare_args(tokenizer, files, whole))
+    return tokenizer, files, whole
 
 
 def test_a_second_prepare_into_one_output_is_refused_naming_the_first(inputs, tmp_path):
-    root, files = inputs
+    tokenizer, files, whole = inputs
     out = tmp_path / "out"
-    first = start(prepare_args(root, files, out))
+    first = start(prepare_args(tokenizer, files, out))
     wait_until(first, lambda: holds_lock(out, first))
     first.send_signal(signal.SIGSTOP)
     try:
-        second = run(prepare_args(root, files, out), expect=1)
+        second = run(prepare_args(tokenizer, files, out), expect=1)
     finally:
         first.send_signal(signal.SIGCONT)
     assert_refused_naming(second, first.pid, out)
     stdout, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stdout + stderr
-    assert files_of(out) == files_of(root / "whole")  # complete, and no lock file left
+    assert files_of(out) == files_of(whole)  # complete, and no lock file left
 
 
 def test_parts_lock_themselves_alone(inputs, tmp_path):
-    root, files = inputs
+    tokenizer, files, whole = inputs
     out = tmp_path / "out"
     part0 = ".switchyard.part-00000-of-00002.lock"
-    first = start(prepare_args(root, files, out, "--part", "0/2"))
+    first = start(prepare_args(tokenizer, files, out, "--part", "0/2"))
     wait_until(first, lambda: holds_lock(out, first, part0))
     first.send_signal(signal.SIGSTOP)
     try:
         # The same part again is refused; the other part runs beside it.
-        again = run(prepare_args(root, files, out, "--part", "0/2"), expect=1)
-        other = run(prepare_args(root, files, out, "--part", "1/2"))
+        again = run(prepare_args(tokenizer, files, out, "--part", "0/2"), expect=1)
+        other = run(prepare_args(tokenizer, files, out, "--part", "1/2"))
     finally:
         first.send_signal(signal.SIGCONT)
     assert_refused_naming(again, first.pid, out)
@@ -202,7 +182,7 @@ def test_parts_lock_themselves_alone(inputs, tmp_path):
     assert first.returncode == 0, stdout + stderr
     run([SWITCHYARD, "data", "merge-parts", str(out)])
     for split in ("train", "val"):  # parts cut their shards elsewhere
-        assert split_stream(out, split) == split_stream(root / "whole", split), split
+        assert split_stream(out, split) == split_stream(whole, split), split
     assert not list(out.glob(".switchyard*"))
 
 
@@ -225,13 +205,13 @@ def contents(directory):
 def test_every_writing_command_is_refused_while_another_holds_the_lock(
         command, undisturbed, inputs, tmp_path):
     reference, cache = undisturbed
-    root, files = inputs
+    tokenizer, files, _ = inputs
     out = tmp_path / "out"
     out.mkdir()
     (out / "metrics.jsonl").write_text("the first writer's\n")
     args = {
         "train": train_args(out, cache),
-        "prepare": prepare_args(root, files, out),
+        "prepare": prepare_args(tokenizer, files, out),
         "merge-parts": [SWITCHYARD, "data", "merge-parts", str(out)],
         "to-hf": [SWITCHYARD, "convert", "to-hf", str(reference / "checkpoints" / "final"),
                   str(out), "--overwrite"],
@@ -278,17 +258,14 @@ def test_a_file_system_that_cannot_lock_is_refused_unless_allowed(no_locks, tmp_
     # An ASan build (scripts/sanitize.sh) checks that its runtime comes first among the
     # preloaded libraries; the shim only replaces flock.
     asan = ":".join(filter(None, [os.environ.get("ASAN_OPTIONS"), "verify_asan_link_order=0"]))
-    env = dict(os.environ, LD_PRELOAD=str(no_locks), ASAN_OPTIONS=asan)
-    env.pop("SWITCHYARD_ALLOW_UNLOCKED", None)
-    refused = subprocess.run(merge, capture_output=True, text=True, env=env, timeout=60)
-    assert refused.returncode == 1
+    env = {"LD_PRELOAD": no_locks, "ASAN_OPTIONS": asan, "SWITCHYARD_ALLOW_UNLOCKED": None}
+    refused = run(merge, expect=1, env=env, timeout=60)
     assert refused.stderr.splitlines() == [
         f"switchyard: error: {out}: the file system cannot lock {out / LOCK} (No locks "
         "available), so nothing would keep a second writer out; write elsewhere, or set "
         "SWITCHYARD_ALLOW_UNLOCKED=1 to write without the lock (docs/launch.md)"]
 
-    allowed = subprocess.run(merge, capture_output=True, text=True, timeout=60,
-                             env=dict(env, SWITCHYARD_ALLOW_UNLOCKED="1"))
+    allowed = run(merge, expect=None, env={**env, "SWITCHYARD_ALLOW_UNLOCKED": "1"}, timeout=60)
     assert allowed.stdout.startswith(f"warning: {out}: the file system cannot lock "), \
         allowed.stdout
     assert "writing without the lock as SWITCHYARD_ALLOW_UNLOCKED=1 asks" in allowed.stdout

@@ -4,16 +4,16 @@ to images whose scanlines span several deflate blocks.
 
 Run by ctest with the interop environment's Python; PNG_TOOL names tests/train/png_tool.
 """
-import os
 import struct
-import subprocess
 import zlib
 
 import numpy as np
 import pytest
 from PIL import Image
 
-TOOL = os.environ["PNG_TOOL"]
+from sy_testing import binary, run
+
+TOOL = binary("PNG_TOOL")
 
 
 def expected_pixels(height, width):
@@ -24,9 +24,7 @@ def expected_pixels(height, width):
 
 def encode(tmp_path, height, width):
     path = tmp_path / f"{height}x{width}.png"
-    result = subprocess.run([TOOL, str(path), str(height), str(width)], capture_output=True,
-                            text=True)
-    assert result.returncode == 0, result.stderr
+    run([TOOL, path, height, width], timeout=None)
     return path
 
 
@@ -60,8 +58,6 @@ def test_zlib_inflates_the_stream_and_checks_adler32(tmp_path):
 
 
 def test_bad_size_is_one_line_error(tmp_path):
-    result = subprocess.run([TOOL, str(tmp_path / "x.png"), "0", "5"], capture_output=True,
-                            text=True)
-    assert result.returncode == 1
+    result = run([TOOL, tmp_path / "x.png", "0", "5"], expect=1, timeout=None)
     assert result.stderr.count("\n") == 1 and "must be positive" in result.stderr
     assert not (tmp_path / "x.png").exists()

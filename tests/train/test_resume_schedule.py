@@ -7,17 +7,14 @@ Run by ctest with the interop Python; SWITCHYARD names the binary.
 """
 import json
 import math
-import os
 import re
 import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SWITCHYARD = os.environ["SWITCHYARD"]
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
+from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, run
+
 STEPS = 8
 EXTENDED = 16
 LR, MIN_LR, WARMUP = 3e-3, 3e-4, 1  # tiny.textproto's lr and min_lr, cosine decay
@@ -33,12 +30,6 @@ def train_args(run_dir, cache, *extra):
             "--set", "model.num_layers=1", "--set", "train.seq_len=32",
             "--set", "checkpoint.interval_steps=2", "--set", "checkpoint.keep=10",
             "--set", "runtime.threads=1", *extra]
-
-
-def run(cmd, expect=0):
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == expect, result.stdout + result.stderr
-    return result
 
 
 def logged(run_dir, key):

@@ -10,28 +10,19 @@ Run by ctest with the interop Python; SWITCHYARD names the binary.
 """
 import hashlib
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-from hostile import TINY_RECIPE, make_world  # noqa: E402
+from sy_testing import SWITCHYARD, TINY_RECIPE, run
 
-SWITCHYARD = os.environ["SWITCHYARD"]
 OUTSIDE = b"a file of the user's outside the run directory\n"
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("world"))
-
-
 def train(world, run_dir, *extra):
-    result = subprocess.run([SWITCHYARD, *world.train_args(TINY_RECIPE, run_dir, *extra)],
-                            capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    """Trains in run_dir: the exit status and the stderr lines."""
+    result = run([SWITCHYARD, *world.train_args(TINY_RECIPE, run_dir, *extra)], expect=None,
+                 threads=1)
     return result.returncode, result.stderr.splitlines()
 
 

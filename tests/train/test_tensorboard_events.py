@@ -12,9 +12,7 @@ import io
 import os
 import re
 import struct
-import subprocess
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,9 +23,9 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.util import tensor_util
 
-TOOL = os.environ["TENSORBOARD_TOOL"]
-SWITCHYARD = os.environ["SWITCHYARD"]
-TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.textproto"
+from sy_testing import SWITCHYARD, TINY_RECIPE as TINY, binary, run
+
+TOOL = binary("TENSORBOARD_TOOL")
 STEPS = range(5)
 HIST_VALUES = [i * 0.5 - 3 for i in range(100)] + [1e6]
 HEIGHT, WIDTH = 6, 10
@@ -41,8 +39,7 @@ def expected_pixels():
 @pytest.fixture(scope="module")
 def log(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("tb") / "run"
-    result = subprocess.run([TOOL, str(log_dir)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    result = run([TOOL, log_dir], timeout=None)
     path = result.stdout.strip()
     assert os.path.dirname(path) == str(log_dir)
     return log_dir, path
@@ -165,8 +162,7 @@ def test_plugin_accumulator_as_the_ui_reads_it(log):
 def test_log_dir_that_is_a_file_fails_cleanly(tmp_path):
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
-    result = subprocess.run([TOOL, str(not_a_dir)], capture_output=True, text=True)
-    assert result.returncode == 1
+    result = run([TOOL, not_a_dir], expect=1, timeout=None)
     assert result.stderr.count("\n") == 1 and "not a directory" in result.stderr.lower(), result.stderr
 
 
@@ -181,17 +177,13 @@ HEATMAP_CELL = 24
 def training_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("train")
     run_dir = tmp / "run"
-    result = subprocess.run(
-        [SWITCHYARD, "train", str(TINY), "--run-dir", str(run_dir),
-         "--dataset-cache", str(tmp / "cache"),
+    run([SWITCHYARD, "train", TINY, "--run-dir", run_dir, "--dataset-cache", tmp / "cache",
          "--set", f"train.steps={RUN_STEPS}", "--set", f"train.log_interval={LOG_EVERY}",
          "--set", "train.seq_len=64", "--set", "train.global_batch_size=8",
          "--set", "train.micro_batch_size=4",
          "--set", f"train.eval_interval={EVAL_EVERY}", "--set", "train.eval_batches=1",
          "--set", "optimizer.warmup_steps=2", "--set", "checkpoint.interval_steps=0",
-         "--set", "moe.capacity_factor=1.0"],
-        capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr
+         "--set", "moe.capacity_factor=1.0"], timeout=240)
     acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={
         event_accumulator.SCALARS: 0, event_accumulator.HISTOGRAMS: 0,
         event_accumulator.IMAGES: 0})
