@@ -68,6 +68,9 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=3,
                    help="alternate engine and PyTorch runs this many times; the best of each counts")
     p.add_argument("--json", type=Path, help="also write the results to this file")
+    p.add_argument("--breakdown", action="store_true",
+                   help="then one more engine run with --op-times: its table of where a step "
+                        "went, each kind's GFLOP/s against the sgemm peak")
     return p.parse_args()
 
 
@@ -132,6 +135,17 @@ def measure_engine(args):
     last = args.warmup + args.steps
     seconds = elapsed[last] - elapsed[args.warmup]
     return args.steps * args.batch * args.seq / seconds
+
+
+def engine_breakdown(args, sgemm_gflops):
+    """The table `train --op-times` ends with, for the benchmark shape and the sgemm peak."""
+    with tempfile.TemporaryDirectory(prefix="switchyard-bench-") as run_dir:
+        cmd = [args.switchyard, "train", str(RECIPE), "--run-dir", run_dir, "--op-times",
+               "--peak-gflops", str(sgemm_gflops)]
+        out = subprocess.run(cmd + engine_overrides(args), check=True, capture_output=True,
+                             text=True, cwd=REPO).stdout
+    table = out[out.index("where a step went"):]
+    return "\n".join(line for line in table.splitlines() if not line.startswith("saved "))
 
 
 def mixtral_config(args, vocab):
@@ -231,6 +245,8 @@ def main():
     print(f"{'engine':<10}{engine_tps:>10.1f}{engine_mfu:>8.1%}")
     print(f"{'pytorch':<10}{pytorch_tps:>10.1f}{pytorch_mfu:>8.1%}")
     print(f"ratio engine/pytorch: {engine_tps / pytorch_tps:.2f}")
+    if args.breakdown:
+        print(engine_breakdown(args, sgemm_gflops))
 
     if args.json:
         result = {

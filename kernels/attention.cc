@@ -2,6 +2,7 @@
 
 #include <initializer_list>
 
+#include "core/runtime/op_clock.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/attention.h"
 #ifdef SWITCHYARD_WITH_CUDA
@@ -64,6 +65,7 @@ cuda::AttentionShape cuda_shape(const cpu::AttentionShape& s) {
 
 void attention_forward(Device& dev, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& lse, const Tensor& doc_starts) {
+  const OpScope scope(OpKind::kAttentionCore, OpPass::kForward, dev);
   check_dtypes({&q, &k, &v, &out}, "attention_forward: q, k, v, out must be all f32 or all bf16");
   SY_CHECK_MSG(lse.dtype() == DType::kF32, "attention_forward: lse must be f32");
   const cpu::AttentionShape s = check_qkv(q, k, v);
@@ -96,6 +98,7 @@ void attention_forward(Device& dev, const Tensor& q, const Tensor& k, const Tens
 void attention_backward(Device& dev, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, Tensor& dq,
                         Tensor& dk, Tensor& dv, const Tensor& doc_starts) {
+  const OpScope scope(OpKind::kAttentionCore, OpPass::kBackward, dev);
   check_dtypes({&dout, &q, &k, &v, &out, &dq, &dk, &dv},
                "attention_backward: dout, q, k, v, out, dq, dk, dv must be all f32 or all bf16");
   SY_CHECK_MSG(lse.dtype() == DType::kF32, "attention_backward: lse must be f32");

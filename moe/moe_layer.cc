@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "core/runtime/op_clock.h"
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
 #include "kernels/exact_grad.h"
@@ -67,6 +68,7 @@ Tensor MoeLayer::infer(Device& dev, const Tensor& x, RouterStats& stats) {
 
 Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, RouterStats& stats,
                      float capacity_factor, int64_t seq_len, PaddedWindows padding) {
+  const OpScope scope(OpKind::kExperts, OpPass::kForward, dev);
   const int group = tp_ ? tp_->size() : 1;
   const int member = tp_ ? tp_->rank() : 0;
   const int64_t total = x.rows();
@@ -103,6 +105,7 @@ Tensor MoeLayer::run(Device& dev, const Tensor& x, bool training, Rng& rng, Rout
 }
 
 void MoeLayer::shared_forward(Device& dev, const Tensor& x, Tensor& y) {
+  const OpScope scope(OpKind::kSharedExperts, OpPass::kForward, dev);
   saved_.shared_out = shared_->forward(dev, x);
   if (!shared_gate_) {
     add_(dev, y, saved_.shared_out);
@@ -167,6 +170,7 @@ void MoeLayer::expert_weight_grads(Device& dev, const Tensor& dout, const Tensor
 
 Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_grad,
                           float z_loss_scale, float seq_aux_loss_scale) {
+  const OpScope scope(OpKind::kExperts, OpPass::kBackward, dev);
   const int64_t total = dy.rows();
   const int64_t n = saved_.x.rows();
   const int64_t hidden = dy.row_size();
@@ -205,6 +209,7 @@ Tensor MoeLayer::backward(Device& dev, const Tensor& dy, const Tensor& aux_prob_
 }
 
 void MoeLayer::shared_backward(Device& dev, const Tensor& dy, Tensor& dx) {
+  const OpScope scope(OpKind::kSharedExperts, OpPass::kBackward, dev);
   Tensor dshared = dy;
   if (shared_gate_) {
     const int64_t total = dy.rows();

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/runtime/check.h"
+#include "core/runtime/op_clock.h"
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
 #include "kernels/gating.h"
@@ -149,6 +150,7 @@ Router::Router(ParamStore& params, const std::string& prefix, const config::MoeC
 
 void Router::forward(Device& dev, const Tensor& x, int64_t first_token, PaddedWindows padding,
                      float capacity_factor, int64_t seq_len, RouterStats& stats, Tensor& sums) {
+  const OpScope scope(OpKind::kRouter, OpPass::kForward, dev);
   const int64_t n = x.rows();
   const int E = num_experts_;
   // In fp32: the f32 master weights on f32 inputs, whatever the compute dtype.
@@ -270,6 +272,7 @@ Tensor Router::dispatch_ids(Device& dev, bool training, Rng& rng, int64_t total)
 
 void Router::backward(Device& dev, const Tensor& dweights, const Tensor& aux_prob_grad,
                       float z_loss_scale, float seq_aux_loss_scale, int64_t total, Tensor& dx) {
+  const OpScope scope(OpKind::kRouter, OpPass::kBackward, dev);
   const MoeRouting& t = saved_.routing;
   const int64_t n = t.logits.rows();
   Tensor dlogits = activation(dev, {n, num_experts_});

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/runtime/check.h"
+#include "core/runtime/op_clock.h"
 #include "kernels/gemm.h"
 #include "kernels/permute.h"
 #include "moe/capacity.h"
@@ -46,6 +47,7 @@ TokenDispatcher::TokenDispatcher(int num_experts, int num_local_experts, int slo
 
 void TokenDispatcher::plan(Device& dev, const Tensor& expert_ids, const Tensor& weights,
                            int64_t total_tokens, float capacity_factor) {
+  const OpScope scope(OpKind::kDispatch, OpPass::kForward, dev);
   const Tensor ids = position_.empty() ? expert_ids : positions_of(dev, expert_ids);
   plan_positions(dev, ids, weights, total_tokens, capacity_factor);
   if (!position_.empty()) count_by_expert(dev);
@@ -111,6 +113,7 @@ void TokenDispatcher::plan_positions(Device& dev, const Tensor& ids, const Tenso
 }
 
 Tensor TokenDispatcher::dispatch(Device& dev, const Tensor& x) {
+  const OpScope scope(OpKind::kDispatch, OpPass::kForward, dev);
   Tensor permuted = activation(dev, {saved_.permuted_rows, x.row_size()}, x.dtype());
   permute_gather(dev, x, saved_.dest_rows, permuted);
   if (ep_) return exchange(dev, permuted);
@@ -119,6 +122,7 @@ Tensor TokenDispatcher::dispatch(Device& dev, const Tensor& x) {
 }
 
 Tensor TokenDispatcher::combine(Device& dev, const Tensor& local_out, const Tensor& weights) {
+  const OpScope scope(OpKind::kCombine, OpPass::kForward, dev);
   saved_.expert_out = ep_ ? return_rows(dev, local_out) : local_out;
   Tensor y = activation(dev, {saved_.dest_rows.dim(0), local_out.row_size()}, local_out.dtype());
   unpermute_combine(dev, saved_.expert_out, saved_.dest_rows, weights, y);
@@ -127,6 +131,7 @@ Tensor TokenDispatcher::combine(Device& dev, const Tensor& local_out, const Tens
 
 Tensor TokenDispatcher::combine_backward(Device& dev, const Tensor& dy, const Tensor& weights,
                                          Tensor& dweights) {
+  const OpScope scope(OpKind::kCombine, OpPass::kBackward, dev);
   const int64_t hidden = dy.row_size();
   Tensor dexpert_out = activation(dev, {saved_.expert_out.rows(), hidden}, dy.dtype());
   unpermute_combine_backward(dev, dy, saved_.expert_out, saved_.dest_rows, weights, dexpert_out,
@@ -142,6 +147,7 @@ Tensor TokenDispatcher::combine_backward(Device& dev, const Tensor& dy, const Te
 }
 
 void TokenDispatcher::dispatch_backward(Device& dev, const Tensor& dlocal_rows, Tensor& dx) {
+  const OpScope scope(OpKind::kDispatch, OpPass::kBackward, dev);
   Tensor dpermuted = dlocal_rows;
   if (ep_) {
     // Backward of exchange: back to source order, then to the routing ranks.

@@ -149,7 +149,8 @@ absl::Status check_run_dir(const config::Recipe& recipe, const std::string& reci
 absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::string& run_dir,
                                    const std::vector<std::string>& overrides, bool dry,
                                    int dry_world, double peak_gflops, const std::string& cache_dir,
-                                   const std::string& resume_from, bool extend_schedule) {
+                                   const std::string& resume_from, bool extend_schedule,
+                                   bool op_times) {
   std::string quick_run_warning;
   SY_ASSIGN_OR_RETURN(config::Recipe recipe,
                       config::load_recipe(recipe_path, overrides, &quick_run_warning));
@@ -181,6 +182,7 @@ absl::StatusOr<TrainEnd> run_train(const std::string& recipe_path, const std::st
   options.dataset_cache_dir = cache_dir;
   options.resume_from = resume_from;
   options.extend_schedule = extend_schedule;
+  options.op_times = op_times;
   options.groups = &groups;
   options.threads_per_rank = runtime.launched() ? runtime.threads_per_rank() : 0;
   options.stop_requested = &g_stop_requested;
@@ -282,7 +284,7 @@ int run_main(int argc, char** argv) {
 
   std::string recipe_path, run_dir, cache_dir, resume_from;
   std::vector<std::string> overrides;
-  bool dry = false, extend_schedule = false;
+  bool dry = false, extend_schedule = false, op_times = false;
   double peak_gflops = 0;
   int dry_world = 0;
   auto* train_cmd = app.add_subcommand("train", "train a recipe");
@@ -313,6 +315,10 @@ int run_main(int argc, char** argv) {
                       "resuming, accept a changed train.steps, optimizer.min_lr, optimizer.decay "
                       "or optimizer.router_lr_scale: the decay restarts from the checkpoint's "
                       "learning rate (docs/training.md)");
+  train_cmd->add_flag("--op-times", op_times,
+                      "time each step's kinds of work (attention, router, dispatch, experts, "
+                      "optimizer...): in metrics.jsonl at every logged step, and a table at the "
+                      "end (docs/training.md)");
   // Resuming restores a checkpoint's weights, so weights to start from have no place there.
   train_cmd
       ->add_option_function<std::string>(
@@ -354,7 +360,8 @@ int run_main(int argc, char** argv) {
   if (plan_command.parsed()) return report(plan_command.run());
   if (train_cmd->parsed())
     return train_exit_status(run_train(recipe_path, run_dir, overrides, dry, dry_world,
-                                       peak_gflops, cache_dir, resume_from, extend_schedule));
+                                       peak_gflops, cache_dir, resume_from, extend_schedule,
+                                       op_times));
   if (eval_cmd->parsed()) return report(run_eval(weights_dir, data, split, batches));
   if (sample_command.parsed()) return report(sample_command.run());
   return 1;

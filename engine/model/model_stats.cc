@@ -1,8 +1,28 @@
 #include "engine/model/model_stats.h"
 
+#include <string>
+
 #include "engine/model/transformer.h"
 
 namespace switchyard {
+namespace {
+
+// The kind of work whose products multiply by matrix `p` (core/runtime/op_clock.h); kOther
+// for the tables that are looked up rather than multiplied, vectors and biases.
+OpKind product_kind(const Param& p, bool tied) {
+  const std::string& name = p.name;
+  if (p.shape.size() < 2) return OpKind::kOther;
+  if (name == "lm_head.weight" || (tied && name == "model.embed_tokens.weight"))
+    return OpKind::kHead;
+  if (p.spec.expert) return OpKind::kExperts;
+  if (name.find(".self_attn.") != std::string::npos) return OpKind::kAttention;
+  if (name.find(".mlp.gate.weight") != std::string::npos) return OpKind::kRouter;
+  if (name.find(".mlp.shared_expert") != std::string::npos) return OpKind::kSharedExperts;
+  if (name.find(".mlp.") != std::string::npos) return OpKind::kDenseFfn;
+  return OpKind::kOther;
+}
+
+}  // namespace
 
 ModelStats compute_model_stats(const config::Recipe& recipe) {
   ParamStore params;
@@ -31,6 +51,16 @@ ModelStats compute_model_stats(const config::Recipe& recipe) {
   const double attention =
       2.0 * m.num_layers() * recipe.train().seq_len() * static_cast<double>(m.num_heads()) * (qk + v);
   s.forward_flops_per_token = 2.0 * gemm_params + attention;
+  const double expert_share =
+      moe.num_experts() > 0 ? static_cast<double>(moe.top_k()) / moe.num_experts() : 0.0;
+  for (const Param& p : params.params()) {
+    const OpKind kind = product_kind(p, m.tie_embeddings());
+    if (kind == OpKind::kOther) continue;
+    const double weights = static_cast<double>(shape_numel(p.shape));
+    s.forward_flops_by_kind[static_cast<int>(kind)] +=
+        2.0 * weights * (kind == OpKind::kExperts ? expert_share : 1.0);
+  }
+  s.forward_flops_by_kind[static_cast<int>(OpKind::kAttentionCore)] = attention;
   s.train_flops_per_token = 3.0 * s.forward_flops_per_token;
   return s;
 }

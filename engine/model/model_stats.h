@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/config/recipe.pb.h"
+#include "core/runtime/op_clock.h"
 
 namespace switchyard {
 
@@ -19,6 +20,9 @@ struct ModelStats {
   // full square). Training is three times the forward.
   double forward_flops_per_token = 0;
   double train_flops_per_token = 0;
+  // forward_flops_per_token by the kind of work that does it (train --op-times): each
+  // matrix's 2 x weights to its kind, the attention products to the attention core.
+  OpFlops forward_flops_by_kind{};
 };
 
 ModelStats compute_model_stats(const config::Recipe& recipe);

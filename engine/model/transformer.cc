@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/config/recipe.h"
+#include "core/runtime/op_clock.h"
 #include "engine/parallel/tensor_shards.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
@@ -27,6 +28,19 @@ Tensor activation(Device& dev, const Shape& shape, DType dtype = DType::kF32) {
 void enter_unit(ParamStore& params, int unit) {
   SY_CHECK_MSG(params.num_units() <= unit, "ModelChunk: units must be registered in order");
   while (params.num_units() <= unit) params.begin_unit();
+}
+
+// The RMSNorms, each timed as a norm (core/runtime/op_clock.h).
+void norm_forward(Device& dev, const Tensor& x, const Param& weight, float eps, Tensor& y,
+                  Tensor& rstd) {
+  const OpScope scope(OpKind::kNorm, OpPass::kForward, dev);
+  rmsnorm_forward(dev, x, weight.value, eps, y, rstd);
+}
+
+void norm_backward(Device& dev, const Tensor& dy, const Tensor& x, Param& weight,
+                   const Tensor& rstd, Tensor& dx) {
+  const OpScope scope(OpKind::kNorm, OpPass::kBackward, dev);
+  rmsnorm_backward(dev, dy, x, weight.value, rstd, dx, weight.grad);
 }
 }  // namespace
 
@@ -236,7 +250,10 @@ const Tensor& Transformer::forward_rope(Device& dev) {
 
 Tensor Transformer::ffn(Device& dev, Block& block, const Tensor& in, Pass pass, Rng& rng,
                         RouterStats& stats) {
-  if (!block.moe) return block.dense->forward(dev, in);
+  if (!block.moe) {
+    const OpScope scope(OpKind::kDenseFfn, OpPass::kForward, dev);
+    return block.dense->forward(dev, in);
+  }
   if (pass == Pass::kGenerate) return block.moe->infer(dev, in, stats);
   return block.moe->forward(dev, in, pass == Pass::kTrain, rng, stats, saved_.seq,
                             saved_.window_tokens);
@@ -249,14 +266,18 @@ Tensor Transformer::block_forward(Device& dev, Block& b, const Tensor& x, Pass p
   b.saved.x = x;
   b.saved.attn_in = activation(dev, {n, hidden}, x.dtype());
   b.saved.attn_rstd = activation(dev, {n});
-  rmsnorm_forward(dev, x, b.attn_norm->value, b.eps, b.saved.attn_in, b.saved.attn_rstd);
-  Tensor h =
-      b.attention->forward(dev, b.saved.attn_in, saved_.batch, saved_.seq, rope, saved_.doc_starts);
+  norm_forward(dev, x, *b.attn_norm, b.eps, b.saved.attn_in, b.saved.attn_rstd);
+  Tensor h;
+  {
+    const OpScope scope(OpKind::kAttention, OpPass::kForward, dev);
+    h = b.attention->forward(dev, b.saved.attn_in, saved_.batch, saved_.seq, rope,
+                             saved_.doc_starts);
+  }
   add_(dev, h, x);
   b.saved.h = h;
   b.saved.ffn_in = activation(dev, {n, hidden}, x.dtype());
   b.saved.ffn_rstd = activation(dev, {n});
-  rmsnorm_forward(dev, h, b.ffn_norm->value, b.eps, b.saved.ffn_in, b.saved.ffn_rstd);
+  norm_forward(dev, h, *b.ffn_norm, b.eps, b.saved.ffn_in, b.saved.ffn_rstd);
   Tensor f = ffn(dev, b, b.saved.ffn_in, pass, rng, stats);
   add_(dev, f, h);
   return f;
@@ -315,6 +336,7 @@ Tensor Transformer::embed(Device& dev) {
   // with bf16 weights, f32 otherwise.
   Tensor x = activation(dev, {saved_.ids.numel(), recipe_.model().hidden_size()},
                         embed_->work.dtype());
+  const OpScope scope(OpKind::kEmbedding, OpPass::kForward, dev);
   embedding_forward(dev, saved_.ids, embed_->work, x);
   release({0});
   if (tp_) tensor_parallel_sum(dev, *tp_, x);
@@ -369,6 +391,7 @@ Transformer::ChunkOutput Transformer::run_chunk(Device& dev, const Tensor& input
 }
 
 LossParts Transformer::head_forward(Device& dev, const Tensor& x, Tensor* logits_out) {
+  const OpScope scope(OpKind::kHead, OpPass::kForward, dev);
   const int64_t n = x.rows();
   const int64_t vocab = lm_head_->shape[0];  // this rank's vocabulary rows
   const std::vector<int> head = head_units();
@@ -376,8 +399,8 @@ LossParts Transformer::head_forward(Device& dev, const Tensor& x, Tensor* logits
   saved_.final_in = x;
   saved_.final_out = activation(dev, {n, x.row_size()}, x.dtype());
   saved_.final_rstd = activation(dev, {n});
-  rmsnorm_forward(dev, x, final_norm_->value, recipe_.model().norm_eps(), saved_.final_out,
-                  saved_.final_rstd);
+  norm_forward(dev, x, *final_norm_, recipe_.model().norm_eps(), saved_.final_out,
+               saved_.final_rstd);
   Tensor losses = activation(dev, {n});
   saved_.lse = activation(dev, {n});
   // Under tensor parallelism each chunk gives this shard's log-sum-exp and target logits;
@@ -514,7 +537,10 @@ Tensor Transformer::backward_chunk(Device& dev, const Tensor& output_grad, float
       dev, has_head() ? head_backward(dev, loss_scale, ce_tokens) : output_grad, loss_scale);
   if (has_embedding()) {
     if (hooks_) hooks_->begin_grads(0);
-    embedding_backward(dev, saved_.ids, dx, embed_->grad);
+    {
+      const OpScope scope(OpKind::kEmbedding, OpPass::kBackward, dev);
+      embedding_backward(dev, saved_.ids, dx, embed_->grad);
+    }
     if (hooks_) hooks_->end_grads(0);
     dx = Tensor();
   }
@@ -523,6 +549,7 @@ Tensor Transformer::backward_chunk(Device& dev, const Tensor& output_grad, float
 }
 
 Tensor Transformer::head_backward(Device& dev, float loss_scale, double ce_tokens) {
+  const OpScope scope(OpKind::kHead, OpPass::kBackward, dev);
   const int64_t n = saved_.batch * saved_.seq;
   const int64_t hidden = recipe_.model().hidden_size();
   const std::vector<int> head = head_units();
@@ -559,8 +586,7 @@ Tensor Transformer::head_backward(Device& dev, float loss_scale, double ce_token
   if (tp_) tensor_parallel_sum(dev, *tp_, dfinal);
   saved_.logits = saved_.lse = Tensor();
   Tensor dx = activation(dev, {n, hidden}, dtype);
-  rmsnorm_backward(dev, dfinal, saved_.final_in, final_norm_->value, saved_.final_rstd, dx,
-                   final_norm_->grad);
+  norm_backward(dev, dfinal, saved_.final_in, *final_norm_, saved_.final_rstd, dx);
   saved_.final_in = saved_.final_out = saved_.final_rstd = Tensor();
   release(head);
   // A tied embedding's gradient is complete only after the embedding's backward.
@@ -601,16 +627,19 @@ Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
           aux_grads.slice_rows(moe_index, moe_index + 1).reshape({aux_grads.row_size()});
       dffn_in = b.moe->backward(dev, dx, aux_prob_grad, z_scale, seq_aux_scale);
     } else {
+      const OpScope scope(OpKind::kDenseFfn, OpPass::kBackward, dev);
       dffn_in = b.dense->backward(dev, dx);
     }
     Tensor dh = activation(dev, {n, hidden}, dtype);
-    rmsnorm_backward(dev, dffn_in, b.saved.h, b.ffn_norm->value, b.saved.ffn_rstd, dh,
-                     b.ffn_norm->grad);
+    norm_backward(dev, dffn_in, b.saved.h, *b.ffn_norm, b.saved.ffn_rstd, dh);
     add_(dev, dh, dx);
-    Tensor dattn_in = b.attention->backward(dev, dh, rope);
+    Tensor dattn_in;
+    {
+      const OpScope scope(OpKind::kAttention, OpPass::kBackward, dev);
+      dattn_in = b.attention->backward(dev, dh, rope);
+    }
     Tensor dprev = activation(dev, {n, hidden}, dtype);
-    rmsnorm_backward(dev, dattn_in, b.saved.x, b.attn_norm->value, b.saved.attn_rstd, dprev,
-                     b.attn_norm->grad);
+    norm_backward(dev, dattn_in, b.saved.x, *b.attn_norm, b.saved.attn_rstd, dprev);
     add_(dev, dprev, dh);
     dx = dprev;
     b.saved = {};

@@ -33,6 +33,14 @@ nlohmann::ordered_json step_json(const StepRecord& record) {
       {"peak_gflops", record.peak_gflops}, {"peak_source", record.peak_source}};
   if (m.seq_aux_loss) j["seq_aux_loss"] = *m.seq_aux_loss;
   for (const auto& [name, tokens] : m.tokens_by_source) j["tokens_by_source"][name] = tokens;
+  if (m.op_times) {
+    for (int k = 0; k < kNumOpKinds; ++k) {
+      const OpKind kind = static_cast<OpKind>(k);
+      j["op_times"][std::string(op_kind_name(kind))] = {
+          {"forward_s", m.op_times->at(kind, OpPass::kForward)},
+          {"backward_s", m.op_times->at(kind, OpPass::kBackward)}};
+    }
+  }
   // Each MoE layer's max/mean tokens per expert in this step's last micro-batch (read
   // back by `bench balance --run-dir`).
   std::vector<double> layer_imbalance;

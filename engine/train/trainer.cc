@@ -16,6 +16,7 @@
 #include "core/runtime/dir_lock.h"
 #include "core/runtime/exact_sum.h"
 #include "core/runtime/file_util.h"
+#include "core/runtime/op_clock.h"
 #include "core/runtime/output_paths.h"
 #include "core/runtime/status_macros.h"
 #include "data/loader.h"
@@ -30,6 +31,7 @@
 #include "engine/train/evaluation.h"
 #include "engine/train/fine_tuning.h"
 #include "engine/train/memory_plan.h"
+#include "engine/train/op_times_report.h"
 #include "engine/train/peak.h"
 #include "engine/train/pipeline_training.h"
 #include "engine/train/rank_state_map.h"
@@ -584,6 +586,7 @@ struct ProgressWindow {
   // Each local chunk's routing in the last micro-batch of a pipelined step.
   std::vector<RouterStats> last_router_stats;
   RoutingTally routing{0, 0};  // every forward's, for the digest
+  OpTimes op_times;  // train --op-times: the window's steps' times by kind of work
 };
 
 // One step's outcome, the same on every rank.
@@ -592,6 +595,7 @@ struct StepResult {
   StepReport report;
   std::string non_finite;     // what was not finite ("" when all was)
   int64_t skipped_steps = 0;  // by train.skip_non_finite_steps, since this start
+  OpTimes op_times;           // this rank's, with train --op-times
 };
 
 // The step's losses as this rank summed them over its forwards: each micro-batch's terms
@@ -636,7 +640,19 @@ class StepRunner {
   }
 
   // Fails on a loss or gradient that is not finite unless train.skip_non_finite_steps.
+  // With train --op-times, the result holds where the step's time went on this rank.
   absl::StatusOr<StepResult> run(int64_t step, ProgressWindow& window) {
+    OpClock::take();  // the evaluations and checkpoints between steps are not the step's
+    absl::StatusOr<StepResult> result = [&] {
+      const OpScope whole(OpKind::kOther, OpPass::kForward, t_.dev);
+      return run_step(step, window);
+    }();
+    if (result.ok()) result->op_times = OpClock::take();
+    return result;
+  }
+
+ private:
+  absl::StatusOr<StepResult> run_step(int64_t step, ProgressWindow& window) {
     SY_ASSIGN_OR_RETURN(const int64_t step_targets, load_micro_batches());
     // Each micro-batch's mean loss counts 1 / (micro-batches over all ranks) of the step's
     // loss, so the summed gradients equal the single-process ones.
@@ -659,12 +675,12 @@ class StepRunner {
     return result;
   }
 
- private:
   // The step's micro-batches from the loader, and the count of their targets over the
   // data-parallel group: the cross-entropy is the mean over the targets of the whole
   // global batch (loss-masked ones excluded), so every rank needs it before its first
   // backward.
   absl::StatusOr<int64_t> load_micro_batches() {
+    const OpScope scope(OpKind::kData, OpPass::kForward, t_.dev);
     int64_t step_targets = 0;
     for (Batch& batch : batches_) {
       SY_RETURN_IF_ERROR(loader_.next_batch(
@@ -733,6 +749,7 @@ class StepRunner {
 
   // The gradients and the step's losses over every rank.
   LossParts reduce(StepSums& sums, int64_t step_targets) {
+    const OpScope scope(OpKind::kGradients, OpPass::kBackward, t_.dev);
     // Dense gradients were reduced layer by layer during the last backward: all-reduced
     // (below stage 2) or reduce-scattered onto their rows' owners (ZeRO-2/3); or, under
     // runtime.batch_invariant, all are summed exactly now.
@@ -759,6 +776,7 @@ class StepRunner {
   // are not finite. The loss and the gradient norm are the same on every rank, so all
   // take one branch.
   void update(StepResult& result) {
+    const OpScope scope(OpKind::kOptimizer, OpPass::kBackward, t_.dev);
     if (std::isfinite(result.loss.total)) result.report = t_.optimizer->step(t_.dev);
     else t_.optimizer->skip_step();
     result.non_finite = describe_non_finite(result.loss.total, result.report);
@@ -805,6 +823,12 @@ class ProgressLog {
       SY_RETURN_IF_ERROR(records_.on_memory(memory_record(
           t_.dev.memory_stats(), run_.pipeline_rank, run_.layout.pipeline_parallel_size)));
     ++window_.steps;
+    window_.op_times += result.op_times;
+    // The first step of a start warms caches and allocators: the summary leaves it out.
+    if (step > start_.first_step) {
+      run_op_times_ += result.op_times;
+      ++run_timed_steps_;
+    }
     if (!result.non_finite.empty() ||
         (step % run_.tc.log_interval() != 0 && step != run_.tc.steps()))
       return absl::OkStatus();
@@ -825,7 +849,25 @@ class ProgressLog {
     window_.steps = 0;
     window_.dropped = window_.assignments = window_.worst_load = 0;
     window_.all_to_all_s = all_to_all_s;
+    window_.op_times = {};
     return absl::OkStatus();
+  }
+
+  // train --op-times: where this rank's steps went, after the first of this start, as
+  // a table of milliseconds per step by kind of work, with the FLOP rate of the kinds
+  // that multiply matrices against the MFU's reference peak. Empty without the switch.
+  std::string op_times_summary() const {
+    if (!OpClock::enabled() || run_timed_steps_ == 0) return "";
+    // FLOP rates where each rank runs whole layers (no tensor or pipeline split) on its
+    // own tokens' worth of work (the experts' too, on average, under expert parallelism).
+    const bool whole_layers =
+        run_.layout.tensor_parallel_size == 1 && run_.layout.pipeline_parallel_size == 1;
+    const double tokens = static_cast<double>(run_.tc.global_batch_size()) *
+                          run_.tc.seq_len() / run_.layout.data_parallel_size;
+    return describe_op_times(run_op_times_.divided_by(static_cast<double>(run_timed_steps_)),
+                             run_timed_steps_,
+                             whole_layers ? stats_.forward_flops_by_kind : OpFlops{}, tokens,
+                             peak_.flops / run_.layout.world_size);
   }
 
  private:
@@ -848,6 +890,8 @@ class ProgressLog {
     m.tokens_per_s = window_s > 0 ? window_.steps * tokens_per_step / window_s : 0;
     m.mfu = peak_.flops > 0 ? m.tokens_per_s * stats_.train_flops_per_token / peak_.flops : 0;
     m.elapsed_s = start_.elapsed_before_s + session_s;
+    if (OpClock::enabled() && window_.steps > 0)
+      m.op_times = window_.op_times.divided_by(static_cast<double>(window_.steps));
     m.eta_s = session_s / (step - start_.first_step + 1) * (run_.tc.steps() - step);
     if (data_.blend) {
       for (size_t i = 0; i < data_.sources.size(); ++i)
@@ -882,6 +926,8 @@ class ProgressLog {
   RecordSinks& records_;
   const ModelStats stats_;
   ProgressWindow window_;
+  OpTimes run_op_times_;
+  int64_t run_timed_steps_ = 0;
 };
 
 // Whether `step` is a multiple of a positive `interval` or the run's last.
@@ -936,6 +982,7 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
   if (options.groups == nullptr) local_groups = local_process_groups();
   ProcessGroups& groups = options.groups ? *options.groups : local_groups;
   RankZeroSink sink(terminal, groups.world->rank() == 0);
+  OpClock::enable(options.op_times);
   SY_ASSIGN_OR_RETURN(const Layout layout, make_layout(recipe, groups.world->size()));
   const RunContext run(recipe, options, groups, layout, sink);
   SY_ASSIGN_OR_RETURN(const DirLock run_dir_lock, lock_run_dir(run));
@@ -980,6 +1027,8 @@ absl::StatusOr<TrainEnd> train(const config::Recipe& recipe, const TrainOptions&
       return TrainEnd::kStopped;
     }
   }
+  const std::string op_times = log.op_times_summary();
+  if (!op_times.empty()) sink.on_message(op_times);
   SY_RETURN_IF_ERROR(save_final_weights(run, *trainer, data, records));
   return TrainEnd::kFinished;
 }

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/config/recipe.pb.h"
+#include "core/runtime/op_clock.h"
 #include "engine/parallel/topology.h"
 #include "engine/train/peak.h"
 
@@ -43,6 +44,8 @@ struct StepMetrics {
   // A blend's training tokens drawn from each source so far, in blend order (empty for a
   // recipe without data.sources).
   std::vector<std::pair<std::string, int64_t>> tokens_by_source;
+  // train --op-times: this rank's seconds per step by kind of work since the last report.
+  std::optional<OpTimes> op_times;
 };
 
 // Where the trainer reports; the CLI prints, tests collect.
@@ -81,6 +84,9 @@ struct TrainOptions {
   // optimizer.router_lr_scale: the decay restarts from the checkpoint's rate
   // (docs/training.md, "Checkpoints and resuming").
   bool extend_schedule = false;
+  // Times each step's kinds of work (core/runtime/op_clock.h): each logged step records
+  // them and the run ends with a table of them.
+  bool op_times = false;
 };
 
 // How a run that did not fail ended.
