@@ -27,6 +27,12 @@ Tensor host_tensor(const Shape& shape, const std::vector<T>& values) {
   return t;
 }
 
+// A 1-D host tensor holding `values`.
+template <typename T>
+Tensor host_tensor(const std::vector<T>& values) {
+  return host_tensor({static_cast<int64_t>(values.size())}, values);
+}
+
 // Host f32 tensors of uniform values in [lo, hi), or of integers in [lo, hi] (for the
 // tests that demand exact results).
 inline Tensor random_tensor(const Shape& shape, uint64_t seed, double lo = -1.0, double hi = 1.0) {

@@ -7,14 +7,19 @@
 
 #include "kernels/convert.h"
 #include "kernels/cpu/attention.h"
+#include "tests/finite_differences.h"
+#include "tests/tensor_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
 namespace {
 
 using testing::any_nonzero;
+using testing::central_differences;
+using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_vector;
+using testing::values_of;
 
 // Grouped-query shape: 4 query heads on 2 KV heads. The long sequence spans several
 // causal blocks, with a partial last one; kShared puts all query heads on one KV head;
@@ -27,17 +32,6 @@ constexpr cpu::AttentionShape kOne{2, 1, 4, 2, 6};
 int64_t q_numel(const cpu::AttentionShape& s) { return s.batch * s.seq * s.heads * s.head_dim; }
 int64_t kv_numel(const cpu::AttentionShape& s) { return s.batch * s.seq * s.kv_heads * s.head_dim; }
 int64_t lse_numel(const cpu::AttentionShape& s) { return s.batch * s.heads * s.seq; }
-
-Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
-  Tensor t = Tensor::empty(shape);
-  std::copy(v.begin(), v.end(), t.data<float>());
-  return t;
-}
-
-std::vector<float> to_vector(const Tensor& t) {
-  const float* p = t.data<float>();
-  return std::vector<float>(p, p + t.numel());
-}
 
 std::vector<double> to_double(const std::vector<float>& v) {
   return std::vector<double>(v.begin(), v.end());
@@ -182,17 +176,9 @@ void check_backward(const cpu::AttentionShape& s, int64_t stride, uint64_t seed)
   };
   const double eps = 1e-6;
   auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-    std::vector<double> analytic, numeric;
-    for (size_t i = 0; i < x.size(); i += stride) {
-      const double saved = x[i];
-      x[i] = saved + eps;
-      const double up = loss();
-      x[i] = saved - eps;
-      const double down = loss();
-      x[i] = saved;
-      numeric.push_back((up - down) / (2 * eps));
-      analytic.push_back(grad[i]);
-    }
+    const std::vector<double> numeric = central_differences(x, eps, loss, stride);
+    std::vector<double> analytic;
+    for (size_t i = 0; i < x.size(); i += stride) analytic.push_back(grad[i]);
     EXPECT_LT(max_relative_error(analytic, numeric), 1e-6) << name << " seq " << s.seq;
     if (s.seq > 1) {
       EXPECT_TRUE(any_nonzero(grad)) << name;
@@ -238,8 +224,8 @@ TEST(AttentionTest, FloatOpsMatchDoubleTemplates) {
   const auto gy = random_vector<float>(q_numel(s), 33);
   const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
   const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
-  Tensor tq = to_tensor(q, q_shape), tk = to_tensor(k, kv_shape), tv = to_tensor(v, kv_shape);
-  Tensor tgy = to_tensor(gy, q_shape), tout = Tensor::empty(q_shape);
+  Tensor tq = host_tensor<float>(q_shape, q), tk = host_tensor<float>(kv_shape, k), tv = host_tensor<float>(kv_shape, v);
+  Tensor tgy = host_tensor<float>(q_shape, gy), tout = Tensor::empty(q_shape);
   Tensor tlse = Tensor::empty({s.batch, s.heads, s.seq});
   Tensor tdq = Tensor::empty(q_shape), tdk = Tensor::empty(kv_shape), tdv = Tensor::empty(kv_shape);
   attention_forward(cpu_device(), tq, tk, tv, tout, tlse);
@@ -249,21 +235,21 @@ TEST(AttentionTest, FloatOpsMatchDoubleTemplates) {
   std::vector<double> out, lse;
   run_forward(s, in, out, lse);
   const Grads grads = run_backward(s, in, to_double(gy));
-  EXPECT_LT(max_relative_error(to_vector(tout), out), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tlse), lse), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tdq), grads.dq), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tdk), grads.dk), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tdv), grads.dv), 1e-5);
-  EXPECT_TRUE(any_nonzero(to_vector(tout)));
-  EXPECT_TRUE(any_nonzero(to_vector(tdq)));
-  EXPECT_TRUE(any_nonzero(to_vector(tdk)));
-  EXPECT_TRUE(any_nonzero(to_vector(tdv)));
+  EXPECT_LT(max_relative_error(values_of<float>(tout), out), 1e-5);
+  EXPECT_LT(max_relative_error(values_of<float>(tlse), lse), 1e-5);
+  EXPECT_LT(max_relative_error(values_of<float>(tdq), grads.dq), 1e-5);
+  EXPECT_LT(max_relative_error(values_of<float>(tdk), grads.dk), 1e-5);
+  EXPECT_LT(max_relative_error(values_of<float>(tdv), grads.dv), 1e-5);
+  EXPECT_TRUE(any_nonzero(values_of<float>(tout)));
+  EXPECT_TRUE(any_nonzero(values_of<float>(tdq)));
+  EXPECT_TRUE(any_nonzero(values_of<float>(tdk)));
+  EXPECT_TRUE(any_nonzero(values_of<float>(tdv)));
 }
 
 // `v` as a bf16 tensor of `shape` (each value rounded).
 Tensor to_bf16_tensor(const std::vector<float>& v, const Shape& shape) {
   Tensor b = Tensor::empty(shape, DType::kBF16);
-  convert(cpu_device(), to_tensor(v, shape), b);
+  convert(cpu_device(), host_tensor<float>(shape, v), b);
   return b;
 }
 
@@ -295,7 +281,7 @@ TEST(AttentionTest, Bf16OperandsComputeInF32) {
     Tensor out32 = Tensor::empty(q_shape), lse32 = Tensor::empty(lse_shape);
     attention_forward(cpu_device(), widened(q), widened(k), widened(v), out32, lse32);
     expect_rounded(out, out32, "out");
-    EXPECT_EQ(to_vector(lse), to_vector(lse32));
+    EXPECT_EQ(values_of<float>(lse), values_of<float>(lse32));
 
     Tensor dq = Tensor::empty(q_shape, DType::kBF16), dk = Tensor::empty(kv_shape, DType::kBF16),
            dv = Tensor::empty(kv_shape, DType::kBF16);
@@ -307,11 +293,11 @@ TEST(AttentionTest, Bf16OperandsComputeInF32) {
     expect_rounded(dq, dq32, "dq");
     expect_rounded(dk, dk32, "dk");
     expect_rounded(dv, dv32, "dv");
-    EXPECT_TRUE(any_nonzero(to_vector(out32)));
-    EXPECT_TRUE(any_nonzero(to_vector(dv32)));
+    EXPECT_TRUE(any_nonzero(values_of<float>(out32)));
+    EXPECT_TRUE(any_nonzero(values_of<float>(dv32)));
     if (s.seq > 1) {
-      EXPECT_TRUE(any_nonzero(to_vector(dq32)));
-      EXPECT_TRUE(any_nonzero(to_vector(dk32)));
+      EXPECT_TRUE(any_nonzero(values_of<float>(dq32)));
+      EXPECT_TRUE(any_nonzero(values_of<float>(dk32)));
     }
   }
 }
@@ -321,17 +307,17 @@ TEST(AttentionTest, Deterministic) {
   const auto& s = kLong;
   const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
   const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
-  const Tensor q = to_tensor(random_vector<float>(q_numel(s), 50, -2, 2), q_shape);
-  const Tensor k = to_tensor(random_vector<float>(kv_numel(s), 51, -2, 2), kv_shape);
-  const Tensor v = to_tensor(random_vector<float>(kv_numel(s), 52), kv_shape);
-  const Tensor dout = to_tensor(random_vector<float>(q_numel(s), 53), q_shape);
+  const Tensor q = host_tensor<float>(q_shape, random_vector<float>(q_numel(s), 50, -2, 2));
+  const Tensor k = host_tensor<float>(kv_shape, random_vector<float>(kv_numel(s), 51, -2, 2));
+  const Tensor v = host_tensor<float>(kv_shape, random_vector<float>(kv_numel(s), 52));
+  const Tensor dout = host_tensor<float>(q_shape, random_vector<float>(q_numel(s), 53));
   std::vector<std::vector<float>> runs[2];
   for (auto& run : runs) {
     Tensor out = Tensor::empty(q_shape), lse = Tensor::empty({s.batch, s.heads, s.seq});
     Tensor dq = Tensor::empty(q_shape), dk = Tensor::empty(kv_shape), dv = Tensor::empty(kv_shape);
     attention_forward(cpu_device(), q, k, v, out, lse);
     attention_backward(cpu_device(), dout, q, k, v, out, lse, dq, dk, dv);
-    run = {to_vector(out), to_vector(lse), to_vector(dq), to_vector(dk), to_vector(dv)};
+    run = {values_of<float>(out), values_of<float>(lse), values_of<float>(dq), values_of<float>(dk), values_of<float>(dv)};
   }
   EXPECT_EQ(runs[0], runs[1]);
 }

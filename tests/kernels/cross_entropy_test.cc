@@ -7,40 +7,28 @@
 
 #include "kernels/convert.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "tests/finite_differences.h"
+#include "tests/tensor_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
 namespace {
 
 using testing::any_nonzero;
+using testing::central_differences;
+using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_integers;
 using testing::random_vector;
+using testing::values_of;
 
 constexpr int64_t kRows = 9, kVocab = 37;
-
-Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
-  Tensor t = Tensor::empty(shape);
-  std::copy(v.begin(), v.end(), t.data<float>());
-  return t;
-}
-
-Tensor to_tensor(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
-}
 
 // NaN everywhere, so an element the op does not write fails the comparison.
 Tensor nan_filled(const Shape& shape) {
   Tensor t = Tensor::empty(shape);
   std::fill(t.data<float>(), t.data<float>() + t.numel(), std::nanf(""));
   return t;
-}
-
-std::vector<float> to_vector(const Tensor& t) {
-  const float* p = t.data<float>();
-  return std::vector<float>(p, p + t.numel());
 }
 
 // Random targets with rows 2 and 5 ignored.
@@ -94,18 +82,7 @@ TEST(CrossEntropyTest, BackwardMatchesFiniteDifferences) {
                                      lse.data());
   cpu::cross_entropy_backward<double>(logits.data(), targets.data(), lse.data(), scale, kRows,
                                       kVocab, 0, dlogits.data());
-  const double eps = 1e-6;
-  std::vector<double> numeric(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const double saved = logits[i];
-    logits[i] = saved + eps;
-    const double up = loss();
-    logits[i] = saved - eps;
-    const double down = loss();
-    logits[i] = saved;
-    numeric[i] = (up - down) / (2 * eps);
-  }
-  EXPECT_LT(max_relative_error(dlogits, numeric), 1e-6);
+  EXPECT_LT(max_relative_error(dlogits, central_differences(logits, 1e-6, loss)), 1e-6);
   for (int64_t j = 0; j < kVocab; ++j) {
     EXPECT_EQ(dlogits[2 * kVocab + j], 0.0);
     EXPECT_EQ(dlogits[5 * kVocab + j], 0.0);
@@ -122,22 +99,22 @@ TEST(CrossEntropyTest, StableForLargeLogits) {
   for (size_t i = 0; i < logits.size(); ++i) shifted[i] = static_cast<double>(logits[i]) - 1000.0;
   const auto expected = naive_losses(shifted, targets);
 
-  Tensor tlogits = to_tensor(logits, {kRows, kVocab}), ttargets = to_tensor(targets);
+  Tensor tlogits = host_tensor<float>({kRows, kVocab}, logits), ttargets = host_tensor<int32_t>(targets);
   Tensor losses = Tensor::empty({kRows}), lse = Tensor::empty({kRows});
   cross_entropy_forward(cpu_device(), tlogits, ttargets, losses, lse);
   // Float logits near 1000 carry an absolute rounding of ~3e-5.
-  EXPECT_LT(max_relative_error(to_vector(losses), expected), 1e-4);
+  EXPECT_LT(max_relative_error(values_of<float>(losses), expected), 1e-4);
   Tensor dlogits = Tensor::empty({kRows, kVocab});
   cross_entropy_backward(cpu_device(), tlogits, ttargets, lse, 1.0f, dlogits);
-  for (float d : to_vector(dlogits)) EXPECT_TRUE(std::isfinite(d));
-  EXPECT_TRUE(any_nonzero(to_vector(dlogits)));
+  for (float d : values_of<float>(dlogits)) EXPECT_TRUE(std::isfinite(d));
+  EXPECT_TRUE(any_nonzero(values_of<float>(dlogits)));
 }
 
 TEST(CrossEntropyTest, FloatOpsMatchDoubleTemplatesAndMayAlias) {
   const auto logits = random_vector<float>(kRows * kVocab, 7, -4, 4);
   const auto targets = make_targets(8);
   const float scale = 0.25f;
-  Tensor tlogits = to_tensor(logits, {kRows, kVocab}), ttargets = to_tensor(targets);
+  Tensor tlogits = host_tensor<float>({kRows, kVocab}, logits), ttargets = host_tensor<int32_t>(targets);
   Tensor losses = Tensor::empty({kRows}), lse = Tensor::empty({kRows});
   cross_entropy_forward(cpu_device(), tlogits, ttargets, losses, lse);
   // The gradient overwrites the logits in place.
@@ -149,11 +126,11 @@ TEST(CrossEntropyTest, FloatOpsMatchDoubleTemplatesAndMayAlias) {
                                      losses_d.data(), lse_d.data());
   cpu::cross_entropy_backward<double>(logits_d.data(), targets.data(), lse_d.data(), scale, kRows,
                                       kVocab, 0, dlogits_d.data());
-  EXPECT_LT(max_relative_error(to_vector(losses), losses_d), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(lse), lse_d), 1e-5);
-  EXPECT_LT(max_relative_error(to_vector(tlogits), dlogits_d), 1e-5);
-  EXPECT_TRUE(any_nonzero(to_vector(losses)));
-  EXPECT_TRUE(any_nonzero(to_vector(tlogits)));
+  EXPECT_LT(max_relative_error(values_of<float>(losses), losses_d), 1e-5);
+  EXPECT_LT(max_relative_error(values_of<float>(lse), lse_d), 1e-5);
+  EXPECT_LT(max_relative_error(values_of<float>(tlogits), dlogits_d), 1e-5);
+  EXPECT_TRUE(any_nonzero(values_of<float>(losses)));
+  EXPECT_TRUE(any_nonzero(values_of<float>(tlogits)));
 }
 
 TEST(CrossEntropyTest, VocabularyShardsCombineIntoTheWholeLoss) {
@@ -163,7 +140,7 @@ TEST(CrossEntropyTest, VocabularyShardsCombineIntoTheWholeLoss) {
   const auto logits = random_vector<float>(kRows * kVocab, 11, -4, 4);
   const auto targets = make_targets(12);
   const float scale = 0.5f;
-  Tensor tlogits = to_tensor(logits, {kRows, kVocab}), ttargets = to_tensor(targets);
+  Tensor tlogits = host_tensor<float>({kRows, kVocab}, logits), ttargets = host_tensor<int32_t>(targets);
   Tensor losses = Tensor::empty({kRows}), lse = Tensor::empty({kRows});
   cross_entropy_forward(cpu_device(), tlogits, ttargets, losses, lse);
   Tensor dwhole = Tensor::empty({kRows, kVocab});
@@ -211,7 +188,7 @@ TEST(CrossEntropyTest, Bf16GradientIsTheF32GradientRounded) {
   const auto logits = random_vector<float>(kRows * kVocab, 13, -4, 4);
   const auto targets = make_targets(14);
   const float scale = 0.37f;
-  Tensor tlogits = to_tensor(logits, {kRows, kVocab}), ttargets = to_tensor(targets);
+  Tensor tlogits = host_tensor<float>({kRows, kVocab}, logits), ttargets = host_tensor<int32_t>(targets);
   Tensor losses = Tensor::empty({kRows}), lse = Tensor::empty({kRows});
   cross_entropy_forward(cpu_device(), tlogits, ttargets, losses, lse);
   for (const VocabShard shard : {VocabShard{}, VocabShard{5, kVocab + 11}}) {
@@ -223,13 +200,13 @@ TEST(CrossEntropyTest, Bf16GradientIsTheF32GradientRounded) {
     cross_entropy_backward(cpu_device(), tlogits, ttargets, lse, scale, d16, shard);
     for (int64_t i = 0; i < kRows * kVocab; ++i)
       EXPECT_EQ(d16.data<bf16>()[i].bits, to_bf16(d32.data<float>()[i]).bits) << i;
-    EXPECT_TRUE(any_nonzero(to_vector(d32)));
-    EXPECT_EQ(to_vector(tlogits), logits);
+    EXPECT_TRUE(any_nonzero(values_of<float>(d32)));
+    EXPECT_EQ(values_of<float>(tlogits), logits);
   }
 }
 
 TEST(CrossEntropyDeathTest, WrongDtypesAreRefused) {
-  const Tensor ttargets = to_tensor(make_targets(15));
+  const Tensor ttargets = host_tensor<int32_t>(make_targets(15));
   const Tensor lse = Tensor::zeros({kRows});
   const Tensor logits16 = Tensor::zeros({kRows, kVocab}, DType::kBF16);
   Tensor d16 = Tensor::zeros({kRows, kVocab}, DType::kBF16);

@@ -8,12 +8,14 @@
 
 #include "kernels/attention.h"
 #include "kernels/cpu/attention.h"
+#include "tests/finite_differences.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
 namespace {
 
 using testing::any_nonzero;
+using testing::central_differences;
 using testing::max_relative_error;
 using testing::random_vector;
 
@@ -174,17 +176,9 @@ void check_backward(const cpu::AttentionShape& s, const std::vector<int32_t>& st
   };
   const double eps = 1e-6;
   auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-    std::vector<double> analytic, numeric;
-    for (size_t i = 0; i < x.size(); i += stride) {
-      const double saved = x[i];
-      x[i] = saved + eps;
-      const double up = loss();
-      x[i] = saved - eps;
-      const double down = loss();
-      x[i] = saved;
-      numeric.push_back((up - down) / (2 * eps));
-      analytic.push_back(grad[i]);
-    }
+    const std::vector<double> numeric = central_differences(x, eps, loss, stride);
+    std::vector<double> analytic;
+    for (size_t i = 0; i < x.size(); i += stride) analytic.push_back(grad[i]);
     EXPECT_LT(max_relative_error(analytic, numeric), 1e-6) << name << " seq " << s.seq;
     EXPECT_TRUE(any_nonzero(grad)) << name;
   };

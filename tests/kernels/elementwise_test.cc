@@ -11,6 +11,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/elementwise.h"
 #include "tests/bf16_test_util.h"
+#include "tests/tensor_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
@@ -20,34 +21,25 @@ using testing::stores;
 using testing::to_dtype;
 
 using testing::any_nonzero;
+using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_vector;
-
-Tensor make_tensor(const Shape& shape, const std::vector<float>& values) {
-  Tensor t = Tensor::empty(shape);
-  std::copy(values.begin(), values.end(), t.data<float>());
-  return t;
-}
-
-std::vector<float> values_of(const Tensor& t) {
-  const float* p = t.data<float>();
-  return std::vector<float>(p, p + t.numel());
-}
+using testing::values_of;
 
 TEST(ElementwiseTest, AddAndScale) {
   const int64_t n = 70001;
   const auto x = random_vector<float>(n, 61);
   const auto y = random_vector<float>(n, 62);
-  Tensor yt = make_tensor({n}, y);
-  add_(cpu_device(), yt, make_tensor({n}, x), -0.75f);
+  Tensor yt = host_tensor<float>({n}, y);
+  add_(cpu_device(), yt, host_tensor<float>({n}, x), -0.75f);
   std::vector<double> expected(n);
   for (int64_t i = 0; i < n; ++i) expected[i] = double(y[i]) - 0.75 * double(x[i]);
-  EXPECT_LT(max_relative_error(values_of(yt), expected), 1e-6);
+  EXPECT_LT(max_relative_error(values_of<float>(yt), expected), 1e-6);
 
   scale_(cpu_device(), yt, 3.0f);
   for (auto& e : expected) e *= 3.0;
-  EXPECT_LT(max_relative_error(values_of(yt), expected), 1e-6);
-  EXPECT_TRUE(any_nonzero(values_of(yt)));
+  EXPECT_LT(max_relative_error(values_of<float>(yt), expected), 1e-6);
+  EXPECT_TRUE(any_nonzero(values_of<float>(yt)));
 }
 
 TEST(ElementwiseTest, AddBiasAndBiasBackward) {
@@ -55,27 +47,27 @@ TEST(ElementwiseTest, AddBiasAndBiasBackward) {
   const int64_t rows = 300, n = 130;
   const auto y = random_vector<float>(rows * n, 63);
   const auto bias = random_vector<float>(n, 64);
-  Tensor yt = make_tensor({rows, n}, y);
-  add_bias_(cpu_device(), yt, make_tensor({n}, bias));
+  Tensor yt = host_tensor<float>({rows, n}, y);
+  add_bias_(cpu_device(), yt, host_tensor<float>({n}, bias));
   std::vector<double> expected(rows * n);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < n; ++i) expected[r * n + i] = double(y[r * n + i]) + bias[i];
   }
-  EXPECT_LT(max_relative_error(values_of(yt), expected), 1e-6);
+  EXPECT_LT(max_relative_error(values_of<float>(yt), expected), 1e-6);
 
   const auto initial = random_vector<float>(n, 65);
-  Tensor dbias = make_tensor({n}, initial);
-  bias_backward(cpu_device(), make_tensor({rows, n}, y), dbias);
+  Tensor dbias = host_tensor<float>({n}, initial);
+  bias_backward(cpu_device(), host_tensor<float>({rows, n}, y), dbias);
   std::vector<double> sums(initial.begin(), initial.end());
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < n; ++i) sums[i] += y[r * n + i];
   }
-  EXPECT_LT(max_relative_error(values_of(dbias), sums), 1e-5);
+  EXPECT_LT(max_relative_error(values_of<float>(dbias), sums), 1e-5);
 }
 
 TEST(ElementwiseTest, SumSquaresOfManyTensorsMatchOneByOne) {
   std::vector<Tensor> xs;
-  for (int64_t n : {5, 0, 100003, 1}) xs.push_back(make_tensor({n}, random_vector<float>(n, 70 + n)));
+  for (int64_t n : {5, 0, 100003, 1}) xs.push_back(host_tensor<float>({n}, random_vector<float>(n, 70 + n)));
   const std::vector<double> sums = sum_squares(cpu_device(), xs);
   ASSERT_EQ(sums.size(), xs.size());
   for (size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(sums[i], sum_squares(cpu_device(), xs[i])) << i;
@@ -90,7 +82,7 @@ TEST(ElementwiseTest, SumSquaresIsAccurateAndThreadCountIndependent) {
   const auto x = random_vector<float>(n, 66, -3.0, 3.0);
   double expected = 0;
   for (float v : x) expected += double(v) * double(v);
-  Tensor xt = make_tensor({n}, x);
+  Tensor xt = host_tensor<float>({n}, x);
   const double got = sum_squares(cpu_device(), xt);
   EXPECT_NEAR(got, expected, 1e-12 * expected);
 
@@ -111,26 +103,26 @@ TEST(ElementwiseTest, SigmoidGateForwardMatchesDoubleReference) {
   g[0] = -200.0f;  // exp(200) overflows float: the sigmoid must not.
   g[1] = 200.0f;
   const auto y = random_vector<float>(rows * n, 69);
-  Tensor yt = make_tensor({rows, n}, y);
-  sigmoid_gate_forward(cpu_device(), make_tensor({rows, n}, x), make_tensor({rows, 1}, g), yt);
+  Tensor yt = host_tensor<float>({rows, n}, y);
+  sigmoid_gate_forward(cpu_device(), host_tensor<float>({rows, n}, x), host_tensor<float>({rows, 1}, g), yt);
   std::vector<double> expected(rows * n);
   for (int64_t r = 0; r < rows; ++r) {
     const double s = 1.0 / (1.0 + std::exp(-double(g[r])));
     for (int64_t i = 0; i < n; ++i) expected[r * n + i] = y[r * n + i] + s * x[r * n + i];
   }
-  EXPECT_LT(max_relative_error(values_of(yt), expected), 1e-6);
+  EXPECT_LT(max_relative_error(values_of<float>(yt), expected), 1e-6);
 }
 
 // bf16 operands run the f32 op on their widened values and round each bf16 output once,
 // whichever operands are bf16; f32 outputs and dbias are exactly the f32 op's.
 TEST(ElementwiseTest, Bf16OperandsComputeInF32) {
   const int64_t rows = 37, n = 130;
-  const Tensor x32 = make_tensor({rows, n}, random_vector<float>(rows * n, 76));
-  const Tensor y32 = make_tensor({rows, n}, random_vector<float>(rows * n, 77));
+  const Tensor x32 = host_tensor<float>({rows, n}, random_vector<float>(rows * n, 76));
+  const Tensor y32 = host_tensor<float>({rows, n}, random_vector<float>(rows * n, 77));
   const Tensor x = to_dtype(x32, DType::kBF16);
-  const Tensor bias16 = to_dtype(make_tensor({n}, random_vector<float>(n, 78)), DType::kBF16);
+  const Tensor bias16 = to_dtype(host_tensor<float>({n}, random_vector<float>(n, 78)), DType::kBF16);
   const Tensor g16 =
-      to_dtype(make_tensor({rows, 1}, random_vector<float>(rows, 79, -4, 4)), DType::kBF16);
+      to_dtype(host_tensor<float>({rows, 1}, random_vector<float>(rows, 79, -4, 4)), DType::kBF16);
 
   Tensor y = to_dtype(y32, DType::kBF16);
   Tensor expected = to_dtype(y, DType::kF32);
@@ -169,11 +161,11 @@ TEST(ElementwiseTest, Bf16OperandsComputeInF32) {
       sigmoid_gate_backward(cpu_device(), dy, xs, g, dx, dg);
       EXPECT_TRUE(stores(dx, dx32));
       EXPECT_TRUE(stores(dg, dg32));
-      EXPECT_TRUE(any_nonzero(values_of(dg32)));
+      EXPECT_TRUE(any_nonzero(values_of<float>(dg32)));
     }
   }
 
-  const Tensor dbias0 = make_tensor({n}, random_vector<float>(n, 80));
+  const Tensor dbias0 = host_tensor<float>({n}, random_vector<float>(n, 80));
   Tensor dbias = to_dtype(dbias0, DType::kF32), dbias_expected = to_dtype(dbias0, DType::kF32);
   bias_backward(cpu_device(), to_dtype(x, DType::kF32), dbias_expected);
   bias_backward(cpu_device(), x, dbias);

@@ -12,25 +12,18 @@
 #include "core/runtime/rng.h"
 #include "kernels/cpu/gating.h"
 #include "kernels/router_aux.h"
+#include "tests/finite_differences.h"
+#include "tests/tensor_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
 namespace {
 
 using testing::any_nonzero;
+using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_vector;
-
-template <typename T> Tensor make_tensor(const Shape& shape, const std::vector<T>& values) {
-  Tensor t = Tensor::empty(shape, dtype_of<T>());
-  std::copy(values.begin(), values.end(), t.data<T>());
-  return t;
-}
-
-template <typename T> std::vector<T> values_of(const Tensor& t) {
-  const T* p = t.data<T>();
-  return std::vector<T>(p, p + t.numel());
-}
+using testing::values_of;
 
 std::vector<double> to_double(const std::vector<float>& v) {
   return std::vector<double>(v.begin(), v.end());
@@ -70,18 +63,7 @@ Gated reference_gating(const std::vector<double>& logits, int64_t n, int64_t num
 
 std::vector<double> numeric_gradient(std::vector<double> x,
                                      const std::function<double(const std::vector<double>&)>& f) {
-  const double h = 1e-6;
-  std::vector<double> grad(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double xi = x[i];
-    x[i] = xi + h;
-    const double plus = f(x);
-    x[i] = xi - h;
-    const double minus = f(x);
-    x[i] = xi;
-    grad[i] = (plus - minus) / (2 * h);
-  }
-  return grad;
+  return testing::central_differences(x, 1e-6, [&] { return f(x); });
 }
 
 Gated gate_double(const std::vector<double>& logits, int64_t n, int64_t num_experts, int k,
@@ -149,7 +131,7 @@ TEST(GatingTest, ForwardMatchesDoubleReference) {
     Tensor probs = Tensor::empty({n, num_experts});
     Tensor ids = Tensor::empty({n, k}, DType::kI32);
     Tensor weights = Tensor::empty({n, k});
-    gating_forward(cpu_device(), make_tensor({n, num_experts}, logits), k, renormalize, probs, ids,
+    gating_forward(cpu_device(), host_tensor({n, num_experts}, logits), k, renormalize, probs, ids,
                    weights);
     const Gated ref = reference_gating(to_double(logits), n, num_experts, k, renormalize);
     EXPECT_LT(max_relative_error(values_of<float>(probs), ref.probs), 1e-6);
@@ -245,10 +227,10 @@ TEST(GatingTest, FloatBackwardMatchesDoubleTemplate) {
     Tensor probs = Tensor::empty({n, num_experts});
     Tensor ids = Tensor::empty({n, k}, DType::kI32);
     Tensor weights = Tensor::empty({n, k});
-    gating_forward(cpu_device(), make_tensor({n, num_experts}, logits), k, renormalize, probs, ids,
+    gating_forward(cpu_device(), host_tensor({n, num_experts}, logits), k, renormalize, probs, ids,
                    weights);
     Tensor dlogits = Tensor::empty({n, num_experts});
-    gating_backward(cpu_device(), probs, ids, make_tensor({n, k}, dweights), renormalize, dlogits);
+    gating_backward(cpu_device(), probs, ids, host_tensor({n, k}, dweights), renormalize, dlogits);
 
     const Gated g = gate_double(to_double(logits), n, num_experts, k, renormalize);
     EXPECT_EQ(values_of<int32_t>(ids), g.ids);
@@ -273,13 +255,13 @@ TEST(GatingTest, BackwardSkipsNoExpertSlots) {
     Tensor probs = Tensor::empty({n, num_experts});
     Tensor ids = Tensor::empty({n, k}, DType::kI32);
     Tensor weights = Tensor::empty({n, k});
-    gating_forward(cpu_device(), make_tensor({n, num_experts}, logits), k, renormalize, probs, ids,
+    gating_forward(cpu_device(), host_tensor({n, num_experts}, logits), k, renormalize, probs, ids,
                    weights);
     std::vector<int32_t> holed = values_of<int32_t>(ids);
     punch_no_expert_slots(holed, n, k);
     Tensor dlogits =
-        make_tensor({n, num_experts}, std::vector<float>(n * num_experts, std::nanf("")));
-    gating_backward(cpu_device(), probs, make_tensor({n, k}, holed), make_tensor({n, k}, dweights),
+        host_tensor({n, num_experts}, std::vector<float>(n * num_experts, std::nanf("")));
+    gating_backward(cpu_device(), probs, host_tensor({n, k}, holed), host_tensor({n, k}, dweights),
                     renormalize, dlogits);
     const auto expected = backward_of_kept_slots(
         to_double(values_of<float>(probs)), holed, to_double(dweights), n, num_experts, k,
@@ -362,8 +344,8 @@ TEST(SigmoidGatingTest, ForwardMatchesDoubleReference) {
     Tensor scores = Tensor::empty({n, num_experts});
     Tensor ids = Tensor::empty({n, g.k}, DType::kI32);
     Tensor weights = Tensor::empty({n, g.k});
-    sigmoid_gating_forward(cpu_device(), make_tensor({n, num_experts}, logits),
-                           make_tensor({num_experts}, bias), g, scores, ids, weights);
+    sigmoid_gating_forward(cpu_device(), host_tensor({n, num_experts}, logits),
+                           host_tensor({num_experts}, bias), g, scores, ids, weights);
     const Gated ref = reference_sigmoid_gating(to_double(logits), bias, n, num_experts, g);
     EXPECT_LT(max_relative_error(values_of<float>(scores), ref.probs), 1e-6);
     EXPECT_EQ(values_of<int32_t>(ids), ref.ids);
@@ -439,10 +421,10 @@ TEST(SigmoidGatingTest, FloatBackwardMatchesDoubleTemplate) {
     Tensor scores = Tensor::empty({n, num_experts});
     Tensor ids = Tensor::empty({n, g.k}, DType::kI32);
     Tensor weights = Tensor::empty({n, g.k});
-    sigmoid_gating_forward(cpu_device(), make_tensor({n, num_experts}, logits),
-                           make_tensor({num_experts}, bias), g, scores, ids, weights);
+    sigmoid_gating_forward(cpu_device(), host_tensor({n, num_experts}, logits),
+                           host_tensor({num_experts}, bias), g, scores, ids, weights);
     Tensor dlogits = Tensor::empty({n, num_experts});
-    sigmoid_gating_backward(cpu_device(), scores, ids, make_tensor({n, g.k}, dweights), g,
+    sigmoid_gating_backward(cpu_device(), scores, ids, host_tensor({n, g.k}, dweights), g,
                             dlogits);
     const Gated d = sigmoid_gate_double(to_double(logits), bias, n, num_experts, g);
     EXPECT_EQ(values_of<int32_t>(ids), d.ids);
@@ -466,14 +448,14 @@ TEST(SigmoidGatingTest, BackwardSkipsNoExpertSlots) {
     Tensor scores = Tensor::empty({n, num_experts});
     Tensor ids = Tensor::empty({n, g.k}, DType::kI32);
     Tensor weights = Tensor::empty({n, g.k});
-    sigmoid_gating_forward(cpu_device(), make_tensor({n, num_experts}, logits),
-                           make_tensor({num_experts}, bias), g, scores, ids, weights);
+    sigmoid_gating_forward(cpu_device(), host_tensor({n, num_experts}, logits),
+                           host_tensor({num_experts}, bias), g, scores, ids, weights);
     std::vector<int32_t> holed = values_of<int32_t>(ids);
     punch_no_expert_slots(holed, n, g.k);
     Tensor dlogits =
-        make_tensor({n, num_experts}, std::vector<float>(n * num_experts, std::nanf("")));
-    sigmoid_gating_backward(cpu_device(), scores, make_tensor({n, g.k}, holed),
-                            make_tensor({n, g.k}, dweights), g, dlogits);
+        host_tensor({n, num_experts}, std::vector<float>(n * num_experts, std::nanf("")));
+    sigmoid_gating_backward(cpu_device(), scores, host_tensor({n, g.k}, holed),
+                            host_tensor({n, g.k}, dweights), g, dlogits);
     const auto expected = backward_of_kept_slots(
         to_double(values_of<float>(scores)), holed, to_double(dweights), n, num_experts, g.k,
         [&](const double* s, const int32_t* kept_ids, const double* dw, double* dl, int kept) {
@@ -490,12 +472,12 @@ TEST(SigmoidGatingTest, RouterSumsAreTheRoutingCountsAndZLossSum) {
   const SigmoidGating g{.k = 2, .renormalize = true, .scaling = 1.0f, .num_groups = 4,
                         .top_groups = 2};
   const Tensor logits =
-      make_tensor({n, num_experts}, random_vector<float>(n * num_experts, 39, -3.0, 3.0));
-  const Tensor bias = make_tensor({num_experts}, random_vector<float>(num_experts, 40, -0.1, 0.1));
+      host_tensor({n, num_experts}, random_vector<float>(n * num_experts, 39, -3.0, 3.0));
+  const Tensor bias = host_tensor({num_experts}, random_vector<float>(num_experts, 40, -0.1, 0.1));
   Tensor scores = Tensor::empty({n, num_experts}), ids = Tensor::empty({n, g.k}, DType::kI32);
   Tensor weights = Tensor::empty({n, g.k});
   Tensor sums =
-      make_tensor({2 * num_experts + 1}, std::vector<float>(2 * num_experts + 1, std::nanf("")));
+      host_tensor({2 * num_experts + 1}, std::vector<float>(2 * num_experts + 1, std::nanf("")));
   sigmoid_router_forward(cpu_device(), logits, bias, g, scores, ids, weights, sums);
   Tensor selections = Tensor::empty({num_experts}), score_sums = Tensor::empty({num_experts});
   routing_counts(cpu_device(), scores, ids, selections, score_sums);
@@ -509,8 +491,8 @@ TEST(SigmoidGatingTest, RouterSumsAreTheRoutingCountsAndZLossSum) {
 }
 
 TEST(SigmoidGatingTest, RefusesGroupsThatCannotHoldTopK) {
-  const Tensor logits = make_tensor({2, 8}, std::vector<float>(16, 0.0f));
-  const Tensor bias = make_tensor({8}, std::vector<float>(8, 0.0f));
+  const Tensor logits = host_tensor({2, 8}, std::vector<float>(16, 0.0f));
+  const Tensor bias = host_tensor({8}, std::vector<float>(8, 0.0f));
   Tensor scores = Tensor::empty({2, 8}), ids = Tensor::empty({2, 3}, DType::kI32);
   Tensor weights = Tensor::empty({2, 3});
   const SigmoidGating too_few{.k = 3, .num_groups = 4, .top_groups = 1};
@@ -526,7 +508,7 @@ TEST(SigmoidGatingTest, RefusesGroupsThatCannotHoldTopK) {
 TEST(RoundRobinRoutingTest, LoadsEveryExpertEqually) {
   const int64_t n = 12, num_experts = 6;
   const int k = 2;
-  Tensor ids = make_tensor({n, k}, std::vector<int32_t>(n * k, -7));
+  Tensor ids = host_tensor({n, k}, std::vector<int32_t>(n * k, -7));
   Tensor weights = Tensor::empty({n, k});
   round_robin_routing(cpu_device(), /*first_token=*/9, num_experts, ids, weights);
   std::vector<int> load(num_experts, 0);
@@ -576,7 +558,7 @@ TEST(ExpertChoiceTest, ForwardMatchesNaiveReference) {
     Tensor probs = Tensor::empty({n, num_experts}), ids = Tensor::empty({n, num_experts}, DType::kI32);
     Tensor weights = Tensor::empty({n, num_experts});
     Tensor sums = Tensor::empty({2 * num_experts + 1});
-    expert_choice_router_forward(cpu_device(), make_tensor({n, num_experts}, logits), capacity,
+    expert_choice_router_forward(cpu_device(), host_tensor({n, num_experts}, logits), capacity,
                                  probs, ids, weights, sums);
     const Gated ref =
         reference_expert_choice(to_double(values_of<float>(probs)), n, num_experts, capacity);
@@ -623,10 +605,10 @@ TEST(ExpertChoiceTest, FloatBackwardMatchesDoubleTemplate) {
   const auto dweights = random_vector<float>(n * num_experts, 45);
   Tensor probs = Tensor::empty({n, num_experts}), ids = Tensor::empty({n, num_experts}, DType::kI32);
   Tensor weights = Tensor::empty({n, num_experts}), sums = Tensor::empty({2 * num_experts + 1});
-  expert_choice_router_forward(cpu_device(), make_tensor({n, num_experts}, logits), capacity, probs,
+  expert_choice_router_forward(cpu_device(), host_tensor({n, num_experts}, logits), capacity, probs,
                                ids, weights, sums);
   Tensor dlogits = Tensor::empty({n, num_experts});
-  expert_choice_backward(cpu_device(), probs, ids, make_tensor({n, num_experts}, dweights),
+  expert_choice_backward(cpu_device(), probs, ids, host_tensor({n, num_experts}, dweights),
                          dlogits);
   const Gated d = expert_choice_double(to_double(logits), n, num_experts, capacity);
   EXPECT_EQ(values_of<int32_t>(ids), d.ids);
@@ -647,7 +629,7 @@ TEST(RouterZLossTest, ForwardMatchesDoubleReference) {
     expected += std::log(sum) * std::log(sum);
   }
   Tensor z_sum = Tensor::empty({1});
-  router_z_loss_sum(cpu_device(), make_tensor({n, num_experts}, logits), z_sum);
+  router_z_loss_sum(cpu_device(), host_tensor({n, num_experts}, logits), z_sum);
   EXPECT_NEAR(*z_sum.data<float>(), expected, 1e-6 * expected);
   expected /= n;
   const double got = cpu::router_z_loss_forward(logits.data(), n, num_experts);
@@ -661,11 +643,11 @@ TEST(RouterForwardTest, SumsAreTheRoutingCountsAndZLossSum) {
   const int64_t n = 300, num_experts = 6;
   const int k = 2;
   const Tensor logits =
-      make_tensor({n, num_experts}, random_vector<float>(n * num_experts, 24, -3.0, 3.0));
+      host_tensor({n, num_experts}, random_vector<float>(n * num_experts, 24, -3.0, 3.0));
   Tensor probs = Tensor::empty({n, num_experts}), ids = Tensor::empty({n, k}, DType::kI32);
   Tensor weights = Tensor::empty({n, k});
   Tensor sums =
-      make_tensor({2 * num_experts + 1}, std::vector<float>(2 * num_experts + 1, std::nanf("")));
+      host_tensor({2 * num_experts + 1}, std::vector<float>(2 * num_experts + 1, std::nanf("")));
   router_forward(cpu_device(), logits, k, /*renormalize=*/true, probs, ids, weights, sums);
 
   Tensor want_probs = Tensor::empty({n, num_experts}),
@@ -701,8 +683,8 @@ TEST(GshardDispatchTest, SendsTheSecondExpertWithProbabilityTwiceItsWeight) {
     weights[2 * t + 1] = t % 4 == 0 ? 0.5f : (t % 4 == 1 ? 0.0f : 0.2f);
   }
   const uint64_t seed = 99, first_draw = 1234;
-  Tensor out = make_tensor({n, 2}, std::vector<int32_t>(2 * n, 77));
-  gshard_dispatch_ids(cpu_device(), make_tensor({n, 2}, ids), make_tensor({n, 2}, weights), seed,
+  Tensor out = host_tensor({n, 2}, std::vector<int32_t>(2 * n, 77));
+  gshard_dispatch_ids(cpu_device(), host_tensor({n, 2}, ids), host_tensor({n, 2}, weights), seed,
                       first_draw, out);
   const std::vector<int32_t> got = values_of<int32_t>(out);
   Rng stream(seed, first_draw - 1);
@@ -753,8 +735,8 @@ TEST(RouterZLossTest, FloatBackwardMatchesDoubleTemplate) {
   const int64_t n = 9, num_experts = 7;
   const auto logits = random_vector<float>(n * num_experts, 24, -3.0, 3.0);
   const auto initial = random_vector<float>(n * num_experts, 25);
-  Tensor dlogits = make_tensor({n, num_experts}, initial);
-  router_z_loss_backward(cpu_device(), make_tensor({n, num_experts}, logits), 0.5f, dlogits);
+  Tensor dlogits = host_tensor({n, num_experts}, initial);
+  router_z_loss_backward(cpu_device(), host_tensor({n, num_experts}, logits), 0.5f, dlogits);
   std::vector<double> expected = to_double(initial);
   const auto logits_d = to_double(logits);
   cpu::router_z_loss_backward(logits_d.data(), 0.5, expected.data(), n, num_experts);

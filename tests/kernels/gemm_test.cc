@@ -9,32 +9,20 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/threads.h"
+#include "tests/finite_differences.h"
+#include "tests/tensor_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
 namespace {
 
 using testing::any_nonzero;
+using testing::central_differences;
+using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_integers;
 using testing::random_vector;
-
-Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
-  Tensor t = Tensor::empty(shape);
-  std::copy(v.begin(), v.end(), t.data<float>());
-  return t;
-}
-
-Tensor to_tensor(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
-}
-
-std::vector<float> to_vector(const Tensor& t) {
-  const float* p = t.data<float>();
-  return std::vector<float>(p, p + t.numel());
-}
+using testing::values_of;
 
 template <typename T>
 std::vector<double> to_double(const std::vector<T>& v) {
@@ -87,13 +75,13 @@ TEST(GemmTest, MatmulIsExactOnIntegers) {
   const int64_t m = 9, n = 11, k = 6;
   const auto a = random_integers<float>(m * k, 4, -4, 4);
   const auto b = random_integers<float>(n * k, 5, -4, 4);
-  Tensor ta = to_tensor(a, {m, k}), tb = to_tensor(b, {n, k});
+  Tensor ta = host_tensor<float>({m, k}, a), tb = host_tensor<float>({n, k}, b);
   Tensor tc = Tensor::empty({m, n});
   matmul(cpu_device(), ta, false, tb, true, tc);
   const auto expected = naive_gemm(false, true, m, n, k, 1, to_double(a), k, to_double(b), k, 0,
                                    std::vector<double>(m * n), n);
-  EXPECT_EQ(to_double(to_vector(tc)), expected);
-  EXPECT_TRUE(any_nonzero(to_vector(tc)));
+  EXPECT_EQ(to_double(values_of<float>(tc)), expected);
+  EXPECT_TRUE(any_nonzero(values_of<float>(tc)));
 }
 
 TEST(GemmTest, MatmulReadsHigherRankAsMatrices) {
@@ -101,12 +89,12 @@ TEST(GemmTest, MatmulReadsHigherRankAsMatrices) {
   const auto a = random_vector<float>(30, 6);
   const auto b = random_vector<float>(42, 7);
   auto c = random_vector<float>(35, 8);
-  Tensor ta = to_tensor(a, {2, 3, 5}), tb = to_tensor(b, {6, 7}), tc = to_tensor(c, {5, 7});
+  Tensor ta = host_tensor<float>({2, 3, 5}, a), tb = host_tensor<float>({6, 7}, b), tc = host_tensor<float>({5, 7}, c);
   matmul(cpu_device(), ta, true, tb, false, tc, 0.5f, 2.0f);
   const auto expected =
       naive_gemm(true, false, 5, 7, 6, 0.5, to_double(a), 5, to_double(b), 7, 2.0, to_double(c), 7);
-  EXPECT_LT(max_relative_error(to_vector(tc), expected), 1e-5);
-  EXPECT_TRUE(any_nonzero(to_vector(tc)));
+  EXPECT_LT(max_relative_error(values_of<float>(tc), expected), 1e-5);
+  EXPECT_TRUE(any_nonzero(values_of<float>(tc)));
 }
 
 // The batch-invariant mode's products (kernels/cpu/fixed_order_gemm.h): right against
@@ -283,21 +271,8 @@ TEST_F(GroupedMatmulTest, BackwardPairMatchesFiniteDifferences) {
   cpu::grouped_matmul_tn_accumulate<double>(gy.data(), a.data(), sizes_.data(), groups_, n_, k_,
                                             dw.data());
   const double eps = 1e-6;
-  auto numeric = [&](std::vector<double>& x) {
-    std::vector<double> grad(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double saved = x[i];
-      x[i] = saved + eps;
-      const double up = loss();
-      x[i] = saved - eps;
-      const double down = loss();
-      x[i] = saved;
-      grad[i] = (up - down) / (2 * eps);
-    }
-    return grad;
-  };
-  EXPECT_LT(max_relative_error(da, numeric(a)), 1e-6);
-  EXPECT_LT(max_relative_error(dw, numeric(w)), 1e-6);
+  EXPECT_LT(max_relative_error(da, central_differences(a, eps, loss)), 1e-6);
+  EXPECT_LT(max_relative_error(dw, central_differences(w, eps, loss)), 1e-6);
   EXPECT_TRUE(any_nonzero(da));
   EXPECT_TRUE(any_nonzero(dw));
 }
@@ -316,32 +291,32 @@ TEST_F(GroupedMatmulTest, RowsPastTheGroupsAreNeitherReadNorWritten) {
              a_nn = random_vector<float>(rows_ * n_, 41);
   const auto w = random_vector<float>(groups_ * n_ * k_, 42);
   const auto dw0 = random_vector<float>(groups_ * n_ * k_, 43);
-  const Tensor t_w = to_tensor(w, {groups_, n_, k_}), t_sizes = to_tensor(sizes_);
+  const Tensor t_w = host_tensor<float>({groups_, n_, k_}, w), t_sizes = host_tensor<int32_t>(sizes_);
   // The exact buffers, then the same with a NaN tail in the operands and 7s in the outputs.
   Tensor want_nt = Tensor::empty({rows_, n_}), want_nn = Tensor::empty({rows_, k_});
-  Tensor want_dw = to_tensor(dw0, {groups_, n_, k_});
-  grouped_matmul_nt(cpu_device(), to_tensor(a_nt, {rows_, k_}), t_w, t_sizes, want_nt);
-  grouped_matmul_nn(cpu_device(), to_tensor(a_nn, {rows_, n_}), t_w, t_sizes, want_nn);
-  grouped_matmul_tn_accumulate(cpu_device(), to_tensor(a_nn, {rows_, n_}),
-                               to_tensor(a_nt, {rows_, k_}), t_sizes, want_dw);
-  const Tensor tail_nt = to_tensor(with_tail(a_nt, k_, nan), {rows, k_});
-  const Tensor tail_nn = to_tensor(with_tail(a_nn, n_, nan), {rows, n_});
-  Tensor out_nt = to_tensor(std::vector<float>(rows * n_, 7.0f), {rows, n_});
-  Tensor out_nn = to_tensor(std::vector<float>(rows * k_, 7.0f), {rows, k_});
-  Tensor dw = to_tensor(dw0, {groups_, n_, k_});
+  Tensor want_dw = host_tensor<float>({groups_, n_, k_}, dw0);
+  grouped_matmul_nt(cpu_device(), host_tensor<float>({rows_, k_}, a_nt), t_w, t_sizes, want_nt);
+  grouped_matmul_nn(cpu_device(), host_tensor<float>({rows_, n_}, a_nn), t_w, t_sizes, want_nn);
+  grouped_matmul_tn_accumulate(cpu_device(), host_tensor<float>({rows_, n_}, a_nn),
+                               host_tensor<float>({rows_, k_}, a_nt), t_sizes, want_dw);
+  const Tensor tail_nt = host_tensor<float>({rows, k_}, with_tail(a_nt, k_, nan));
+  const Tensor tail_nn = host_tensor<float>({rows, n_}, with_tail(a_nn, n_, nan));
+  Tensor out_nt = host_tensor<float>({rows, n_}, std::vector<float>(rows * n_, 7.0f));
+  Tensor out_nn = host_tensor<float>({rows, k_}, std::vector<float>(rows * k_, 7.0f));
+  Tensor dw = host_tensor<float>({groups_, n_, k_}, dw0);
   grouped_matmul_nt(cpu_device(), tail_nt, t_w, t_sizes, out_nt);
   grouped_matmul_nn(cpu_device(), tail_nn, t_w, t_sizes, out_nn);
   grouped_matmul_tn_accumulate(cpu_device(), tail_nn, tail_nt, t_sizes, dw);
-  EXPECT_EQ(to_vector(out_nt), with_tail(to_vector(want_nt), n_, 7.0f));
-  EXPECT_EQ(to_vector(out_nn), with_tail(to_vector(want_nn), k_, 7.0f));
-  EXPECT_EQ(to_vector(dw), to_vector(want_dw));
+  EXPECT_EQ(values_of<float>(out_nt), with_tail(values_of<float>(want_nt), n_, 7.0f));
+  EXPECT_EQ(values_of<float>(out_nn), with_tail(values_of<float>(want_nn), k_, 7.0f));
+  EXPECT_EQ(values_of<float>(dw), values_of<float>(want_dw));
 
   // The CPU's products read host sizes where they are.
   EXPECT_EQ(group_sizes_for(cpu_device(), DType::kF32, t_sizes).raw_data(), t_sizes.raw_data());
 
   Tensor short_out = Tensor::empty({rows_ - 1, n_});
   EXPECT_DEATH(
-      grouped_matmul_nt(cpu_device(), to_tensor(a_nt, {rows_, k_}).slice_rows(0, rows_ - 1), t_w,
+      grouped_matmul_nt(cpu_device(), host_tensor<float>({rows_, k_}, a_nt).slice_rows(0, rows_ - 1), t_w,
                         t_sizes, short_out),
       "add up to more than the rows");
 }
@@ -350,8 +325,8 @@ TEST_F(GroupedMatmulTest, RowsPastTheGroupsAreNeitherReadNorWritten) {
 // bf16 result (f32 results are not rounded); a bf16 c is read for beta != 0.
 TEST(GemmTest, Bf16OperandsComputeInF32) {
   const int64_t m = 5, n = 7, k = 300;
-  const Tensor a32 = to_tensor(random_vector<float>(m * k, 1), {m, k});
-  const Tensor b32 = to_tensor(random_vector<float>(k * n, 2), {k, n});
+  const Tensor a32 = host_tensor<float>({m, k}, random_vector<float>(m * k, 1));
+  const Tensor b32 = host_tensor<float>({k, n}, random_vector<float>(k * n, 2));
   Tensor a = Tensor::empty({m, k}, DType::kBF16), b = Tensor::empty({k, n}, DType::kBF16);
   convert(cpu_device(), a32, a);
   convert(cpu_device(), b32, b);

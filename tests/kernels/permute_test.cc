@@ -10,6 +10,8 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/permute.h"
 #include "tests/bf16_test_util.h"
+#include "tests/finite_differences.h"
+#include "tests/tensor_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
@@ -18,22 +20,12 @@ namespace {
 using testing::as_bf16;
 
 using testing::any_nonzero;
+using testing::central_differences;
+using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_integers;
 using testing::random_vector;
-
-template <typename T>
-Tensor make_tensor(const Shape& shape, const std::vector<T>& values) {
-  Tensor t = Tensor::empty(shape, dtype_of<T>());
-  std::copy(values.begin(), values.end(), t.data<T>());
-  return t;
-}
-
-template <typename T>
-std::vector<T> values_of(const Tensor& t) {
-  const T* p = t.data<T>();
-  return std::vector<T>(p, p + t.numel());
-}
+using testing::values_of;
 
 struct Plan {
   std::vector<int32_t> tokens_per_expert;
@@ -47,7 +39,7 @@ Plan plan(const std::vector<int32_t>& ids, const std::vector<float>& weights, in
           int num_experts, int64_t capacity) {
   Tensor tokens_per_expert = Tensor::empty({num_experts}, DType::kI32);
   Tensor dest_rows = Tensor::empty({n, k}, DType::kI32);
-  permute_plan(cpu_device(), make_tensor({n, k}, ids), make_tensor({n, k}, weights), num_experts,
+  permute_plan(cpu_device(), host_tensor({n, k}, ids), host_tensor({n, k}, weights), num_experts,
                capacity, tokens_per_expert, dest_rows);
   return {values_of<int32_t>(tokens_per_expert), values_of<int32_t>(dest_rows)};
 }
@@ -128,8 +120,8 @@ TEST(PermutePlanTest, CapacityAboveLoadDropsNothing) {
 TEST(RegroupReceivedRowsTest, PlacesByExpertThenSource) {
   // counts[i][e]: source 0 sends 2 rows for expert 0 and 1 for expert 1; source 1 none for
   // expert 0 and 2 for expert 1; source 2 1 row for expert 0, none for expert 1.
-  const Tensor counts = make_tensor<int32_t>({3, 2}, {2, 1, 0, 2, 1, 0});
-  Tensor regroup = make_tensor<int32_t>({6, 1}, std::vector<int32_t>(6, -7));
+  const Tensor counts = host_tensor<int32_t>({3, 2}, {2, 1, 0, 2, 1, 0});
+  Tensor regroup = host_tensor<int32_t>({6, 1}, std::vector<int32_t>(6, -7));
   regroup_received_rows(cpu_device(), counts, regroup);
   // Expert order: s0e0 (rows 0, 1), s2e0 (row 5), s0e1 (row 2), s1e1 (rows 3, 4).
   EXPECT_EQ(values_of<int32_t>(regroup), (std::vector<int32_t>{0, 1, 3, 4, 5, 2}));
@@ -146,19 +138,19 @@ TEST(PermuteTest, FullyDroppedTokenGetsZeros) {
 
   const int64_t hidden = 4;
   const auto yp = random_integers<float>(4 * hidden, 33, -5, 5);
-  Tensor y = make_tensor({3, hidden}, std::vector<float>(3 * hidden, 7.0f));
-  Tensor dest = make_tensor({3, 2}, p.dest_rows);
-  unpermute_combine(cpu_device(), make_tensor({4, hidden}, yp), dest, make_tensor({3, 2}, weights),
+  Tensor y = host_tensor({3, hidden}, std::vector<float>(3 * hidden, 7.0f));
+  Tensor dest = host_tensor({3, 2}, p.dest_rows);
+  unpermute_combine(cpu_device(), host_tensor({4, hidden}, yp), dest, host_tensor({3, 2}, weights),
                     y);
   const auto got = values_of<float>(y);
   for (int64_t i = 0; i < hidden; ++i) EXPECT_EQ(got[hidden + i], 0.0f);
   EXPECT_TRUE(any_nonzero(got));
 
-  Tensor dyp = make_tensor({4, hidden}, std::vector<float>(4 * hidden, 7.0f));
-  Tensor dweights = make_tensor({3, 2}, std::vector<float>(6, 7.0f));
+  Tensor dyp = host_tensor({4, hidden}, std::vector<float>(4 * hidden, 7.0f));
+  Tensor dweights = host_tensor({3, 2}, std::vector<float>(6, 7.0f));
   unpermute_combine_backward(
-      cpu_device(), make_tensor({3, hidden}, random_integers<float>(3 * hidden, 34, 1, 3)),
-      make_tensor({4, hidden}, yp), dest, make_tensor({3, 2}, weights), dyp, dweights);
+      cpu_device(), host_tensor({3, hidden}, random_integers<float>(3 * hidden, 34, 1, 3)),
+      host_tensor({4, hidden}, yp), dest, host_tensor({3, 2}, weights), dyp, dweights);
   const auto dw = values_of<float>(dweights);
   EXPECT_EQ(dw[2], 0.0f);
   EXPECT_EQ(dw[3], 0.0f);
@@ -201,17 +193,17 @@ TEST(PermuteTest, GatherAndCombineExactOnIntegers) {
   for (int64_t capacity : {int64_t{-1}, int64_t{9}}) {
     const Plan p = plan(ids, weights, n, k, num_experts, capacity);
     const int64_t rows = p.permuted_rows();
-    Tensor dest = make_tensor({n, k}, p.dest_rows);
+    Tensor dest = host_tensor({n, k}, p.dest_rows);
     Tensor xp = Tensor::zeros({rows, hidden});
-    permute_gather(cpu_device(), make_tensor({n, hidden}, x), dest, xp);
+    permute_gather(cpu_device(), host_tensor({n, hidden}, x), dest, xp);
     const auto xp_values = values_of<float>(xp);
     EXPECT_EQ(xp_values, reference_gather(x, p.dest_rows, n, k, hidden, rows));
     EXPECT_TRUE(any_nonzero(xp_values));
 
     const auto yp = random_integers<float>(rows * hidden, 38, -9, 9);
     Tensor y = Tensor::empty({n, hidden});
-    unpermute_combine(cpu_device(), make_tensor({rows, hidden}, yp), dest,
-                      make_tensor({n, k}, weights), y);
+    unpermute_combine(cpu_device(), host_tensor({rows, hidden}, yp), dest,
+                      host_tensor({n, k}, weights), y);
     const auto y_values = values_of<float>(y);
     EXPECT_EQ(y_values, reference_combine(yp, p.dest_rows, weights, n, k, hidden));
     EXPECT_TRUE(any_nonzero(y_values));
@@ -230,11 +222,11 @@ TEST(PermuteTest, CombineOfGatherWithIdentityExpertsGivesInput) {
   }
   const auto x = random_vector<float>(n * hidden, 41);
   const Plan p = plan(ids, weights, n, k, num_experts, -1);
-  Tensor dest = make_tensor({n, k}, p.dest_rows);
+  Tensor dest = host_tensor({n, k}, p.dest_rows);
   Tensor xp = Tensor::empty({n * k, hidden});
-  permute_gather(cpu_device(), make_tensor({n, hidden}, x), dest, xp);
+  permute_gather(cpu_device(), host_tensor({n, hidden}, x), dest, xp);
   Tensor y = Tensor::empty({n, hidden});
-  unpermute_combine(cpu_device(), xp, dest, make_tensor({n, k}, weights), y);
+  unpermute_combine(cpu_device(), xp, dest, host_tensor({n, k}, weights), y);
   EXPECT_LT(max_relative_error(values_of<float>(y), x), 1e-6);
 }
 
@@ -247,9 +239,9 @@ TEST(PermuteTest, GatherBackwardAccumulatesExactSums) {
   const int64_t rows = p.permuted_rows();
   const auto dxp = random_integers<float>(rows * hidden, 44, -9, 9);
   const auto initial = random_integers<float>(n * hidden, 45, -9, 9);
-  Tensor dx = make_tensor({n, hidden}, initial);
-  permute_gather_backward(cpu_device(), make_tensor({rows, hidden}, dxp),
-                          make_tensor({n, k}, p.dest_rows), dx);
+  Tensor dx = host_tensor({n, hidden}, initial);
+  permute_gather_backward(cpu_device(), host_tensor({rows, hidden}, dxp),
+                          host_tensor({n, k}, p.dest_rows), dx);
   std::vector<float> expected = initial;
   for (int64_t t = 0; t < n; ++t) {
     for (int j = 0; j < k; ++j) {
@@ -280,18 +272,7 @@ TEST(PermuteTest, GatherBackwardMatchesFiniteDifferences) {
     for (size_t i = 0; i < xp.size(); ++i) l += dxp[i] * xp[i];
     return l;
   };
-  const double h = 1e-6;
-  std::vector<double> numeric(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double xi = x[i];
-    x[i] = xi + h;
-    const double plus = loss();
-    x[i] = xi - h;
-    const double minus = loss();
-    x[i] = xi;
-    numeric[i] = (plus - minus) / (2 * h);
-  }
-  EXPECT_LT(max_relative_error(dx, numeric), 1e-8);
+  EXPECT_LT(max_relative_error(dx, central_differences(x, 1e-6, loss)), 1e-8);
 }
 
 TEST(PermuteTest, CombineBackwardMatchesFiniteDifferences) {
@@ -316,24 +297,11 @@ TEST(PermuteTest, CombineBackwardMatchesFiniteDifferences) {
     for (size_t i = 0; i < y.size(); ++i) l += dy[i] * y[i];
     return l;
   };
-  auto numeric = [&](std::vector<double>& v) {
-    const double h = 1e-6;
-    std::vector<double> grad(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      const double vi = v[i];
-      v[i] = vi + h;
-      const double plus = loss();
-      v[i] = vi - h;
-      const double minus = loss();
-      v[i] = vi;
-      grad[i] = (plus - minus) / (2 * h);
-    }
-    return grad;
-  };
+  const double h = 1e-6;
   EXPECT_TRUE(any_nonzero(dyp));
   EXPECT_TRUE(any_nonzero(dweights));
-  EXPECT_LT(max_relative_error(dyp, numeric(yp)), 1e-8);
-  EXPECT_LT(max_relative_error(dweights, numeric(weights)), 1e-8);
+  EXPECT_LT(max_relative_error(dyp, central_differences(yp, h, loss)), 1e-8);
+  EXPECT_LT(max_relative_error(dweights, central_differences(weights, h, loss)), 1e-8);
 }
 
 // Every element of the bf16 `actual` is the f32 `expected` rounded once.
@@ -354,10 +322,10 @@ TEST(PermuteTest, Bf16RowsComputeInF32) {
   const Plan p = plan(ids, router, n, k, num_experts, 20);
   const int64_t rows = p.permuted_rows();
   ASSERT_LT(rows, n * k);
-  const Tensor dest = make_tensor({n, k}, p.dest_rows);
-  const Tensor weights = make_tensor({n, k}, random_vector<float>(n * k, 59, -1.0, 1.0));
+  const Tensor dest = host_tensor({n, k}, p.dest_rows);
+  const Tensor weights = host_tensor({n, k}, random_vector<float>(n * k, 59, -1.0, 1.0));
 
-  const Tensor x = as_bf16(make_tensor({n, hidden}, random_vector<float>(n * hidden, 60)));
+  const Tensor x = as_bf16(host_tensor({n, hidden}, random_vector<float>(n * hidden, 60)));
   Tensor xp = Tensor::empty({rows, hidden}, DType::kBF16);
   permute_gather(cpu_device(), x, dest, xp);
   Tensor xp32 = Tensor::empty({rows, hidden});
@@ -365,21 +333,21 @@ TEST(PermuteTest, Bf16RowsComputeInF32) {
   expect_rounded(xp, xp32);
 
   // The accumulated dx: the bf16 start plus the rows, added in f32, rounded once.
-  const Tensor dxp = as_bf16(make_tensor({rows, hidden}, random_vector<float>(rows * hidden, 61)));
-  Tensor dx = as_bf16(make_tensor({n, hidden}, random_vector<float>(n * hidden, 62)));
+  const Tensor dxp = as_bf16(host_tensor({rows, hidden}, random_vector<float>(rows * hidden, 61)));
+  Tensor dx = as_bf16(host_tensor({n, hidden}, random_vector<float>(n * hidden, 62)));
   Tensor dx32 = widened(dx);
   permute_gather_backward(cpu_device(), dxp, dest, dx);
   permute_gather_backward(cpu_device(), widened(dxp), dest, dx32);
   expect_rounded(dx, dx32);
 
-  const Tensor yp = as_bf16(make_tensor({rows, hidden}, random_vector<float>(rows * hidden, 63)));
+  const Tensor yp = as_bf16(host_tensor({rows, hidden}, random_vector<float>(rows * hidden, 63)));
   Tensor y = Tensor::empty({n, hidden}, DType::kBF16), y32 = Tensor::empty({n, hidden});
   unpermute_combine(cpu_device(), yp, dest, weights, y);
   unpermute_combine(cpu_device(), widened(yp), dest, weights, y32);
   expect_rounded(y, y32);
   EXPECT_TRUE(any_nonzero(values_of<float>(y32)));
 
-  const Tensor dy = as_bf16(make_tensor({n, hidden}, random_vector<float>(n * hidden, 64)));
+  const Tensor dy = as_bf16(host_tensor({n, hidden}, random_vector<float>(n * hidden, 64)));
   Tensor dyp = Tensor::empty({rows, hidden}, DType::kBF16), dyp32 = Tensor::empty({rows, hidden});
   Tensor dweights = Tensor::empty({n, k}), dweights32 = Tensor::empty({n, k});
   unpermute_combine_backward(cpu_device(), dy, yp, dest, weights, dyp, dweights);
@@ -393,8 +361,8 @@ TEST(PermuteTest, Bf16RowsComputeInF32) {
 TEST(PermuteDeathTest, RowsOfMixedDtypesAreRefused) {
   const int64_t n = 4, hidden = 3;
   const int k = 2;
-  const Tensor dest = make_tensor({n, k}, std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
-  const Tensor weights = make_tensor({n, k}, std::vector<float>(n * k, 0.5f));
+  const Tensor dest = host_tensor({n, k}, std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  const Tensor weights = host_tensor({n, k}, std::vector<float>(n * k, 0.5f));
   const Tensor x16 = Tensor::zeros({n, hidden}, DType::kBF16);
   Tensor p32 = Tensor::zeros({n * k, hidden}), p16 = Tensor::zeros({n * k, hidden}, DType::kBF16);
   Tensor y16 = Tensor::zeros({n, hidden}, DType::kBF16);

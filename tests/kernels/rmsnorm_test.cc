@@ -10,6 +10,8 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "tests/bf16_test_util.h"
+#include "tests/finite_differences.h"
+#include "tests/tensor_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
@@ -19,22 +21,14 @@ using testing::stores;
 using testing::to_dtype;
 
 using testing::any_nonzero;
+using testing::central_differences;
+using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_vector;
+using testing::values_of;
 
 constexpr int64_t kRows = 13, kDim = 37;
 constexpr double kEps = 1e-5;
-
-Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
-  Tensor t = Tensor::empty(shape);
-  std::copy(v.begin(), v.end(), t.data<float>());
-  return t;
-}
-
-std::vector<float> to_vector(const Tensor& t) {
-  const float* p = t.data<float>();
-  return std::vector<float>(p, p + t.numel());
-}
 
 std::vector<double> naive_rmsnorm(const std::vector<double>& x, const std::vector<double>& w) {
   std::vector<double> y(x.size());
@@ -74,21 +68,10 @@ TEST(RmsnormTest, BackwardMatchesFiniteDifferences) {
   cpu::rmsnorm_backward<double>(gy.data(), x.data(), w.data(), rstd.data(), kRows, kDim, dx.data(),
                                 dw.data());
   const double eps = 1e-6;
-  auto numeric = [&](std::vector<double>& p, const std::vector<double>& base) {
-    std::vector<double> grad(p.size());
-    for (size_t i = 0; i < p.size(); ++i) {
-      const double saved = p[i];
-      p[i] = saved + eps;
-      const double up = loss();
-      p[i] = saved - eps;
-      const double down = loss();
-      p[i] = saved;
-      grad[i] = base[i] + (up - down) / (2 * eps);
-    }
-    return grad;
-  };
-  EXPECT_LT(max_relative_error(dx, numeric(x, std::vector<double>(x.size()))), 1e-6);
-  EXPECT_LT(max_relative_error(dw, numeric(w, dw0)), 1e-6);
+  EXPECT_LT(max_relative_error(dx, central_differences(x, eps, loss)), 1e-6);
+  std::vector<double> expected_dw = central_differences(w, eps, loss);
+  for (size_t i = 0; i < expected_dw.size(); ++i) expected_dw[i] += dw0[i];
+  EXPECT_LT(max_relative_error(dw, expected_dw), 1e-6);
   EXPECT_TRUE(any_nonzero(dx));
 }
 
@@ -119,10 +102,10 @@ TEST(RmsnormTest, LargeInputIsDeterministic) {
 // bf16 activations and/or weight run the f32 op on their widened values: bf16 outputs are
 // rounded once, rstd and the accumulated dweight are exactly the f32 op's.
 TEST(RmsnormTest, Bf16OperandsComputeInF32) {
-  const Tensor x32 = to_tensor(random_vector<float>(kRows * kDim, 14, -2, 2), {kRows, kDim});
-  const Tensor w32 = to_tensor(random_vector<float>(kDim, 15, 0.5, 1.5), {kDim});
-  const Tensor gy32 = to_tensor(random_vector<float>(kRows * kDim, 16), {kRows, kDim});
-  const Tensor dw0 = to_tensor(random_vector<float>(kDim, 17), {kDim});
+  const Tensor x32 = host_tensor<float>({kRows, kDim}, random_vector<float>(kRows * kDim, 14, -2, 2));
+  const Tensor w32 = host_tensor<float>({kDim}, random_vector<float>(kDim, 15, 0.5, 1.5));
+  const Tensor gy32 = host_tensor<float>({kRows, kDim}, random_vector<float>(kRows * kDim, 16));
+  const Tensor dw0 = host_tensor<float>({kDim}, random_vector<float>(kDim, 17));
   for (DType x_type : {DType::kF32, DType::kBF16}) {
     for (DType w_type : {DType::kF32, DType::kBF16}) {
       if (x_type == DType::kF32 && w_type == DType::kF32) continue;
@@ -144,7 +127,7 @@ TEST(RmsnormTest, Bf16OperandsComputeInF32) {
       rmsnorm_backward(cpu_device(), dy, x, w, rstd, dx, dw);
       EXPECT_TRUE(stores(dx, dx32));
       EXPECT_TRUE(stores(dw, dw32));
-      EXPECT_TRUE(any_nonzero(to_vector(dx32)));
+      EXPECT_TRUE(any_nonzero(values_of<float>(dx32)));
     }
   }
 }

@@ -10,6 +10,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/rope.h"
 #include "tests/bf16_test_util.h"
+#include "tests/tensor_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
@@ -19,23 +20,14 @@ using testing::stores;
 using testing::to_dtype;
 
 using testing::any_nonzero;
+using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_vector;
+using testing::values_of;
 
 constexpr int64_t kBatch = 2, kSeq = 7, kHeads = 3, kHeadDim = 10;
 constexpr int64_t kNumel = kBatch * kSeq * kHeads * kHeadDim;
 constexpr float kTheta = 10000.0f;
-
-Tensor to_tensor(const std::vector<float>& v, const Shape& shape) {
-  Tensor t = Tensor::empty(shape);
-  std::copy(v.begin(), v.end(), t.data<float>());
-  return t;
-}
-
-std::vector<float> to_vector(const Tensor& t) {
-  const float* p = t.data<float>();
-  return std::vector<float>(p, p + t.numel());
-}
 
 // The angle transformers computes: fp32 inverse frequency, fp32 product.
 float reference_angle(int64_t p, int64_t i, int64_t d) {
@@ -75,7 +67,7 @@ TEST(RopeTest, TableMatchesTransformersFormula) {
       expected.push_back(std::sin(angle));
     }
   }
-  EXPECT_LT(max_relative_error(to_vector(table), expected), 1e-7);
+  EXPECT_LT(max_relative_error(values_of<float>(table), expected), 1e-7);
 }
 
 TEST(RopeTest, ForwardMatchesRotateHalf) {
@@ -103,12 +95,12 @@ TEST(RopeTest, BackwardUndoesForward) {
 TEST(RopeTest, Bf16OperandsComputeInF32) {
   const Tensor table = rope_table(kSeq, kHeadDim, kTheta);
   const Shape shape = {kBatch, kSeq, kHeads, kHeadDim};
-  Tensor x = to_dtype(to_tensor(random_vector<float>(kNumel, 7), shape), DType::kBF16);
+  Tensor x = to_dtype(host_tensor<float>(shape, random_vector<float>(kNumel, 7)), DType::kBF16);
   Tensor expected = to_dtype(x, DType::kF32);
   rope_forward(cpu_device(), table, expected);
   rope_forward(cpu_device(), table, x);
   EXPECT_TRUE(stores(x, expected));
-  EXPECT_TRUE(any_nonzero(to_vector(expected)));
+  EXPECT_TRUE(any_nonzero(values_of<float>(expected)));
   expected = to_dtype(x, DType::kF32);
   rope_backward(cpu_device(), table, expected);
   rope_backward(cpu_device(), table, x);

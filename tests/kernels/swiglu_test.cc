@@ -10,6 +10,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/swiglu.h"
 #include "tests/bf16_test_util.h"
+#include "tests/tensor_test_util.h"
 #include "tests/test_util.h"
 
 namespace switchyard {
@@ -19,19 +20,10 @@ using testing::stores;
 using testing::to_dtype;
 
 using testing::any_nonzero;
+using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_vector;
-
-Tensor make_tensor(const Shape& shape, const std::vector<float>& values) {
-  Tensor t = Tensor::empty(shape);
-  std::copy(values.begin(), values.end(), t.data<float>());
-  return t;
-}
-
-std::vector<float> values_of(const Tensor& t) {
-  const float* p = t.data<float>();
-  return std::vector<float>(p, p + t.numel());
-}
+using testing::values_of;
 
 std::vector<double> to_double(const std::vector<float>& v) {
   return std::vector<double>(v.begin(), v.end());
@@ -54,10 +46,10 @@ std::vector<double> reference_swiglu(const std::vector<double>& gate_up, int64_t
 TEST(SwigluTest, ForwardMatchesDoubleReference) {
   const int64_t rows = 7, inter = 13;
   const auto gate_up = random_vector<float>(rows * 2 * inter, 1, -4.0, 4.0);
-  Tensor gu = make_tensor({rows, 2 * inter}, gate_up);
+  Tensor gu = host_tensor<float>({rows, 2 * inter}, gate_up);
   Tensor out = Tensor::empty({rows, inter});
   swiglu_forward(cpu_device(), gu, out);
-  const auto got = values_of(out);
+  const auto got = values_of<float>(out);
   EXPECT_TRUE(any_nonzero(got));
   EXPECT_LT(max_relative_error(got, reference_swiglu(to_double(gate_up), rows, inter)), 1e-5);
 }
@@ -82,23 +74,23 @@ TEST(SwigluTest, ForwardStableForLargeMagnitudes) {
 TEST(SwigluTest, Bf16OperandsComputeInF32) {
   const int64_t rows = 9, inter = 11;
   const Tensor gate_up =
-      to_dtype(make_tensor({rows, 2 * inter}, random_vector<float>(rows * 2 * inter, 6, -4.0, 4.0)),
+      to_dtype(host_tensor<float>({rows, 2 * inter}, random_vector<float>(rows * 2 * inter, 6, -4.0, 4.0)),
                DType::kBF16);
   const Tensor dout =
-      to_dtype(make_tensor({rows, inter}, random_vector<float>(rows * inter, 7)), DType::kBF16);
+      to_dtype(host_tensor<float>({rows, inter}, random_vector<float>(rows * inter, 7)), DType::kBF16);
   const Tensor gate_up32 = to_dtype(gate_up, DType::kF32);
   Tensor out = Tensor::empty({rows, inter}, DType::kBF16), out32 = Tensor::empty({rows, inter});
   swiglu_forward(cpu_device(), gate_up32, out32);
   swiglu_forward(cpu_device(), gate_up, out);
   EXPECT_TRUE(stores(out, out32));
-  EXPECT_TRUE(any_nonzero(values_of(out32)));
+  EXPECT_TRUE(any_nonzero(values_of<float>(out32)));
 
   Tensor dgate_up = Tensor::empty({rows, 2 * inter}, DType::kBF16);
   Tensor dgate_up32 = Tensor::empty({rows, 2 * inter});
   swiglu_backward(cpu_device(), to_dtype(dout, DType::kF32), gate_up32, dgate_up32);
   swiglu_backward(cpu_device(), dout, gate_up, dgate_up);
   EXPECT_TRUE(stores(dgate_up, dgate_up32));
-  EXPECT_TRUE(any_nonzero(values_of(dgate_up32)));
+  EXPECT_TRUE(any_nonzero(values_of<float>(dgate_up32)));
 }
 
 TEST(SwigluDeathTest, RejectsMixedOperandTypes) {

@@ -10,6 +10,7 @@
 
 #include "core/config/recipe.h"
 #include "engine/model/transformer.h"
+#include "tests/finite_differences.h"
 
 namespace switchyard {
 namespace {
@@ -83,22 +84,9 @@ TEST_P(TransformerGradTest, BackwardMatchesFiniteDifferences) {
 
   const double eps = GetParam().eps;
   for (Param& p : params.params()) {
-    Rng dir(std::hash<std::string>{}(p.name));
-    std::vector<float> d(p.value.numel());
-    double analytic = 0;
-    for (size_t i = 0; i < d.size(); ++i) {
-      d[i] = dir.uniform() < 0.5 ? -1.0f : 1.0f;
-      analytic += static_cast<double>(d[i]) * p.grad.data<float>()[i];
-    }
-    float* w = p.value.data<float>();
-    for (size_t i = 0; i < d.size(); ++i) w[i] += static_cast<float>(eps) * d[i];
-    const double plus = loss();
-    for (size_t i = 0; i < d.size(); ++i) w[i] -= static_cast<float>(2 * eps) * d[i];
-    const double minus = loss();
-    for (size_t i = 0; i < d.size(); ++i) w[i] += static_cast<float>(eps) * d[i];
-    const double numeric = (plus - minus) / (2 * eps);
-    EXPECT_NEAR(analytic, numeric, 5e-3 * std::max(1.0, std::abs(numeric))) << p.name;
-    EXPECT_NE(analytic, 0.0) << p.name;
+    const auto g = testing::directional_derivative(p, eps, loss);
+    EXPECT_NEAR(g.analytic, g.numeric, 5e-3 * std::max(1.0, std::abs(g.numeric))) << p.name;
+    EXPECT_NE(g.analytic, 0.0) << p.name;
   }
 }
 

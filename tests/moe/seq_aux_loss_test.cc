@@ -16,6 +16,7 @@
 #include "core/runtime/rng.h"
 #include "kernels/sequence_aux.h"
 #include "moe/moe_layer.h"
+#include "tests/finite_differences.h"
 #include "tests/moe/small_moe_layer.h"
 
 namespace switchyard {
@@ -170,16 +171,12 @@ TEST_P(SequenceAuxLayerTest, LossAndRouterGradientMatchTheReference) {
   layer.backward(cpu_device(), dy, no_aux, /*z_loss_scale=*/0, coef);
   const double eps = 1e-4;
   for (size_t i = 0; i < w.size(); ++i) {
-    std::vector<double> plus = w, minus = w;
-    plus[i] += eps;
-    minus[i] -= eps;
-    std::vector<int> chosen_plus, chosen_minus;
-    const double numeric = coef *
-                           (reference_loss(plus, x, sigmoid, &chosen_plus) -
-                            reference_loss(minus, x, sigmoid, &chosen_minus)) /
-                           (2 * eps);
-    ASSERT_EQ(chosen_plus, chosen);  // the step keeps every choice: the loss is smooth here
-    ASSERT_EQ(chosen_minus, chosen);
+    std::vector<std::vector<int>> chosen_up_down;
+    const double numeric = coef * testing::central_difference(w[i], eps, [&] {
+      return reference_loss(w, x, sigmoid, &chosen_up_down.emplace_back());
+    });
+    // The step keeps every choice: the loss is smooth here.
+    ASSERT_EQ(chosen_up_down, (std::vector<std::vector<int>>{chosen, chosen}));
     EXPECT_NEAR(router->grad.data<float>()[i], numeric, 1e-4 + 1e-3 * std::abs(numeric)) << i;
   }
   double norm = 0;

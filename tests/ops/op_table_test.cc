@@ -26,6 +26,7 @@
 
 #include "kernels/devices.h"
 #include "kernels/elementwise.h"
+#include "tests/finite_differences.h"
 #include "tests/tensor_test_util.h"
 
 namespace switchyard::testing {
@@ -197,16 +198,9 @@ void check_gradients(const OpEntry& e) {
   };
   for (const Gradient& g : e.gradients) {
     SCOPED_TRACE(::testing::Message() << "d loss / d input " << g.input);
-    std::vector<double>& x = in[g.input];
-    std::vector<double> numeric(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double saved = x[i];
-      x[i] = saved + kStep;
-      const double up = loss();
-      x[i] = saved - kStep;
-      const double down = loss();
-      x[i] = saved;
-      numeric[i] = (g.base < 0 ? 0.0 : in[g.base][i]) + (up - down) / (2 * kStep);
+    std::vector<double> numeric = testing::central_differences(in[g.input], kStep, loss);
+    if (g.base >= 0) {
+      for (size_t i = 0; i < numeric.size(); ++i) numeric[i] += in[g.base][i];
     }
     EXPECT_LT(max_relative_error(analytic[g.gradient], numeric), kGradientTol);
     EXPECT_TRUE(any_nonzero(analytic[g.gradient]));
