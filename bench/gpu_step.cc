@@ -63,7 +63,8 @@ std::string recipe_text(const Options& o) {
     model { vocab_size: %lld hidden_size: %lld num_layers: %lld num_heads: %lld
             num_kv_heads: %lld rope_theta: 10000 norm_eps: 1e-5 tie_embeddings: false
             init_std: 0.02 }
-    moe { num_experts: %lld top_k: %lld gating: TOPK_SOFTMAX capacity_factor: 0
+    moe { num_experts: %lld top_k: %lld gating: TOP_K score_function: SOFTMAX renormalize: true
+          capacity_factor: 0
           aux_loss_coef: 0.01 z_loss_coef: 0 expert_ffn_hidden_size: %lld }
     optimizer { lr: 3e-3 beta1: 0.9 beta2: 0.95 weight_decay: 0.1 warmup_steps: 0
                 decay: CONSTANT grad_clip: 1.0 }

@@ -476,6 +476,9 @@ absl::StatusOr<checkpoint::Manifest> parse_manifest(std::string_view bytes,
     return field_error(path, "format_version",
                        absl::StrCat("is ", manifest.format_version(), ", expected ", kFormatVersion,
                                     " (written by another version of the engine)"));
+  // A checkpoint written before moe.score_function and moe.renormalize resumes as the
+  // recipe that spells its routing anew, which is what resume compares it with.
+  config::upgrade_legacy_routing(*manifest.mutable_recipe()->mutable_moe());
   const absl::Status recipe = config::validate_recipe(manifest.recipe());
   if (!recipe.ok())
     return absl::DataLossError(absl::StrCat(path, ": field recipe: ", recipe.message()));

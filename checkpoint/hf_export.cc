@@ -90,7 +90,7 @@ void write_deepseek_v3_fields(const config::Recipe& recipe, Json& j) {
   j["topk_group"] = moe.top_groups() > 0 ? moe.top_groups() : std::max(1, moe.num_groups());
   j["routed_scaling_factor"] =
       json_float(moe.routed_scaling_factor() > 0 ? moe.routed_scaling_factor() : 1.0f);
-  j["norm_topk_prob"] = moe.norm_topk_prob();
+  j["norm_topk_prob"] = config::effective_renormalize(moe);
   j["q_lora_rank"] = mla.q_lora_rank() > 0 ? Json(mla.q_lora_rank()) : Json(nullptr);
   j["kv_lora_rank"] = mla.kv_lora_rank();
   j["qk_nope_head_dim"] = mla.qk_nope_head_dim();
@@ -116,7 +116,7 @@ void write_family_fields(const config::Recipe& recipe, const std::string& archit
     return;
   }
   j["num_experts"] = moe.num_experts();
-  j["norm_topk_prob"] = moe.gating() == config::TOPK_SOFTMAX;
+  j["norm_topk_prob"] = config::effective_renormalize(moe);
   if (architecture == kOlmoe) {
     j["attention_bias"] = false;
     j["clip_qkv"] = nullptr;
@@ -299,7 +299,7 @@ absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
     }
     const std::string moe = mixtral ? p + "block_sparse_moe." : p + "mlp.";
     SY_RETURN_IF_ERROR(move(p + "mlp.gate.weight", moe + "gate.weight"));
-    if (recipe.moe().gating() == config::SIGMOID_TOPK)
+    if (recipe.moe().score_function() == config::SIGMOID)
       SY_RETURN_IF_ERROR(
           move(p + "mlp.gate.e_score_correction_bias", moe + "gate.e_score_correction_bias"));
     SY_ASSIGN_OR_RETURN(Tensor gate_up, take(p + "mlp.experts.gate_up_proj"));
@@ -490,10 +490,15 @@ absl::StatusOr<std::string> qwen2_moe_architecture(const config::Recipe& recipe)
 // MoE, shared experts (ungated) as whole experts of the routed experts' width.
 absl::StatusOr<std::string> deepseek_v3_architecture(const config::Recipe& recipe) {
   const config::MoeConfig& moe = recipe.moe();
-  if (moe.gating() != config::SIGMOID_TOPK)
+  if (moe.gating() != config::TOP_K)
     return refuse_export(absl::StrCat("moe.gating ", config::Gating_Name(moe.gating()),
+                                      ": DeepseekV3ForCausalLM (model.mla) routes each token to "
+                                      "its top-k experts (TOP_K)"));
+  if (moe.score_function() != config::SIGMOID)
+    return refuse_export(absl::StrCat("moe.score_function ",
+                                      config::ScoreFunction_Name(moe.score_function()),
                                       ": DeepseekV3ForCausalLM (model.mla) routes by sigmoid "
-                                      "scores (SIGMOID_TOPK)"));
+                                      "scores (SIGMOID)"));
   if (recipe.model().moe_layer_interval() != 1)
     return refuse_export("model.moe_layer_interval must be 1: DeepseekV3ForCausalLM (model.mla) "
                          "has MoE layers after its dense first layers");
@@ -513,10 +518,9 @@ absl::StatusOr<std::string> mixtral_architecture(const config::Recipe& recipe) {
   SY_RETURN_IF_ERROR(check_only_moe_layers(recipe, "MixtralForCausalLM (no shared experts)"));
   if (recipe.model().attention_bias())
     return refuse_export("model.attention_bias: MixtralForCausalLM (no shared experts) has no biases");
-  if (recipe.moe().gating() != config::TOPK_SOFTMAX)
-    return refuse_export(absl::StrCat("moe.gating ", config::Gating_Name(recipe.moe().gating()),
-                                      ": MixtralForCausalLM (no shared experts) renormalises the "
-                                      "top-k weights (TOPK_SOFTMAX)"));
+  if (!config::effective_renormalize(recipe.moe()))
+    return refuse_export("moe.renormalize false: MixtralForCausalLM (no shared experts) "
+                         "renormalises the top-k weights (moe.renormalize true)");
   return std::string(kMixtral);
 }
 
@@ -531,10 +535,13 @@ absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe) {
   if (model.rope_scaling().type() != config::ROPE_SCALING_NONE)
     return refuse_export("model.rope_scaling: only DeepseekV3ForCausalLM (model.mla) is exported "
                          "with YaRN");
-  if (moe.gating() != config::TOPK_SOFTMAX && moe.gating() != config::SOFTMAX_TOPK)
+  if (moe.gating() != config::TOP_K)
     return refuse_export(absl::StrCat("moe.gating ", config::Gating_Name(moe.gating()),
                                       " exists in no transformers class this exports to (they "
-                                      "route by softmax then top-k)"));
+                                      "route each token to its top-k experts: TOP_K)"));
+  if (moe.score_function() == config::SIGMOID)
+    return refuse_export("moe.score_function SIGMOID: of the transformers classes this exports "
+                         "to, only DeepseekV3ForCausalLM (model.mla) routes by sigmoid scores");
   if (model.qk_head_norm()) return qwen3_moe_architecture(recipe);
   if (model.qk_norm()) return olmoe_architecture(recipe);
   if (moe.num_shared_experts() > 0) return qwen2_moe_architecture(recipe);

@@ -288,13 +288,21 @@ absl::StatusOr<int64_t> first_dense_layers(const HfFields& c, int64_t layers) {
   return static_cast<int64_t>(dense->size());
 }
 
+// Every family routes each token to its top-k experts by `scores`, the chosen weights
+// divided by their sum when `renormalize` (transformers' norm_topk_prob).
+void set_routing(config::ScoreFunction scores, bool renormalize, config::MoeConfig& moe) {
+  moe.set_gating(config::TOP_K);
+  moe.set_score_function(scores);
+  moe.set_renormalize(renormalize);
+}
+
 absl::Status read_mixtral(const HfFields& c, config::Recipe& recipe) {
   if (c.set("sliding_window")) return c.refuse_set("sliding_window", "the engine attends to the whole window");
   SY_ASSIGN_OR_RETURN(const float jitter, c.non_negative("router_jitter_noise"));
   if (jitter != 0) return refuse(c.path(), "router_jitter_noise", "is not 0: the engine has no router jitter");
   SY_ASSIGN_OR_RETURN(const int64_t ffn, c.integer("intermediate_size", 1, kMaxInt32));
   recipe.mutable_moe()->set_expert_ffn_hidden_size(ffn);
-  recipe.mutable_moe()->set_gating(config::TOPK_SOFTMAX);
+  set_routing(config::SOFTMAX, /*renormalize=*/true, *recipe.mutable_moe());
   recipe.mutable_model()->set_moe_layer_interval(1);
   return absl::OkStatus();
 }
@@ -315,7 +323,7 @@ absl::Status read_qwen_layers(const HfFields& c, config::Recipe& recipe) {
   model.set_moe_layer_interval(static_cast<int32_t>(step));
   model.set_first_dense_layers(static_cast<int32_t>(first_dense));
   moe.set_expert_ffn_hidden_size(expert_ffn);
-  moe.set_gating(norm_topk ? config::TOPK_SOFTMAX : config::SOFTMAX_TOPK);
+  set_routing(config::SOFTMAX, norm_topk, moe);
   return absl::OkStatus();
 }
 
@@ -354,7 +362,7 @@ absl::Status read_olmoe(const HfFields& c, config::Recipe& recipe) {
   recipe.mutable_model()->set_qk_norm(true);
   recipe.mutable_model()->set_moe_layer_interval(1);
   recipe.mutable_moe()->set_expert_ffn_hidden_size(ffn);
-  recipe.mutable_moe()->set_gating(norm_topk ? config::TOPK_SOFTMAX : config::SOFTMAX_TOPK);
+  set_routing(config::SOFTMAX, norm_topk, *recipe.mutable_moe());
   return absl::OkStatus();
 }
 
@@ -438,11 +446,10 @@ absl::Status read_deepseek_v3(const HfFields& c, config::Recipe& recipe) {
   model.set_first_dense_layers(static_cast<int32_t>(dense));
   model.set_moe_layer_interval(1);
   model.set_ffn_hidden_size(dense_ffn);
-  moe.set_gating(config::SIGMOID_TOPK);
+  set_routing(config::SIGMOID, norm_topk, moe);
   moe.set_expert_ffn_hidden_size(expert_ffn);
   moe.set_num_shared_experts(static_cast<int32_t>(shared));
   moe.set_shared_expert_ffn_hidden_size(shared > 0 ? expert_ffn : 0);
-  moe.set_norm_topk_prob(norm_topk);
   moe.set_routed_scaling_factor(scaling);
   moe.set_num_groups(static_cast<int32_t>(groups));
   moe.set_top_groups(static_cast<int32_t>(top_groups));
@@ -801,7 +808,7 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
       continue;
     }
     SY_RETURN_IF_ERROR(m.move(mlp + "gate.weight", mlp + "gate.weight", {E, H}));
-    if (moe.gating() == config::SIGMOID_TOPK)
+    if (moe.score_function() == config::SIGMOID)
       SY_RETURN_IF_ERROR(m.move(mlp + "gate.e_score_correction_bias",
                                 mlp + "gate.e_score_correction_bias", {E}));
     const std::string experts = mlp + "experts.";

@@ -56,7 +56,9 @@ absl::StatusOr<config::Recipe> moe_recipe(const config::Recipe& dense, const Upc
   model.set_first_dense_layers(0);
   moe.set_num_experts(static_cast<int32_t>(o.experts));
   moe.set_top_k(static_cast<int32_t>(o.top_k));
-  moe.set_gating(config::TOPK_SOFTMAX);
+  moe.set_gating(config::TOP_K);
+  moe.set_score_function(config::SOFTMAX);
+  moe.set_renormalize(true);
   moe.set_aux_loss_coef(0.01f);
   const absl::Status valid = config::validate_recipe(recipe);
   if (!valid.ok())

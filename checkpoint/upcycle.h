@@ -5,8 +5,8 @@
 // I = F / G rows; SwiGLU acts row by row, so FFN(x) = sum_g FFN_g(x), FFN_g the FFN of
 // slice g. Expert e = c * G + g is copy c of slice g with its down projection scaled by
 // G. The router's row for expert c * G + g is row c of a random matrix (normal, std the
-// model's init_std): every slice of a copy gets the same logit. Gating is TOPK_SOFTMAX
-// (the top-k weights renormalised). With K a multiple of G, the K largest logits are
+// model's init_std): every slice of a copy gets the same logit. Gating is softmax top-k
+// with the top-k weights renormalised. With K a multiple of G, the K largest logits are
 // the G equal logits of each of K / G copies (S), whatever the tie order; each of their
 // experts gets the gate p_c, and sum_{c in S} G p_c = 1. The output is
 // sum_{c in S} p_c sum_g G FFN_g(x) = FFN(x): the dense model's, up to rounding, for

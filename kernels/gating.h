@@ -30,7 +30,7 @@ void gshard_dispatch_ids(Device& dev, const Tensor& expert_ids, const Tensor& we
 void gating_backward(Device& dev, const Tensor& probs, const Tensor& expert_ids,
                      const Tensor& dweights, bool renormalize, Tensor& dlogits);
 
-// The sigmoid router (moe.gating SIGMOID_TOPK; SigmoidGating in kernels/top_k_selection.h):
+// The sigmoid router (moe.score_function SIGMOID; SigmoidGating in kernels/top_k_selection.h):
 // logits (n, E) f32 and the experts' selection bias (E) f32 -> scores (n, E) =
 // sigmoid(logits) (saved for backward), expert_ids (n, k) i32 in descending score + bias
 // among the chosen groups (ties: lower expert id first), weights (n, k) f32 = the chosen

@@ -56,7 +56,7 @@ SY_HOST_DEVICE void select_top_k(const T* p, int64_t num_experts, int k, bool re
     for (int j = 0; j < k; ++j) w[j] /= total;
 }
 
-// The sigmoid router (moe.gating SIGMOID_TOPK): experts are chosen by score + bias, in
+// The sigmoid router (moe.score_function SIGMOID): experts are chosen by score + bias, in
 // the best `top_groups` of `num_groups` groups of consecutive experts; the gate weights
 // are the chosen scores alone, divided by their sum when `renormalize`, times `scaling`.
 struct SigmoidGating {

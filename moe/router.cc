@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/config/recipe.h"
 #include "core/runtime/check.h"
 #include "core/runtime/op_clock.h"
 #include "kernels/convert.h"
@@ -117,7 +118,7 @@ const Router::Gate& Router::gate_for(const config::MoeConfig& moe) {
       },
       .normalized_sequence_scores = false};
   if (moe.gating() == config::EXPERT_CHOICE) return kExpertChoice;
-  return moe.gating() == config::SIGMOID_TOPK ? kSigmoidTopK : kSoftmaxTopK;
+  return moe.score_function() == config::SIGMOID ? kSigmoidTopK : kSoftmaxTopK;
 }
 
 Router::Router(ParamStore& params, const std::string& prefix, const config::MoeConfig& moe,
@@ -127,9 +128,7 @@ Router::Router(ParamStore& params, const std::string& prefix, const config::MoeC
       slots_(moe.gating() == config::EXPERT_CHOICE ? moe.num_experts() : moe.top_k()),
       gate_(gate_for(moe)),
       gating_{.k = moe.top_k(),
-              .renormalize = moe.gating() == config::SIGMOID_TOPK
-                                 ? moe.norm_topk_prob()
-                                 : moe.gating() != config::SOFTMAX_TOPK,
+              .renormalize = config::effective_renormalize(moe),
               .scaling = moe.routed_scaling_factor(),
               .num_groups = moe.num_groups(),
               .top_groups = moe.top_groups()},
@@ -139,7 +138,7 @@ Router::Router(ParamStore& params, const std::string& prefix, const config::MoeC
       tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr) {
   weight_ = &params.add(prefix + "gate.weight", {num_experts_, hidden}, ShardSpec{},
                         ParamInit::kNormal, init_std);
-  if (moe.gating() == config::SIGMOID_TOPK) {
+  if (moe.score_function() == config::SIGMOID) {
     // Named as DeepSeek-V3's Hugging Face layout names it.
     bias_ = &params.add(prefix + "gate.e_score_correction_bias", {num_experts_}, ShardSpec{},
                         ParamInit::kZeros);

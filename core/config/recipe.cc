@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -28,6 +29,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
+#include "google/protobuf/unknown_field_set.h"
 
 namespace switchyard::config {
 namespace {
@@ -42,6 +44,42 @@ std::string field_names(const pb::Descriptor& descriptor) {
   std::vector<std::string> names;
   for (int i = 0; i < descriptor.field_count(); ++i) names.push_back(descriptor.field(i)->name());
   return absl::StrJoin(names, ", ");
+}
+
+// The gatings that also named a score function and a renormalisation, before those were
+// settings of their own: a recipe that still names one is refused with the new spelling,
+// and a checkpoint that holds one (by its number, now reserved) is read as it.
+struct LegacyGating {
+  int number;
+  absl::string_view name;
+  ScoreFunction score_function;
+  // Unset: moe.norm_topk_prob's value.
+  std::optional<bool> renormalize;
+  absl::string_view now;
+};
+constexpr LegacyGating kLegacyGatings[] = {
+    {1, "TOPK_SOFTMAX", SOFTMAX, true,
+     "moe.gating: TOP_K with moe.score_function: SOFTMAX and moe.renormalize: true"},
+    {2, "SOFTMAX_TOPK", SOFTMAX, false,
+     "moe.gating: TOP_K with moe.score_function: SOFTMAX and moe.renormalize: false"},
+    {4, "SIGMOID_TOPK", SIGMOID, std::nullopt,
+     "moe.gating: TOP_K with moe.score_function: SIGMOID (and moe.norm_topk_prob is now "
+     "moe.renormalize)"},
+};
+// moe.norm_topk_prob's field number, now reserved.
+constexpr int kLegacyNormTopkProb = 12;
+
+// The refusal of a setting spelled as before the split ("moe.gating" and a legacy name,
+// or "moe.norm_topk_prob" with any value), or "" for any other.
+std::string legacy_routing_refusal(absl::string_view path, absl::string_view value) {
+  if (path == "moe.norm_topk_prob")
+    return "moe.norm_topk_prob is now moe.renormalize (and moe.gating: SIGMOID_TOPK is now "
+           "moe.gating: TOP_K with moe.score_function: SIGMOID)";
+  if (path != "moe.gating") return "";
+  for (const LegacyGating& legacy : kLegacyGatings)
+    if (value == legacy.name)
+      return absl::StrCat("moe.gating: ", legacy.name, " is now ", legacy.now);
+  return "";
 }
 
 // Keeps the first error only: later ones are usually consequences of it.
@@ -63,9 +101,15 @@ class FirstErrorCollector : public pb::io::ErrorCollector {
   std::string format(absl::string_view source_name) const {
     int column = column_;
     std::string message = message_;
-    // protobuf says `Message type "T" has no field named "f".` at the token after the
-    // name; point at the name instead and list the valid fields, since the usual cause
-    // is a typo.
+    // protobuf reports at the token after the one at fault: point at that one.
+    auto point_at = [&](absl::string_view token) {
+      const std::vector<absl::string_view> lines = absl::StrSplit(text_, '\n');
+      if (line_ >= static_cast<int>(lines.size())) return;
+      const size_t start = lines[line_].substr(0, column_).rfind(token);
+      if (start != absl::string_view::npos) column = static_cast<int>(start);
+    };
+    // `Message type "T" has no field named "f".`: list the valid fields, since the usual
+    // cause is a typo.
     absl::string_view rest = message_;
     std::vector<absl::string_view> parts;
     if (absl::ConsumePrefix(&rest, "Message type \"")) {
@@ -78,10 +122,23 @@ class FirstErrorCollector : public pb::io::ErrorCollector {
         message = absl::StrCat("unknown field \"", parts[1], "\" in ", parts[0],
                                " (valid fields: ", field_names(*descriptor), ")");
       }
-      const std::vector<absl::string_view> lines = absl::StrSplit(text_, '\n');
-      if (line_ < static_cast<int>(lines.size())) {
-        const size_t start = lines[line_].substr(0, column_).rfind(parts[1]);
-        if (start != absl::string_view::npos) column = static_cast<int>(start);
+      if (descriptor == MoeConfig::descriptor()) {
+        const std::string legacy = legacy_routing_refusal(absl::StrCat("moe.", parts[1]), "");
+        if (!legacy.empty()) message = legacy;
+      }
+      point_at(parts[1]);
+    }
+    // `Unknown enumeration value of "V" for field "f".`: the schema's one field named
+    // gating is moe's.
+    rest = message_;
+    if (absl::ConsumePrefix(&rest, "Unknown enumeration value of \"")) {
+      parts = absl::StrSplit(rest, "\" for field \"");
+      if (parts.size() == 2 && parts[1] == "gating\".") {
+        const std::string legacy = legacy_routing_refusal("moe.gating", parts[0]);
+        if (!legacy.empty()) {
+          message = legacy;
+          point_at(parts[0]);
+        }
       }
     }
     return absl::StrCat(source_name, ":", line_ + 1, ":", column + 1, ": ", message);
@@ -305,18 +362,17 @@ absl::Status validate_model(const Recipe& recipe) {
   return validate_mla(model);
 }
 
-// The fields only the sigmoid router reads, refused with another gating.
+// The fields only the sigmoid router reads, refused with softmax scores.
 absl::Status refuse_sigmoid_fields(const MoeConfig& moe) {
   const std::pair<const char*, bool> set[] = {
-      {"moe.norm_topk_prob", moe.norm_topk_prob()},
       {"moe.routed_scaling_factor", moe.routed_scaling_factor() != 0},
       {"moe.bias_update_rate", moe.bias_update_rate() != 0},
       {"moe.num_groups", moe.num_groups() != 0},
       {"moe.top_groups", moe.top_groups() != 0}};
   for (const auto& [field, is_set] : set)
     if (is_set)
-      return invalid(absl::StrCat(field, " needs moe.gating SIGMOID_TOPK (moe.gating is ",
-                                  Gating_Name(moe.gating()), ")"));
+      return invalid(absl::StrCat(field, " needs moe.score_function SIGMOID (moe.score_function "
+                                  "is ", ScoreFunction_Name(moe.score_function()), ")"));
   return absl::OkStatus();
 }
 
@@ -342,9 +398,38 @@ absl::Status validate_sigmoid_routing(const MoeConfig& moe) {
   }
   if (moe.aux_loss_coef() != 0) {
     return invalid(absl::StrCat("moe.aux_loss_coef (", moe.aux_loss_coef(),
-                                ") must be 0 with moe.gating SIGMOID_TOPK: it balances by "
+                                ") must be 0 with moe.score_function SIGMOID: it balances by "
                                 "moe.bias_update_rate"));
   }
+  return absl::OkStatus();
+}
+
+// The selection, the score function and the renormalisation: GShard and expert choice
+// define their weights from softmax probabilities, GShard's renormalised, expert choice's
+// not (a token's weights come from the experts that took it, in any number).
+absl::Status validate_gating(const MoeConfig& moe) {
+  if (moe.gating() == GATING_UNSPECIFIED) return invalid("moe.gating must be set");
+  if (!Gating_IsValid(moe.gating()))
+    return invalid(absl::StrCat("moe.gating (", moe.gating(),
+                                ") is not TOP_K, GSHARD_TOP2 or EXPERT_CHOICE"));
+  if (moe.score_function() == SCORE_FUNCTION_UNSPECIFIED)
+    return invalid("moe.score_function must be set");
+  if (!ScoreFunction_IsValid(moe.score_function()))
+    return invalid(absl::StrCat("moe.score_function (", moe.score_function(),
+                                ") is not SOFTMAX or SIGMOID"));
+  if (!moe.has_renormalize()) return invalid("moe.renormalize must be set");
+  if (moe.gating() == TOP_K) return absl::OkStatus();
+  const std::string gating = Gating_Name(moe.gating());
+  if (moe.score_function() != SOFTMAX)
+    return invalid(absl::StrCat("moe.score_function ", ScoreFunction_Name(moe.score_function()),
+                                " needs moe.gating TOP_K: ", gating, " scores by SOFTMAX"));
+  const bool renormalizes = moe.gating() == GSHARD_TOP2;
+  if (moe.renormalize() != renormalizes)
+    return invalid(absl::StrCat("moe.renormalize ", moe.renormalize() ? "true" : "false",
+                                " does not apply to moe.gating ", gating, ": it ",
+                                renormalizes ? "always renormalises its two weights"
+                                             : "weights a token by its probabilities alone",
+                                " (leave moe.renormalize unset)"));
   return absl::OkStatus();
 }
 
@@ -377,7 +462,7 @@ absl::Status validate_moe(const Recipe& recipe) {
     return invalid(absl::StrCat("moe.top_k (", moe.top_k(), ") must be <= moe.num_experts (",
                                 moe.num_experts(), ")"));
   }
-  if (moe.gating() == GATING_UNSPECIFIED) return invalid("moe.gating must be set");
+  SY_RETURN_IF_ERROR(validate_gating(moe));
   if (moe.gating() == GSHARD_TOP2 && moe.top_k() != 2) {
     return invalid(absl::StrCat("moe.top_k (", moe.top_k(), ") must be 2 with moe.gating ",
                                 Gating_Name(moe.gating())));
@@ -397,7 +482,8 @@ absl::Status validate_moe(const Recipe& recipe) {
   if (moe.gating() == EXPERT_CHOICE && moe.router_force_balance())
     return invalid("moe.router_force_balance excludes moe.gating EXPERT_CHOICE: it assigns "
                    "tokens to experts, expert choice experts to tokens");
-  return moe.gating() == SIGMOID_TOPK ? validate_sigmoid_routing(moe) : refuse_sigmoid_fields(moe);
+  return moe.score_function() == SIGMOID ? validate_sigmoid_routing(moe)
+                                         : refuse_sigmoid_fields(moe);
 }
 
 // The pipeline's stage and chunk counts and its layer split (docs/pipeline.md). What
@@ -810,7 +896,28 @@ void fill_eval_tokens(TrainConfig& train) {
   train.clear_eval_batches();
 }
 
+void fill_routing_defaults(MoeConfig& moe) {
+  if (moe.num_experts() > 0) {
+    if (moe.gating() == GATING_UNSPECIFIED) moe.set_gating(TOP_K);
+    if (moe.score_function() == SCORE_FUNCTION_UNSPECIFIED) moe.set_score_function(SOFTMAX);
+    moe.set_renormalize(effective_renormalize(moe));
+  }
+  if (moe.score_function() == SIGMOID) {
+    if (moe.routed_scaling_factor() == 0) moe.set_routed_scaling_factor(1.0f);
+    if (moe.num_groups() == 0) moe.set_num_groups(1);
+    if (moe.top_groups() == 0) moe.set_top_groups(moe.num_groups());
+  }
+}
+
 }  // namespace
+
+bool effective_renormalize(const MoeConfig& moe) {
+  if (moe.has_renormalize()) return moe.renormalize();
+  // Each gating's meaning before the renormalisation was a setting of its own: Mixtral's
+  // renormalised softmax top-k, transformers' norm_topk_prob false for sigmoid scores.
+  const bool top_k = moe.gating() == TOP_K || moe.gating() == GATING_UNSPECIFIED;
+  return moe.gating() == GSHARD_TOP2 || (top_k && moe.score_function() != SIGMOID);
+}
 
 int32_t effective_kv_heads(const ModelConfig& model) {
   return model.num_kv_heads() > 0 ? model.num_kv_heads() : model.num_heads();
@@ -862,6 +969,23 @@ bool is_moe_layer(const Recipe& recipe, int layer) {
          (layer + 1) % interval == 0;
 }
 
+void upgrade_legacy_routing(MoeConfig& moe) {
+  bool norm_topk_prob = false;
+  pb::UnknownFieldSet& unknown = *moe.GetReflection()->MutableUnknownFields(&moe);
+  for (int i = 0; i < unknown.field_count(); ++i)
+    if (unknown.field(i).number() == kLegacyNormTopkProb &&
+        unknown.field(i).type() == pb::UnknownField::TYPE_VARINT)
+      norm_topk_prob = unknown.field(i).varint() != 0;
+  unknown.DeleteByNumber(kLegacyNormTopkProb);
+  for (const LegacyGating& legacy : kLegacyGatings) {
+    if (moe.gating() != legacy.number) continue;
+    moe.set_gating(TOP_K);
+    moe.set_score_function(legacy.score_function);
+    moe.set_renormalize(legacy.renormalize.value_or(norm_topk_prob));
+  }
+  fill_routing_defaults(moe);
+}
+
 void fill_defaults(Recipe& recipe) {
   ModelConfig& model = *recipe.mutable_model();
   if (model.num_kv_heads() == 0) model.set_num_kv_heads(model.num_heads());
@@ -885,13 +1009,7 @@ void fill_defaults(Recipe& recipe) {
     if (scaling.beta_slow() == 0) scaling.set_beta_slow(1.0f);
   }
 
-  MoeConfig& moe = *recipe.mutable_moe();
-  if (moe.gating() == GATING_UNSPECIFIED && moe.num_experts() > 0) moe.set_gating(TOPK_SOFTMAX);
-  if (moe.gating() == SIGMOID_TOPK) {
-    if (moe.routed_scaling_factor() == 0) moe.set_routed_scaling_factor(1.0f);
-    if (moe.num_groups() == 0) moe.set_num_groups(1);
-    if (moe.top_groups() == 0) moe.set_top_groups(moe.num_groups());
-  }
+  fill_routing_defaults(*recipe.mutable_moe());
 
   ParallelConfig& parallel = *recipe.mutable_parallel();
   if (parallel.tensor_parallel_size() == 0) parallel.set_tensor_parallel_size(1);
@@ -937,6 +1055,10 @@ absl::Status apply_override(Recipe& recipe, std::string_view assignment_view) {
   auto error = [&](absl::string_view message) {
     return invalid(absl::StrCat("override \"", assignment, "\": ", message));
   };
+  if (const std::string legacy =
+          legacy_routing_refusal(path, absl::StripAsciiWhitespace(value));
+      !legacy.empty())
+    return error(legacy);
 
   pb::Message* message = &recipe;
   const std::vector<absl::string_view> names = absl::StrSplit(path, '.');
@@ -1067,8 +1189,10 @@ std::string summarize_recipe(const Recipe& recipe) {
     absl::StrAppendFormat(&shape, ", dense ffn %d", model.ffn_hidden_size());
   }
   if (moe_layers > 0) {
-    absl::StrAppendFormat(&shape, ", %d experts top-%d %s, expert ffn %d", moe.num_experts(),
-                          moe.top_k(), Gating_Name(moe.gating()), moe.expert_ffn_hidden_size());
+    absl::StrAppendFormat(&shape, ", %d experts top-%d %s %s%s, expert ffn %d",
+                          moe.num_experts(), moe.top_k(), Gating_Name(moe.gating()),
+                          ScoreFunction_Name(moe.score_function()),
+                          moe.renormalize() ? " renormalised" : "", moe.expert_ffn_hidden_size());
     if (moe.num_shared_experts() > 0) {
       absl::StrAppendFormat(&shape, " + %d shared x %d", moe.num_shared_experts(),
                             moe.shared_expert_ffn_hidden_size());

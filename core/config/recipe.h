@@ -50,7 +50,7 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path,
 std::string fit_schedule_to_steps(Recipe& recipe);
 
 // Sets one scalar field from "field.path=value", e.g. "train.steps=200",
-// "moe.gating=SOFTMAX_TOPK", "model.tie_embeddings=true", "data.corpus=foo.txt".
+// "moe.score_function=SIGMOID", "model.tie_embeddings=true", "data.corpus=foo.txt".
 // Enums take value names; bools take true/false/1/0; strings are taken verbatim.
 absl::Status apply_override(Recipe& recipe, std::string_view assignment);
 
@@ -58,9 +58,19 @@ absl::Status apply_override(Recipe& recipe, std::string_view assignment);
 // default. Idempotent.
 void fill_defaults(Recipe& recipe);
 
+// A recipe read from a checkpoint written before moe.score_function and moe.renormalize:
+// its moe.gating TOPK_SOFTMAX, SOFTMAX_TOPK or SIGMOID_TOPK (now reserved numbers) and
+// moe.norm_topk_prob (now an unknown field) become the settings that mean the same, and
+// the new settings' defaults are filled, as the recipe that trains on would fill them. A
+// recipe that has them already is left as it is.
+void upgrade_legacy_routing(MoeConfig& moe);
+
 // Checks a recipe whose defaults are filled; the error names the offending field path.
 absl::Status validate_recipe(const Recipe& recipe);
 
+// moe.renormalize, or when unset its default: true for GSHARD_TOP2 and for TOP_K with
+// softmax scores (Mixtral), false for TOP_K with sigmoid scores and for EXPERT_CHOICE.
+bool effective_renormalize(const MoeConfig& moe);
 // num_kv_heads, or num_heads when it is 0.
 int32_t effective_kv_heads(const ModelConfig& model);
 // head_dim, or hidden_size / num_heads when it is 0.

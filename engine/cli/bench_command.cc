@@ -110,31 +110,40 @@ absl::Status build_bench_model(const config::Recipe& recipe, const std::string& 
 
 // One routing configuration measured on the shared tokens.
 struct Variant {
-  std::string name;  // "top_k=2", "gating=SOFTMAX_TOPK"; empty without --compare
+  std::string name;  // "top_k=2", "renormalize=false"; empty without --compare
   config::Recipe recipe;
 };
 
-// The routings the recipe schema defines, in its order ("TOPK_SOFTMAX", ...).
-std::vector<std::string> gating_names() {
+// The values an enum setting of the recipe schema takes, in its order ("TOP_K", ...).
+std::vector<std::string> enum_names(const google::protobuf::EnumDescriptor& type) {
   std::vector<std::string> names;
-  const google::protobuf::EnumDescriptor* gating = config::Gating_descriptor();
-  for (int i = 0; i < gating->value_count(); ++i)
-    if (gating->value(i)->number() != config::GATING_UNSPECIFIED)
-      names.push_back(std::string(gating->value(i)->name()));
+  for (int i = 0; i < type.value_count(); ++i)
+    if (type.value(i)->number() != 0) names.push_back(std::string(type.value(i)->name()));
   return names;
 }
 
-// `base` routing with `gating`: the settings that only the base's gating reads are cleared,
-// the aux loss too where the new gating refuses one (nothing is trained here: it only
-// weights a training loss), and the defaults are filled for the new gating, as loading a
-// recipe that named it would.
-absl::Status set_gating(const std::string& name, config::Recipe& recipe) {
-  SY_RETURN_IF_ERROR(config::apply_override(recipe, absl::StrCat("moe.gating=", name)));
+// The routing settings --compare varies: the enums take "all" too.
+const google::protobuf::EnumDescriptor* enum_setting(absl::string_view key) {
+  if (key == "gating") return config::Gating_descriptor();
+  if (key == "score_function") return config::ScoreFunction_descriptor();
+  return nullptr;
+}
+
+// `base` routing with moe.`key`=`value`: the settings that the new routing does not read
+// are cleared (GShard's and expert choice's score function, fixed for them; with softmax
+// scores the sigmoid router's), the aux loss too where sigmoid scores refuse one (nothing
+// is trained here: it only weights a training loss), and the defaults are filled for the
+// new routing, as loading a recipe that named it would. A new gating or score function
+// renormalises as it does by default.
+absl::Status set_routing(const std::string& key, const std::string& value,
+                         config::Recipe& recipe) {
+  SY_RETURN_IF_ERROR(config::apply_override(recipe, absl::StrCat("moe.", key, "=", value)));
   config::MoeConfig& moe = *recipe.mutable_moe();
-  if (moe.gating() == config::SIGMOID_TOPK) {
+  if (key != "renormalize") moe.clear_renormalize();
+  if (key == "gating" && moe.gating() != config::TOP_K) moe.clear_score_function();
+  if (moe.score_function() == config::SIGMOID) {
     moe.set_aux_loss_coef(0);
   } else {
-    moe.clear_norm_topk_prob();
     moe.clear_routed_scaling_factor();
     moe.clear_bias_update_rate();
     moe.clear_num_groups();
@@ -144,27 +153,33 @@ absl::Status set_gating(const std::string& name, config::Recipe& recipe) {
   return absl::OkStatus();
 }
 
-// "top_k=1,2,4" or "gating=TOPK_SOFTMAX,SOFTMAX_TOPK" (a "moe." prefix is accepted, gating
-// names in any case, "gating=all" for every one) -> one validated recipe per value.
+// "top_k=1,2,4", "gating=TOP_K,GSHARD_TOP2", "score_function=SOFTMAX,SIGMOID" or
+// "renormalize=true,false" (a "moe." prefix is accepted, enum names in any case, "all" for
+// every one of an enum) -> one validated recipe per value.
 absl::StatusOr<std::vector<Variant>> parse_compare(const std::string& spec,
                                                    const config::Recipe& base) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--compare ", spec, ": ", why,
-        " (expected top_k=K1,K2,... or gating=NAME1,NAME2,... with NAME one of ",
-        absl::StrJoin(gating_names(), ", "), ", or gating=all)"));
+        " (expected top_k=K1,K2,..., gating=NAME1,NAME2,... with NAME one of ",
+        absl::StrJoin(enum_names(*config::Gating_descriptor()), ", "),
+        ", score_function=NAME1,NAME2,... with NAME one of ",
+        absl::StrJoin(enum_names(*config::ScoreFunction_descriptor()), ", "),
+        ", either of them =all, or renormalize=true,false)"));
   };
   const size_t eq = spec.find('=');
   if (eq == std::string::npos) return bad("no '='");
   std::string key(absl::StripAsciiWhitespace(spec.substr(0, eq)));
   if (absl::StartsWith(key, "moe.")) key = key.substr(4);
-  if (key != "top_k" && key != "gating") return bad(absl::StrCat("unknown setting '", key, "'"));
+  const google::protobuf::EnumDescriptor* names = enum_setting(key);
+  if (key != "top_k" && key != "renormalize" && names == nullptr)
+    return bad(absl::StrCat("unknown setting '", key, "'"));
   std::vector<std::string> values;
   for (absl::string_view piece : absl::StrSplit(spec.substr(eq + 1), ','))
     values.emplace_back(absl::StripAsciiWhitespace(piece));
-  if (key == "gating") {
+  if (names != nullptr) {
     for (std::string& value : values) absl::AsciiStrToUpper(&value);
-    if (values == std::vector<std::string>{"ALL"}) values = gating_names();
+    if (values == std::vector<std::string>{"ALL"}) values = enum_names(*names);
   }
   std::vector<Variant> variants;
   for (const std::string& value : values) {
@@ -172,9 +187,9 @@ absl::StatusOr<std::vector<Variant>> parse_compare(const std::string& spec,
     Variant v{absl::StrCat(key, "=", value), base};
     for (const Variant& seen : variants)
       if (seen.name == v.name) return bad(absl::StrCat(value, " is listed twice"));
-    absl::Status status = key == "gating"
-                              ? set_gating(value, v.recipe)
-                              : config::apply_override(v.recipe, absl::StrCat("moe.top_k=", value));
+    absl::Status status = key == "top_k"
+                              ? config::apply_override(v.recipe, absl::StrCat("moe.top_k=", value))
+                              : set_routing(key, value, v.recipe);
     if (status.ok()) status = config::validate_recipe(v.recipe);
     if (!status.ok()) return bad(status.message());
     variants.push_back(std::move(v));
@@ -715,8 +730,9 @@ BenchCommand::BenchCommand(CLI::App& app) {
   balance_->add_option("--ep", ep_, "expert-parallel size for the all-to-all (1: skip)")
       ->transform(integer_in(1, kMaxExpertParallel));
   balance_->add_option("--compare", compare_,
-                       "routing variants on the same tokens: top_k=K1,K2,... or "
-                       "gating=NAME1,NAME2,...");
+                       "routing variants on the same tokens: top_k=K1,K2,..., "
+                       "gating=NAME1,NAME2,..., score_function=NAME1,NAME2,... or "
+                       "renormalize=true,false");
   balance_->add_option("--run-dir", run_dir_,
                        "a training run directory: each layer's imbalance over the run, from its "
                        "metrics.jsonl");
@@ -849,9 +865,13 @@ absl::Status BenchCommand::run_balance() {
       j["compare"] = compare_;
       j["variants"] = nlohmann::ordered_json::array();
       for (size_t i = 0; i < variants.size(); ++i) {
-        nlohmann::ordered_json v = {{"name", variants[i].name},
-                                    {"top_k", variants[i].recipe.moe().top_k()},
-                                    {"gating", config::Gating_Name(variants[i].recipe.moe().gating())}};
+        const config::MoeConfig& moe = variants[i].recipe.moe();
+        nlohmann::ordered_json v = {
+            {"name", variants[i].name},
+            {"top_k", moe.top_k()},
+            {"gating", config::Gating_Name(moe.gating())},
+            {"score_function", config::ScoreFunction_Name(moe.score_function())},
+            {"renormalize", moe.renormalize()}};
         put_run(v, runs[i]);
         j["variants"].push_back(std::move(v));
       }

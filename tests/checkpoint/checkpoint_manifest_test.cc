@@ -8,6 +8,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/config/recipe.h"
+#include "google/protobuf/unknown_field_set.h"
 
 namespace switchyard {
 namespace {
@@ -90,6 +91,39 @@ TEST(CheckpointManifest, InvalidRecipeIsRefused) {
   checkpoint::Manifest m = valid_manifest();
   m.mutable_recipe()->mutable_model()->set_hidden_size(-1);
   EXPECT_NE(error_of(m).find("m.pb: field recipe: "), std::string::npos);
+}
+
+// A manifest written before moe.score_function and moe.renormalize names its routing by
+// the gatings now reserved (TOPK_SOFTMAX 1, SOFTMAX_TOPK 2, SIGMOID_TOPK 4) and
+// moe.norm_topk_prob (field 12). It parses as the recipe that spells the routing anew,
+// byte for byte: what resuming compares.
+TEST(CheckpointManifest, LegacyRoutingReadsAsTheNewSettings) {
+  struct Legacy {
+    int gating;
+    bool norm_topk_prob;
+    config::ScoreFunction score_function;
+    bool renormalize;
+  };
+  for (const Legacy& legacy : {Legacy{1, false, config::SOFTMAX, true},
+                               Legacy{2, false, config::SOFTMAX, false},
+                               Legacy{4, false, config::SIGMOID, false},
+                               Legacy{4, true, config::SIGMOID, true}}) {
+    config::Recipe now = valid_recipe();
+    now.mutable_moe()->set_score_function(legacy.score_function);
+    now.mutable_moe()->set_renormalize(legacy.renormalize);
+    config::fill_defaults(now);
+    checkpoint::Manifest old = valid_manifest();
+    *old.mutable_recipe() = now;
+    config::MoeConfig& moe = *old.mutable_recipe()->mutable_moe();
+    moe.clear_score_function();
+    moe.clear_renormalize();
+    moe.set_gating(static_cast<config::Gating>(legacy.gating));
+    if (legacy.norm_topk_prob) moe.GetReflection()->MutableUnknownFields(&moe)->AddVarint(12, 1);
+    const auto parsed = parse_manifest(old.SerializeAsString(), "m.pb");
+    ASSERT_TRUE(parsed.ok()) << legacy.gating << ": " << parsed.status();
+    EXPECT_EQ(parsed->recipe().moe().SerializeAsString(), now.moe().SerializeAsString())
+        << legacy.gating << ": " << parsed->recipe().moe().ShortDebugString();
+  }
 }
 
 TEST(CheckpointManifest, StepBeyondItsRecipeIsRefused) {

@@ -172,7 +172,9 @@ TEST(HfConfig, Qwen3MoeGivesPerHeadNormsAndItsLayerPattern) {
   EXPECT_EQ(recipe->model().ffn_hidden_size(), 256);
   EXPECT_EQ(recipe->moe().expert_ffn_hidden_size(), 64);
   EXPECT_EQ(recipe->moe().num_shared_experts(), 0);
-  EXPECT_EQ(recipe->moe().gating(), config::TOPK_SOFTMAX);
+  EXPECT_EQ(recipe->moe().gating(), config::TOP_K);
+  EXPECT_EQ(recipe->moe().score_function(), config::SOFTMAX);
+  EXPECT_TRUE(recipe->moe().renormalize());
   // transformers 5.x saves the expert count as num_local_experts.
   nlohmann::json saved = qwen3_moe_config();
   saved.erase("num_experts");

@@ -82,7 +82,9 @@ TEST_P(UpcycleShapes, FirstForwardEqualsTheDenseModels) {
   ASSERT_TRUE(moe.ok()) << moe.status();
   EXPECT_EQ(moe->recipe.moe().num_experts(), experts);
   EXPECT_EQ(moe->recipe.moe().expert_ffn_hidden_size(), 48 / granularity);
-  EXPECT_EQ(moe->recipe.moe().gating(), config::TOPK_SOFTMAX);
+  EXPECT_EQ(moe->recipe.moe().gating(), config::TOP_K);
+  EXPECT_EQ(moe->recipe.moe().score_function(), config::SOFTMAX);
+  EXPECT_TRUE(moe->recipe.moe().renormalize());
   EXPECT_TRUE(config::is_moe_layer(moe->recipe, 0) && config::is_moe_layer(moe->recipe, 1));
   // fp32: the experts' sum adds the same products in another order.
   EXPECT_LT(max_relative_difference(logits_of(*moe), logits_of(dense)), 1e-5);

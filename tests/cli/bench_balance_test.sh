@@ -53,7 +53,7 @@ c, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert c["compare"] == "top_k=1,2,4" and "layers" not in c
 assert [v["name"] for v in c["variants"]] == ["top_k=1", "top_k=2", "top_k=4"]
 for v, k in zip(c["variants"], (1, 2, 4)):
-    assert v["top_k"] == k and v["gating"] == "TOPK_SOFTMAX", v
+    assert v["top_k"] == k and v["gating"] == "TOP_K" and v["renormalize"], v
     assert len(v["layers"]) == 4
     for s in v["layers"]:
         assert sum(s["tokens_per_expert"]) == 2 * 8 * 128 * k
@@ -70,17 +70,17 @@ else
   fail "bench balance --compare exited $?: $(cat "$work/err")"
 fi
 if "$bin" bench balance "$root/recipes/tiny.textproto" --synthetic zipf:1.1 --batches 1 \
-    --compare "gating=topk_softmax, SOFTMAX_TOPK,GSHARD_TOP2" --json "$work/g.json" >"$work/out" 2>"$work/err"; then
-  python3 - "$work/g.json" <<'PY' || fail "gating compare json"
+    --compare "renormalize=true, false" --json "$work/g.json" >"$work/out" 2>"$work/err"; then
+  python3 - "$work/g.json" <<'PY' || fail "renormalize compare json"
 import json, sys
 v = json.load(open(sys.argv[1]))["variants"]
-assert [x["gating"] for x in v] == ["TOPK_SOFTMAX", "SOFTMAX_TOPK", "GSHARD_TOP2"], v
+assert [x["renormalize"] for x in v] == [True, False], v
 # The same router picks the same experts in the first layer; only the weights differ.
 assert v[0]["layers"][0]["tokens_per_expert"] == v[1]["layers"][0]["tokens_per_expert"]
 PY
-  echo "ok   bench balance --compare gating"
+  echo "ok   bench balance --compare renormalize"
 else
-  fail "bench balance --compare gating exited $?: $(cat "$work/err")"
+  fail "bench balance --compare renormalize exited $?: $(cat "$work/err")"
 fi
 
 # gating=all: every gating of the recipe schema, in its order, on the same tokens, each
@@ -90,8 +90,9 @@ if "$bin" bench balance "$root/recipes/tiny.textproto" --synthetic zipf:1.1 --ba
   python3 - "$work/a.json" <<'PY' || fail "gating=all json"
 import json, sys
 v = json.load(open(sys.argv[1]))["variants"]
-assert [x["gating"] for x in v] == ["TOPK_SOFTMAX", "SOFTMAX_TOPK", "GSHARD_TOP2",
-                                    "SIGMOID_TOPK", "EXPERT_CHOICE"], v
+assert [x["gating"] for x in v] == ["TOP_K", "GSHARD_TOP2", "EXPERT_CHOICE"], v
+# GShard renormalises its two weights, expert choice never.
+assert [x["renormalize"] for x in v] == [True, True, False], v
 for x in v:
     p = x["placement"]
     assert sorted(p["advised"]) == list(range(8)), p
@@ -102,7 +103,7 @@ for x in v:
     t = x["overall"]["tokens_per_expert"]
     assert p["advised_rank_tokens"][0] == sum(t[e] for e in p["advised"][:4]), p
 # Every expert of expert choice takes its capacity: 8 x 128 x 2 / 8 tokens per layer.
-assert v[4]["layers"][0]["tokens_per_expert"] == [256] * 8, v[4]["layers"][0]
+assert v[2]["layers"][0]["tokens_per_expert"] == [256] * 8, v[2]["layers"][0]
 PY
   grep -q "parallel.expert_placement: \[" "$work/out" || fail "gating=all: no placement line"
   grep -q "1/E = 12.5% (uniform)" "$work/a.html" || fail "gating=all report: no colour legend"
@@ -130,16 +131,17 @@ PY
     echo "ok   bench balance --compare on a checkpoint"
     # The sigmoid router adds its bias (at 0) to the trained weights; softmax keeps them.
     if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 \
-        --compare gating=SIGMOID_TOPK,TOPK_SOFTMAX --json "$work/s.json" >/dev/null 2>"$work/err"; then
+        --compare score_function=SIGMOID,SOFTMAX --json "$work/s.json" >/dev/null \
+        2>"$work/err"; then
       python3 - "$work/s.json" "$work/t2.json" <<'PY' || fail "checkpoint sigmoid compare json"
 import json, sys
 c, plain = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-assert [v["gating"] for v in c["variants"]] == ["SIGMOID_TOPK", "TOPK_SOFTMAX"]
+assert [v["score_function"] for v in c["variants"]] == ["SIGMOID", "SOFTMAX"]
 assert c["variants"][1]["layers"] == plain["layers"]
 PY
-      echo "ok   bench balance --compare gating on a checkpoint"
+      echo "ok   bench balance --compare score_function on a checkpoint"
     else
-      fail "bench balance --compare gating on a checkpoint: $(cat "$work/err")"
+      fail "bench balance --compare score_function on a checkpoint: $(cat "$work/err")"
     fi
     # --run-dir: each layer's imbalance over the run, from its metrics.jsonl.
     if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 --run-dir "$work/run" \
@@ -196,10 +198,11 @@ expect_error "compare of an unknown setting" "unknown setting 'experts'" -- "$bi
 expect_error "compare with an empty value" "empty value" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=1,,2
 expect_error "compare top_k beyond the experts" "moe.top_k (9) must be <= moe.num_experts" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=1,9
 expect_error "compare top_k not a number" "moe.top_k" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=two
-expect_error "compare of an unknown gating names the schema's" "SIGMOID_TOPK, EXPERT_CHOICE, or gating=all" -- "$bin" bench balance "$tiny" "${z[@]}" --compare gating=sparsemax
-expect_error "compare of an unknown gating" "SPARSEMAX" -- "$bin" bench balance "$tiny" "${z[@]}" --compare gating=TOPK_SOFTMAX,sparsemax
+expect_error "compare of an unknown gating names the schema's" "TOP_K, GSHARD_TOP2, EXPERT_CHOICE, score_function" -- "$bin" bench balance "$tiny" "${z[@]}" --compare gating=sparsemax
+expect_error "compare of an unknown gating" "SPARSEMAX" -- "$bin" bench balance "$tiny" "${z[@]}" --compare gating=TOP_K,sparsemax
+expect_error "compare of a gating by its old name" "moe.gating: SOFTMAX_TOPK is now moe.gating: TOP_K" -- "$bin" bench balance "$tiny" "${z[@]}" --compare gating=SOFTMAX_TOPK
 expect_error "compare with a value twice" "listed twice" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k=2,2
 sed -e 's/top_k: 2/top_k: 1/' -e "s#corpus: .*#corpus: \"$root/data/corpus/tinyshakespeare.txt\"#" "$tiny" >"$work/top1.textproto"
-expect_error "compare GShard on a top-1 recipe" "must be 2 with moe.gating GSHARD_TOP2" -- "$bin" bench balance "$work/top1.textproto" "${z[@]}" --compare gating=SOFTMAX_TOPK,GSHARD_TOP2
+expect_error "compare GShard on a top-1 recipe" "must be 2 with moe.gating GSHARD_TOP2" -- "$bin" bench balance "$work/top1.textproto" "${z[@]}" --compare gating=TOP_K,GSHARD_TOP2
 
 [[ $failures -eq 0 ]]

@@ -100,7 +100,9 @@ TEST(RecipeTest, ShippedShapes) {
   EXPECT_TRUE(is_moe_layer(*switch_base, 1));
   EXPECT_FALSE(is_moe_layer(*switch_base, 10));
   EXPECT_TRUE(is_moe_layer(*switch_base, 11));
-  EXPECT_EQ(switch_base->moe().gating(), SOFTMAX_TOPK);
+  EXPECT_EQ(switch_base->moe().gating(), TOP_K);
+  EXPECT_EQ(switch_base->moe().score_function(), SOFTMAX);
+  EXPECT_FALSE(switch_base->moe().renormalize());
 
   absl::StatusOr<Recipe> qwen = load_recipe((recipes / "qwen-moe-a2.7b.textproto").string(), {});
   ASSERT_TRUE(qwen.ok()) << qwen.status();
@@ -116,7 +118,9 @@ TEST(RecipeTest, DefaultsAreFilled) {
   EXPECT_FLOAT_EQ(recipe.model().norm_eps(), 1e-5f);
   EXPECT_FLOAT_EQ(recipe.model().init_std(), 0.02f);
   EXPECT_EQ(recipe.model().max_position_embeddings(), 32);
-  EXPECT_EQ(recipe.moe().gating(), TOPK_SOFTMAX);
+  EXPECT_EQ(recipe.moe().gating(), TOP_K);
+  EXPECT_EQ(recipe.moe().score_function(), SOFTMAX);
+  EXPECT_TRUE(recipe.moe().renormalize());
   EXPECT_EQ(recipe.parallel().tensor_parallel_size(), 1);
   EXPECT_EQ(recipe.parallel().expert_parallel_size(), 1);
   EXPECT_FLOAT_EQ(recipe.optimizer().beta1(), 0.9f);
@@ -167,7 +171,7 @@ TEST(RecipeTest, OverridesSetEveryScalarKind) {
   ASSERT_TRUE(apply_override(recipe, "model.num_heads=8").ok());
   ASSERT_TRUE(apply_override(recipe, "optimizer.lr=2.5e-4").ok());
   ASSERT_TRUE(apply_override(recipe, "model.tie_embeddings=true").ok());
-  ASSERT_TRUE(apply_override(recipe, "moe.gating=SOFTMAX_TOPK").ok());
+  ASSERT_TRUE(apply_override(recipe, "moe.score_function=SIGMOID").ok());
   ASSERT_TRUE(apply_override(recipe, "data.corpus=foo bar.txt").ok());
   ASSERT_TRUE(apply_override(recipe, "train.seed=18446744073709551615").ok());
   ASSERT_TRUE(apply_override(recipe, "optimizer.weight_decay=0").ok());
@@ -175,7 +179,7 @@ TEST(RecipeTest, OverridesSetEveryScalarKind) {
   EXPECT_EQ(recipe.model().num_heads(), 8);
   EXPECT_FLOAT_EQ(recipe.optimizer().lr(), 2.5e-4f);
   EXPECT_TRUE(recipe.model().tie_embeddings());
-  EXPECT_EQ(recipe.moe().gating(), SOFTMAX_TOPK);
+  EXPECT_EQ(recipe.moe().score_function(), SIGMOID);
   EXPECT_EQ(recipe.data().corpus(), "foo bar.txt");
   EXPECT_EQ(recipe.train().seed(), 18446744073709551615ull);
   EXPECT_EQ(recipe.optimizer().weight_decay(), 0.0f);
@@ -478,7 +482,7 @@ TEST(RecipeTest, EffectiveHeads) {
 TEST(RecipeTest, SummaryMentionsShape) {
   const std::string summary = summarize_recipe(valid_recipe());
   EXPECT_TRUE(contains(summary, "test: 2 layers (2 MoE), hidden 64"));
-  EXPECT_TRUE(contains(summary, "4 experts top-2 TOPK_SOFTMAX"));
+  EXPECT_TRUE(contains(summary, "4 experts top-2 TOP_K SOFTMAX renormalised"));
   EXPECT_TRUE(contains(summary, "100 steps x 8 seqs x 32 tokens"));
 }
 

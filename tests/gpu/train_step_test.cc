@@ -19,7 +19,7 @@ namespace switchyard {
 namespace {
 
 struct Case {
-  std::string gating;
+  std::string gating;  // moe.gating, and any moe settings after it
   float capacity_factor;
   DType compute = DType::kF32;
 };
@@ -167,7 +167,7 @@ TEST_P(TrainStepTest, GpuStepsMatchCpuSteps) {
 // or with GShard's random second expert.
 TEST(GpuHostTransfersTest, Bf16StepCopiesFourTimes) {
   for (const Case& c :
-       {Case{"TOPK_SOFTMAX", 0.0f, DType::kBF16}, Case{"TOPK_SOFTMAX", 0.75f, DType::kBF16},
+       {Case{"TOP_K", 0.0f, DType::kBF16}, Case{"TOP_K", 0.75f, DType::kBF16},
         Case{"GSHARD_TOP2", 0.0f, DType::kBF16}}) {
     SCOPED_TRACE(c.gating + " capacity " + std::to_string(c.capacity_factor));
     const config::Recipe recipe = step_recipe(c);
@@ -193,9 +193,10 @@ TEST(GpuHostTransfersTest, Bf16StepCopiesFourTimes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gating, TrainStepTest,
-                         ::testing::Values(Case{"TOPK_SOFTMAX", 0.0f}, Case{"SOFTMAX_TOPK", 0.0f},
-                                           Case{"GSHARD_TOP2", 0.0f}, Case{"TOPK_SOFTMAX", 1.0f},
-                                           Case{"TOPK_SOFTMAX", 0.0f, DType::kBF16},
+                         ::testing::Values(Case{"TOP_K", 0.0f},
+                                           Case{"TOP_K renormalize: false", 0.0f},
+                                           Case{"GSHARD_TOP2", 0.0f}, Case{"TOP_K", 1.0f},
+                                           Case{"TOP_K", 0.0f, DType::kBF16},
                                            Case{"GSHARD_TOP2", 0.0f, DType::kBF16}));
 
 }  // namespace

@@ -21,7 +21,7 @@ TOOL = binary("MODEL_IO_TOOL")
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak. 1234  x\n"
 
 QWEN_SETS = ["moe.num_shared_experts=1", "moe.shared_expert_ffn_hidden_size=64",
-             "moe.shared_expert_gate=true", "moe.gating=SOFTMAX_TOPK", "model.attention_bias=true"]
+             "moe.shared_expert_gate=true", "moe.renormalize=false", "model.attention_bias=true"]
 # Per-head q/k norm, attention narrower than the hidden size, a dense first layer.
 QWEN3_SETS = ["model.qk_head_norm=true", "model.head_dim=16", "model.first_dense_layers=1",
               "model.ffn_hidden_size=192"]

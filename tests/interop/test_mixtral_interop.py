@@ -28,7 +28,7 @@ name: "interop"
 model {{ vocab_size: {VOCAB} hidden_size: {HIDDEN} num_layers: {LAYERS} num_heads: {HEADS}
          num_kv_heads: {KV_HEADS} rope_theta: 10000 norm_eps: 1e-5 tie_embeddings: {str(tie).lower()}
          moe_layer_interval: 1 }}
-moe {{ num_experts: {EXPERTS} top_k: {TOP_K} gating: TOPK_SOFTMAX aux_loss_coef: {AUX_COEF}
+moe {{ num_experts: {EXPERTS} top_k: {TOP_K} gating: TOP_K aux_loss_coef: {AUX_COEF}
        z_loss_coef: 0 expert_ffn_hidden_size: {FFN} }}
 optimizer {{ lr: 1e-3 }}
 train {{ global_batch_size: {BATCH} seq_len: {SEQ} steps: 1 }}

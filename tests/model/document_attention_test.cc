@@ -25,7 +25,7 @@ config::Recipe tiny_recipe() {
     model { vocab_size: 64 hidden_size: 16 num_layers: 2 num_heads: 4 num_kv_heads: 2
             rope_theta: 100 norm_eps: 1e-5 ffn_hidden_size: 24 first_dense_layers: 1
             qk_norm: true init_std: 0.3 }
-    moe { num_experts: 4 top_k: 2 gating: TOPK_SOFTMAX aux_loss_coef: 0.1 z_loss_coef: 0.01
+    moe { num_experts: 4 top_k: 2 gating: TOP_K aux_loss_coef: 0.1 z_loss_coef: 0.01
           expert_ffn_hidden_size: 12 }
     optimizer { lr: 1e-3 }
     train { global_batch_size: 2 seq_len: 12 steps: 1 }

@@ -104,12 +104,12 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_pair(std::string("tie_embeddings: false"), std::string("capacity_factor: 1.0")),
         std::make_pair(std::string("qk_norm: true attention_bias: true first_dense_layers: 1 "
                                    "ffn_hidden_size: 40 tie_embeddings: true"),
-                       std::string("gating: SOFTMAX_TOPK num_shared_experts: 1 "
+                       std::string("gating: TOP_K renormalize: false num_shared_experts: 1 "
                                    "shared_expert_ffn_hidden_size: 20 "
                                    "shared_expert_gate: true")),
         std::make_pair(std::string("qk_head_norm: true head_dim: 12 first_dense_layers: 1 "
                                    "ffn_hidden_size: 40"),
-                       std::string("gating: TOPK_SOFTMAX"))));
+                       std::string("gating: TOP_K"))));
 
 }  // namespace
 }  // namespace switchyard

@@ -103,9 +103,9 @@ TEST_P(MixedPrecisionTest, Bf16TracksF32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gating, MixedPrecisionTest,
-                         ::testing::Values(std::make_pair(std::string("TOPK_SOFTMAX"), 0.0f),
+                         ::testing::Values(std::make_pair(std::string("TOP_K"), 0.0f),
                                            std::make_pair(std::string("GSHARD_TOP2"), 0.0f),
-                                           std::make_pair(std::string("TOPK_SOFTMAX"), 1.25f)));
+                                           std::make_pair(std::string("TOP_K"), 1.25f)));
 
 }  // namespace
 }  // namespace switchyard

@@ -28,8 +28,8 @@ config::Recipe recipe_with(const std::string& mla, const std::string& extra = ""
     model { vocab_size: 64 hidden_size: 16 num_layers: 2 num_heads: 4 rope_theta: 10000
             norm_eps: 1e-5 ffn_hidden_size: 24 first_dense_layers: 1 init_std: 0.3
             mla { )" + mla + R"( } }
-    moe { num_experts: 8 top_k: 2 gating: SIGMOID_TOPK num_groups: 4 top_groups: 2
-          norm_topk_prob: true routed_scaling_factor: 2.5 expert_ffn_hidden_size: 12
+    moe { num_experts: 8 top_k: 2 gating: TOP_K score_function: SIGMOID num_groups: 4 top_groups: 2
+          renormalize: true routed_scaling_factor: 2.5 expert_ffn_hidden_size: 12
           num_shared_experts: 1 shared_expert_ffn_hidden_size: 8 z_loss_coef: 0.01 }
     optimizer { lr: 1e-3 }
     train { global_batch_size: 2 seq_len: 7 steps: 1 )" + extra + R"( }

@@ -51,7 +51,7 @@ struct Model {
 };
 
 config::Recipe recipe_with(const std::string& moe) {
-  pipeline_test::Case c{"padded", "", "num_experts: 4 top_k: 2 gating: TOPK_SOFTMAX " + moe, "",
+  pipeline_test::Case c{"padded", "", "num_experts: 4 top_k: 2 gating: TOP_K " + moe, "",
                         false};
   return pipeline_test::recipe_for(c, 2);
 }

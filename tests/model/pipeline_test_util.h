@@ -89,7 +89,7 @@ inline void perturb_norms(ParamStore& params) {
 // the chunks carry.
 inline const Case kCases[] = {
     {"dense_moe", "first_dense_layers: 1 qk_norm: true",
-     "num_experts: 4 top_k: 2 gating: TOPK_SOFTMAX aux_loss_coef: 0.1 z_loss_coef: 0.01 "
+     "num_experts: 4 top_k: 2 gating: TOP_K aux_loss_coef: 0.1 z_loss_coef: 0.01 "
      "aux_loss_per_layer: true num_shared_experts: 1 shared_expert_ffn_hidden_size: 8 "
      "shared_expert_gate: true",
      "", false},
@@ -103,8 +103,8 @@ inline const Case kCases[] = {
     {"mla",
      "first_dense_layers: 1 mla { q_lora_rank: 12 kv_lora_rank: 10 "
      "qk_nope_head_dim: 6 qk_rope_head_dim: 4 v_head_dim: 8 }",
-     "num_experts: 8 top_k: 2 gating: SIGMOID_TOPK num_groups: 4 top_groups: 2 "
-     "norm_topk_prob: true z_loss_coef: 0.01 aux_loss_per_layer: true num_shared_experts: 1 "
+     "num_experts: 8 top_k: 2 gating: TOP_K score_function: SIGMOID num_groups: 4 top_groups: 2 "
+     "renormalize: true z_loss_coef: 0.01 aux_loss_per_layer: true num_shared_experts: 1 "
      "shared_expert_ffn_hidden_size: 8",
      "", false},
     {"documents", "first_dense_layers: 1",

@@ -113,15 +113,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Case{"dense", "first_dense_layers: 3", "num_experts: 4 top_k: 2 expert_ffn_hidden_size: 24"},
         Case{"moe_shared_qk_norm", "first_dense_layers: 1 qk_norm: true attention_bias: true",
-             "num_experts: 4 top_k: 2 gating: TOPK_SOFTMAX aux_loss_coef: 0.01 z_loss_coef: 0.001 "
+             "num_experts: 4 top_k: 2 gating: TOP_K aux_loss_coef: 0.01 z_loss_coef: 0.001 "
              "expert_ffn_hidden_size: 24 num_shared_experts: 1 shared_expert_ffn_hidden_size: 16 "
              "shared_expert_gate: true"},
         Case{"gshard_capacity", "qk_head_norm: true head_dim: 8",
              "num_experts: 4 top_k: 2 gating: GSHARD_TOP2 capacity_factor: 1.0 "
              "aux_loss_coef: 0.01 expert_ffn_hidden_size: 24"},
         Case{"sigmoid_bias", "",
-             "num_experts: 4 top_k: 2 gating: SIGMOID_TOPK bias_update_rate: 0.001 "
-             "expert_ffn_hidden_size: 24"},
+             "num_experts: 4 top_k: 2 gating: TOP_K score_function: SIGMOID "
+             "bias_update_rate: 0.001 expert_ffn_hidden_size: 24"},
         Case{"expert_choice", "",
              "num_experts: 4 top_k: 2 gating: EXPERT_CHOICE capacity_factor: 1.0 "
              "expert_ffn_hidden_size: 24"},

@@ -1,4 +1,4 @@
-// The sigmoid router (moe.gating SIGMOID_TOPK, plain and group-limited), expert choice
+// The sigmoid router (moe.score_function SIGMOID, plain and group-limited), expert choice
 // and forced balance inside the whole model: the backward against central finite differences of the
 // total loss along a random direction per parameter (as transformer_grad_test does for
 // the softmax gatings), the bias steering the choice, and round-robin loads.
@@ -76,14 +76,14 @@ TEST_P(SigmoidRoutingGradTest, BackwardMatchesFiniteDifferences) {
 // forced case's untrained router does within 1e-3 here; the z-loss trains it instead.
 INSTANTIATE_TEST_SUITE_P(
     Routing, SigmoidRoutingGradTest,
-    ::testing::Values("gating: SIGMOID_TOPK",
-                      "gating: SIGMOID_TOPK norm_topk_prob: true routed_scaling_factor: 2.5 "
-                      "num_groups: 2 top_groups: 1",
-                      "gating: TOPK_SOFTMAX router_force_balance: true",
+    ::testing::Values("gating: TOP_K score_function: SIGMOID",
+                      "gating: TOP_K score_function: SIGMOID renormalize: true "
+                      "routed_scaling_factor: 2.5 num_groups: 2 top_groups: 1",
+                      "gating: TOP_K router_force_balance: true",
                       "gating: EXPERT_CHOICE capacity_factor: 1.5"));
 
 TEST(SigmoidRouting, TheBiasSteersTheChoiceAndIsNotTrained) {
-  Model m(recipe_with("gating: SIGMOID_TOPK bias_update_rate: 0.01"));
+  Model m(recipe_with("gating: TOP_K score_function: SIGMOID bias_update_rate: 0.01"));
   Param* bias = m.params.find("model.layers.1.mlp.gate.e_score_correction_bias");
   ASSERT_NE(bias, nullptr);
   EXPECT_FALSE(bias->trainable);
@@ -109,7 +109,7 @@ TEST(ExpertChoice, EveryExpertTakesItsCapacity) {
 }
 
 TEST(ForcedBalance, EveryExpertTakesTheSameLoad) {
-  Model m(recipe_with("gating: TOPK_SOFTMAX router_force_balance: true"));
+  Model m(recipe_with("gating: TOP_K router_force_balance: true"));
   m.forward();
   // 14 tokens x top-2 over 4 experts: 7 each in every layer, whatever the router says.
   EXPECT_DOUBLE_EQ(m.model.router_stats().worst_load_ratio, 1.0);

@@ -16,7 +16,7 @@ namespace switchyard {
 namespace {
 
 struct Case {
-  std::string gating;
+  std::string gating;  // moe.gating, and any moe settings after it
   float capacity_factor;
   bool aux_loss_per_layer = false;
   // Training-mode routing: GShard samples each token's second expert (the same draws in
@@ -91,12 +91,13 @@ TEST_P(TransformerGradTest, BackwardMatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gating, TransformerGradTest,
-                         ::testing::Values(Case{"TOPK_SOFTMAX", 0.0f}, Case{"SOFTMAX_TOPK", 0.0f},
-                                           Case{"GSHARD_TOP2", 0.0f}, Case{"TOPK_SOFTMAX", 1.0f},
-                                           Case{"TOPK_SOFTMAX", 0.0f, true},
+                         ::testing::Values(Case{"TOP_K", 0.0f},
+                                           Case{"TOP_K renormalize: false", 0.0f},
+                                           Case{"GSHARD_TOP2", 0.0f}, Case{"TOP_K", 1.0f},
+                                           Case{"TOP_K", 0.0f, true},
                                            Case{"GSHARD_TOP2", 0.0f, false, true},
                                            Case{"GSHARD_TOP2", 1.0f, false, true, 1e-4},
-                                           Case{"TOPK_SOFTMAX", 0.0f, false, false, 1e-3,
+                                           Case{"TOP_K", 0.0f, false, false, 1e-3,
                                                 "qk_head_norm: true head_dim: 6"}));
 
 // The sampled second expert: training-mode GShard routing drops some tokens' second

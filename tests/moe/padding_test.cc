@@ -83,10 +83,10 @@ void expect_near(const Tensor& a, const Tensor& b, double tol, const std::string
     EXPECT_NEAR(a.data<float>()[i], b.data<float>()[i], tol) << what << " at " << i;
 }
 
-class PaddingTest : public ::testing::TestWithParam<config::Gating> {};
+class PaddingTest : public ::testing::TestWithParam<testing::Routing> {};
 // Expert choice takes each expert's tokens from the whole batch, so only the batch of all
 // the real tokens can equal a padded one.
-class WholeBatchPaddingTest : public ::testing::TestWithParam<config::Gating> {};
+class WholeBatchPaddingTest : public ::testing::TestWithParam<testing::Routing> {};
 
 TEST_P(WholeBatchPaddingTest, PaddedBatchEqualsItsRealTokensAlone) {
   // Capacity factor 1 drops assignments, so capacity over the real tokens shows.
@@ -103,7 +103,7 @@ TEST_P(WholeBatchPaddingTest, PaddedBatchEqualsItsRealTokensAlone) {
   EXPECT_EQ(padded.stats.assignments, alone.stats.assignments);
   EXPECT_EQ(padded.stats.dropped_assignments, alone.stats.dropped_assignments);
   // The capacity binds (expert choice's is in its choice, which drops nothing more).
-  if (GetParam() != config::EXPERT_CHOICE) {
+  if (GetParam().gating != config::EXPERT_CHOICE) {
     EXPECT_GT(alone.stats.dropped_assignments, 0);
   }
   EXPECT_EQ(padded.stats.selections_per_expert, alone.stats.selections_per_expert);
@@ -180,11 +180,11 @@ TEST_P(PaddingTest, SequenceAuxLossTakesEachSequenceAtItsOwnLength) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gatings, WholeBatchPaddingTest,
-                         ::testing::Values(config::TOPK_SOFTMAX, config::SOFTMAX_TOPK,
-                                           config::SIGMOID_TOPK, config::EXPERT_CHOICE));
+                         ::testing::Values(testing::kSoftmaxRenormalized, testing::kSoftmax,
+                                           testing::kSigmoid, testing::kExpertChoice));
 INSTANTIATE_TEST_SUITE_P(Gatings, PaddingTest,
-                         ::testing::Values(config::TOPK_SOFTMAX, config::SOFTMAX_TOPK,
-                                           config::SIGMOID_TOPK));
+                         ::testing::Values(testing::kSoftmaxRenormalized, testing::kSoftmax,
+                                           testing::kSigmoid));
 
 }  // namespace
 }  // namespace switchyard

@@ -100,8 +100,8 @@ TEST(SequenceAuxSums, MatchSumsTakenApartForEveryRowSplit) {
   }
 }
 
-testing::SmallLayerConfig make_setup(config::Gating gating) {
-  return testing::small_layer_config(gating, /*capacity_factor=*/0, /*seq_aux_loss_coef=*/1.0f);
+testing::SmallLayerConfig make_setup(testing::Routing routing) {
+  return testing::small_layer_config(routing, /*capacity_factor=*/0, /*seq_aux_loss_coef=*/1.0f);
 }
 
 // The loss computed apart in double from the router weights W (E, hidden) and the
@@ -138,10 +138,10 @@ double reference_loss(const std::vector<double>& w, const Tensor& x, bool sigmoi
   return loss / kSequences;
 }
 
-class SequenceAuxLayerTest : public ::testing::TestWithParam<config::Gating> {};
+class SequenceAuxLayerTest : public ::testing::TestWithParam<testing::Routing> {};
 
 TEST_P(SequenceAuxLayerTest, LossAndRouterGradientMatchTheReference) {
-  const bool sigmoid = GetParam() == config::SIGMOID_TOPK;
+  const bool sigmoid = GetParam().score_function == config::SIGMOID;
   const testing::SmallLayerConfig setup = make_setup(GetParam());
   ParamStore params;
   MoeLayer layer(params, "mlp.", setup.model, setup.moe, nullptr);
@@ -186,13 +186,13 @@ TEST_P(SequenceAuxLayerTest, LossAndRouterGradientMatchTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gatings, SequenceAuxLayerTest,
-                         ::testing::Values(config::TOPK_SOFTMAX, config::SOFTMAX_TOPK,
-                                           config::SIGMOID_TOPK));
+                         ::testing::Values(testing::kSoftmaxRenormalized, testing::kSoftmax,
+                                           testing::kSigmoid));
 
 // A micro-batch stashed while another runs its forward and backward (pipeline schedules)
 // gets back its own sequence sums: its router gradient is the one it has alone.
 TEST(SequenceAuxLayer, StashKeepsEachMicroBatchsSums) {
-  const testing::SmallLayerConfig setup = make_setup(config::TOPK_SOFTMAX);
+  const testing::SmallLayerConfig setup = make_setup(testing::kSoftmaxRenormalized);
   ParamStore params;
   MoeLayer layer(params, "mlp.", setup.model, setup.moe, nullptr);
   params.allocate(cpu_device());
@@ -231,7 +231,7 @@ TEST(SequenceAuxLayer, StashKeepsEachMicroBatchsSums) {
 }
 
 TEST(SequenceAuxLayer, OffWithoutTheCoefficient) {
-  testing::SmallLayerConfig setup = make_setup(config::TOPK_SOFTMAX);
+  testing::SmallLayerConfig setup = make_setup(testing::kSoftmaxRenormalized);
   setup.moe.set_seq_aux_loss_coef(0);
   ParamStore params;
   MoeLayer layer(params, "mlp.", setup.model, setup.moe, nullptr);
@@ -252,7 +252,7 @@ TEST(SequenceAuxRecipe, RefusesANegativeOrNonFiniteCoefficient) {
     name: "seq-aux"
     model { vocab_size: 64 hidden_size: 16 num_layers: 2 num_heads: 4 num_kv_heads: 2
             rope_theta: 10000 norm_eps: 1e-5 init_std: 0.02 }
-    moe { num_experts: 4 top_k: 2 expert_ffn_hidden_size: 12 gating: TOPK_SOFTMAX }
+    moe { num_experts: 4 top_k: 2 expert_ffn_hidden_size: 12 gating: TOP_K }
     optimizer { lr: 1e-3 }
     train { global_batch_size: 2 seq_len: 8 steps: 1 }
     data { dataset: "data" }

@@ -15,19 +15,33 @@ inline constexpr int kSmallLayerExperts = 4;
 inline constexpr int kSmallLayerTopK = 2;
 inline constexpr int64_t kSmallLayerHidden = 6;
 
+// The routings the layer tests run: the selection, the score function and whether the
+// chosen weights are renormalised.
+struct Routing {
+  config::Gating gating = config::TOP_K;
+  config::ScoreFunction score_function = config::SOFTMAX;
+  bool renormalize = true;
+};
+inline constexpr Routing kSoftmaxRenormalized{};
+inline constexpr Routing kSoftmax{.renormalize = false};
+inline constexpr Routing kSigmoid{.score_function = config::SIGMOID, .renormalize = false};
+inline constexpr Routing kExpertChoice{.gating = config::EXPERT_CHOICE, .renormalize = false};
+
 struct SmallLayerConfig {
   config::ModelConfig model;
   config::MoeConfig moe;
 };
 
-inline SmallLayerConfig small_layer_config(config::Gating gating, float capacity_factor,
+inline SmallLayerConfig small_layer_config(Routing routing, float capacity_factor,
                                            float seq_aux_loss_coef) {
   SmallLayerConfig s;
   s.model.set_hidden_size(kSmallLayerHidden);
   s.model.set_init_std(0.5f);
   s.moe.set_num_experts(kSmallLayerExperts);
   s.moe.set_top_k(kSmallLayerTopK);
-  s.moe.set_gating(gating);
+  s.moe.set_gating(routing.gating);
+  s.moe.set_score_function(routing.score_function);
+  s.moe.set_renormalize(routing.renormalize);
   s.moe.set_expert_ffn_hidden_size(3);
   s.moe.set_routed_scaling_factor(1.0f);
   s.moe.set_num_groups(1);

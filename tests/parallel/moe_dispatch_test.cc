@@ -141,7 +141,9 @@ Setup make_setup(int experts, float capacity_factor) {
   s.model.set_init_std(0.02f);
   s.moe.set_num_experts(experts);
   s.moe.set_top_k(kTopK);
-  s.moe.set_gating(config::TOPK_SOFTMAX);
+  s.moe.set_gating(config::TOP_K);
+  s.moe.set_score_function(config::SOFTMAX);
+  s.moe.set_renormalize(true);
   s.moe.set_expert_ffn_hidden_size(kFfn);
   s.moe.set_capacity_factor(capacity_factor);
   return s;

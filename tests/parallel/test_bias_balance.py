@@ -1,4 +1,4 @@
-"""Loss-free balancing (moe.gating SIGMOID_TOPK with moe.bias_update_rate): the experts'
+"""Loss-free balancing (moe.score_function SIGMOID with moe.bias_update_rate): the experts'
 bias moves once per optimizer step from the load of the whole global batch, so it is the
 same whatever the layout (data, expert, tensor parallel, ZeRO-3) and however the batch is
 cut into micro-batches; it is state, saved in checkpoints and restored on resume.
@@ -16,8 +16,8 @@ from test_train_equivalence import (COMMON, LAYOUTS, RECIPE, assert_run_matches,
                                     train)
 
 RATE = 0.01
-SIGMOID = ["--set", "moe.gating=SIGMOID_TOPK", "--set", "moe.aux_loss_coef=0",
-           "--set", f"moe.bias_update_rate={RATE}", "--set", "moe.norm_topk_prob=true",
+SIGMOID = ["--set", "moe.score_function=SIGMOID", "--set", "moe.aux_loss_coef=0",
+           "--set", f"moe.bias_update_rate={RATE}", "--set", "moe.renormalize=true",
            "--set", "moe.routed_scaling_factor=1.5", "--set", "moe.num_groups=4",
            "--set", "moe.top_groups=2"]
 BIAS = re.compile(r"model\.layers\.\d+\.mlp\.gate\.e_score_correction_bias")

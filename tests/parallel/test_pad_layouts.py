@@ -24,9 +24,9 @@ ROUTING = ["--set", "moe.capacity_factor=1.0", "--set", "moe.seq_aux_loss_coef=0
            "--set", "moe.aux_loss_per_layer=true", "--set", "train.eval_interval=2",
            "--set", "train.eval_tokens=1024"]
 GATINGS = {
-    "softmax": ["--set", "moe.gating=TOPK_SOFTMAX"],
-    "sigmoid": ["--set", "moe.gating=SIGMOID_TOPK", "--set", "moe.aux_loss_coef=0",
-                "--set", "moe.norm_topk_prob=true", "--set", "moe.bias_update_rate=0.001"],
+    "softmax": ["--set", "moe.score_function=SOFTMAX"],
+    "sigmoid": ["--set", "moe.score_function=SIGMOID", "--set", "moe.aux_loss_coef=0",
+                "--set", "moe.renormalize=true", "--set", "moe.bias_update_rate=0.001"],
 }
 
 

@@ -209,10 +209,10 @@ def test_stages_with_data_parallel_replicas_match_one_process(tmp_path, single_t
     assert_layout_matches(run_dir, single_two_layers)
 
 
-# SIGMOID_TOPK's loss-free balancing: each stage moves the biases of its own MoE layers
+# The sigmoid router's loss-free balancing: each stage moves the biases of its own MoE layers
 # from their loads over every micro-batch and data-parallel replica of the step.
-SIGMOID = ["--set", "moe.gating=SIGMOID_TOPK", "--set", "moe.aux_loss_coef=0",
-           "--set", "moe.bias_update_rate=0.01", "--set", "moe.norm_topk_prob=true",
+SIGMOID = ["--set", "moe.score_function=SIGMOID", "--set", "moe.aux_loss_coef=0",
+           "--set", "moe.bias_update_rate=0.01", "--set", "moe.renormalize=true",
            "--set", "moe.num_groups=4", "--set", "moe.top_groups=2"]
 
 

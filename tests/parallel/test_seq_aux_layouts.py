@@ -17,9 +17,9 @@ from test_train_equivalence import LAYOUTS, assert_run_matches, assert_weights_m
 # A coefficient far above DeepSeek-V3's 0.0001, so that the term moves the router.
 SEQ_AUX = ["--set", "moe.seq_aux_loss_coef=0.5"]
 GATINGS = {
-    "softmax": ["--set", "moe.gating=TOPK_SOFTMAX"],
-    "sigmoid": ["--set", "moe.gating=SIGMOID_TOPK", "--set", "moe.aux_loss_coef=0",
-                "--set", "moe.norm_topk_prob=true"],
+    "softmax": ["--set", "moe.score_function=SOFTMAX"],
+    "sigmoid": ["--set", "moe.score_function=SIGMOID", "--set", "moe.aux_loss_coef=0",
+                "--set", "moe.renormalize=true"],
 }
 
 
