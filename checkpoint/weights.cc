@@ -35,7 +35,7 @@ absl::StatusOr<config::Recipe> load_weights_recipe(const std::string& dir) {
   const std::string path = dir + "/recipe.textproto";
   if (!fs::exists(path))
     return absl::NotFoundError(absl::StrCat(dir, ": not a weights directory (no recipe.textproto)"));
-  return config::load_recipe(path, {});
+  return config::load_saved_recipe(path);
 }
 
 bool is_weights_file(std::string_view name) {

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -1145,10 +1146,12 @@ std::string fit_schedule_to_steps(Recipe& recipe) {
                       ") is shorter than the recipe's schedule: ", absl::StrJoin(changes, "; "));
 }
 
-absl::StatusOr<Recipe> load_recipe(const std::string& path,
-                                   const std::vector<std::string>& overrides,
-                                   std::string* quick_run_warning) {
-  SY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+namespace {
+
+// The recipe of `text` read from `path`, as load_recipe describes.
+absl::StatusOr<Recipe> recipe_from_text(const std::string& text, const std::string& path,
+                                        const std::vector<std::string>& overrides,
+                                        std::string* quick_run_warning) {
   SY_ASSIGN_OR_RETURN(Recipe recipe, parse_without_defaults(text, path));
   // Data paths written in the file are relative to the file; overrides given on the
   // command line are taken as they are (relative to the working directory).
@@ -1172,6 +1175,66 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path,
   absl::Status status = validate_recipe(recipe);
   if (!status.ok()) return invalid(absl::StrCat(path, ": ", status.message()));
   return recipe;
+}
+
+// A `gating: NAME` or `norm_topk_prob: VALUE` line of a saved recipe: the indentation,
+// the field and the value.
+struct RoutingLine {
+  absl::string_view indent, field, value;
+};
+
+std::optional<RoutingLine> routing_line(absl::string_view line) {
+  const size_t start = line.find_first_not_of(' ');
+  if (start == absl::string_view::npos) return std::nullopt;
+  for (absl::string_view field : {"gating", "norm_topk_prob"}) {
+    const absl::string_view rest = line.substr(start);
+    if (absl::StartsWith(rest, absl::StrCat(field, ": ")))
+      return RoutingLine{line.substr(0, start), field, rest.substr(field.size() + 2)};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string upgrade_legacy_routing_text(std::string_view text) {
+  const std::vector<absl::string_view> lines =
+      absl::StrSplit(absl::string_view(text.data(), text.size()), '\n');
+  const LegacyGating* legacy = nullptr;
+  for (absl::string_view line : lines) {
+    const std::optional<RoutingLine> r = routing_line(line);
+    for (const LegacyGating& g : kLegacyGatings)
+      if (r && r->field == "gating" && r->value == g.name) legacy = &g;
+  }
+  if (legacy == nullptr) return std::string(text);
+  std::vector<std::string> out;
+  for (absl::string_view line : lines) {
+    const std::optional<RoutingLine> r = routing_line(line);
+    if (!r) {
+      out.emplace_back(line);
+    } else if (r->field == "gating") {
+      out.push_back(absl::StrCat(r->indent, "gating: TOP_K"));
+      out.push_back(absl::StrCat(r->indent, "score_function: ",
+                                 ScoreFunction_Name(legacy->score_function)));
+      if (legacy->renormalize)
+        out.push_back(
+            absl::StrCat(r->indent, "renormalize: ", *legacy->renormalize ? "true" : "false"));
+    } else if (!legacy->renormalize) {  // norm_topk_prob meant something for sigmoid only
+      out.push_back(absl::StrCat(r->indent, "renormalize: ", r->value));
+    }
+  }
+  return absl::StrJoin(out, "\n");
+}
+
+absl::StatusOr<Recipe> load_recipe(const std::string& path,
+                                   const std::vector<std::string>& overrides,
+                                   std::string* quick_run_warning) {
+  SY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  return recipe_from_text(text, path, overrides, quick_run_warning);
+}
+
+absl::StatusOr<Recipe> load_saved_recipe(const std::string& path) {
+  SY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  return recipe_from_text(upgrade_legacy_routing_text(text), path, {}, nullptr);
 }
 
 std::string summarize_recipe(const Recipe& recipe) {

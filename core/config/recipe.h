@@ -40,6 +40,17 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path,
                                    const std::vector<std::string>& overrides,
                                    std::string* quick_run_warning = nullptr);
 
+// The recipe a run saved beside its weights (load_recipe without overrides): one written
+// before moe.score_function and moe.renormalize, with moe.gating TOPK_SOFTMAX,
+// SOFTMAX_TOPK or SIGMOID_TOPK and moe.norm_topk_prob, is read in the new spelling
+// (upgrade_legacy_routing_text), as a checkpoint's is (upgrade_legacy_routing).
+absl::StatusOr<Recipe> load_saved_recipe(const std::string& path);
+
+// `text` with a legacy moe.gating line (as a saved recipe prints it) and a sigmoid
+// gating's norm_topk_prob line replaced by the settings that mean the same; any other
+// text as it is.
+std::string upgrade_legacy_routing_text(std::string_view text);
+
 // A quick run: train.steps shorter than the recipe's schedule. An
 // optimizer.warmup_steps beyond train.steps becomes train.steps (so the recipe a run
 // saves records the warmup that ran); a train.eval_interval or

@@ -231,5 +231,42 @@ TEST(MoeRoutingRecipe, UpgradesTheLegacyRoutingOfABinaryRecipe) {
   }
 }
 
+// A weights directory's recipe.textproto, printed by a run before the split, is read in
+// the new spelling (convert, sample, bench balance and train.init_from read those), while
+// a recipe a person writes with the old names is still refused.
+TEST(MoeRoutingRecipe, ReadsASavedRecipeWrittenBeforeTheSplit) {
+  struct Legacy {
+    std::string moe;
+    std::vector<std::string> now;
+  };
+  const auto saved = [](const std::string& moe_lines) {
+    return absl::StrCat("name: \"saved\"\nmodel {\n  vocab_size: 512\n  hidden_size: 64\n",
+                        "  num_layers: 2\n  num_heads: 4\n}\nmoe {\n  num_experts: 8\n",
+                        "  top_k: 2\n", moe_lines, "  expert_ffn_hidden_size: 128\n}\n",
+                        "optimizer {\n  lr: 0.001\n}\ntrain {\n  global_batch_size: 8\n",
+                        "  seq_len: 32\n  steps: 100\n}\ndata {\n  corpus: \"corpus.txt\"\n}\n");
+  };
+  for (const Legacy& legacy : std::vector<Legacy>{
+           {"  gating: TOPK_SOFTMAX\n",
+            {"moe.score_function=SOFTMAX", "moe.renormalize=true"}},
+           {"  gating: SOFTMAX_TOPK\n",
+            {"moe.score_function=SOFTMAX", "moe.renormalize=false"}},
+           {"  gating: SIGMOID_TOPK\n", {}},
+           {"  gating: SIGMOID_TOPK\n  norm_topk_prob: true\n", {"moe.renormalize=true"}}}) {
+    const std::filesystem::path path =
+        std::filesystem::path(::testing::TempDir()) / "saved_recipe.textproto";
+    std::ofstream(path) << saved(legacy.moe);
+    const absl::StatusOr<Recipe> read = load_saved_recipe(path.string());
+    ASSERT_TRUE(read.ok()) << read.status();
+    const absl::StatusOr<Recipe> expected = load_with(legacy.now);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    EXPECT_EQ(read->moe().SerializeAsString(), expected->moe().SerializeAsString())
+        << legacy.moe << read->moe().ShortDebugString();
+    EXPECT_FALSE(load_recipe(path.string(), {}).ok()) << legacy.moe;
+  }
+  const std::string current = saved("  gating: TOP_K\n  score_function: SIGMOID\n");
+  EXPECT_EQ(upgrade_legacy_routing_text(current), current);
+}
+
 }  // namespace
 }  // namespace switchyard::config

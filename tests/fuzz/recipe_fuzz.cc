@@ -1,8 +1,10 @@
 // Recipe text and `--set` overrides: the input is the textproto, optionally followed by a
-// NUL byte and one override ("field.path=value") per line. Parsing, overriding, filling
-// defaults, validating and summarising a valid recipe must refuse cleanly or succeed.
+// NUL byte and one override ("field.path=value") per line. Parsing (as written, and as a
+// saved recipe whose legacy routing is upgraded), overriding, filling defaults, validating
+// and summarising a valid recipe must refuse cleanly or succeed.
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "core/config/recipe.h"
@@ -15,6 +17,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   constexpr std::string_view kName = "fuzz.textproto";
   const std::string_view input = sy::fuzz::as_text(data, size);
   const size_t nul = input.find('\0');
+  // A weights directory's recipe is read with its legacy routing lines in the new spelling
+  // (config::load_saved_recipe): the upgraded text must be refused cleanly or parse too.
+  const std::string saved = sy::config::upgrade_legacy_routing_text(input.substr(0, nul));
+  sy::fuzz::require_clean_refusal(sy::config::parse_recipe(saved, kName).status(), kName);
   absl::StatusOr<sy::config::Recipe> recipe = sy::config::parse_recipe(input.substr(0, nul), kName);
   sy::fuzz::require_clean_refusal(recipe.status(), kName);
   if (!recipe.ok()) return 0;
