@@ -13,9 +13,9 @@
 namespace switchyard {
 namespace {
 
+using testing::host_tensor;
 using testing::random_integers;
 using testing::random_vector;
-using testing::tensor_of;
 using testing::values_of;
 using testing::world;
 
@@ -35,7 +35,7 @@ TEST(CommunicatorTest, AllReduceSumMatchesReference) {
   const int size = world().size();
   // Sizes that split evenly, unevenly, into fewer elements than ranks, and not at all.
   for (int64_t n : {int64_t{4096}, int64_t{1003}, int64_t{3}, int64_t{1}, int64_t{0}}) {
-    Tensor t = tensor_of(integer_input(n, world().rank(), 1), {n});
+    Tensor t = host_tensor({n}, integer_input(n, world().rank(), 1));
     world().all_reduce_sum(t);
     std::vector<float> expected(static_cast<size_t>(n), 0.0f);
     for (int r = 0; r < size; ++r) {
@@ -66,7 +66,7 @@ TEST(CommunicatorTest, ReduceScatterSumGivesEachRankItsChunk) {
   const int size = world().size();
   const int rank = world().rank();
   const int64_t chunk = 37;
-  Tensor in = tensor_of(integer_input(size * chunk, rank, 2), {size * chunk});
+  Tensor in = host_tensor({size * chunk}, integer_input(size * chunk, rank, 2));
   Tensor out = Tensor::empty({chunk});
   world().reduce_scatter_sum(in, out);
   std::vector<float> expected(chunk, 0.0f);
@@ -82,14 +82,14 @@ TEST(CommunicatorTest, AllGatherConcatenatesInRankOrder) {
   const int size = world().size();
   const int rank = world().rank();
   const int64_t n = 5;
-  Tensor in = tensor_of(integer_input(n, rank, 3), {n});
+  Tensor in = host_tensor({n}, integer_input(n, rank, 3));
   Tensor out = Tensor::empty({size, n});
   world().all_gather(in, out);
   // Shards already in their place in the output (ZeRO-3 style) take MPI_IN_PLACE.
   std::vector<int64_t> in_place_values(static_cast<size_t>(size * 2), -1);
   in_place_values[2 * rank] = 10 * rank;
   in_place_values[2 * rank + 1] = 10 * rank + 1;
-  Tensor in_place = tensor_of(in_place_values, {size, 2});
+  Tensor in_place = host_tensor({size, 2}, in_place_values);
   Tensor own_row = in_place.slice_rows(rank, rank + 1);
   world().all_gather(own_row, in_place);
 
@@ -143,7 +143,7 @@ TEST(CommunicatorTest, AllToAllVWithUnevenAndZeroCounts) {
   }
   int64_t total_send = 0;
   for (int64_t rows : send_rows) total_send += rows;
-  Tensor send = tensor_of(send_values, {total_send, width});
+  Tensor send = host_tensor({total_send, width}, send_values);
 
   const std::vector<int64_t> recv_rows = world().all_to_all_counts(send_rows);
   int64_t total_recv = 0;
@@ -178,7 +178,7 @@ TEST(CommunicatorTest, BroadcastFromEveryRoot) {
   const int rank = world().rank();
   std::vector<std::vector<float>> got;
   for (int root = 0; root < size; ++root) {
-    Tensor t = tensor_of(integer_input(17, rank, 4 + root), {17});
+    Tensor t = host_tensor({17}, integer_input(17, rank, 4 + root));
     world().broadcast(t, root);
     got.push_back(values_of<float>(t));
   }
@@ -196,8 +196,8 @@ TEST(CommunicatorTest, AllReduceSumIsDeterministic) {
   const int rank = world().rank();
   const int64_t n = 100003;
   const std::vector<float> mine = random_vector<float>(n, 7000 + rank, -1e3, 1e3);
-  Tensor first = tensor_of(mine, {n});
-  Tensor second = tensor_of(mine, {n});
+  Tensor first = host_tensor({n}, mine);
+  Tensor second = host_tensor({n}, mine);
   world().all_reduce_sum(first);
   world().all_reduce_sum(second);
   Tensor everyones = Tensor::empty({size, n});

@@ -52,9 +52,9 @@ namespace switchyard {
 namespace {
 
 using testing::any_nonzero;
+using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_integers;
-using testing::tensor_of;
 using testing::values_of;
 using testing::world;
 
@@ -209,12 +209,12 @@ void check_against_reference(int experts, float capacity_factor,
   share_parameters(*ref, *ep, experts, local);
 
   // This rank's own tokens and output gradient.
-  Tensor x = tensor_of(random_integers<float>(kTokens * kHidden, 100 + rank, 1, 2),
-                       {kTokens, kHidden});
-  Tensor dy = tensor_of(random_integers<float>(kTokens * kHidden, 200 + rank, -2, 2),
-                        {kTokens, kHidden});
+  Tensor x = host_tensor({kTokens, kHidden},
+                         random_integers<float>(kTokens * kHidden, 100 + rank, 1, 2));
+  Tensor dy = host_tensor({kTokens, kHidden},
+                          random_integers<float>(kTokens * kHidden, 200 + rank, -2, 2));
   Tensor aux_prob_grad =
-      tensor_of(scaled(random_integers<float>(experts, 300 + rank, -4, 4), 1.0f / 64), {experts});
+      host_tensor({experts}, scaled(random_integers<float>(experts, 300 + rank, -4, 4), 1.0f / 64));
 
   const Result want = run(*ref, x, dy, aux_prob_grad, experts);  // no communication
   const Result got = run(*ep, x, dy, aux_prob_grad, experts);    // all-to-all
@@ -273,10 +273,10 @@ void check_tensor_parallel_against_reference(int experts, float capacity_factor)
   share_parameters(*ref, *tp, experts, experts / P);
 
   const int64_t tokens = kTokens * P;
-  Tensor x = tensor_of(random_integers<float>(tokens * kHidden, 400, 1, 2), {tokens, kHidden});
-  Tensor dy = tensor_of(random_integers<float>(tokens * kHidden, 500, -2, 2), {tokens, kHidden});
+  Tensor x = host_tensor({tokens, kHidden}, random_integers<float>(tokens * kHidden, 400, 1, 2));
+  Tensor dy = host_tensor({tokens, kHidden}, random_integers<float>(tokens * kHidden, 500, -2, 2));
   Tensor aux_prob_grad =
-      tensor_of(scaled(random_integers<float>(experts, 600, -4, 4), 1.0f / 64), {experts});
+      host_tensor({experts}, scaled(random_integers<float>(experts, 600, -4, 4), 1.0f / 64));
   const Result want = run(*ref, x, dy, aux_prob_grad, experts);
   const Result got = run(*tp, x, dy, aux_prob_grad, experts);
   std::vector<std::vector<float>> gathered;

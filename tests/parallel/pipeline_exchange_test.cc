@@ -141,8 +141,8 @@ void run_actions(const PipelineShape& shape, Communicator& pipeline) {
                   ::testing::Each(value(action.micro_batch, from)));
       inputs.erase(key);
     }
-    outputs[key] = testing::tensor_of<float>(std::vector<float>(3, value(action.micro_batch, k)),
-                                             {3});
+    outputs[key] =
+        testing::host_tensor<float>({3}, std::vector<float>(3, value(action.micro_batch, k)));
   }
   EXPECT_TRUE(inputs.empty());
 }

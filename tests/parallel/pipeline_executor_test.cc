@@ -74,11 +74,11 @@ class ToyStages final : public PipelineStages {
       saved.x = testing::values_of<float>(in.tensor);
     }
     saved.y = chunk_forward(k, saved.x);
-    const Tensor y = testing::tensor_of<float>(saved.y, {kWidth});
+    const Tensor y = testing::host_tensor<float>({kWidth}, saved.y);
     if (!has_side(micro_batch)) return y;
     const float before = k == 0 ? 0.0f : testing::values_of<float>(in.side).at(0);
     saved.side = before + static_cast<float>(100 * micro_batch + k);
-    return {y, testing::tensor_of<float>({saved.side}, {1})};
+    return {y, testing::host_tensor<float>({1}, {saved.side})};
   }
 
   StageMessage backward(int micro_batch, int chunk, const StageMessage& output_grad) override {
@@ -91,12 +91,12 @@ class ToyStages final : public PipelineStages {
     const std::vector<float> dx = chunk_backward(k, it->second, dy, grads_[chunk]);
     const float total = it->second.side;
     saved_.erase(it);
-    const Tensor grad = testing::tensor_of<float>(dx, {kWidth});
+    const Tensor grad = testing::host_tensor<float>({kWidth}, dx);
     if (!has_side(micro_batch)) return grad;
     const float carried = last ? total : testing::values_of<float>(output_grad.side).at(0);
     EXPECT_EQ(carried, side_total(micro_batch, shape_.num_chunks()))
         << "micro-batch " << micro_batch;
-    return {grad, testing::tensor_of<float>({carried}, {1})};
+    return {grad, testing::host_tensor<float>({1}, {carried})};
   }
 
   StageMessage receive_buffer(TransferKind, int micro_batch, int) override {
