@@ -229,6 +229,11 @@ BLOCKS = {
         lines={"peak 257 GFLOP/s measured (sgemm, 2 threads, cached)":
                r"peak \d+ GFLOP/s measured \(sgemm, \d+ threads(, cached|; other work took "
                r"\d+% of the CPUs meanwhile: not cached)?\)"}),
+    ("docs/training.md", "where a step went on rank 0"): Output(
+        "the --op-times table (SHORTER: the tiny recipe, whose model has the same kinds of "
+        "work as the benchmark shape shown)",
+        command="switchyard train recipes/tiny.textproto --run-dir runs/op-times --op-times "
+                "--set train.steps=6 --set train.eval_interval=0"),
     ("docs/training.md", "switchyard: error: runs/tiny/checkpoints/step_1000"): Output(
         "raising train.steps on the finished tiny run",
         command="switchyard train recipes/tiny.textproto --run-dir runs/tiny "
