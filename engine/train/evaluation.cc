@@ -11,19 +11,14 @@ namespace switchyard {
 
 namespace {
 
-// The windows that hold eval_tokens tokens.
-int64_t windows_for(int64_t seq_len, int64_t eval_tokens) {
-  return (eval_tokens + seq_len - 1) / seq_len;
-}
+// Windows per forward: a fixed batch, so that each batch's losses are the same whatever
+// the training batch size, and large enough that the matrix products run at speed.
+constexpr int64_t kEvalWindowsPerForward = 8;
 
 }  // namespace
 
 int64_t evaluation_windows(const TokenDataset& data, int64_t seq_len, int64_t eval_tokens) {
-  return std::min(data.num_windows(seq_len), windows_for(seq_len, eval_tokens));
-}
-
-int64_t evaluation_batch_windows(int64_t seq_len, int64_t eval_tokens) {
-  return std::min(kEvalWindowsPerForward, windows_for(seq_len, eval_tokens));
+  return std::min(data.num_windows(seq_len), (eval_tokens + seq_len - 1) / seq_len);
 }
 
 absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,

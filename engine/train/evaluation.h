@@ -16,17 +16,9 @@
 
 namespace switchyard {
 
-// Windows per evaluation forward: a fixed batch, so that each batch's losses are the same
-// whatever the training batch size, and large enough that the matrix products run at speed.
-inline constexpr int64_t kEvalWindowsPerForward = 8;
-
 // The evaluation windows: the first ceil(eval_tokens / seq_len) packed windows of the
 // split (TokenDataset::read_window), in order, or all of them when the split has fewer.
 int64_t evaluation_windows(const TokenDataset& data, int64_t seq_len, int64_t eval_tokens);
-
-// The most windows one evaluation forward holds (what the memory plan counts): a whole
-// batch, or every window when eval_tokens asks for fewer.
-int64_t evaluation_batch_windows(int64_t seq_len, int64_t eval_tokens);
 
 struct EvalResult {
   double loss = 0;     // mean cross-entropy per target token
