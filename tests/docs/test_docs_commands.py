@@ -207,6 +207,9 @@ BLOCKS = {
         label="mpi"),
     ("README.md", "scripts/setup.sh"): Skip(
         "builds the tree (CI builds it before running this test)"),
+    # docs/architecture.md
+    ("docs/architecture.md", "4  bench/  tests/"): Text(
+        "the layers drawn (architecture.include_layers checks the table under it)"),
     # docs/training.md
     ("docs/training.md", "step  1000/1000"): Output(
         "the tiny run's progress and evaluation lines", command=TINY_RUN, label="tiny"),
