@@ -21,10 +21,12 @@ report() {
   local status=$?
   echo "test.sh: stage times"
   printf '  %s\n' "${stages[@]}"
+  # The report reads all of sort's output: a reader that stops early (head) would kill
+  # sort with SIGPIPE, and under pipefail that 141 became the script's exit status.
   if [[ -f build/ctest.log ]]; then
     echo "test.sh: the ten slowest tests"
     sed -nE 's/^.*Test +#[0-9]+: ([^ ]+) .*[^0-9]([0-9]+\.[0-9]+) sec$/\2 \1/p' build/ctest.log |
-      sort -rn | head -10 | awk '{ printf "  %8.1f s  %s\n", $1, $2 }'
+      sort -rn | awk 'NR <= 10 { printf "  %8.1f s  %s\n", $1, $2 }'
   fi
   return "$status"
 }
