@@ -187,53 +187,14 @@ void check_backward(const cpu::AttentionShape& s, const std::vector<int32_t>& st
   check(in.v, r.dv, "dv");
 }
 
-TEST(DocumentAttentionTest, BackwardMatchesFiniteDifferences) {
-  check_backward(kShort, short_starts(), 1, 20);
-}
-
 TEST(DocumentAttentionTest, BackwardMatchesFiniteDifferencesAcrossBlocks) {
   check_backward(kShape, long_starts(), 37, 30);
-}
-
-Tensor tensor_of(const std::vector<float>& v, const Shape& shape) {
-  Tensor t = Tensor::empty(shape);
-  std::copy(v.begin(), v.end(), t.data<float>());
-  return t;
 }
 
 Tensor starts_tensor(const cpu::AttentionShape& s, const std::vector<int32_t>& starts) {
   Tensor t = Tensor::empty({s.batch, s.seq}, DType::kI32);
   std::copy(starts.begin(), starts.end(), t.data<int32_t>());
   return t;
-}
-
-// The f32 op with doc_starts follows the double template.
-TEST(DocumentAttentionTest, FloatOpMatchesDoubleTemplate) {
-  const auto& s = kShape;
-  const std::vector<int32_t> starts = long_starts();
-  const auto q = random_vector<float>(q_numel(s), 40, -2, 2);
-  const auto k = random_vector<float>(kv_numel(s), 41, -2, 2);
-  const auto v = random_vector<float>(kv_numel(s), 42);
-  const auto gy = random_vector<float>(q_numel(s), 43);
-  const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
-  const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
-  const Tensor tq = tensor_of(q, q_shape), tk = tensor_of(k, kv_shape), tv = tensor_of(v, kv_shape);
-  Tensor out = Tensor::empty(q_shape), lse = Tensor::empty({s.batch, s.heads, s.seq});
-  Tensor dq = Tensor::empty(q_shape), dk = Tensor::empty(kv_shape), dv = Tensor::empty(kv_shape);
-  const Tensor doc_starts = starts_tensor(s, starts);
-  attention_forward(cpu_device(), tq, tk, tv, out, lse, doc_starts);
-  attention_backward(cpu_device(), tensor_of(gy, q_shape), tq, tk, tv, out, lse, dq, dk, dv,
-                     doc_starts);
-  const Result r = run(s, {{q.begin(), q.end()}, {k.begin(), k.end()}, {v.begin(), v.end()}},
-                       {gy.begin(), gy.end()}, starts.data());
-  auto values = [](const Tensor& t) {
-    return std::vector<double>(t.data<float>(), t.data<float>() + t.numel());
-  };
-  EXPECT_LT(max_relative_error(values(out), r.out), 1e-5);
-  EXPECT_LT(max_relative_error(values(lse), r.lse), 1e-5);
-  EXPECT_LT(max_relative_error(values(dq), r.dq), 1e-5);
-  EXPECT_LT(max_relative_error(values(dk), r.dk), 1e-5);
-  EXPECT_LT(max_relative_error(values(dv), r.dv), 1e-5);
 }
 
 TEST(DocumentAttentionDeathTest, BadDocStartsAreRefused) {

@@ -192,56 +192,6 @@ TEST(GatingTest, KEqualsOne) {
   for (double d : dlogits) EXPECT_NEAR(d, 0.0, 1e-15);
 }
 
-TEST(GatingTest, BackwardMatchesFiniteDifferences) {
-  const int64_t n = 5, num_experts = 6;
-  const int k = 3;
-  // Logits spread far enough apart that no perturbation reorders the top-k.
-  std::vector<double> logits = random_vector<double>(n * num_experts, 12, -0.2, 0.2);
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t e = 0; e < num_experts; ++e) logits[r * num_experts + (e + r) % num_experts] += e;
-  }
-  const auto dweights = random_vector<double>(n * k, 13);
-  for (bool renormalize : {false, true}) {
-    const Gated g = gate_double(logits, n, num_experts, k, renormalize);
-    std::vector<double> dlogits(n * num_experts);
-    cpu::gating_backward(g.probs.data(), g.ids.data(), dweights.data(), dlogits.data(), n,
-                         num_experts, k, renormalize);
-    const auto numeric = numeric_gradient(logits, [&](const std::vector<double>& x) {
-      const Gated gx = gate_double(x, n, num_experts, k, renormalize);
-      EXPECT_EQ(gx.ids, g.ids);
-      double l = 0;
-      for (int64_t a = 0; a < n * k; ++a) l += dweights[a] * gx.weights[a];
-      return l;
-    });
-    EXPECT_TRUE(any_nonzero(dlogits));
-    EXPECT_LT(max_relative_error(dlogits, numeric), 1e-8) << "renormalize " << renormalize;
-  }
-}
-
-TEST(GatingTest, FloatBackwardMatchesDoubleTemplate) {
-  const int64_t n = 17, num_experts = 8;
-  const int k = 2;
-  const auto logits = random_vector<float>(n * num_experts, 14, -3.0, 3.0);
-  const auto dweights = random_vector<float>(n * k, 15);
-  for (bool renormalize : {false, true}) {
-    Tensor probs = Tensor::empty({n, num_experts});
-    Tensor ids = Tensor::empty({n, k}, DType::kI32);
-    Tensor weights = Tensor::empty({n, k});
-    gating_forward(cpu_device(), host_tensor({n, num_experts}, logits), k, renormalize, probs, ids,
-                   weights);
-    Tensor dlogits = Tensor::empty({n, num_experts});
-    gating_backward(cpu_device(), probs, ids, host_tensor({n, k}, dweights), renormalize, dlogits);
-
-    const Gated g = gate_double(to_double(logits), n, num_experts, k, renormalize);
-    EXPECT_EQ(values_of<int32_t>(ids), g.ids);
-    std::vector<double> expected(n * num_experts);
-    const auto dweights_d = to_double(dweights);
-    cpu::gating_backward(g.probs.data(), g.ids.data(), dweights_d.data(), expected.data(), n,
-                         num_experts, k, renormalize);
-    EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
-  }
-}
-
 // A slot with expert id -1 selects nothing: its row's gradient is that of its other slots
 // alone, and the rows beside it keep theirs (read as a column, -1 is the row before's
 // last expert).
@@ -384,56 +334,6 @@ TEST(SigmoidGatingTest, GroupsRankByTheirTwoBestExperts) {
   SigmoidGating open = limited;
   open.num_groups = open.top_groups = 1;
   EXPECT_EQ(sigmoid_gate_double(logits, bias, 1, 8, open).ids, (std::vector<int32_t>{0, 5}));
-}
-
-TEST(SigmoidGatingTest, BackwardMatchesFiniteDifferences) {
-  const int64_t n = 5, num_experts = 8;
-  std::vector<double> logits = random_vector<double>(n * num_experts, 34, -0.1, 0.1);
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t e = 0; e < num_experts; ++e)
-      logits[r * num_experts + (3 * e + r) % num_experts] += 0.6 * e - 2.0;
-  const std::vector<float> bias(num_experts, 0.0f);
-  for (const SigmoidGating& g : sigmoid_cases()) {
-    if (g.k > num_experts / g.num_groups * g.top_groups) continue;
-    const auto dweights = random_vector<double>(n * g.k, 35);
-    const Gated out = sigmoid_gate_double(logits, bias, n, num_experts, g);
-    std::vector<double> dlogits(n * num_experts, 7.0);
-    cpu::sigmoid_gating_backward(out.probs.data(), out.ids.data(), dweights.data(), dlogits.data(),
-                                 n, num_experts, g);
-    const auto numeric = numeric_gradient(logits, [&](const std::vector<double>& x) {
-      const Gated gx = sigmoid_gate_double(x, bias, n, num_experts, g);
-      EXPECT_EQ(gx.ids, out.ids);
-      double l = 0;
-      for (int64_t a = 0; a < n * g.k; ++a) l += dweights[a] * gx.weights[a];
-      return l;
-    });
-    EXPECT_TRUE(any_nonzero(dlogits));
-    EXPECT_LT(max_relative_error(dlogits, numeric), 1e-8) << "k " << g.k;
-  }
-}
-
-TEST(SigmoidGatingTest, FloatBackwardMatchesDoubleTemplate) {
-  const int64_t n = 17, num_experts = 16;
-  const auto logits = random_vector<float>(n * num_experts, 36, -3.0, 3.0);
-  const auto bias = random_vector<float>(num_experts, 37, -0.2, 0.2);
-  for (const SigmoidGating& g : sigmoid_cases()) {
-    const auto dweights = random_vector<float>(n * g.k, 38);
-    Tensor scores = Tensor::empty({n, num_experts});
-    Tensor ids = Tensor::empty({n, g.k}, DType::kI32);
-    Tensor weights = Tensor::empty({n, g.k});
-    sigmoid_gating_forward(cpu_device(), host_tensor({n, num_experts}, logits),
-                           host_tensor({num_experts}, bias), g, scores, ids, weights);
-    Tensor dlogits = Tensor::empty({n, num_experts});
-    sigmoid_gating_backward(cpu_device(), scores, ids, host_tensor({n, g.k}, dweights), g,
-                            dlogits);
-    const Gated d = sigmoid_gate_double(to_double(logits), bias, n, num_experts, g);
-    EXPECT_EQ(values_of<int32_t>(ids), d.ids);
-    std::vector<double> expected(n * num_experts);
-    const auto dweights_d = to_double(dweights);
-    cpu::sigmoid_gating_backward(d.probs.data(), d.ids.data(), dweights_d.data(), expected.data(),
-                                 n, num_experts, g);
-    EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
-  }
 }
 
 // As GatingTest.BackwardSkipsNoExpertSlots, for the sigmoid router.
@@ -599,26 +499,6 @@ TEST(ExpertChoiceTest, BackwardMatchesFiniteDifferences) {
   EXPECT_LT(max_relative_error(dlogits, numeric), 1e-8);
 }
 
-TEST(ExpertChoiceTest, FloatBackwardMatchesDoubleTemplate) {
-  const int64_t n = 19, num_experts = 8, capacity = 5;
-  const auto logits = random_vector<float>(n * num_experts, 44, -3.0, 3.0);
-  const auto dweights = random_vector<float>(n * num_experts, 45);
-  Tensor probs = Tensor::empty({n, num_experts}), ids = Tensor::empty({n, num_experts}, DType::kI32);
-  Tensor weights = Tensor::empty({n, num_experts}), sums = Tensor::empty({2 * num_experts + 1});
-  expert_choice_router_forward(cpu_device(), host_tensor({n, num_experts}, logits), capacity, probs,
-                               ids, weights, sums);
-  Tensor dlogits = Tensor::empty({n, num_experts});
-  expert_choice_backward(cpu_device(), probs, ids, host_tensor({n, num_experts}, dweights),
-                         dlogits);
-  const Gated d = expert_choice_double(to_double(logits), n, num_experts, capacity);
-  EXPECT_EQ(values_of<int32_t>(ids), d.ids);
-  std::vector<double> expected(n * num_experts);
-  const auto dweights_d = to_double(dweights);
-  cpu::expert_choice_backward(d.probs.data(), d.ids.data(), dweights_d.data(), expected.data(), n,
-                              num_experts);
-  EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
-}
-
 TEST(RouterZLossTest, ForwardMatchesDoubleReference) {
   const int64_t n = 2000, num_experts = 16;
   const auto logits = random_vector<float>(n * num_experts, 21, -5.0, 5.0);
@@ -708,39 +588,13 @@ TEST(GshardDispatchTest, SendsTheSecondExpertWithProbabilityTwiceItsWeight) {
                "expert_ids must be i32 \\(n, 2\\)");
 }
 
-TEST(RouterZLossTest, BackwardAccumulatesFiniteDifferenceGradient) {
-  const int64_t n = 4, num_experts = 5;
-  const double scale = 0.37;
-  const auto logits = random_vector<double>(n * num_experts, 22, -4.0, 4.0);
-  const auto initial = random_vector<double>(n * num_experts, 23);
-  std::vector<double> dlogits = initial;
-  cpu::router_z_loss_backward(logits.data(), scale, dlogits.data(), n, num_experts);
-  std::vector<double> added(n * num_experts);
-  for (size_t i = 0; i < added.size(); ++i) added[i] = dlogits[i] - initial[i];
-  const auto numeric = numeric_gradient(logits, [&](const std::vector<double>& x) {
-    return scale * cpu::router_z_loss_forward(x.data(), n, num_experts);
-  });
-  EXPECT_TRUE(any_nonzero(added));
-  EXPECT_LT(max_relative_error(added, numeric), 1e-8);
-
-  // Large logits: the max shift keeps exp finite.
+// Large logits: the max shift keeps exp finite in the loss and its gradient.
+TEST(RouterZLossTest, LargeLogitsStayFinite) {
   const std::vector<double> big = {1000.0, 999.0};
   std::vector<double> dbig(2, 0.0);
   cpu::router_z_loss_backward(big.data(), 1.0, dbig.data(), 1, 2);
   EXPECT_TRUE(std::isfinite(dbig[0]) && std::isfinite(dbig[1]));
   EXPECT_TRUE(std::isfinite(cpu::router_z_loss_forward(big.data(), 1, 2)));
-}
-
-TEST(RouterZLossTest, FloatBackwardMatchesDoubleTemplate) {
-  const int64_t n = 9, num_experts = 7;
-  const auto logits = random_vector<float>(n * num_experts, 24, -3.0, 3.0);
-  const auto initial = random_vector<float>(n * num_experts, 25);
-  Tensor dlogits = host_tensor({n, num_experts}, initial);
-  router_z_loss_backward(cpu_device(), host_tensor({n, num_experts}, logits), 0.5f, dlogits);
-  std::vector<double> expected = to_double(initial);
-  const auto logits_d = to_double(logits);
-  cpu::router_z_loss_backward(logits_d.data(), 0.5, expected.data(), n, num_experts);
-  EXPECT_LT(max_relative_error(values_of<float>(dlogits), expected), 1e-6);
 }
 
 }  // namespace

@@ -154,7 +154,7 @@ OpEntry bias() {
     cpu::bias_backward<double>(in[2].data(), dbias.data(), c.dims[0], c.dims[1]);
     return Values{y, dbias};
   };
-  e.gradient_dims = {3, 5};
+  e.gradient_dims = {{3, 5}};
   e.loss_result = 0;
   e.upstream = 2;
   e.gradients = {{1, 1, 3}};
@@ -190,7 +190,7 @@ OpEntry sigmoid_gate() {
                                        dg.data(), rows, n);
     return Values{y, dx, dg};
   };
-  e.gradient_dims = {3, 5};
+  e.gradient_dims = {{3, 5}};
   e.loss_result = 0;
   e.upstream = 3;
   e.gradients = {{0, 1}, {1, 2}};
@@ -299,7 +299,7 @@ OpEntry rmsnorm() {
                                   dx.data(), dweight.data());
     return Values{y, rstd, dx, dweight};
   };
-  e.gradient_dims = {3, 7};
+  e.gradient_dims = {{3, 7}};
   e.loss_result = 0;
   e.upstream = 2;
   e.gradients = {{0, 2}, {1, 3, 3}};
@@ -332,7 +332,7 @@ OpEntry swiglu() {
     cpu::swiglu_backward<double>(in[1].data(), in[0].data(), dgate_up.data(), rows, inter);
     return Values{out, dgate_up};
   };
-  e.gradient_dims = {3, 5};
+  e.gradient_dims = {{3, 5}};
   e.loss_result = 0;
   e.upstream = 1;
   e.gradients = {{0, 1}};
@@ -368,7 +368,7 @@ OpEntry rope() {
     cpu::rope_backward<double>(table.data(), dx.data(), b, s, h, d);
     return Values{y, dx};
   };
-  e.gradient_dims = {2, 3, 2, 4};
+  e.gradient_dims = {{2, 3, 2, 4}};
   e.loss_result = 0;
   e.upstream = 1;
   e.gradients = {{0, 1}};
@@ -457,7 +457,9 @@ OpEntry attention() {
                                     doc_starts);
     return Values{out, lse, dq, dk, dv, dq, dk, dv};
   };
-  e.gradient_dims = {2, 9, 2, 1, 4, 1};
+  // Grouped-query heads, every query head on one KV head, and packed documents.
+  e.gradient_dims = {{2, 9, 4, 2, 6, 0}, {1, 13, 4, 1, 5, 0}, {2, 9, 2, 1, 4, 1},
+                     {2, 11, 4, 2, 5, 4}};
   e.loss_result = 0;
   e.upstream = 3;
   e.gradients = {{0, 2}, {1, 3}, {2, 4}};
@@ -521,7 +523,7 @@ OpEntry embedding() {
     cpu::embedding_backward<double>(ids.data(), in[2].data(), n, hidden, dtable.data());
     return Values{out, dtable};
   };
-  e.gradient_dims = {40, 9, 4};
+  e.gradient_dims = {{40, 9, 4}};
   e.loss_result = 0;
   e.upstream = 2;
   e.gradients = {{1, 1, 3}};
@@ -827,7 +829,7 @@ OpEntry grouped_matmul() {
                                               s.n, s.k, dw.data());
     return Values{out, da, dw, out, da, dw};
   };
-  e.gradient_dims = {3, 4, 0, 2, 0, 3};
+  e.gradient_dims = {{3, 4, 0, 2, 0, 3}};
   e.loss_result = 0;
   e.upstream = 3;
   e.gradients = {{1, 1}, {2, 2, 4}};
@@ -955,8 +957,9 @@ OpEntry permute() {
                                             dyp.data(), dweights.data(), n, k, h, buffer);
     return Values{count_values, dest_values, count_values, dest_values, xp, dx, y, dyp, dweights};
   };
-  // The combine's backward (the gather's: tests/kernels/permute_test.cc).
-  e.gradient_dims = {7, 2, -1};
+  // The combine's backward, dropless and with a capacity that drops assignments (the
+  // gather's: tests/kernels/permute_test.cc).
+  e.gradient_dims = {{7, 2, -1}, {7, 2, 4}};
   e.loss_result = 6;
   e.upstream = 5;
   e.gradients = {{4, 7}, {6, 8}};

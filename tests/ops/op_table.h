@@ -103,9 +103,9 @@ struct OpEntry {
   // The double template on the inputs' values: the results' values in run's order.
   // Empty for an op that has none (a conversion is its own definition).
   std::function<Values(const Values&, const OpCase&)> reference;
-  // The backward's check by finite differences of the reference, on these small dims
-  // (with the first dtypes); no gradients: the op has no backward.
-  Shape gradient_dims;
+  // The backward's check by finite differences of the reference, on each of these small
+  // dims (with the first dtypes); no gradients: the op has no backward.
+  std::vector<Shape> gradient_dims;
   size_t loss_result = 0;
   size_t upstream = 0;
   std::vector<Gradient> gradients;

@@ -185,9 +185,9 @@ void check_template(const OpEntry& e) {
   }
 }
 
-// The template's backward against central differences of its forward.
-void check_gradients(const OpEntry& e) {
-  const OpCase c{e.gradient_dims, e.dtypes[0], false};
+// The template's backward against central differences of its forward, on case `c`.
+void check_gradient_case(const OpEntry& e, const OpCase& c) {
+  SCOPED_TRACE(describe(c));
   Values in = values_of(e.inputs(c));
   const Values analytic = e.reference(in, c);
   auto loss = [&] {
@@ -205,6 +205,11 @@ void check_gradients(const OpEntry& e) {
     EXPECT_LT(max_relative_error(analytic[g.gradient], numeric), kGradientTol);
     EXPECT_TRUE(any_nonzero(analytic[g.gradient]));
   }
+}
+
+// check_gradient_case on each of the entry's gradient_dims.
+void check_gradients(const OpEntry& e) {
+  for (const Shape& dims : e.gradient_dims) check_gradient_case(e, OpCase{dims, e.dtypes[0], false});
 }
 
 // The op on `device` against the op on the CPU, from the same inputs, every case.
@@ -312,7 +317,7 @@ OpEntry wrong_backward() {
     for (double& v : dx) v *= 3;
     return Values{y, dx};
   };
-  e.gradient_dims = {5};
+  e.gradient_dims = {{5}};
   e.loss_result = 0;
   e.upstream = 1;
   e.gradients = {{0, 1}};

@@ -139,7 +139,7 @@ OpEntry softmax_gating() {
                                  experts, k, renormalize);
     return Values{probs, id_values(ids), weights, dlogits, dholed};
   };
-  e.gradient_dims = {4, 6, 3, 1, 0};
+  e.gradient_dims = {{4, 6, 3, 0, 0}, {4, 6, 3, 1, 0}};
   e.loss_result = 2;
   e.upstream = 1;
   e.gradients = {{0, 3}};
@@ -221,9 +221,12 @@ Tensor sigmoid_bias(int64_t experts, uint64_t seed) {
   return host_tensor({experts}, bias);
 }
 
+// Setting 3 needs 16 experts or more (6 experts from 1 of 2 groups).
 const SigmoidGating kSigmoidSettings[] = {
     {.k = 4, .renormalize = true, .scaling = 2.5f, .num_groups = 4, .top_groups = 2},
-    {.k = 2, .renormalize = false, .scaling = 1.0f, .num_groups = 1, .top_groups = 1}};
+    {.k = 2, .renormalize = false, .scaling = 1.0f, .num_groups = 1, .top_groups = 1},
+    {.k = 3, .renormalize = true, .scaling = 1.0f, .num_groups = 8, .top_groups = 3},
+    {.k = 6, .renormalize = false, .scaling = 0.5f, .num_groups = 2, .top_groups = 1}};
 constexpr int64_t kFirstToken = 17;
 
 OpEntry sigmoid_router() {
@@ -232,6 +235,7 @@ OpEntry sigmoid_router() {
   for (int64_t setting : {0, 1})
     for (const Shape& s : std::vector<Shape>{{257, 16}, {1000, 64}, {0, 8}})
       e.dims.push_back({s[0], s[1], setting, 1});
+  for (int64_t setting : {2, 3}) e.dims.push_back({257, 16, setting, 1});
   e.dtypes = kF32Only;
   e.inputs = [](const OpCase& c) {
     const SigmoidGating& g = kSigmoidSettings[c.dims[2]];
@@ -280,7 +284,7 @@ OpEntry sigmoid_router() {
     out.insert(out.end(), {dlogits, dholed, id_values(even_ids), even_weights});
     return out;
   };
-  e.gradient_dims = {4, 8, 0, 0};
+  e.gradient_dims = {{4, 8, 0, 0}, {4, 8, 1, 0}, {4, 8, 2, 0}, {4, 16, 3, 0}};
   e.loss_result = 2;
   e.upstream = 2;
   e.gradients = {{0, 5}};
@@ -409,7 +413,7 @@ OpEntry router_z_loss() {
     cpu::router_z_loss_backward<double>(in[0].data(), kZScale, dlogits.data(), n, experts);
     return Values{{cpu::router_z_loss_sum<double>(in[0].data(), n, experts)}, dlogits};
   };
-  e.gradient_dims = {3, 5};
+  e.gradient_dims = {{3, 5}};
   e.loss_result = 0;
   e.upstream = 2;
   e.gradients = {{0, 1, 1}};
@@ -460,7 +464,7 @@ OpEntry router_aux() {
     cpu::aux_loss_backward<double>(probs.data(), in[2].data(), n, kAuxExperts, dlogits.data());
     return Values{selections, prob_sums, dlogits};
   };
-  e.gradient_dims = {4};
+  e.gradient_dims = {{4}};
   e.loss_result = 1;
   e.upstream = 2;
   e.gradients = {{0, 2, 3}};
@@ -540,7 +544,7 @@ OpEntry sequence_aux() {
                                        kSeqLen, kSeqAuxScale, dlogits.data());
     return Values{sums, dlogits};
   };
-  e.gradient_dims = {697, 6, 1};
+  e.gradient_dims = {{697, 6, 1}};
   e.loss_result = 0;
   e.upstream = 4;
   e.gradients = {{0, 1, 2}};
@@ -670,7 +674,8 @@ OpEntry cross_entropy() {
                                         rows, width, start, dlogits.data());
     return Values{first, lse, dlogits, dlogits, dlogits};
   };
-  e.gradient_dims = {3, 5, 0, 0, 0};
+  // Nine rows: row 3 ignored (target -1), whose gradient must be zero.
+  e.gradient_dims = {{9, 37, 0, 0, 0}};
   e.loss_result = 0;
   e.upstream = 3;
   e.gradients = {{0, 2}};
