@@ -11,14 +11,23 @@ namespace switchyard {
 
 namespace {
 
-// Windows per forward: a fixed batch, so that each batch's losses are the same whatever
-// the training batch size, and large enough that the matrix products run at speed.
-constexpr int64_t kEvalWindowsPerForward = 8;
+// The windows that hold eval_tokens tokens.
+int64_t windows_for(int64_t seq_len, int64_t eval_tokens) {
+  return (eval_tokens + seq_len - 1) / seq_len;
+}
 
 }  // namespace
 
 int64_t evaluation_windows(const TokenDataset& data, int64_t seq_len, int64_t eval_tokens) {
-  return std::min(data.num_windows(seq_len), (eval_tokens + seq_len - 1) / seq_len);
+  return std::min(data.num_windows(seq_len), windows_for(seq_len, eval_tokens));
+}
+
+int64_t evaluation_windows_per_forward(int64_t seq_len) {
+  return std::clamp<int64_t>(kEvalForwardTokens / seq_len, 1, kEvalMaxWindowsPerForward);
+}
+
+int64_t evaluation_batch_windows(int64_t seq_len, int64_t eval_tokens) {
+  return std::min(evaluation_windows_per_forward(seq_len), windows_for(seq_len, eval_tokens));
 }
 
 absl::StatusOr<EvalResult> evaluate_windows(Device& dev, Transformer& model,
@@ -36,7 +45,8 @@ absl::StatusOr<EvalResult> evaluate_windows(const EvalForward& forward, const To
                                             Communicator* replicas) {
   const int64_t size = replicas ? replicas->size() : 1;
   const int64_t index = replicas ? replicas->rank() : 0;
-  const int64_t batches = (windows + kEvalWindowsPerForward - 1) / kEvalWindowsPerForward;
+  const int64_t per_forward = evaluation_windows_per_forward(seq_len);
+  const int64_t batches = (windows + per_forward - 1) / per_forward;
   std::vector<double> losses(size);
   std::vector<int64_t> tokens(size);
   EvalResult result;
@@ -46,8 +56,8 @@ absl::StatusOr<EvalResult> evaluate_windows(const EvalForward& forward, const To
     // replica runs the same forwards (expert parallelism and ZeRO-3 communicate in them).
     const int64_t batch = first + index;
     const bool mine = batch < batches;
-    const int64_t begin = mine ? batch * kEvalWindowsPerForward : 0;
-    const int64_t count = std::min(kEvalWindowsPerForward, windows - begin);
+    const int64_t begin = mine ? batch * per_forward : 0;
+    const int64_t count = std::min(per_forward, windows - begin);
     Tensor ids = Tensor::empty({count, seq_len}, DType::kI32);
     Tensor targets = Tensor::empty({count, seq_len}, DType::kI32);
     Tensor doc_starts =

@@ -16,9 +16,22 @@
 
 namespace switchyard {
 
+// Windows per evaluation forward: a batch fixed by seq_len alone, so that each batch's
+// losses are the same whatever the training batch size and layout. Up to 8 windows, so
+// that the matrix products run at speed, but no more than kEvalForwardTokens tokens (and
+// at least one window): a long-sequence run does not put more tokens through a layer than
+// a training micro-batch of one such window does.
+inline constexpr int64_t kEvalMaxWindowsPerForward = 8;
+inline constexpr int64_t kEvalForwardTokens = 4096;
+int64_t evaluation_windows_per_forward(int64_t seq_len);
+
 // The evaluation windows: the first ceil(eval_tokens / seq_len) packed windows of the
 // split (TokenDataset::read_window), in order, or all of them when the split has fewer.
 int64_t evaluation_windows(const TokenDataset& data, int64_t seq_len, int64_t eval_tokens);
+
+// The most windows one evaluation forward holds (what the memory plan counts): a whole
+// batch, or every window when eval_tokens asks for fewer.
+int64_t evaluation_batch_windows(int64_t seq_len, int64_t eval_tokens);
 
 struct EvalResult {
   double loss = 0;     // mean cross-entropy per target token

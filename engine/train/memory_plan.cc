@@ -13,6 +13,7 @@
 #include "core/runtime/check.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/zero.h"
+#include "engine/train/evaluation.h"
 #include "kernels/exact_grad.h"
 #include "moe/capacity.h"
 
@@ -102,12 +103,14 @@ struct StepShape {
   double qk = 0, v_dim = 0, width = 0, rope = 0;
 };
 
-StepShape step_shape(const config::Recipe& recipe, DType working, int tp, int ep) {
+// The shape of one pass of `sequences` sequences (a micro-batch, or an evaluation batch).
+StepShape step_shape(const config::Recipe& recipe, DType working, int tp, int ep,
+                     int64_t sequences) {
   const config::ModelConfig& m = recipe.model();
   const config::MoeConfig& moe = recipe.moe();
   StepShape s;
   s.b = working == DType::kBF16 ? 2 : 4;
-  s.n = static_cast<double>(recipe.train().micro_batch_size()) * recipe.train().seq_len();
+  s.n = static_cast<double>(sequences) * recipe.train().seq_len();
   s.hidden = static_cast<double>(m.hidden_size());
   s.tp = tp;
   s.heads = static_cast<double>(m.num_heads()) / tp;
@@ -349,6 +352,40 @@ Live stage_activation_peak(const config::Recipe& recipe, const StepShape& s,
   return Live{(passes - 1) * stash} + peak;
 }
 
+// The peak of one evaluation batch through `span` (Transformer::evaluate): each layer's
+// saved tensors go once the next layer has its input, so at most one layer's are held,
+// beside its input and output; at the head, the final norm, one chunk of logits and the
+// log-sum-exps. Nothing waits for a backward.
+Live evaluation_pass_peak(const config::Recipe& recipe, const StepShape& s,
+                          const ChunkSpan& span) {
+  const double x = s.n * s.hidden * s.b;
+  const double held = 8 * s.n + recipe.train().seq_len() * s.rope_dim * 4.0 + x;
+  double layer = 0;
+  for (int i = span.first; i < span.first + span.layers; ++i) {
+    const bool moe = config::is_moe_layer(recipe, i);
+    layer = std::max(layer, 4 * x + 2 * s.n * 4 + attention_saved(s) +
+                                (moe ? moe_saved(s) : dense_ffn_saved(s)));
+  }
+  const double norm = 2 * x + s.n * 4;
+  const double head = span.head ? norm + s.logit_rows * s.vocab * 4 + 2 * s.n * 4 : 0;
+  return Live{held + std::max(layer, head)};
+}
+
+// The peak of pipeline rank `rank` while the run evaluates (Live{} when it never does):
+// one evaluation batch through each of its chunks in turn.
+Live stage_evaluation_peak(const config::Recipe& recipe, DType working, const ShardPlacement& place,
+                           const PipelineShape& shape, int rank) {
+  const config::TrainConfig& t = recipe.train();
+  if (t.eval_interval() <= 0) return {};
+  const StepShape s = step_shape(recipe, working, place.tensor_parallel_size,
+                                 place.expert_parallel_size,
+                                 evaluation_batch_windows(t.seq_len(), t.eval_tokens()));
+  Live peak;
+  for (const ChunkSpan& span : stage_chunks(recipe, shape, rank))
+    peak = larger(peak, evaluation_pass_peak(recipe, s, span));
+  return peak;
+}
+
 // Which units (ParamStore::begin_unit: 0 the embedding, 1 + i layer i, then the head)
 // pipeline rank `rank` holds.
 std::vector<bool> stage_units(const config::Recipe& recipe, const PipelineShape& shape, int rank) {
@@ -501,9 +538,13 @@ RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, D
                          static_cast<int64_t>(dp_size) * recipe.train().micro_batch_size(),
                      m);
   const ShardPlacement& place = params.placement();
-  const Live peak = stage_activation_peak(
-      recipe, step_shape(recipe, working, place.tensor_parallel_size, place.expert_parallel_size),
+  const Live training = stage_activation_peak(
+      recipe,
+      step_shape(recipe, working, place.tensor_parallel_size, place.expert_parallel_size,
+                 recipe.train().micro_batch_size()),
       shape, pp_index);
+  const Live peak =
+      larger(training, stage_evaluation_peak(recipe, working, place, shape, pp_index));
   m.activations = peak.activations;
   m.all_to_all = peak.all_to_all;
   m.pipeline_buffers = peak.pipeline;

@@ -32,7 +32,8 @@ struct RankMemory {
   double gradient_buckets = 0; // ZeRO-2/3: whole-layer gradients being reduce-scattered
   double optimizer_state = 0;  // AdamW's two moments of the parameters this rank updates
   double activations = 0;      // peak of one micro-batch's forward and backward (over the
-                               // others a pipeline schedule holds), beyond:
+                               // others a pipeline schedule holds), or of an evaluation
+                               // batch's forward where that is larger, beyond:
   double all_to_all = 0;       // the expert-parallel send and receive buffers at that peak
   double pipeline_buffers = 0; // the gradient received from the next stage, at that peak
   double total() const {

@@ -11,6 +11,7 @@
 #include "core/config/recipe.h"
 #include "engine/model/transformer.h"
 #include "engine/optim/zero.h"
+#include "engine/train/evaluation.h"
 
 namespace switchyard {
 namespace {
@@ -217,8 +218,9 @@ TEST(MemoryPlanTest, AChunksParametersTellItsStage) {
 // others in flight (3 under 1F1B, 7 under GPipe), each the layer's saved tensors as
 // counted by hand above; the last stage holds one micro-batch under 1F1B.
 TEST(MemoryPlanTest, OneFOneBHoldsAtMostPMicroBatchesOnTheFirstStage) {
+  // No evaluation: its batch of 8 windows would be the single micro-batch's peak.
   const std::vector<std::string> four = {"parallel.pipeline_parallel_size=4",
-                                         "train.micro_batch_size=2"};
+                                         "train.micro_batch_size=2", "train.eval_interval=0"};
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.begin(), four.begin(), four.end());
     return plan(tiny(more), 4);
@@ -259,6 +261,29 @@ TEST(MemoryPlanTest, InterleavedStagesHoldTheirWarmUpChunkPasses) {
   const double layer = 4 * x + 2 * n * 4 + attention + routing + experts;
   // 4 micro-batches hold min(4 x 2, 11) = 8 chunk passes; 8 hold 11.
   EXPECT_EQ(ranks[0].activations - single[0].activations, 3 * layer);
+}
+
+// An evaluation forward holds up to 8 windows and 4096 tokens (one window at least), the
+// windows eval_tokens asks for at most.
+TEST(MemoryPlanTest, AnEvaluationBatchHoldsAtMost4096Tokens) {
+  EXPECT_EQ(evaluation_batch_windows(128, int64_t{1} << 20), 8);
+  EXPECT_EQ(evaluation_batch_windows(1024, int64_t{1} << 20), 4);
+  EXPECT_EQ(evaluation_batch_windows(4096, int64_t{1} << 20), 1);
+  EXPECT_EQ(evaluation_batch_windows(8192, int64_t{1} << 20), 1);
+  EXPECT_EQ(evaluation_batch_windows(128, 200), 2);
+}
+
+// The plan counts the evaluation's forward where it is the peak: 8 windows of 128 tokens
+// against a micro-batch of one. A 4096-token window goes alone, and its forward, one layer
+// at a time, stays under the training step's micro-batch of one such window.
+TEST(MemoryPlanTest, TheEvaluationForwardIsThePeakOnlyWhereItsBatchIsLarger) {
+  auto activations = [](std::vector<std::string> more, bool evaluates) {
+    more.push_back("train.micro_batch_size=1");
+    more.push_back(evaluates ? "train.eval_interval=100" : "train.eval_interval=0");
+    return plan(tiny(more), 1)[0].activations;
+  };
+  EXPECT_GT(activations({}, true), activations({}, false));
+  EXPECT_EQ(activations({"train.seq_len=4096"}, true), activations({"train.seq_len=4096"}, false));
 }
 
 TEST(MemoryPlanTest, BfloatAddsWorkingCopiesAndHalvesActivations) {

@@ -28,9 +28,10 @@ from sy_testing import REPO, SWITCHYARD, run  # noqa: E402
 
 RECIPES = REPO / "recipes"
 TOLERANCE = 0.10
-# Each run evaluates before its step (eval_interval 1: at step 0), as an ordinary run does:
-# a forward-only pass keeps nothing for a backward, so it raises no measured peak.
-COMMON = ["train.steps=1", "train.eval_interval=1", "train.eval_batches=1",
+# Each run evaluates before its step (eval_interval 1: at step 0), as an ordinary run does,
+# one batch of 4 windows: a forward-only pass keeps one layer's tensors at a time, below
+# the training step's peak unless its batch is the larger (the evaluation row below).
+COMMON = ["train.steps=1", "train.eval_interval=1", "train.eval_tokens=256",
           "train.log_interval=1", "model.num_layers=2", "train.seq_len=64",
           "train.global_batch_size=8", "train.micro_batch_size=4",
           "checkpoint.interval_steps=0"]
@@ -40,6 +41,9 @@ CONFIGS = {  # name: (ranks, overrides[, recipe: tiny unless named])
     "1 rank fp32": (1, []),
     "1 rank bf16": (1, ["runtime.precision=bf16"]),
     "1 rank, micro-batch 8 x 128": (1, ["train.micro_batch_size=8", "train.seq_len=128"]),
+    # An evaluation batch (8 windows) larger than the micro-batch: its forward is the peak.
+    "1 rank, micro-batch 1, evaluation of 8 windows": (1, ["train.micro_batch_size=1",
+                                                           "train.eval_tokens=512"]),
     "1 rank, capacity 1.25": (1, ["moe.capacity_factor=1.25"]),
     "1 rank, 4 layers top-1": (1, ["model.num_layers=4", "moe.top_k=1"]),
     "1 rank, gated shared expert": (1, ["moe.num_shared_experts=1",
