@@ -9,7 +9,6 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/threads.h"
-#include "tests/finite_differences.h"
 #include "tests/tensor_test_util.h"
 #include "tests/test_util.h"
 
@@ -17,7 +16,6 @@ namespace switchyard {
 namespace {
 
 using testing::any_nonzero;
-using testing::central_differences;
 using testing::host_tensor;
 using testing::max_relative_error;
 using testing::random_integers;
@@ -251,30 +249,6 @@ TEST_F(GroupedMatmulTest, ForwardAndBackwardMatchNaive) {
   EXPECT_LT(max_relative_error(dw, expected_dw), 1e-13);
   EXPECT_TRUE(any_nonzero(out_nt));
   EXPECT_TRUE(any_nonzero(out_nn));
-}
-
-// For loss = sum(gy * grouped_nt(a, w)): dL/da = grouped_nn(gy, w) and
-// dL/dw = grouped_tn(gy, a). Checked against central differences in double.
-TEST_F(GroupedMatmulTest, BackwardPairMatchesFiniteDifferences) {
-  auto a = random_vector<double>(rows_ * k_, 20);
-  auto w = random_vector<double>(groups_ * n_ * k_, 21);
-  const auto gy = random_vector<double>(rows_ * n_, 22);
-  auto loss = [&] {
-    std::vector<double> out(rows_ * n_);
-    cpu::grouped_matmul_nt<double>(a.data(), w.data(), sizes_.data(), groups_, n_, k_, out.data());
-    double l = 0;
-    for (size_t i = 0; i < out.size(); ++i) l += gy[i] * out[i];
-    return l;
-  };
-  std::vector<double> da(rows_ * k_), dw(groups_ * n_ * k_, 0.0);
-  cpu::grouped_matmul_nn<double>(gy.data(), w.data(), sizes_.data(), groups_, n_, k_, da.data());
-  cpu::grouped_matmul_tn_accumulate<double>(gy.data(), a.data(), sizes_.data(), groups_, n_, k_,
-                                            dw.data());
-  const double eps = 1e-6;
-  EXPECT_LT(max_relative_error(da, central_differences(a, eps, loss)), 1e-6);
-  EXPECT_LT(max_relative_error(dw, central_differences(w, eps, loss)), 1e-6);
-  EXPECT_TRUE(any_nonzero(da));
-  EXPECT_TRUE(any_nonzero(dw));
 }
 
 // Sizes adding up to fewer than the rows (a buffer sized for the most rows a routing plan

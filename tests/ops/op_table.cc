@@ -829,7 +829,8 @@ OpEntry grouped_matmul() {
                                               s.n, s.k, dw.data());
     return Values{out, da, dw, out, da, dw};
   };
-  e.gradient_dims = {{3, 4, 0, 2, 0, 3}};
+  // Empty groups first and in the middle.
+  e.gradient_dims = {{3, 4, 0, 2, 0, 3}, grouped_dims(7, 11, {0, 5, 0, 3, 9})};
   e.loss_result = 0;
   e.upstream = 3;
   e.gradients = {{1, 1}, {2, 2, 4}};
