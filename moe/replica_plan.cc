@@ -51,21 +51,11 @@ absl::Status check_plan_inputs(const std::vector<int64_t>& loads,
   return absl::OkStatus();
 }
 
-// The busiest load of a plan and how many ranks carry it: a copy that lowers either (the
-// load first) brings the busiest rank down, now or after copies that relieve the others.
-struct Peak {
-  int64_t load = 0;
-  int ranks = 0;
-  bool operator<(const Peak& o) const { return load != o.load ? load < o.load : ranks < o.ranks; }
-};
-
-Peak peak_of(const std::vector<int64_t>& rank_tokens) {
-  Peak p;
-  for (int64_t t : rank_tokens) {
-    if (t > p.load) p = {t, 0};
-    if (t == p.load) ++p.ranks;
-  }
-  return p;
+// The ranks' tokens, busiest first: a plan is better than another when this is smaller,
+// compared from the busiest on (the busiest load first, then the next, ...).
+std::vector<int64_t> descending(std::vector<int64_t> rank_tokens) {
+  std::sort(rank_tokens.begin(), rank_tokens.end(), std::greater<int64_t>());
+  return rank_tokens;
 }
 
 bool holds(const std::vector<ExpertCopy>& copies, int rank) {
@@ -115,16 +105,16 @@ std::vector<int64_t> water_fill(const std::vector<int64_t>& base, int64_t tokens
   return share;
 }
 
-// Expert e's copies with one more on rank r, its tokens spread over them by water_fill,
-// and the ranks' tokens with that spread.
+// Expert e's tokens spread anew over its copies by water_fill, with a copy more on rank
+// `r` (-1: none), and the ranks' tokens with that spread.
 struct Trial {
   std::vector<ExpertCopy> copies;
   std::vector<int64_t> rank_tokens;
 };
 
-Trial with_copy(const ReplicaPlan& plan, int e, int r) {
+Trial respread(const ReplicaPlan& plan, int e, int r) {
   Trial t{plan.copies[e], plan.rank_tokens};
-  t.copies.push_back({r, 0});
+  if (r >= 0) t.copies.push_back({r, 0});
   std::sort(t.copies.begin(), t.copies.end(),
             [](const ExpertCopy& x, const ExpertCopy& y) { return x.rank < y.rank; });
   int64_t tokens = 0;
@@ -142,30 +132,38 @@ Trial with_copy(const ReplicaPlan& plan, int e, int r) {
   return t;
 }
 
-// Rank r's next replica slot takes the busiest rank's expert whose copy lowers the plan's
-// peak the most (ties: the lower expert); false when none lowers it.
-bool add_best_copy(ReplicaPlan& plan, int r) {
+// A step of the plan: expert `expert` spread anew, with a copy on rank `rank` (-1: none).
+struct Move {
+  int expert = -1;
+  int rank = -1;
+  Trial trial;
+};
+
+// Of the moves that relieve the busiest rank (ties: the lower rank), the one that leaves
+// the ranks' tokens the least (`descending`): a replicated expert of that rank spread anew over its copies
+// (when `respread` allows; it takes no slot), else a copy of one of its experts on rank
+// `open` (-1: none). Ties go to the spread without a new copy, then to the lower expert;
+// expert -1 when no move betters the plan.
+Move best_move(const ReplicaPlan& plan, int open, bool respread_allowed) {
   const int busiest = static_cast<int>(
       std::max_element(plan.rank_tokens.begin(), plan.rank_tokens.end()) -
       plan.rank_tokens.begin());
-  Peak best = peak_of(plan.rank_tokens);
-  int best_expert = -1;
-  Trial best_trial;
-  for (int e = 0; e < static_cast<int>(plan.copies.size()); ++e) {
-    if (!holds(plan.copies[e], busiest) || holds(plan.copies[e], r)) continue;
-    Trial t = with_copy(plan, e, r);
-    const Peak p = peak_of(t.rank_tokens);
-    if (p < best) {
-      best = p;
-      best_expert = e;
-      best_trial = std::move(t);
+  std::vector<int64_t> best = descending(plan.rank_tokens);
+  Move move;
+  auto consider = [&](int e, int r) {
+    Trial t = respread(plan, e, r);
+    std::vector<int64_t> loads = descending(t.rank_tokens);
+    if (loads < best) {
+      best = std::move(loads);
+      move = {e, r, std::move(t)};
     }
-  }
-  if (best_expert < 0) return false;
-  plan.copies[best_expert] = std::move(best_trial.copies);
-  plan.rank_tokens = std::move(best_trial.rank_tokens);
-  plan.replicas[r].push_back(best_expert);
-  return true;
+  };
+  const int experts = static_cast<int>(plan.copies.size());
+  for (int e = 0; e < experts && respread_allowed; ++e)
+    if (plan.copies[e].size() > 1 && holds(plan.copies[e], busiest)) consider(e, -1);
+  for (int e = 0; e < experts && open >= 0; ++e)
+    if (holds(plan.copies[e], busiest) && !holds(plan.copies[e], open)) consider(e, open);
+  return move;
 }
 
 }  // namespace
@@ -199,8 +197,22 @@ absl::StatusOr<ReplicaPlan> plan_replicas(const std::vector<int64_t>& loads,
   plan.slots_per_rank = slots_per_rank;
   for (size_t e = 0; e < loads.size(); ++e) plan.copies[e][0].planned_tokens = loads[e];
   plan.rank_tokens = rank_loads(loads, order, ranks);
-  int open = open_rank(plan);
-  while (open >= 0 && add_best_copy(plan, open)) open = open_rank(plan);
+  // Each spread anew betters the plan without taking a slot; at most as many as the copies a
+  // plan can hold bounds the work whatever the loads.
+  int64_t respreads_left =
+      static_cast<int64_t>(loads.size()) + static_cast<int64_t>(ranks) * slots_per_rank;
+  for (;;) {
+    const int open = open_rank(plan);
+    Move move = best_move(plan, open, respreads_left > 0);
+    if (move.expert < 0) break;
+    plan.copies[move.expert] = std::move(move.trial.copies);
+    plan.rank_tokens = std::move(move.trial.rank_tokens);
+    if (move.rank >= 0) {
+      plan.replicas[move.rank].push_back(move.expert);
+    } else {
+      --respreads_left;
+    }
+  }
   return plan;
 }
 

@@ -46,13 +46,16 @@ ReplicaPlan owner_plan(const std::vector<int>& placement, int ranks);
 int max_replica_slots(int num_experts, int ranks);
 
 // Fills up to `slots_per_rank` replica slots per rank so that the busiest rank's tokens
-// (`loads[e]`: expert e's tokens) fall. Greedy, in integers: while a slot is free, the
-// least-loaded rank with a free slot (ties: the lower rank) takes a copy of the expert of
-// the busiest rank (ties: the lower rank) that lowers the plan's (busiest load, ranks at
-// it) the most (ties: the lower expert), the expert's tokens spread over its copies to
-// even out their ranks (the lower rank first where units are left over); it stops when
-// no copy lowers them. So no rank holds two copies of an expert or more than K replicas,
-// and the busiest load never exceeds the placement's. `placement` empty: contiguous.
+// (`loads[e]`: expert e's tokens) fall. Greedy, in integers, one move at a time, each
+// relieving the busiest rank (ties: the lower rank) and taken only where it lowers the
+// ranks' tokens sorted busiest first (compared from the busiest on): the one that lowers
+// them most of spreading a replicated expert of that rank anew over its copies (no slot
+// taken; at most E + P K of them) and of copying one of its experts to the least-loaded
+// rank with a free slot (ties: the lower rank); ties go to the spread, then to the lower
+// expert. A spread evens out the expert's ranks (water filling; the lower rank first
+// where units are left over). So no rank holds two copies of an expert or more than K
+// replicas, and the busiest load never exceeds the placement's. `placement` empty:
+// contiguous.
 // Refuses (one line) loads that are negative or sum past kMaxPlannedTokens, a placement
 // that is not a permutation of the experts, ranks that do not divide them, and K outside
 // [0, max_replica_slots].

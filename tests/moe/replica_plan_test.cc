@@ -50,6 +50,15 @@ TEST(ReplicaPlanTest, SpreadsOneExpertOverEveryRankToTheMean) {
   EXPECT_EQ(split, (std::vector<int64_t>{4, 1, 1, 3}));
 }
 
+TEST(ReplicaPlanTest, WeighsTheRanksBehindTheBusiest) {
+  // Ranks 0 (experts 2 + 8) and 1 (10 + 0) tie at 10. Either copy from rank 0 leaves rank 1
+  // at 10; the copy of expert 1 leaves the rest lower (5, 5 against 8, 2), and rank 1's
+  // copy then brings every rank to 5. The lower expert alone would have ended at 7.
+  const ReplicaPlan plan = *plan_replicas({2, 8, 10, 0, 0, 0, 0, 0}, {}, 4, 1);
+  EXPECT_EQ(plan.rank_tokens, (std::vector<int64_t>{5, 5, 5, 5}));
+  EXPECT_EQ(plan.replicas, (std::vector<std::vector<int>>{{}, {}, {1}, {2}}));
+}
+
 TEST(ReplicaPlanTest, FollowsThePlacement) {
   // Placement [0, 3 | 1, 2]: rank 0 holds experts 0 and 3 (12), rank 1 experts 1 and 2 (8).
   const ReplicaPlan plan = *plan_replicas({10, 1, 7, 2}, {0, 3, 1, 2}, 2, 1);
