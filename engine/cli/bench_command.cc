@@ -929,8 +929,8 @@ absl::Status BenchCommand::run_balance() {
   if (replica_slots_ > max_replica_slots(experts, ep_))
     return absl::InvalidArgumentError(absl::StrCat(
         "--replica-slots ", replica_slots_, " is out of range [1, ",
-        max_replica_slots(experts, ep_), "]: a rank holds at most as many replicas as its own ",
-        experts / ep_, " experts (", experts, " on --ep ", ep_, ")"));
+        max_replica_slots(experts, ep_), "] for ", experts, " experts on --ep ", ep_,
+        ": a rank holds at most as many replicas as it owns experts"));
   std::vector<Variant> variants = {{"", recipe}};
   if (!compare_.empty()) {
     SY_ASSIGN_OR_RETURN(variants, parse_compare(compare_, recipe));
