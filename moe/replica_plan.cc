@@ -140,10 +140,10 @@ struct Move {
 };
 
 // Of the moves that relieve the busiest rank (ties: the lower rank), the one that leaves
-// the ranks' tokens the least (`descending`): a replicated expert of that rank spread anew over its copies
-// (when `respread` allows; it takes no slot), else a copy of one of its experts on rank
-// `open` (-1: none). Ties go to the spread without a new copy, then to the lower expert;
-// expert -1 when no move betters the plan.
+// the ranks' tokens the least (`descending`): a replicated expert of that rank spread anew
+// over its copies (when `respread_allowed`; it takes no slot), or a copy of one of its
+// experts on rank `open` (-1: none). Ties go to the spread without a new copy, then to the
+// lower expert; expert -1 when no move betters the plan.
 Move best_move(const ReplicaPlan& plan, int open, bool respread_allowed) {
   const int busiest = static_cast<int>(
       std::max_element(plan.rank_tokens.begin(), plan.rank_tokens.end()) -

@@ -167,6 +167,19 @@ assert c["variants"][1]["layers"] == plain["layers"]
 assert sum(c["variants"][0]["layers"][0]["tokens_per_expert"]) == 8 * 128
 PY
     echo "ok   bench balance --compare on a checkpoint"
+    # A recorded run's routing, planned with replica slots as a recipe's is.
+    if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 --ep 4 --replica-slots 1 \
+        --json "$work/tr.json" >/dev/null 2>"$work/err"; then
+      python3 - "$work/tr.json" <<'PY' || fail "checkpoint replica json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["ep_rank_max_over_mean_replicated"] <= j["ep_rank_max_over_mean"], j
+assert len(j["replicas"]["layers"]) == 4 and j["replicas"]["slots_per_rank"] == 1
+PY
+      echo "ok   bench balance --replica-slots on a checkpoint"
+    else
+      fail "bench balance --replica-slots on a checkpoint: $(cat "$work/err")"
+    fi
     # The sigmoid router adds its bias (at 0) to the trained weights; softmax keeps them.
     if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 \
         --compare score_function=SIGMOID,SOFTMAX --json "$work/s.json" >/dev/null \

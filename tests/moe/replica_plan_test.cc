@@ -190,9 +190,12 @@ TEST(ReplicaPlanTest, RefusesBadInputInOneLine) {
                     int ranks, int slots) {
     return std::string(plan_replicas(loads, placement, ranks, slots).status().message());
   };
-  EXPECT_EQ(message({1, 2, 3}, {}, 2, 1), "replica plan: the expert-parallel size 2 must divide the experts (3)");
-  EXPECT_EQ(message({}, {}, 1, 0), "replica plan: the expert-parallel size 1 must divide the experts (0)");
-  EXPECT_EQ(message({1, 2}, {}, 0, 0), "replica plan: the expert-parallel size 0 must divide the experts (2)");
+  EXPECT_EQ(message({1, 2, 3}, {}, 2, 1),
+            "replica plan: the expert-parallel size 2 must divide the experts (3)");
+  EXPECT_EQ(message({}, {}, 1, 0),
+            "replica plan: the expert-parallel size 1 must divide the experts (0)");
+  EXPECT_EQ(message({1, 2}, {}, 0, 0),
+            "replica plan: the expert-parallel size 0 must divide the experts (2)");
   EXPECT_EQ(message({1, 2, 3, 4}, {}, 2, 3),
             "replica plan: 3 replica slots per rank is out of range [0, 2]");
   EXPECT_EQ(message({1, 2, 3, 4}, {}, 2, -1),
