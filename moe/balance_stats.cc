@@ -11,6 +11,7 @@
 #include "core/runtime/tensor.h"
 #include "kernels/permute.h"
 #include "moe/capacity.h"
+#include "moe/replica_plan.h"
 #include "moe/router_stats.h"
 
 namespace switchyard {
@@ -37,16 +38,6 @@ int64_t dropped_assignments(const RoutingSample& s, int num_experts, int slots, 
   for (const int32_t e : s.expert_ids) sent += e >= 0;
   for (int e = 0; e < num_experts; ++e) kept += tokens_per_expert.data<int32_t>()[e];
   return sent - kept;
-}
-
-double max_over_mean(const std::vector<int64_t>& v) {
-  if (v.empty()) return 0;
-  double sum = 0, max = 0;
-  for (int64_t x : v) {
-    sum += static_cast<double>(x);
-    max = std::max(max, static_cast<double>(x));
-  }
-  return sum > 0 ? max * static_cast<double>(v.size()) / sum : 0;
 }
 
 // Standard deviation / mean of the counts; 0 when they are all 0.
@@ -77,6 +68,16 @@ void merge(const BalanceCounts& from, BalanceCounts& into) {
 constexpr uint8_t kGridGrey = 204;
 
 }  // namespace
+
+double max_over_mean(const std::vector<int64_t>& v) {
+  if (v.empty()) return 0;
+  double sum = 0, max = 0;
+  for (int64_t x : v) {
+    sum += static_cast<double>(x);
+    max = std::max(max, static_cast<double>(x));
+  }
+  return sum > 0 ? max * static_cast<double>(v.size()) / sum : 0;
+}
 
 RoutingSample routing_sample(const MoeRouting& r) {
   RoutingSample s;
@@ -218,6 +219,21 @@ BalanceCounts make_balance_counts(int num_experts, int top_k, int expert_paralle
   return c;
 }
 
+std::vector<int64_t> assignments_by_source(const RoutingSample& s, int num_experts, int ranks) {
+  const int64_t n = s.tokens;
+  const int k = n > 0 ? static_cast<int>(s.expert_ids.size() / n) : 0;
+  std::vector<int64_t> by_source(static_cast<size_t>(ranks) * num_experts, 0);
+  for (int src = 0; src < ranks; ++src) {
+    for (int64_t t = src * n / ranks; t < (src + 1) * n / ranks; ++t) {
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = s.expert_ids[t * k + j];
+        if (e >= 0) ++by_source[static_cast<size_t>(src) * num_experts + e];
+      }
+    }
+  }
+  return by_source;
+}
+
 void add_routing(const RoutingSample& s, BalanceCounts& c) {
   const int E = c.num_experts;
   const int64_t n = s.tokens;
@@ -245,18 +261,13 @@ void add_routing(const RoutingSample& s, BalanceCounts& c) {
     c.dropped[i] += dropped_assignments(s, E, k, c.top_k, kBalanceCapacityFactors[i]);
   const int P = c.expert_parallel;
   if (P > 1) {
-    const int local_experts = E / P;
-    for (int src = 0; src < P; ++src) {
-      for (int64_t t = src * n / P; t < (src + 1) * n / P; ++t) {
-        for (int j = 0; j < k; ++j) {
-          const int32_t e = s.expert_ids[t * k + j];
-          if (e < 0) continue;
-          const int dst = e / local_experts;
-          if (dst == src) continue;
-          ++c.sent_rows[src];
-          ++c.received_rows[dst];
-        }
-      }
+    std::vector<int> contiguous(E);
+    std::iota(contiguous.begin(), contiguous.end(), 0);
+    const DispatchRows rows =
+        dispatch_rows(owner_plan(contiguous, P), assignments_by_source(s, E, P));
+    for (int p = 0; p < P; ++p) {
+      c.sent_rows[p] += rows.sent[p];
+      c.received_rows[p] += rows.received[p];
     }
   }
 }

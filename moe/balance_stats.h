@@ -57,6 +57,9 @@ struct BalanceSummary {
   AllToAllStats all_to_all;
 };
 
+// max / mean of counts (per expert, per rank); 0 when they are empty or all 0.
+double max_over_mean(const std::vector<int64_t>& counts);
+
 // A copy of a layer's last routing on the host.
 RoutingSample routing_sample(const MoeRouting& routing);
 
@@ -118,10 +121,16 @@ PlacementAdvice advise_placement(const std::vector<int64_t>& loads, int ranks);
 
 BalanceCounts make_balance_counts(int num_experts, int top_k, int expert_parallel);
 
+// A batch's assignments as an expert-parallel group of `ranks` dispatches them: its n
+// tokens split evenly, in order, over the ranks (rank p routes tokens [p n / P,
+// (p+1) n / P)); [p * E + e] counts rank p's assignments to expert e (dropless).
+std::vector<int64_t> assignments_by_source(const RoutingSample& sample, int num_experts,
+                                           int ranks);
+
 // Adds one batch: selections, probability sums and z-loss terms; the assignments
 // permute_plan drops at capacity ceil(cf * n * k / E) for each factor; and, with expert
-// parallelism P > 1, the rows each rank exchanges when the n tokens are split evenly in
-// order over the P ranks and rank p holds experts [p * E/P, (p+1) * E/P) (dropless).
+// parallelism P > 1, the rows each rank exchanges when its assignments_by_source go to
+// the ranks holding their experts, rank p experts [p * E/P, (p+1) * E/P) (dropless).
 void add_routing(const RoutingSample& sample, BalanceCounts& counts);
 
 // Statistics of one layer; `hidden` sizes the all-to-all rows (bf16: 2 bytes each).

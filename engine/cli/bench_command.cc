@@ -7,6 +7,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "engine/train/metrics_log.h"
 #include "kernels/threads.h"
 #include "moe/balance_stats.h"
+#include "moe/replica_plan.h"
 
 namespace switchyard {
 
@@ -49,15 +51,19 @@ struct BenchSource {
   std::unique_ptr<LoadedModel> weights;  // null for a recipe file
 };
 
-absl::StatusOr<BenchSource> load_source(const std::string& source) {
+absl::StatusOr<BenchSource> load_source(const std::string& source,
+                                        const std::vector<std::string>& overrides) {
   std::error_code ec;
   BenchSource out;
   if (is_model_directory(source)) {
+    if (!overrides.empty())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--set overrides a recipe file; ", source, " holds weights of its own shape"));
     out.weights = std::make_unique<LoadedModel>();
     SY_RETURN_IF_ERROR(load_model(source, *out.weights));
     out.recipe = out.weights->recipe;
   } else if (fs::is_regular_file(source, ec)) {
-    SY_ASSIGN_OR_RETURN(out.recipe, config::load_recipe(source, {}));
+    SY_ASSIGN_OR_RETURN(out.recipe, config::load_recipe(source, overrides));
   } else {
     return absl::NotFoundError(absl::StrCat(
         source, ": no such recipe file, weights directory, checkpoint or Hugging Face directory"));
@@ -352,14 +358,67 @@ nlohmann::ordered_json to_json(const BalanceSummary& s) {
   return j;
 }
 
+// Replica slots under expert parallelism: each MoE layer's plan from its own tokens per
+// expert (a layer's experts are its own weights, so every layer has its K slots per rank),
+// and the rows of every batch dispatched without and with it, per layer. A rank's load is
+// the rows its expert copies take (the placement advice's assignments), all layers
+// together.
+struct ReplicaRun {
+  int slots_per_rank = 0;
+  std::vector<std::vector<std::vector<int>>> replicas;  // per layer, per rank: the experts
+  std::vector<DispatchRows> without, with;              // per layer
+  DispatchRows all_without, all_with;                   // all layers together
+};
+
 // The statistics of one variant: per MoE layer in depth order, and all layers together.
 // With expert parallelism, the placement advice from all layers' tokens per expert
-// together (one placement serves every layer).
+// together (one placement serves every layer), and with replica slots their plans.
 struct BalanceRun {
   std::vector<BalanceSummary> layers;
   BalanceSummary overall;
   std::optional<PlacementAdvice> placement;
+  std::optional<ReplicaRun> replicas;
 };
+
+int64_t sum_of(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
+
+// "busiest rank 1.534 x the mean without, 1.062 x with; rows sent to other ranks 81234
+// without, 80112 with (-1.4%)".
+std::string replica_figures(const DispatchRows& without, const DispatchRows& with) {
+  const int64_t sent = sum_of(without.sent), sent_with = sum_of(with.sent);
+  const double change =
+      sent > 0 ? 100.0 * (static_cast<double>(sent_with) / static_cast<double>(sent) - 1.0) : 0.0;
+  return absl::StrFormat("busiest rank %.3f x the mean without, %.3f x with; rows sent to other "
+                         "ranks %lld without, %lld with (%+.1f%%)",
+                         max_over_mean(without.rank_tokens), max_over_mean(with.rank_tokens),
+                         static_cast<long long>(sent), static_cast<long long>(sent_with), change);
+}
+
+// Each rank's replicated experts: "[5] [0] [] ...".
+std::string replica_list(const std::vector<std::vector<int>>& replicas) {
+  std::vector<std::string> ranks;
+  for (const std::vector<int>& experts : replicas)
+    ranks.push_back(absl::StrCat("[", absl::StrJoin(experts, ", "), "]"));
+  return absl::StrJoin(ranks, " ");
+}
+
+void print_replicas(const ReplicaRun& r, int variant_width) {
+  auto indent = [&] {
+    if (variant_width > 0) std::printf("%-*s ", variant_width, "");
+  };
+  indent();
+  std::printf("replicas, %d slot%s per rank in each layer, all layers: %s\n", r.slots_per_rank,
+              r.slots_per_rank == 1 ? "" : "s",
+              replica_figures(r.all_without, r.all_with).c_str());
+  for (size_t l = 0; l < r.replicas.size(); ++l) {
+    indent();
+    std::printf("  layer %zu: %s; replicated by rank: %s\n", l,
+                replica_figures(r.without[l], r.with[l]).c_str(),
+                replica_list(r.replicas[l]).c_str());
+  }
+}
 
 // "busiest rank 1234 assignments contiguous, 1100 advised (-10.9%), >= 1090 for any
 // placement": a rank's load is the routed assignments its experts take.
@@ -420,7 +479,34 @@ void print_table(const std::vector<Variant>& variants, const std::vector<Balance
       if (variant_width > 0) std::printf("%-*s ", variant_width, "");
       std::printf("%s\n", placement_line(*run.placement).c_str());
     }
+    if (run.replicas) print_replicas(*run.replicas, variant_width);
   }
+}
+
+// The figures of one layer, or of all layers together, without and with replicas.
+void put_replica_figures(nlohmann::ordered_json& into, const DispatchRows& without,
+                         const DispatchRows& with) {
+  into["ep_rank_max_over_mean"] = max_over_mean(without.rank_tokens);
+  into["ep_rank_max_over_mean_replicated"] = max_over_mean(with.rank_tokens);
+  into["rank_tokens"] = without.rank_tokens;
+  into["rank_tokens_replicated"] = with.rank_tokens;
+  into["exchange_rows"] = sum_of(without.sent);
+  into["exchange_rows_replicated"] = sum_of(with.sent);
+}
+
+// The run's ep_rank_max_over_mean_replicated beside its ep_rank_max_over_mean, and
+// `replicas`: the slots, the figures of all layers and of each with its replicated experts.
+void put_replicas(nlohmann::ordered_json& into, const ReplicaRun& r) {
+  into["ep_rank_max_over_mean_replicated"] = max_over_mean(r.all_with.rank_tokens);
+  nlohmann::ordered_json replicas = {{"slots_per_rank", r.slots_per_rank}};
+  put_replica_figures(replicas, r.all_without, r.all_with);
+  replicas["layers"] = nlohmann::ordered_json::array();
+  for (size_t l = 0; l < r.replicas.size(); ++l) {
+    nlohmann::ordered_json layer = {{"replicated_experts", r.replicas[l]}};
+    put_replica_figures(layer, r.without[l], r.with[l]);
+    replicas["layers"].push_back(std::move(layer));
+  }
+  into["replicas"] = std::move(replicas);
 }
 
 std::string html_escape(absl::string_view text) {
@@ -683,28 +769,81 @@ struct TokenBatch {
   Tensor ids, targets, window_tokens;
 };
 
-// Routes every batch through the variant's model and gathers each MoE layer's counts.
+void add_rows(const DispatchRows& from, DispatchRows& into) {
+  if (into.rank_tokens.empty()) {
+    into = from;
+    return;
+  }
+  for (size_t p = 0; p < from.rank_tokens.size(); ++p) {
+    into.rank_tokens[p] += from.rank_tokens[p];
+    into.sent[p] += from.sent[p];
+    into.received[p] += from.received[p];
+  }
+}
+
+// Each layer's replica plan from its tokens per expert over every batch, and each batch's
+// dispatch (`by_source[l][b]`: assignments_by_source of layer l in batch b) without and
+// with it, on the contiguous placement.
+absl::StatusOr<ReplicaRun> measure_replicas(
+    const std::vector<BalanceCounts>& counts,
+    const std::vector<std::vector<std::vector<int64_t>>>& by_source, int ep, int slots) {
+  ReplicaRun run;
+  run.slots_per_rank = slots;
+  for (size_t l = 0; l < counts.size(); ++l) {
+    SY_ASSIGN_OR_RETURN(const ReplicaPlan plan, plan_replicas(counts[l].selections, {}, ep, slots));
+    std::vector<int> contiguous(counts[l].selections.size());
+    std::iota(contiguous.begin(), contiguous.end(), 0);
+    const ReplicaPlan owners = owner_plan(contiguous, ep);
+    DispatchRows without, with;
+    for (const std::vector<int64_t>& batch : by_source[l]) {
+      add_rows(dispatch_rows(owners, batch), without);
+      add_rows(dispatch_rows(plan, batch), with);
+    }
+    add_rows(without, run.all_without);
+    add_rows(with, run.all_with);
+    run.without.push_back(std::move(without));
+    run.with.push_back(std::move(with));
+    run.replicas.push_back(plan.replicas);
+  }
+  return run;
+}
+
+// Routes every batch through the variant's model and gathers each MoE layer's counts;
+// with `replica_slots`, each layer's replica plan too.
 absl::StatusOr<BalanceRun> measure(const config::Recipe& recipe, const std::string& source,
                                    const LoadedModel* weights,
-                                   const std::vector<TokenBatch>& batches, int ep) {
+                                   const std::vector<TokenBatch>& batches, int ep,
+                                   int replica_slots) {
   BenchModel bm;
   SY_RETURN_IF_ERROR(build_bench_model(recipe, source, weights, bm));
   const std::vector<const MoeLayer*> moe_layers = bm.model->moe_layers();
-  std::vector<BalanceCounts> counts(
-      moe_layers.size(),
-      make_balance_counts(recipe.moe().num_experts(), recipe.moe().top_k(), ep));
+  const int experts = recipe.moe().num_experts();
+  std::vector<BalanceCounts> counts(moe_layers.size(),
+                                    make_balance_counts(experts, recipe.moe().top_k(), ep));
+  std::vector<std::vector<std::vector<int64_t>>> by_source(moe_layers.size());
+  if (replica_slots > 0)
+    SY_RETURN_IF_ERROR(check_fits(cpu_device(),
+                                  static_cast<double>(moe_layers.size()) * batches.size() * ep *
+                                      experts * sizeof(int64_t),
+                                  "the per-rank assignment counts of every layer and batch"));
   Rng rng(recipe.train().seed());
   for (const TokenBatch& b : batches) {
     bm.model->evaluate(cpu_device(), b.ids, b.targets, rng, /*logits_out=*/nullptr,
                        /*doc_starts=*/Tensor(), b.window_tokens);
-    for (size_t l = 0; l < moe_layers.size(); ++l)
-      add_routing(routing_sample(moe_layers[l]->last_routing()), counts[l]);
+    for (size_t l = 0; l < moe_layers.size(); ++l) {
+      const RoutingSample sample = routing_sample(moe_layers[l]->last_routing());
+      add_routing(sample, counts[l]);
+      if (replica_slots > 0) by_source[l].push_back(assignments_by_source(sample, experts, ep));
+    }
   }
   const int64_t hidden = recipe.model().hidden_size();
   BalanceRun run;
   for (const BalanceCounts& c : counts) run.layers.push_back(summarize_balance(c, hidden));
   run.overall = summarize_overall(counts, hidden);
   if (ep > 1) run.placement = advise_placement(run.overall.tokens_per_expert, ep);
+  if (replica_slots > 0) {
+    SY_ASSIGN_OR_RETURN(run.replicas, measure_replicas(counts, by_source, ep, replica_slots));
+  }
   return run;
 }
 
@@ -729,6 +868,11 @@ BenchCommand::BenchCommand(CLI::App& app) {
       ->transform(integer_in(1, kMaxBenchTokens));
   balance_->add_option("--ep", ep_, "expert-parallel size for the all-to-all (1: skip)")
       ->transform(integer_in(1, kMaxExpertParallel));
+  balance_->add_option("--replica-slots", replica_slots_,
+                       "with --ep: replica slots per rank for hot experts, planned per layer")
+      ->transform(integer_in(1, kMaxExpertParallel));
+  balance_->add_option("--set", overrides_,
+                       "override a field of a recipe file: path=value (repeatable)");
   balance_->add_option("--compare", compare_,
                        "routing variants on the same tokens: top_k=K1,K2,..., "
                        "gating=NAME1,NAME2,..., score_function=NAME1,NAME2,... or "
@@ -773,12 +917,20 @@ absl::Status BenchCommand::check_balance_outputs() const {
 absl::Status BenchCommand::run_balance() {
   SY_RETURN_IF_ERROR(check_balance_outputs());
   if (!synthetic_.empty()) SY_RETURN_IF_ERROR(parse_zipf(synthetic_).status());
-  SY_ASSIGN_OR_RETURN(const BenchSource loaded, load_source(source_));
+  SY_ASSIGN_OR_RETURN(const BenchSource loaded, load_source(source_, overrides_));
   const config::Recipe& recipe = loaded.recipe;
   const int experts = recipe.moe().num_experts();
   if (experts % ep_ != 0)
     return absl::InvalidArgumentError(
         absl::StrCat("--ep ", ep_, " must divide moe.num_experts (", experts, ")"));
+  if (replica_slots_ > 0 && ep_ == 1)
+    return absl::InvalidArgumentError(
+        "--replica-slots needs --ep 2 or more: a replica lives on another expert-parallel rank");
+  if (replica_slots_ > max_replica_slots(experts, ep_))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--replica-slots ", replica_slots_, " is out of range [1, ",
+        max_replica_slots(experts, ep_), "] for ", experts, " experts on --ep ", ep_,
+        ": a rank holds at most as many replicas as it owns experts"));
   std::vector<Variant> variants = {{"", recipe}};
   if (!compare_.empty()) {
     SY_ASSIGN_OR_RETURN(variants, parse_compare(compare_, recipe));
@@ -814,7 +966,8 @@ absl::Status BenchCommand::run_balance() {
   }
   std::vector<BalanceRun> runs;
   for (const Variant& v : variants) {
-    SY_ASSIGN_OR_RETURN(BalanceRun run, measure(v.recipe, source_, loaded.weights.get(), batches, ep_));
+    SY_ASSIGN_OR_RETURN(BalanceRun run, measure(v.recipe, source_, loaded.weights.get(), batches,
+                                                ep_, replica_slots_));
     runs.push_back(std::move(run));
   }
 
@@ -857,7 +1010,9 @@ absl::Status BenchCommand::run_balance() {
                              {"contiguous_max", a.contiguous_max},
                              {"advised_max", a.advised_max},
                              {"lower_bound", a.lower_bound}};
+        into["ep_rank_max_over_mean"] = max_over_mean(a.contiguous_loads);
       }
+      if (run.replicas) put_replicas(into, *run.replicas);
     };
     if (compare_.empty()) {
       put_run(j, runs[0]);

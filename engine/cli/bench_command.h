@@ -1,6 +1,7 @@
 // The bench subcommands of the switchyard binary:
 //   switchyard bench balance RECIPE|WEIGHTS_DIR [--data DATASET_DIR | --synthetic zipf:S]
-//                            [--batches N] [--ep E] [--compare top_k=1,2,4 | gating=A,B]
+//                            [--batches N] [--ep E [--replica-slots K]]
+//                            [--compare top_k=1,2,4 | gating=A,B] [--set path=value]...
 //                            [--run-dir RUN_DIR] [--json FILE] [--report FILE.html]
 //                            [--overwrite]
 // Wiring in main(): construct BenchCommand on the app before parsing, then
@@ -10,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -36,6 +38,8 @@ class BenchCommand {
   std::string synthetic_;
   int64_t batches_ = 8;
   int ep_ = 1;
+  int replica_slots_ = 0;
+  std::vector<std::string> overrides_;
   std::string compare_;
   std::string run_dir_;
   std::string json_path_;

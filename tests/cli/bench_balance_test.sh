@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `switchyard bench balance` on the tiny recipe with synthetic tokens: the table, the
 # JSON's keys and a self-contained HTML report; --compare on the recipe and on a trained
-# checkpoint; bad input ends with one stderr line.
+# checkpoint; --replica-slots on a 64-expert variant; bad input ends with one stderr line.
 #   bench_balance_test.sh SWITCHYARD_BINARY REPO_ROOT
 set -u
 bin="$1"
@@ -113,6 +113,44 @@ else
   fail "bench balance --compare gating=all exited $?: $(cat "$work/err")"
 fi
 
+# --replica-slots: on zipf 1.2 tokens, 64 experts of the tiny recipe on ep 8, one replica
+# slot per rank brings the busiest rank from far over the mean (1.80 measured) to within
+# 1.10 of it, all layers together and in each layer.
+if "$bin" bench balance "$root/recipes/tiny.textproto" --set moe.num_experts=64 \
+    --synthetic zipf:1.2 --ep 8 --replica-slots 1 --json "$work/rep.json" >"$work/out" \
+    2>"$work/err"; then
+  python3 - "$work/rep.json" <<'PY' || fail "replica json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+r = j["replicas"]
+assert r["slots_per_rank"] == 1
+assert j["ep_rank_max_over_mean"] == r["ep_rank_max_over_mean"] >= 1.5, j["ep_rank_max_over_mean"]
+assert j["ep_rank_max_over_mean_replicated"] == r["ep_rank_max_over_mean_replicated"] <= 1.10, r
+assert r["rank_tokens"] == j["placement"]["contiguous_rank_tokens"]
+total = sum(j["overall"]["tokens_per_expert"])
+assert sum(r["rank_tokens"]) == total == sum(r["rank_tokens_replicated"])
+# The rows sent without replicas are the all-to-all's: hidden 128 bf16 values a row.
+assert r["exchange_rows"] * 128 * 2 == sum(j["overall"]["all_to_all"]["sent_bytes"]), r
+assert 0 < r["exchange_rows_replicated"] <= total
+assert len(r["layers"]) == 4
+for layer, stats in zip(r["layers"], j["layers"]):
+    assert layer["ep_rank_max_over_mean_replicated"] <= 1.10, layer
+    assert layer["ep_rank_max_over_mean_replicated"] <= layer["ep_rank_max_over_mean"], layer
+    assert sum(layer["rank_tokens_replicated"]) == sum(stats["tokens_per_expert"])
+    held = layer["replicated_experts"]
+    assert len(held) == 8 and all(len(experts) <= 1 for experts in held), held
+    # No rank holds a replica of its own experts (rank p owns [8p, 8p + 8)).
+    assert all(e // 8 != p for p, experts in enumerate(held) for e in experts), held
+PY
+  grep -q "^replicas, 1 slot per rank in each layer, all layers: busiest rank" "$work/out" ||
+    fail "replica line"
+  [[ $(grep -c "^  layer [0-3]: busiest rank .*; replicated by rank: " "$work/out") -eq 4 ]] ||
+    fail "replica layer lines"
+  echo "ok   bench balance --replica-slots: $(grep "^replicas" "$work/out")"
+else
+  fail "bench balance --replica-slots exited $?: $(cat "$work/err")"
+fi
+
 # A trained checkpoint: its router, routed with another top-k.
 if "$bin" train "$root/recipes/tiny.textproto" --run-dir "$work/run" --set train.steps=3 \
     --set optimizer.warmup_steps=0 --set train.eval_interval=0 --set train.log_interval=1 \
@@ -129,6 +167,19 @@ assert c["variants"][1]["layers"] == plain["layers"]
 assert sum(c["variants"][0]["layers"][0]["tokens_per_expert"]) == 8 * 128
 PY
     echo "ok   bench balance --compare on a checkpoint"
+    # A recorded run's routing, planned with replica slots as a recipe's is.
+    if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 --ep 4 --replica-slots 1 \
+        --json "$work/tr.json" >/dev/null 2>"$work/err"; then
+      python3 - "$work/tr.json" <<'PY' || fail "checkpoint replica json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["ep_rank_max_over_mean_replicated"] <= j["ep_rank_max_over_mean"], j
+assert len(j["replicas"]["layers"]) == 4 and j["replicas"]["slots_per_rank"] == 1
+PY
+      echo "ok   bench balance --replica-slots on a checkpoint"
+    else
+      fail "bench balance --replica-slots on a checkpoint: $(cat "$work/err")"
+    fi
     # The sigmoid router adds its bias (at 0) to the trained weights; softmax keeps them.
     if "$bin" bench balance "$weights" --synthetic zipf:1.1 --batches 1 \
         --compare score_function=SIGMOID,SOFTMAX --json "$work/s.json" >/dev/null \
@@ -192,6 +243,11 @@ expect_error "run dir without the field" "no line has layer_imbalance" -- "$bin"
 expect_error "bad synthetic spec" "zipf:S" -- "$bin" bench balance "$tiny" --synthetic uniform
 expect_error "negative zipf exponent" "--synthetic zipf:S: -1 is out of range (0, 64]" -- "$bin" bench balance "$tiny" --synthetic zipf:-1
 expect_error "ep not dividing experts" "--ep 3" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --ep 3
+expect_error "replica slots without --ep" "needs --ep 2 or more" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --replica-slots 1
+expect_error "replica slots past a rank's experts" "--replica-slots 5 is out of range \[1, 4\] for 8 experts on --ep 2" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --ep 2 --replica-slots 5
+expect_error "no replica slots" "--replica-slots: 0 is out of range" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --ep 2 --replica-slots 0
+expect_error "--set on weights" "--set overrides a recipe file" -- "$bin" bench balance "$work/run/checkpoints/final" --synthetic zipf:1.1 --batches 1 --set moe.num_experts=64
+expect_error "--set of a bad value" "moe.num_experts: x is not an integer" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --set moe.num_experts=x
 z=(--synthetic zipf:1.1 --batches 1)
 expect_error "compare without =" "expected top_k=K1,K2" -- "$bin" bench balance "$tiny" "${z[@]}" --compare top_k
 expect_error "compare of an unknown setting" "unknown setting 'experts'" -- "$bin" bench balance "$tiny" "${z[@]}" --compare experts=4,8

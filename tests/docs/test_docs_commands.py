@@ -347,6 +347,11 @@ BLOCKS = {
         command="switchyard bench balance recipes/tiny.textproto --batches 8 --ep 2 "
                 "--compare gating=all | awk '/^variant/ {print} /^gating=/ {v = substr($0, 1, 21)} "
                 "/ overall / {print v substr($0, 22)} /busiest rank/ {print}'"),
+    ("docs/balance.md", "bench balance: tiny, 8 batches of 8 x 128 tokens, 64 experts"): Output(
+        "bench balance --replica-slots 1 on zipf 1.2 tokens with 64 experts on ep 8: the "
+        "header, the placement line and the replica lines",
+        command="switchyard bench balance recipes/tiny.textproto --set moe.num_experts=64 "
+                "--synthetic zipf:1.2 --ep 8 --replica-slots 1"),
     ("docs/balance.md", "run RUN: 4 logged steps"): Output(
         "the end of bench balance --run-dir after the doc's 40-step run, its directory "
         "named RUN as the doc names it",
