@@ -96,3 +96,13 @@ def run(argv, *, ranks=1, expect=0, timeout=300, threads=None, env=None, **optio
             f"`{shlex.join(map(os.fsdecode, command))}` exited {result.returncode}, not "
             f"{expect}:\n{result.stdout}{result.stderr}")
     return result
+
+
+def rewind(run_dir, step):
+    """Makes step_<step> the newest checkpoint of `run_dir`, as if the run had stopped
+    there."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    for entry in checkpoints.iterdir():
+        if entry.name.startswith("step_") and int(entry.name[5:]) > step:
+            shutil.rmtree(entry)
+    (checkpoints / "latest").write_text(f"step_{step}\n")

@@ -17,8 +17,7 @@ import json
 
 import pytest
 
-from run_dirs import rewind
-from sy_testing import SWITCHYARD, run
+from sy_testing import SWITCHYARD, rewind, run
 from test_pipeline_train import assert_layout_matches, assert_run_matches, logged_steps, train
 from test_train_equivalence import RECIPE
 

@@ -17,8 +17,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import test_train_equivalence as layouts
-from run_dirs import rewind
-from sy_testing import SWITCHYARD, run
+from sy_testing import SWITCHYARD, rewind, run
 from test_train_equivalence import COMMON, RECIPE
 
 # tiny's aux loss per layer; ALL_LAYER below takes transformers' formula instead. Batch-

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from run_metrics import losses
-from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, environment, run
+from sy_testing import SWITCHYARD, TINY_RECIPE as RECIPE, environment, rewind, run
 
 STEPS = 8
 
@@ -86,15 +86,6 @@ def test_sigterm_checkpoints_and_stops_cleanly(tmp_path, uninterrupted):
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped}\n"
     assert resumed_step(run(command(run_dir, cache), timeout=600).stdout) == stopped
     assert losses(run_dir) == reference
-
-
-def rewind(run_dir, step):
-    """Makes step_<step> the newest checkpoint, as if the run had stopped there."""
-    checkpoints = run_dir / "checkpoints"
-    for entry in checkpoints.iterdir():
-        if entry.name.startswith("step_") and int(entry.name[5:]) > step:
-            shutil.rmtree(entry)
-    (checkpoints / "latest").write_text(f"step_{step}\n")
 
 
 @pytest.mark.parametrize("saved_by,resumed_by", [
