@@ -60,7 +60,7 @@ struct RouterStats {
     int64_t seq_len = 0;  // 0: the layer added no sequence sums
     // Padded windows: each sequence's real tokens, its T (padding is not routed); empty:
     // T = seq_len for every sequence.
-    std::vector<int32_t> sequence_tokens;
+    std::vector<int32_t> sequence_tokens{};
   };
   std::vector<Layer> layers;
   // The all-layer aux loss's sums: those of the model's MoE layers before these
