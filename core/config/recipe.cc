@@ -202,6 +202,8 @@ absl::Status check_non_negative(absl::string_view path, T value) {
 // Upper bounds on the sizes that shape tensors: far beyond any published model, and
 // small enough that no product of them (a parameter count, its bytes) overflows int64.
 constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxMtpDepth = 8;
+constexpr int64_t kMaxLossCoef = 1000;
 constexpr int64_t kMaxHiddenSize = 65536;
 constexpr int64_t kMaxHeads = 1024;
 constexpr int64_t kMaxHeadDim = 1024;
@@ -313,6 +315,29 @@ absl::Status validate_rope_scaling(const RopeScaling& scaling) {
                        scaling.original_max_position_embeddings(), kMaxTokensPerSequence);
 }
 
+// Multi-token prediction: a bounded depth whose targets fit in a window, its weight, and
+// the layouts that hold its modules.
+absl::Status validate_mtp(const Recipe& recipe) {
+  const ModelConfig& model = recipe.model();
+  SY_RETURN_IF_ERROR(check_non_negative("model.mtp_depth", model.mtp_depth()));
+  SY_RETURN_IF_ERROR(check_at_most("model.mtp_depth", model.mtp_depth(), kMaxMtpDepth));
+  SY_RETURN_IF_ERROR(check_non_negative("model.mtp_loss_coef", effective_mtp_loss_coef(model)));
+  SY_RETURN_IF_ERROR(
+      check_at_most("model.mtp_loss_coef", effective_mtp_loss_coef(model), kMaxLossCoef));
+  if (model.mtp_depth() == 0) return absl::OkStatus();
+  if (model.mtp_depth() + 1 >= recipe.train().seq_len())
+    return invalid(absl::StrCat("model.mtp_depth (", model.mtp_depth(),
+                                ") needs train.seq_len > mtp_depth + 1 (not ",
+                                recipe.train().seq_len(), "): module k predicts the token k + 1 "
+                                "positions ahead within a window"));
+  if (effective_pipeline_size(recipe.parallel()) > 1)
+    return invalid(absl::StrCat("model.mtp_depth needs parallel.pipeline_parallel_size 1 (not ",
+                                recipe.parallel().pipeline_parallel_size(),
+                                "): the modules read the embedding, which the first stage "
+                                "holds, after the last stage's layers"));
+  return absl::OkStatus();
+}
+
 absl::Status validate_model(const Recipe& recipe) {
   const ModelConfig& model = recipe.model();
   SY_RETURN_IF_ERROR(check_positive("model.vocab_size", model.vocab_size()));
@@ -360,6 +385,7 @@ absl::Status validate_model(const Recipe& recipe) {
         effective_moe_layer_interval(recipe), ", model.first_dense_layers ",
         model.first_dense_layers(), ", model.num_layers ", model.num_layers(), ")"));
   }
+  SY_RETURN_IF_ERROR(validate_mtp(recipe));
   return validate_mla(model);
 }
 
@@ -928,6 +954,10 @@ int32_t effective_head_dim(const ModelConfig& model) {
   if (model.head_dim() > 0) return model.head_dim();
   if (model.num_heads() <= 0) return 0;
   return static_cast<int32_t>(model.hidden_size() / model.num_heads());
+}
+
+float effective_mtp_loss_coef(const ModelConfig& model) {
+  return model.has_mtp_loss_coef() ? model.mtp_loss_coef() : 0.3f;
 }
 
 int32_t effective_pipeline_size(const ParallelConfig& parallel) {

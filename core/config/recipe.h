@@ -86,6 +86,8 @@ bool effective_renormalize(const MoeConfig& moe);
 int32_t effective_kv_heads(const ModelConfig& model);
 // head_dim, or hidden_size / num_heads when it is 0.
 int32_t effective_head_dim(const ModelConfig& model);
+// mtp_loss_coef, or 0.3 when it is unset.
+float effective_mtp_loss_coef(const ModelConfig& model);
 
 // Pipeline stages, model chunks per stage (0 means 1) and the schedule
 // (PIPELINE_SCHEDULE_UNSPECIFIED: ONE_F_ONE_B, or INTERLEAVED_1F1B with more than one

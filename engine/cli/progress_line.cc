@@ -26,9 +26,11 @@ std::string source_tokens(const StepMetrics& m) {
   return absl::StrCat("  tokens ", absl::StrJoin(parts, " "));
 }
 
-// "  seq-aux 1.2345" with the sequence-wise aux loss, "" without.
-std::string seq_aux_term(const StepMetrics& m) {
-  return m.seq_aux_loss ? absl::StrFormat("  seq-aux %.4f", *m.seq_aux_loss) : "";
+// "  seq-aux 1.2345" with the sequence-wise aux loss, "  mtp 2.3456" with MTP modules,
+// "" without either.
+std::string extra_loss_terms(const StepMetrics& m) {
+  return absl::StrCat(m.seq_aux_loss ? absl::StrFormat("  seq-aux %.4f", *m.seq_aux_loss) : "",
+                      m.mtp_loss ? absl::StrFormat("  mtp %.4f", *m.mtp_loss) : "");
 }
 
 }  // namespace
@@ -60,7 +62,7 @@ std::string step_line(const StepMetrics& m) {
       "step %5lld/%lld  loss %.4f  aux %.4f  z %.4f%s  lr %.2e  grad %.3f  %.0f tok/s  "
       "mfu %.1f%%  dropped %.2f%%  load max/mean %.2f  eta %s%s",
       static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.aux_loss,
-      m.z_loss, seq_aux_term(m), m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu,
+      m.z_loss, extra_loss_terms(m), m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu,
       100.0 * m.dropped_fraction, m.worst_load_ratio, format_duration(m.eta_s), source_tokens(m));
 }
 
@@ -73,7 +75,7 @@ std::string live_step_line(const StepMetrics& m, int bar_width) {
       "grad %.3f  %.0f tok/s  mfu %.1f%%  dropped %.2f%%  load max/mean %.2f%s",
       std::string(filled, '#'), std::string(bar_width - filled, '.'), 100.0 * done,
       static_cast<long long>(m.step), static_cast<long long>(m.total_steps),
-      format_duration(m.eta_s), m.loss, m.aux_loss, m.z_loss, seq_aux_term(m), m.lr, m.grad_norm,
+      format_duration(m.eta_s), m.loss, m.aux_loss, m.z_loss, extra_loss_terms(m), m.lr, m.grad_norm,
       m.tokens_per_s,
       100.0 * m.mfu, 100.0 * m.dropped_fraction, m.worst_load_ratio, source_tokens(m));
 }

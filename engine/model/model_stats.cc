@@ -12,7 +12,9 @@ namespace {
 OpKind product_kind(const Param& p, bool tied) {
   const std::string& name = p.name;
   if (p.shape.size() < 2) return OpKind::kOther;
-  if (name == "lm_head.weight" || (tied && name == "model.embed_tokens.weight"))
+  // An MTP module's eh_proj runs in its head's time.
+  if (name == "lm_head.weight" || (tied && name == "model.embed_tokens.weight") ||
+      name.find(".eh_proj.") != std::string::npos)
     return OpKind::kHead;
   if (p.spec.expert) return OpKind::kExperts;
   if (name.find(".self_attn.") != std::string::npos) return OpKind::kAttention;
@@ -42,14 +44,17 @@ ModelStats compute_model_stats(const config::Recipe& recipe) {
                             : 0.0;
   s.active_params = s.total_params - s.expert_params + static_cast<int64_t>(active_experts);
   // The embedding lookup is a gather; with tied weights the same table is the LM head GEMM.
-  const int64_t gemm_params = s.active_params - (recipe.model().tie_embeddings() ? 0 : embed_table);
   const auto& m = recipe.model();
+  // Each MTP module multiplies by the shared LM head once more.
+  const int64_t head_again = int64_t{m.mtp_depth()} * m.vocab_size() * m.hidden_size();
+  const int64_t gemm_params =
+      s.active_params - (m.tie_embeddings() ? 0 : embed_table) + head_again;
   // Scores over the query/key width, then the weighted sum over the value width.
   const bool latent = m.mla().kv_lora_rank() > 0;
   const double qk = latent ? m.mla().qk_nope_head_dim() + m.mla().qk_rope_head_dim() : m.head_dim();
   const double v = latent ? m.mla().v_head_dim() : m.head_dim();
-  const double attention =
-      2.0 * m.num_layers() * recipe.train().seq_len() * static_cast<double>(m.num_heads()) * (qk + v);
+  const double attention = 2.0 * (m.num_layers() + m.mtp_depth()) * recipe.train().seq_len() *
+                           static_cast<double>(m.num_heads()) * (qk + v);
   s.forward_flops_per_token = 2.0 * gemm_params + attention;
   const double expert_share =
       moe.num_experts() > 0 ? static_cast<double>(moe.top_k()) / moe.num_experts() : 0.0;
@@ -60,6 +65,7 @@ ModelStats compute_model_stats(const config::Recipe& recipe) {
     s.forward_flops_by_kind[static_cast<int>(kind)] +=
         2.0 * weights * (kind == OpKind::kExperts ? expert_share : 1.0);
   }
+  s.forward_flops_by_kind[static_cast<int>(OpKind::kHead)] += 2.0 * static_cast<double>(head_again);
   s.forward_flops_by_kind[static_cast<int>(OpKind::kAttentionCore)] = attention;
   s.train_flops_per_token = 3.0 * s.forward_flops_per_token;
   return s;

@@ -9,6 +9,7 @@
 #include "core/runtime/op_clock.h"
 #include "engine/parallel/tensor_shards.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/columns.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
@@ -98,6 +99,31 @@ struct Transformer::Block {
   }
 };
 
+// A multi-token prediction module (DeepSeek-V3): module k's block takes eh_proj of
+// [enorm(the embedding of the ids k ahead), hnorm(module k - 1's output, or the main
+// model's last hidden state)]; its own norm (shared_head.norm) then feeds the shared LM
+// head against the targets k ahead. Its MoE layer routes as the model's do, its routing
+// counted apart from the model's statistics and router losses.
+struct Transformer::MtpModule {
+  int depth = 0;  // k, 1-based
+  int unit = 0;   // its ParamStore unit, after the head's
+  Param* enorm = nullptr;
+  Param* hnorm = nullptr;
+  Param* eh_proj = nullptr;    // (hidden, 2 hidden)
+  Param* head_norm = nullptr;  // shared_head.norm
+  std::unique_ptr<Block> block;
+  // What its forward kept for its backward, its one record of it (braced: after its
+  // backward the record is rebuilt with the ids and the embedding's gradient alone).
+  struct Saved {
+    Tensor ids{};            // the ids k ahead on the device (this rank's rows under tp)
+    Tensor emb{}, e_rstd{};  // their embedding, enorm's statistics
+    Tensor h{}, h_rstd{};    // the hidden state it started from, hnorm's statistics
+    Tensor cat{};            // eh_proj's input
+    HeadPass head{};
+  };
+  Saved saved;
+};
+
 // The model's own record and its blocks', in block order.
 struct Transformer::Activations::State {
   Saved model;
@@ -110,6 +136,7 @@ Transformer::Activations::Activations(Activations&&) noexcept = default;
 Transformer::Activations& Transformer::Activations::operator=(Activations&&) noexcept = default;
 
 Transformer::Activations Transformer::stash_activations() {
+  SY_CHECK_MSG(mtp_.empty(), "stash_activations: MTP modules run without pipeline stages");
   Activations saved;
   saved.state_ = std::make_unique<Activations::State>();
   saved.state_->model = std::exchange(saved_, {});
@@ -148,28 +175,9 @@ Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
     vocab_start_ = embed_->origin[0];
   }
   for (int i = first_layer_; i < end; ++i) {
-    const std::string prefix = "model.layers." + std::to_string(i) + ".";
     enter_unit(params, 1 + i);
-    auto block = std::make_unique<Block>();
-    block->eps = m.norm_eps();
-    for (int j = 0; j < i; ++j) block->moe_before += config::is_moe_layer(recipe, j);
-    block->attn_norm = &params.add(prefix + "input_layernorm.weight", {hidden}, ShardSpec{},
-                                   ParamInit::kOnes);
-    block->attention = std::make_unique<Attention>(params, prefix + "self_attn.", m, tp_);
-    block->ffn_norm = &params.add(prefix + "post_attention_layernorm.weight", {hidden},
-                                  ShardSpec{}, ParamInit::kOnes);
-    const bool selective = recipe.train().recompute() == config::SELECTIVE;
-    block->attention->set_recompute_core(selective);
-    if (config::is_moe_layer(recipe, i)) {
-      block->moe = std::make_unique<MoeLayer>(params, prefix + "mlp.", m, recipe.moe(),
-                                              parallel.expert_parallel, tp_);
-      block->moe->set_recompute_experts(selective);
-      ++num_moe_layers_;
-    } else {
-      block->dense = std::make_unique<SwigluFfn>(params, prefix + "mlp.", hidden,
-                                                 m.ffn_hidden_size(), m.init_std(), tp_);
-    }
-    blocks_.push_back(std::move(block));
+    blocks_.push_back(make_block(params, i, parallel.expert_parallel));
+    num_moe_layers_ += blocks_.back()->moe != nullptr;
   }
   if (end < m.num_layers()) return;
   enter_unit(params, m.num_layers() + 1);
@@ -180,6 +188,56 @@ Transformer::Transformer(const config::Recipe& recipe, ParamStore& params,
                                ShardSpec{.tensor_parallel_dim = 0}, ParamInit::kNormal,
                                m.init_std());
   vocab_start_ = lm_head_->origin[0];
+  for (int k = 1; k <= m.mtp_depth(); ++k) {
+    enter_unit(params, m.num_layers() + 1 + k);
+    mtp_.push_back(make_mtp_module(params, k, parallel.expert_parallel));
+  }
+}
+
+std::unique_ptr<Transformer::Block> Transformer::make_block(ParamStore& params, int layer,
+                                                            Communicator* expert_parallel) {
+  const config::ModelConfig& m = recipe_.model();
+  const int64_t hidden = m.hidden_size();
+  const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+  auto block = std::make_unique<Block>();
+  block->eps = m.norm_eps();
+  for (int j = 0; j < layer; ++j) block->moe_before += config::is_moe_layer(recipe_, j);
+  block->attn_norm = &params.add(prefix + "input_layernorm.weight", {hidden}, ShardSpec{},
+                                 ParamInit::kOnes);
+  block->attention = std::make_unique<Attention>(params, prefix + "self_attn.", m, tp_);
+  block->ffn_norm = &params.add(prefix + "post_attention_layernorm.weight", {hidden},
+                                ShardSpec{}, ParamInit::kOnes);
+  const bool selective = recipe_.train().recompute() == config::SELECTIVE;
+  block->attention->set_recompute_core(selective);
+  if (config::is_moe_layer(recipe_, layer)) {
+    block->moe = std::make_unique<MoeLayer>(params, prefix + "mlp.", m, recipe_.moe(),
+                                            expert_parallel, tp_);
+    block->moe->set_recompute_experts(selective);
+  } else {
+    block->dense = std::make_unique<SwigluFfn>(params, prefix + "mlp.", hidden,
+                                               m.ffn_hidden_size(), m.init_std(), tp_);
+  }
+  return block;
+}
+
+// Module k holds the names of layer num_layers + k - 1, as DeepSeek-V3's checkpoints do.
+std::unique_ptr<Transformer::MtpModule> Transformer::make_mtp_module(
+    ParamStore& params, int depth, Communicator* expert_parallel) {
+  const config::ModelConfig& m = recipe_.model();
+  const int64_t hidden = m.hidden_size();
+  const int layer = m.num_layers() + depth - 1;
+  const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+  auto module = std::make_unique<MtpModule>();
+  module->depth = depth;
+  module->unit = m.num_layers() + 1 + depth;
+  module->enorm = &params.add(prefix + "enorm.weight", {hidden}, ShardSpec{}, ParamInit::kOnes);
+  module->hnorm = &params.add(prefix + "hnorm.weight", {hidden}, ShardSpec{}, ParamInit::kOnes);
+  module->eh_proj = &params.add(prefix + "eh_proj.weight", {hidden, 2 * hidden}, ShardSpec{},
+                                ParamInit::kNormal, m.init_std());
+  module->block = make_block(params, layer, expert_parallel);
+  module->head_norm = &params.add(prefix + "shared_head.norm.weight", {hidden}, ShardSpec{},
+                                  ParamInit::kOnes);
+  return module;
 }
 
 Transformer::~Transformer() = default;
@@ -310,10 +368,12 @@ void Transformer::begin_forward(Device& dev, const Tensor& ids, const Tensor& ta
           ? document_rope_table(rope_for(dev, saved_.seq).on_host(), doc_starts)
                 .to(dev, MemoryKind::kActivations)
           : Tensor();
-  saved_.targets_host = targets.reshape({n}).on_host();
+  HeadPass& head = saved_.head;
+  head.targets_host = targets.reshape({n}).on_host();
+  saved_.ids_host = mtp_.empty() ? Tensor() : ids.reshape({n}).on_host();
   if (&ids.device() == &dev && !tp_) {
     saved_.ids = ids.reshape({n});
-    saved_.targets = saved_.targets_host.to(dev, MemoryKind::kActivations);
+    head.targets = head.targets_host.to(dev, MemoryKind::kActivations);
   } else {
     // Token ids (this shard's rows of the vocabulary under tp) and targets: one copy.
     Tensor both = activation(cpu_device(), {2, n}, DType::kI32);
@@ -321,10 +381,10 @@ void Transformer::begin_forward(Device& dev, const Tensor& ids, const Tensor& ta
     Tensor targets_part = both.slice_rows(1, 2).reshape({n});
     ids_part.copy_from(tp_ && embed_ ? shard_ids(ids.on_host().reshape({n}))
                                   : ids.on_host().reshape({n}));
-    targets_part.copy_from(saved_.targets_host);
+    targets_part.copy_from(head.targets_host);
     both = both.to(dev, MemoryKind::kActivations);
     saved_.ids = both.slice_rows(0, 1).reshape({n});
-    saved_.targets = both.slice_rows(1, 2).reshape({n});
+    head.targets = both.slice_rows(1, 2).reshape({n});
   }
   saved_.stats.begin(dev, num_moe_layers_, before);
   saved_.stats.model_layers = model_moe_layers_;
@@ -376,11 +436,9 @@ Transformer::ChunkOutput Transformer::run_chunk(Device& dev, const Tensor& input
   Tensor x = blocks_forward(dev, has_embedding() ? embed(dev) : input, pass, rng);
   ChunkOutput out;
   if (has_head()) {
-    out.losses = head_forward(dev, x, logits_out);
+    out.losses = head_forward(dev, x, pass, rng, logits_out);
     // A forward-only pass keeps nothing for a backward (logits_out holds its own reference).
-    if (pass == Pass::kForwardOnly)
-      saved_.final_in = saved_.final_out = saved_.final_rstd = saved_.logits = saved_.lse =
-          Tensor();
+    if (pass == Pass::kForwardOnly) saved_.head = {};
   } else {
     out.hidden = x;
     saved_.stats.collect();
@@ -390,30 +448,48 @@ Transformer::ChunkOutput Transformer::run_chunk(Device& dev, const Tensor& input
   return out;
 }
 
-LossParts Transformer::head_forward(Device& dev, const Tensor& x, Tensor* logits_out) {
-  const OpScope scope(OpKind::kHead, OpPass::kForward, dev);
+LossParts Transformer::head_forward(Device& dev, const Tensor& x, Pass pass, const Rng& rng,
+                                    Tensor* logits_out) {
+  std::vector<double> mtp_sums;
+  {
+    const OpScope scope(OpKind::kHead, OpPass::kForward, dev);
+    const std::vector<int> head = head_units();
+    acquire(head);
+    head_pass_forward(dev, *final_norm_, saved_.head, x, logits_out);
+    if (pass == Pass::kTrain || pass == Pass::kEval) mtp_sums = mtp_forward(dev, x, pass, rng);
+    release(head);
+  }
+  saved_.stats.collect();
+  LossParts parts;
+  parts.target_tokens = saved_.head.target_tokens;
+  if (parts.target_tokens == 0) return parts;
+  const double tokens = static_cast<double>(parts.target_tokens);
+  parts.cross_entropy = saved_.head.loss_sum / tokens;
+  for (double sum : mtp_sums) parts.mtp_loss += sum / tokens / static_cast<double>(mtp_.size());
+  return parts;
+}
+
+void Transformer::head_pass_forward(Device& dev, Param& norm, HeadPass& h, const Tensor& x,
+                                    Tensor* logits_out) {
   const int64_t n = x.rows();
   const int64_t vocab = lm_head_->shape[0];  // this rank's vocabulary rows
-  const std::vector<int> head = head_units();
-  acquire(head);
-  saved_.final_in = x;
-  saved_.final_out = activation(dev, {n, x.row_size()}, x.dtype());
-  saved_.final_rstd = activation(dev, {n});
-  norm_forward(dev, x, *final_norm_, recipe_.model().norm_eps(), saved_.final_out,
-               saved_.final_rstd);
+  h.in = x;
+  h.out = activation(dev, {n, x.row_size()}, x.dtype());
+  h.rstd = activation(dev, {n});
+  norm_forward(dev, x, norm, recipe_.model().norm_eps(), h.out, h.rstd);
   Tensor losses = activation(dev, {n});
-  saved_.lse = activation(dev, {n});
+  h.lse = activation(dev, {n});
   // Under tensor parallelism each chunk gives this shard's log-sum-exp and target logits;
   // they are combined over the group once all rows are scored.
-  Tensor shard_lse = tp_ ? activation(dev, {n}) : saved_.lse;
+  Tensor shard_lse = tp_ ? activation(dev, {n}) : h.lse;
   Tensor target_logits = tp_ ? activation(dev, {n}) : Tensor();
   const int64_t rows = logits_out ? n : logit_rows(n, vocab);
   Tensor chunk = activation(dev, {rows, vocab});
   for (int64_t begin = 0; begin < n; begin += rows) {
     const int64_t end = std::min(n, begin + rows);
     Tensor logits = chunk.slice_rows(0, end - begin);
-    matmul(dev, saved_.final_out.slice_rows(begin, end), false, lm_head_->work, true, logits);
-    const Tensor targets = saved_.targets.slice_rows(begin, end);
+    matmul(dev, h.out.slice_rows(begin, end), false, lm_head_->work, true, logits);
+    const Tensor targets = h.targets.slice_rows(begin, end);
     Tensor lse = shard_lse.slice_rows(begin, end);
     if (tp_) {
       Tensor target = target_logits.slice_rows(begin, end);
@@ -425,28 +501,77 @@ LossParts Transformer::head_forward(Device& dev, const Tensor& x, Tensor* logits
     }
   }
   // One chunk is kept for backward; more are recomputed there.
-  saved_.logits = rows >= n ? chunk : Tensor();
-  release(head);
+  h.logits = rows >= n ? chunk : Tensor();
   if (logits_out) {
     // A copy: in f32 backward turns the kept logits into their gradient in place.
-    *logits_out = tp_ ? gather_shards(*tp_, saved_.logits, 1) : activation(dev, {n, vocab});
-    if (!tp_) logits_out->copy_from(saved_.logits);
+    *logits_out = tp_ ? gather_shards(*tp_, h.logits, 1) : activation(dev, {n, vocab});
+    if (!tp_) logits_out->copy_from(h.logits);
   }
-  losses = tp_ ? vocab_parallel_losses(dev, shard_lse, target_logits) : losses.on_host();
-  saved_.stats.collect();
-  double sum = 0;
-  saved_.target_tokens = 0;
-  const int32_t* t = saved_.targets_host.data<int32_t>();
+  losses = tp_ ? vocab_parallel_losses(dev, h, shard_lse, target_logits) : losses.on_host();
+  h.loss_sum = 0;
+  h.target_tokens = 0;
+  const int32_t* t = h.targets_host.data<int32_t>();
   const float* l = losses.data<float>();
   for (int64_t i = 0; i < n; ++i) {
     if (t[i] < 0) continue;
-    sum += l[i];
-    ++saved_.target_tokens;
+    h.loss_sum += l[i];
+    ++h.target_tokens;
   }
-  LossParts parts;
-  parts.target_tokens = saved_.target_tokens;
-  parts.cross_entropy = saved_.target_tokens ? sum / saved_.target_tokens : 0.0;
-  return parts;
+}
+
+Tensor Transformer::shifted(const Tensor& host, int64_t shift, int32_t fill) const {
+  const int64_t seq = saved_.seq;
+  Tensor out = Tensor::empty({host.numel()}, DType::kI32, MemoryKind::kActivations);
+  const int32_t* from = host.data<int32_t>();
+  int32_t* to = out.data<int32_t>();
+  for (int64_t i = 0; i < host.numel(); ++i) to[i] = i % seq + shift < seq ? from[i + shift] : fill;
+  return out;
+}
+
+std::vector<double> Transformer::mtp_forward(Device& dev, const Tensor& h, Pass pass,
+                                             const Rng& rng) {
+  const int64_t n = h.rows(), hidden = h.row_size();
+  const float eps = recipe_.model().norm_eps();
+  const Tensor& rope = forward_rope(dev);
+  std::vector<double> sums;
+  Tensor prev = h;
+  for (auto& module : mtp_) {
+    MtpModule::Saved& s = module->saved;
+    acquire({0, module->unit});
+    const Tensor ids = shifted(saved_.ids_host, module->depth, 0);
+    s.ids = (tp_ ? shard_ids(ids) : ids).to(dev, MemoryKind::kActivations);
+    s.emb = activation(dev, {n, hidden}, h.dtype());
+    {
+      const OpScope scope(OpKind::kEmbedding, OpPass::kForward, dev);
+      embedding_forward(dev, s.ids, embed_->work, s.emb);
+    }
+    if (tp_) tensor_parallel_sum(dev, *tp_, s.emb);
+    s.h = prev;
+    s.cat = activation(dev, {n, 2 * hidden}, h.dtype());
+    Tensor normed = activation(dev, {n, hidden}, h.dtype());
+    s.e_rstd = activation(dev, {n});
+    norm_forward(dev, s.emb, *module->enorm, eps, normed, s.e_rstd);
+    copy_columns(dev, normed, 0, s.cat, 0, hidden);
+    s.h_rstd = activation(dev, {n});
+    norm_forward(dev, prev, *module->hnorm, eps, normed, s.h_rstd);
+    copy_columns(dev, normed, 0, s.cat, hidden, hidden);
+    Tensor x = activation(dev, {n, hidden}, h.dtype());
+    matmul(dev, s.cat, false, module->eh_proj->work, true, x);
+    Block& b = *module->block;
+    b.saved.input_only = false;
+    b.saved.rng = Rng(rng.seed(), rng.counter() + static_cast<uint64_t>(n) *
+                                                static_cast<uint64_t>(b.moe_before));
+    Rng stream = b.saved.rng;
+    RouterStats apart;
+    apart.begin(dev, b.moe ? 1 : 0);
+    prev = block_forward(dev, b, x, pass, stream, rope, apart);
+    s.head.targets_host = shifted(saved_.head.targets_host, module->depth, -1);
+    s.head.targets = s.head.targets_host.to(dev, MemoryKind::kActivations);
+    head_pass_forward(dev, *module->head_norm, s.head, prev, nullptr);
+    sums.push_back(s.head.loss_sum);
+    release({0, module->unit});
+  }
+  return sums;
 }
 
 void Transformer::add_routing_losses(LossParts& parts) const {
@@ -462,7 +587,8 @@ void Transformer::add_routing_losses(LossParts& parts) const {
   parts.seq_aux_loss = saved_.stats.all_layers.seq_aux_loss;
   parts.total = parts.cross_entropy + recipe_.moe().aux_loss_coef() * parts.aux_loss +
                 recipe_.moe().z_loss_coef() * parts.z_loss +
-                recipe_.moe().seq_aux_loss_coef() * parts.seq_aux_loss;
+                recipe_.moe().seq_aux_loss_coef() * parts.seq_aux_loss +
+                config::effective_mtp_loss_coef(recipe_.model()) * parts.mtp_loss;
 }
 
 Tensor Transformer::shard_ids(const Tensor& ids) const {
@@ -484,7 +610,7 @@ int64_t Transformer::logit_rows(int64_t n, int64_t vocab) const {
   return std::clamp<int64_t>(budget / row_bytes, 1, std::max<int64_t>(n, 1));
 }
 
-Tensor Transformer::vocab_parallel_losses(Device& dev, const Tensor& shard_lse,
+Tensor Transformer::vocab_parallel_losses(Device& dev, HeadPass& h, const Tensor& shard_lse,
                                           Tensor& target_logits) {
   const int64_t n = shard_lse.rows();
   const int group = tp_->size();
@@ -499,7 +625,7 @@ Tensor Transformer::vocab_parallel_losses(Device& dev, const Tensor& shard_lse,
   Tensor losses = activation(cpu_device(), {n});
   const float* part = all_lse_host.data<float>();
   const float* target = target_host.data<float>();
-  const int32_t* t = saved_.targets_host.data<int32_t>();
+  const int32_t* t = h.targets_host.data<int32_t>();
   float* lse = lse_host.data<float>();
   float* loss = losses.data<float>();
   for (int64_t i = 0; i < n; ++i) {
@@ -510,7 +636,7 @@ Tensor Transformer::vocab_parallel_losses(Device& dev, const Tensor& shard_lse,
     lse[i] = static_cast<float>(max + std::log(sum));
     loss[i] = t[i] < 0 ? 0.0f : lse[i] - target[i];
   }
-  saved_.lse.copy_from(lse_host);
+  h.lse.copy_from(lse_host);
   return losses;
 }
 
@@ -540,64 +666,116 @@ Tensor Transformer::backward_chunk(Device& dev, const Tensor& output_grad, float
     {
       const OpScope scope(OpKind::kEmbedding, OpPass::kBackward, dev);
       embedding_backward(dev, saved_.ids, dx, embed_->grad);
+      for (auto& module : mtp_)
+        if (module->saved.emb.defined())
+          embedding_backward(dev, module->saved.ids, module->saved.emb, embed_->grad);
     }
     if (hooks_) hooks_->end_grads(0);
     dx = Tensor();
   }
-  saved_.ids = saved_.targets = saved_.targets_host = Tensor();
+  for (auto& module : mtp_) module->saved = {};
+  saved_.ids = saved_.ids_host = Tensor();
+  saved_.head = {};
   return dx;
 }
 
 Tensor Transformer::head_backward(Device& dev, float loss_scale, double ce_tokens) {
-  const OpScope scope(OpKind::kHead, OpPass::kBackward, dev);
-  const int64_t n = saved_.batch * saved_.seq;
-  const int64_t hidden = recipe_.model().hidden_size();
   const std::vector<int> head = head_units();
   acquire(head);
   if (hooks_)
     for (int u : head) hooks_->begin_grads(u);
-  // In f32 the logits buffer becomes its own gradient; in bf16 the gradient is a bf16
-  // operand of the LM head's products.
-  const DType dtype = saved_.final_out.dtype();
-  const double denominator = ce_tokens > 0 ? ce_tokens : static_cast<double>(saved_.target_tokens);
-  const float ce_scale =
-      saved_.target_tokens ? loss_scale / static_cast<float>(denominator) : 0.0f;
-  Tensor dfinal = activation(dev, {n, hidden}, dtype);
-  // Forward kept the logits when one chunk held them all; otherwise each chunk's logits
-  // are recomputed from the saved final norm output.
-  const int64_t vocab = lm_head_->shape[0];
-  const int64_t rows = saved_.logits.defined() ? n : logit_rows(n, vocab);
-  Tensor chunk = saved_.logits.defined() ? saved_.logits : activation(dev, {rows, vocab});
-  Tensor dchunk = dtype == DType::kF32 ? chunk : activation(dev, {rows, vocab}, dtype);
-  for (int64_t begin = 0; begin < n; begin += rows) {
-    const int64_t end = std::min(n, begin + rows);
-    const Tensor in = saved_.final_out.slice_rows(begin, end);
-    Tensor logits = chunk.slice_rows(0, end - begin);
-    if (!saved_.logits.defined()) matmul(dev, in, false, lm_head_->work, true, logits);
-    Tensor dlogits = dchunk.slice_rows(0, end - begin);
-    cross_entropy_backward(dev, logits, saved_.targets.slice_rows(begin, end),
-                           saved_.lse.slice_rows(begin, end), ce_scale, dlogits,
-                           {vocab_start_, recipe_.model().vocab_size()});
-    matmul(dev, dlogits, true, in, false, lm_head_->grad, 1.0f, 1.0f);
-    Tensor d = dfinal.slice_rows(begin, end);
-    matmul(dev, dlogits, false, lm_head_->work, false, d);
+  const int64_t targets = saved_.head.target_tokens;
+  const double denominator = ce_tokens > 0 ? ce_tokens : static_cast<double>(targets);
+  const float ce_scale = targets ? loss_scale / static_cast<float>(denominator) : 0.0f;
+  // The modules first: their heads add to the LM head's gradient while it is open.
+  const Tensor dmtp = mtp_backward(dev, ce_scale);
+  Tensor dx;
+  {
+    const OpScope scope(OpKind::kHead, OpPass::kBackward, dev);
+    dx = head_pass_backward(dev, *final_norm_, saved_.head, ce_scale);
   }
-  chunk = dchunk = Tensor();
-  if (tp_) tensor_parallel_sum(dev, *tp_, dfinal);
-  saved_.logits = saved_.lse = Tensor();
-  Tensor dx = activation(dev, {n, hidden}, dtype);
-  norm_backward(dev, dfinal, saved_.final_in, *final_norm_, saved_.final_rstd, dx);
-  saved_.final_in = saved_.final_out = saved_.final_rstd = Tensor();
+  if (dmtp.defined()) add_(dev, dx, dmtp);
   release(head);
   // A tied embedding's gradient is complete only after the embedding's backward.
   if (hooks_) hooks_->end_grads(head.back());
   return dx;
 }
 
-Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
-  const int64_t n = saved_.batch * saved_.seq;
+Tensor Transformer::head_pass_backward(Device& dev, Param& norm, HeadPass& h, float ce_scale) {
+  const int64_t n = h.in.rows();
+  const int64_t hidden = h.in.row_size();
+  // In f32 the logits buffer becomes its own gradient; in bf16 the gradient is a bf16
+  // operand of the LM head's products.
+  const DType dtype = h.out.dtype();
+  Tensor dnorm = activation(dev, {n, hidden}, dtype);
+  // Forward kept the logits when one chunk held them all; otherwise each chunk's logits
+  // are recomputed from the saved norm output.
+  const int64_t vocab = lm_head_->shape[0];
+  const int64_t rows = h.logits.defined() ? n : logit_rows(n, vocab);
+  Tensor chunk = h.logits.defined() ? h.logits : activation(dev, {rows, vocab});
+  Tensor dchunk = dtype == DType::kF32 ? chunk : activation(dev, {rows, vocab}, dtype);
+  for (int64_t begin = 0; begin < n; begin += rows) {
+    const int64_t end = std::min(n, begin + rows);
+    const Tensor in = h.out.slice_rows(begin, end);
+    Tensor logits = chunk.slice_rows(0, end - begin);
+    if (!h.logits.defined()) matmul(dev, in, false, lm_head_->work, true, logits);
+    Tensor dlogits = dchunk.slice_rows(0, end - begin);
+    cross_entropy_backward(dev, logits, h.targets.slice_rows(begin, end),
+                           h.lse.slice_rows(begin, end), ce_scale, dlogits,
+                           {vocab_start_, recipe_.model().vocab_size()});
+    matmul(dev, dlogits, true, in, false, lm_head_->grad, 1.0f, 1.0f);
+    Tensor d = dnorm.slice_rows(begin, end);
+    matmul(dev, dlogits, false, lm_head_->work, false, d);
+  }
+  chunk = dchunk = Tensor();
+  if (tp_) tensor_parallel_sum(dev, *tp_, dnorm);
+  Tensor dx = activation(dev, {n, hidden}, dtype);
+  norm_backward(dev, dnorm, h.in, norm, h.rstd, dx);
+  h.logits = h.lse = h.in = h.out = h.rstd = Tensor();
+  return dx;
+}
+
+Tensor Transformer::mtp_backward(Device& dev, float ce_scale) {
+  if (mtp_.empty() || !mtp_.front()->saved.cat.defined()) return Tensor();
+  const float scale = ce_scale * config::effective_mtp_loss_coef(recipe_.model()) /
+                      static_cast<float>(mtp_.size());
+  const Tensor& rope = forward_rope(dev);
   const int64_t hidden = recipe_.model().hidden_size();
-  const DType dtype = dx.dtype();
+  const Tensor no_aux = Tensor::zeros({recipe_.moe().num_experts()}, DType::kF32,
+                                      MemoryKind::kActivations, dev);
+  Tensor dnext;  // the gradient of the deeper module's input hidden state
+  for (size_t k = mtp_.size(); k-- > 0;) {
+    MtpModule& module = *mtp_[k];
+    MtpModule::Saved& s = module.saved;
+    acquire({module.unit});
+    if (hooks_) hooks_->begin_grads(module.unit);
+    Tensor dout;
+    {
+      const OpScope scope(OpKind::kHead, OpPass::kBackward, dev);
+      dout = head_pass_backward(dev, *module.head_norm, s.head, scale);
+    }
+    if (dnext.defined()) add_(dev, dout, dnext);
+    const Tensor dx = block_backward(dev, *module.block, dout, rope, no_aux, 0.0f, 0.0f);
+    const int64_t n = dx.rows();
+    matmul(dev, dx, true, s.cat, false, module.eh_proj->grad, 1.0f, 1.0f);
+    Tensor dcat = activation(dev, {n, 2 * hidden}, dx.dtype());
+    matmul(dev, dx, false, module.eh_proj->work, false, dcat);
+    Tensor dnormed = activation(dev, {n, hidden}, dx.dtype());
+    copy_columns(dev, dcat, hidden, dnormed, 0, hidden);
+    dnext = activation(dev, {n, hidden}, dx.dtype());
+    norm_backward(dev, dnormed, s.h, *module.hnorm, s.h_rstd, dnext);
+    copy_columns(dev, dcat, 0, dnormed, 0, hidden);
+    // The embedding's gradient waits in s.emb for the embedding's backward.
+    Tensor demb = activation(dev, {n, hidden}, dx.dtype());
+    norm_backward(dev, dnormed, s.emb, *module.enorm, s.e_rstd, demb);
+    s = {.ids = std::move(s.ids), .emb = std::move(demb)};
+    release({module.unit});
+    if (hooks_) hooks_->end_grads(module.unit);
+  }
+  return dnext;
+}
+
+Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
   const Tensor& rope = forward_rope(dev);
   const bool per_layer = recipe_.moe().aux_loss_per_layer();
   const double aux_scale = recipe_.moe().aux_loss_coef() * loss_scale;
@@ -618,35 +796,46 @@ Tensor Transformer::blocks_backward(Device& dev, Tensor dx, float loss_scale) {
     const int unit = 1 + first_layer_ + static_cast<int>(i);
     acquire({unit});
     if (hooks_) hooks_->begin_grads(unit);
-    if (b.saved.input_only) recompute_block(dev, b, rope);
-    // dx is the gradient w.r.t. the block output f + h.
-    Tensor dffn_in;
+    Tensor aux_prob_grad;
     if (b.moe) {
       --moe_index;
-      const Tensor aux_prob_grad =
+      aux_prob_grad =
           aux_grads.slice_rows(moe_index, moe_index + 1).reshape({aux_grads.row_size()});
-      dffn_in = b.moe->backward(dev, dx, aux_prob_grad, z_scale, seq_aux_scale);
-    } else {
-      const OpScope scope(OpKind::kDenseFfn, OpPass::kBackward, dev);
-      dffn_in = b.dense->backward(dev, dx);
     }
-    Tensor dh = activation(dev, {n, hidden}, dtype);
-    norm_backward(dev, dffn_in, b.saved.h, *b.ffn_norm, b.saved.ffn_rstd, dh);
-    add_(dev, dh, dx);
-    Tensor dattn_in;
-    {
-      const OpScope scope(OpKind::kAttention, OpPass::kBackward, dev);
-      dattn_in = b.attention->backward(dev, dh, rope);
-    }
-    Tensor dprev = activation(dev, {n, hidden}, dtype);
-    norm_backward(dev, dattn_in, b.saved.x, *b.attn_norm, b.saved.attn_rstd, dprev);
-    add_(dev, dprev, dh);
-    dx = dprev;
-    b.saved = {};
+    dx = block_backward(dev, b, dx, rope, aux_prob_grad, z_scale, seq_aux_scale);
     release({unit});
     if (hooks_) hooks_->end_grads(unit);
   }
   return dx;
+}
+
+Tensor Transformer::block_backward(Device& dev, Block& b, const Tensor& dx, const Tensor& rope,
+                                  const Tensor& aux_prob_grad, float z_scale,
+                                  float seq_aux_scale) {
+  const int64_t n = dx.rows();
+  const int64_t hidden = dx.row_size();
+  if (b.saved.input_only) recompute_block(dev, b, rope);
+  // dx is the gradient w.r.t. the block output f + h.
+  Tensor dffn_in;
+  if (b.moe) {
+    dffn_in = b.moe->backward(dev, dx, aux_prob_grad, z_scale, seq_aux_scale);
+  } else {
+    const OpScope scope(OpKind::kDenseFfn, OpPass::kBackward, dev);
+    dffn_in = b.dense->backward(dev, dx);
+  }
+  Tensor dh = activation(dev, {n, hidden}, dx.dtype());
+  norm_backward(dev, dffn_in, b.saved.h, *b.ffn_norm, b.saved.ffn_rstd, dh);
+  add_(dev, dh, dx);
+  Tensor dattn_in;
+  {
+    const OpScope scope(OpKind::kAttention, OpPass::kBackward, dev);
+    dattn_in = b.attention->backward(dev, dh, rope);
+  }
+  Tensor dprev = activation(dev, {n, hidden}, dx.dtype());
+  norm_backward(dev, dattn_in, b.saved.x, *b.attn_norm, b.saved.attn_rstd, dprev);
+  add_(dev, dprev, dh);
+  b.saved = {};
+  return dprev;
 }
 
 Tensor Transformer::logits(Device& dev, const Tensor& ids) {
@@ -656,7 +845,7 @@ Tensor Transformer::logits(Device& dev, const Tensor& ids) {
   SY_CHECK_MSG(has_embedding() && has_head(), "logits: the whole model, not a chunk");
   Tensor out;
   run_chunk(dev, Tensor(), ids, targets, Pass::kGenerate, Rng(0), &out, Tensor(), Tensor());
-  saved_.logits = saved_.lse = saved_.final_in = saved_.final_out = saved_.final_rstd = Tensor();
+  saved_.head = {};
   return out;
 }
 

@@ -1,5 +1,6 @@
 // The decoder-only MoE language model: embedding, decoder blocks (attention + dense or
-// MoE FFN, pre-norm residual), final norm, LM head and loss. forward() saves
+// MoE FFN, pre-norm residual), final norm, LM head and loss, and with model.mtp_depth the
+// multi-token prediction modules after them. forward() saves
 // activations inside the modules; backward() consumes them and accumulates parameter
 // gradients into the ParamStore.
 #pragma once
@@ -23,7 +24,11 @@ struct LossParts {
   double aux_loss = 0;       // unweighted load-balancing loss
   double z_loss = 0;         // unweighted router z-loss (sum over MoE layers)
   double seq_aux_loss = 0;   // unweighted sequence-wise aux loss (sum over MoE layers)
+  // Multi-token prediction (model.mtp_depth): the modules' mean cross-entropy, each summed
+  // over its targets and divided by the main loss's target count (DeepSeek-V3's 1/T).
+  double mtp_loss = 0;
   // cross_entropy + aux_coef * aux_loss + z_coef * z_loss + seq_aux_coef * seq_aux_loss
+  // + mtp_coef * mtp_loss
   double total = 0;
   int64_t target_tokens = 0;
 };
@@ -182,6 +187,17 @@ class Transformer {
 
  private:
   struct Block;
+  struct MtpModule;
+  // What one head's forward keeps for its backward: the main model's, or an MTP module's.
+  struct HeadPass {
+    Tensor targets;       // on the device
+    Tensor targets_host;  // for the loss sums
+    Tensor in, rstd, out; // its RMSNorm's input, statistics and output
+    Tensor logits;        // kept only when one chunk held all rows (logit_rows)
+    Tensor lse;
+    int64_t target_tokens = 0;
+    double loss_sum = 0;  // the cross-entropy summed over its targets
+  };
   // kEval: evaluation mode, saving for a backward; kForwardOnly: evaluation mode, keeping
   // nothing (evaluate()); kGenerate: sampling (logits(), decode()).
   enum class Pass { kTrain, kEval, kForwardOnly, kGenerate };
@@ -199,9 +215,36 @@ class Transformer {
   Tensor embed(Device& dev);
   // The chunk's blocks on x, each drawing where the model's earlier MoE layers leave rng.
   Tensor blocks_forward(Device& dev, Tensor x, Pass pass, const Rng& rng);
-  // Final norm, LM head and cross-entropy of the last block's output; collects the
-  // routing statistics. Returns the cross-entropy parts.
-  LossParts head_forward(Device& dev, const Tensor& x, Tensor* logits_out);
+  // Final norm, LM head and cross-entropy of the last block's output, then the MTP modules
+  // (training and kEval passes); collects the routing statistics. Returns the
+  // cross-entropy parts.
+  LossParts head_forward(Device& dev, const Tensor& x, Pass pass, const Rng& rng,
+                         Tensor* logits_out);
+  // One head on x: `norm`, the LM head and the cross-entropy against h.targets, keeping
+  // what its backward reads in h; logits_out as forward()'s.
+  void head_pass_forward(Device& dev, Param& norm, HeadPass& h, const Tensor& x,
+                         Tensor* logits_out);
+  // Its backward with each target's loss weighted by ce_scale: the gradient of x. The
+  // head's units must be open for gradients.
+  Tensor head_pass_backward(Device& dev, Param& norm, HeadPass& h, float ce_scale);
+  // The MTP modules after the main model's last hidden state h, their MoE layers drawing
+  // where the model's leave rng: their summed cross-entropies, one per module.
+  std::vector<double> mtp_forward(Device& dev, const Tensor& h, Pass pass, const Rng& rng);
+  // Their backward, deepest first, each target's loss weighted by ce_scale times the MTP
+  // weight over the depth: the gradient of h (undefined when the modules did not run);
+  // the embedding's gradients wait in each module's record for the embedding's backward.
+  Tensor mtp_backward(Device& dev, float ce_scale);
+  // A decoder block of layer `layer`'s names (an MTP module's past the model's layers).
+  std::unique_ptr<Block> make_block(ParamStore& params, int layer,
+                                    Communicator* expert_parallel);
+  std::unique_ptr<MtpModule> make_mtp_module(ParamStore& params, int depth,
+                                             Communicator* expert_parallel);
+  // Backward of block_forward: dx, the gradient of its output -> its input's; an MoE
+  // layer takes its aux-loss probability gradient and the z and sequence-aux weights.
+  Tensor block_backward(Device& dev, Block& block, const Tensor& dx, const Tensor& rope,
+                        const Tensor& aux_prob_grad, float z_scale, float seq_aux_scale);
+  // Targets or ids `shift` positions ahead within each window, -1 (ids: 0) past its end.
+  Tensor shifted(const Tensor& host, int64_t shift, int32_t fill) const;
   // The aux and z losses of the collected statistics, and the total.
   void add_routing_losses(LossParts& parts) const;
   // Backward of head_forward: the gradient of the last block's output.
@@ -230,9 +273,10 @@ class Transformer {
   // Host ids shifted into this rank's embedding rows; -1 for another rank's tokens.
   Tensor shard_ids(const Tensor& ids) const;
   // Combines the group's shard log-sum-exps and target logits (all_reduce'd in place):
-  // fills the saved lse with the whole vocabulary's log-sum-exp and returns the per-token
+  // fills h.lse with the whole vocabulary's log-sum-exp and returns the per-token
   // losses (on the host).
-  Tensor vocab_parallel_losses(Device& dev, const Tensor& shard_lse, Tensor& target_logits);
+  Tensor vocab_parallel_losses(Device& dev, HeadPass& h, const Tensor& shard_lse,
+                               Tensor& target_logits);
   // Rows of the LM head whose f32 logits fit in runtime.max_logits_mb (1 to n).
   int64_t logit_rows(int64_t n, int64_t vocab) const;
 
@@ -245,6 +289,7 @@ class Transformer {
   Param* final_norm_ = nullptr;  // null: not the last chunk
   Param* lm_head_ = nullptr;     // aliases embed_ when tied; null: not the last chunk
   std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<std::unique_ptr<MtpModule>> mtp_;  // depth order; the last chunk only
   int num_moe_layers_ = 0;    // this chunk's
   int model_moe_layers_ = 0;  // the whole model's
   Tensor rope_;
@@ -256,12 +301,9 @@ class Transformer {
     std::vector<int32_t> window_tokens;  // forward's window_tokens; empty: no padding
     RouterStats stats;
     int64_t batch = 0, seq = 0;
-    Tensor ids, targets;  // ids: shifted into this rank's rows under tensor parallelism
-    Tensor targets_host;  // targets on the host, for the loss sums
-    Tensor final_in, final_rstd, final_out;
-    Tensor logits;  // kept only when one chunk held all rows (logit_rows)
-    Tensor lse;
-    int64_t target_tokens = 0;
+    Tensor ids;       // shifted into this rank's rows under tensor parallelism
+    Tensor ids_host;  // as given, with MTP modules
+    HeadPass head;    // the final norm's and the LM head's
   };
   Saved saved_;
 };

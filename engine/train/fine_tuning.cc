@@ -28,7 +28,7 @@ bool may_differ_from_weights(const std::string& field) {
                                         "moe.capacity_factor", "moe.aux_loss_coef",
                                         "moe.z_loss_coef", "moe.aux_loss_per_layer",
                                         "moe.bias_update_rate", "moe.router_force_balance",
-                                        "moe.seq_aux_loss_coef"};
+                                        "moe.seq_aux_loss_coef", "model.mtp_loss_coef"};
   return std::find(std::begin(kFields), std::end(kFields), field) != std::end(kFields);
 }
 

@@ -286,8 +286,21 @@ ChunkPass chunk_pass(const config::Recipe& recipe, const StepShape& s, const Chu
   }
   ChunkPass pass;
   for (double bytes : kept) pass.stash += bytes;
+  // The MTP modules after the head (Transformer::mtp_forward): each keeps its block's
+  // saved tensors, the embedding of its ids, eh_proj's input (2 x), its block's output,
+  // its head's norm output, its logits when one chunk holds them all, and per-token ids,
+  // targets, statistics and log-sum-exps; once its backward has run, only its ids and
+  // their embedding's gradient, until the embedding's backward.
+  const double kept_logits = s.logit_rows >= s.n ? s.logit_rows * s.vocab * 4 : 0;
+  double mtp = 0, mtp_after = 0;
+  for (int k = 1; span.head && k <= recipe.model().mtp_depth(); ++k) {
+    const bool moe = config::is_moe_layer(recipe, recipe.model().num_layers() + k - 1);
+    mtp += block + (moe ? moe_saved(s) : dense_ffn_saved(s)) + 5 * x + kept_logits +
+           6 * s.n * 4;
+    mtp_after += x + s.n * 4;
+  }
   // Token ids and targets, the rope table.
-  double held = 8 * s.n + recipe.train().seq_len() * s.rope_dim * 4.0 + pass.stash;
+  double held = 8 * s.n + recipe.train().seq_len() * s.rope_dim * 4.0 + pass.stash + mtp;
   const double norm = 2 * x + s.n * 4;  // the final norm's input, output and rstd
   if (span.head) {
     const double chunk = s.logit_rows * s.vocab * 4;
@@ -295,7 +308,17 @@ ChunkPass chunk_pass(const config::Recipe& recipe, const StepShape& s, const Chu
                             moe_layers * (3 * s.experts + 1) * 4;
     const double dchunk = s.b == 2 ? s.logit_rows * s.vocab * s.b : 0;
     pass.peak = larger(pass.peak, {held + norm + s.n * 4 + x + std::max(chunk + dchunk, x)});
-    pass.stash += norm + s.n * 4;  // and the log-sum-exps
+    pass.stash += norm + s.n * 4 + mtp;  // and the log-sum-exps
+    if (mtp > 0) {
+      // The deepest module's block backward: every module's tensors and the head's still
+      // held but the deepest module's head's (its logits and norm output went with its
+      // backward, the main head's logits stay), beside the gradient of its output.
+      const int deepest = recipe.model().num_layers() + recipe.model().mtp_depth() - 1;
+      const Live ffn = config::is_moe_layer(recipe, deepest) ? moe_backward(s, 0)
+                                                             : Live{dense_ffn_backward(s)};
+      pass.peak = larger(pass.peak, Live{held + norm + s.n * 4 + x} + ffn);
+    }
+    held += mtp_after - mtp;
   } else {
     pass.peak = {held, 0, x};  // the output, sent to the next stage
   }
@@ -386,14 +409,15 @@ Live stage_evaluation_peak(const config::Recipe& recipe, DType working, const Sh
   return peak;
 }
 
-// Which units (ParamStore::begin_unit: 0 the embedding, 1 + i layer i, then the head)
-// pipeline rank `rank` holds.
+// Which units (ParamStore::begin_unit: 0 the embedding, 1 + i layer i, then the head,
+// then the MTP modules) pipeline rank `rank` holds.
 std::vector<bool> stage_units(const config::Recipe& recipe, const PipelineShape& shape, int rank) {
-  std::vector<bool> held(static_cast<size_t>(recipe.model().num_layers()) + 2, false);
+  const int layers = recipe.model().num_layers();
+  std::vector<bool> held(static_cast<size_t>(layers + 2 + recipe.model().mtp_depth()), false);
   for (const ChunkSpan& span : stage_chunks(recipe, shape, rank)) {
     held[0] = held[0] || span.embedding;
     for (int i = span.first; i < span.first + span.layers; ++i) held[1 + i] = true;
-    held.back() = held.back() || span.head;
+    for (size_t u = layers + 1; u < held.size(); ++u) held[u] = held[u] || span.head;
   }
   return held;
 }
@@ -417,14 +441,16 @@ void add_zero_buffers(const ParamStore& params, const std::vector<bool>& held, D
   std::vector<double> padded(last + 1), mine(last + 1), gathered(last + 1);
   double largest = 0;
   for (const Param& p : params.params()) {
-    if (p.spec.expert || p.unit > last || !holds(held, p.unit)) continue;
+    if (p.spec.expert || !holds(held, p.unit)) continue;
+    // The MTP modules' units open and close inside the head's: counted with it.
+    const int unit = std::min(p.unit, last);
     const double whole = chunk_rows(p, dp_size) * dp_size * row_bytes(p);
     largest = std::max(largest, whole);
-    gathered[p.unit] += whole + (working == DType::kBF16 && p.shape.size() >= 2
-                                     ? 2.0 * shape_numel(p.shape) : 0);
+    gathered[unit] += whole + (working == DType::kBF16 && p.shape.size() >= 2
+                                   ? 2.0 * shape_numel(p.shape) : 0);
     if (!p.trainable) continue;
-    padded[p.unit] += whole;
-    mine[p.unit] += chunk_rows(p, dp_size) * row_bytes(p);
+    padded[unit] += whole;
+    mine[unit] += chunk_rows(p, dp_size) * row_bytes(p);
   }
   if (stage == 3) {
     double used = gathered[last] + (tied ? gathered[0] : 0);

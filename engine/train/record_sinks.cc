@@ -32,6 +32,7 @@ nlohmann::ordered_json step_json(const StepRecord& record) {
       {"elapsed_s", m.elapsed_s},
       {"peak_gflops", record.peak_gflops}, {"peak_source", record.peak_source}};
   if (m.seq_aux_loss) j["seq_aux_loss"] = *m.seq_aux_loss;
+  if (m.mtp_loss) j["mtp_loss"] = *m.mtp_loss;
   for (const auto& [name, tokens] : m.tokens_by_source) j["tokens_by_source"][name] = tokens;
   if (m.op_times) {
     for (int k = 0; k < kNumOpKinds; ++k) {

@@ -605,16 +605,19 @@ struct StepSums {
   ExactSum router_terms;   // the weighted aux, z and sequence-aux terms of the total
   ExactSum aux, z, seq_aux;  // unweighted
   ExactSum cross_entropy;  // over this rank's targets
+  ExactSum mtp;            // the MTP modules' mean cross-entropy, over the same targets
 
-  void add(const LossParts& parts) {
-    router_terms.add(parts.total - parts.cross_entropy);
+  void add(const LossParts& parts, double mtp_coef) {
+    router_terms.add(parts.total - parts.cross_entropy - mtp_coef * parts.mtp_loss);
     aux.add(parts.aux_loss);
     z.add(parts.z_loss);
     seq_aux.add(parts.seq_aux_loss);
-    cross_entropy.add(parts.cross_entropy * static_cast<double>(parts.target_tokens));
+    const double tokens = static_cast<double>(parts.target_tokens);
+    cross_entropy.add(parts.cross_entropy * tokens);
+    mtp.add(parts.mtp_loss * tokens);
   }
   void all_reduce(Communicator& group) {
-    for (ExactSum* sum : {&router_terms, &aux, &z, &seq_aux, &cross_entropy})
+    for (ExactSum* sum : {&router_terms, &aux, &z, &seq_aux, &cross_entropy, &mtp})
       group.all_reduce_sum(*sum);
   }
 };
@@ -705,7 +708,7 @@ class StepRunner {
   // One forward's losses and routing, on local chunk `chunk`.
   void count_forward(int chunk, const LossParts& parts, const RouterStats& rs, StepSums& sums,
                      ProgressWindow& window) {
-    sums.add(parts);
+    sums.add(parts, config::effective_mtp_loss_coef(run_.recipe.model()));
     if (!balancers_.empty()) balancers_[chunk].add(rs);
     window.dropped += rs.dropped_assignments;
     window.assignments += rs.assignments;
@@ -765,7 +768,9 @@ class StepRunner {
     const double micro_batches = static_cast<double>(global_micro_batches_);
     LossParts loss;
     loss.cross_entropy = step_targets > 0 ? sums.cross_entropy.value() / step_targets : 0.0;
-    loss.total = loss.cross_entropy + sums.router_terms.value() / micro_batches;
+    loss.mtp_loss = step_targets > 0 ? sums.mtp.value() / step_targets : 0.0;
+    loss.total = loss.cross_entropy + sums.router_terms.value() / micro_batches +
+                 config::effective_mtp_loss_coef(run_.recipe.model()) * loss.mtp_loss;
     loss.aux_loss = sums.aux.value() / micro_batches;
     loss.z_loss = sums.z.value() / micro_batches;
     loss.seq_aux_loss = sums.seq_aux.value() / micro_batches;
@@ -885,6 +890,7 @@ class ProgressLog {
     m.aux_loss = result.loss.aux_loss;
     m.z_loss = result.loss.z_loss;
     if (run_.recipe.moe().seq_aux_loss_coef() > 0) m.seq_aux_loss = result.loss.seq_aux_loss;
+    if (run_.recipe.model().mtp_depth() > 0) m.mtp_loss = result.loss.mtp_loss;
     m.lr = result.report.lr;
     m.grad_norm = result.report.grad_norm;
     m.tokens_per_s = window_s > 0 ? window_.steps * tokens_per_step / window_s : 0;

@@ -27,6 +27,8 @@ struct StepMetrics {
   double z_loss = 0;
   // The sequence-wise aux loss, with moe.seq_aux_loss_coef > 0.
   std::optional<double> seq_aux_loss;
+  // The MTP modules' mean cross-entropy, with model.mtp_depth > 0 (LossParts::mtp_loss).
+  std::optional<double> mtp_loss;
   double lr = 0;
   double grad_norm = 0;
   double tokens_per_s = 0;

@@ -241,6 +241,10 @@ BLOCKS = {
         "raising train.steps on the finished tiny run",
         command="switchyard train recipes/tiny.textproto --run-dir runs/tiny "
                 "--set train.steps=2000", status=1),
+    ("docs/training.md", "model: 4.48M parameters"): Output(
+        "a run with one multi-token prediction module (SHORTER: 20 steps)",
+        command="switchyard train recipes/tiny.textproto --run-dir runs/mtp "
+                "--set model.mtp_depth=1 --set train.steps=20 --set train.log_interval=10"),
     ("docs/training.md", "cosine:   lr(s)"): Text("the decay formulas"),
     ("docs/training.md", "learning-rate schedule changed"): Output(
         "the tiny run extended (SHORTER: by 10 steps, into a run directory of its own)",

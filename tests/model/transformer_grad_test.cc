@@ -2,7 +2,8 @@
 // random direction from central finite differences of the total loss (cross-entropy +
 // aux + z-loss) must match the backward pass. Covers dense and MoE layers, shared
 // experts with their gate, q/k norms (whole projection and per head), q/k/v biases, each gating variant and capacity,
-// and GShard's sampled second expert in training mode.
+// GShard's sampled second expert in training mode, and multi-token prediction modules
+// (their norms, eh_proj, MoE blocks and the shared embedding and head).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,6 +30,7 @@ struct Case {
   // The q/k norm: over the whole projection (OLMoE) or per head (Qwen3-MoE, here with a
   // head_dim other than hidden / heads).
   std::string qk_norm = "qk_norm: true";
+  int mtp_depth = 0;  // model.mtp_depth
 };
 
 config::Recipe tiny_recipe(const Case& c) {
@@ -36,7 +38,8 @@ config::Recipe tiny_recipe(const Case& c) {
     name: "grad-check"
     model { vocab_size: 64 hidden_size: 16 num_layers: 3 num_heads: 4 num_kv_heads: 2
             rope_theta: 10000 norm_eps: 1e-5 ffn_hidden_size: 24 first_dense_layers: 1
-            attention_bias: true )" + c.qk_norm + R"( init_std: 0.3 }
+            attention_bias: true )" + c.qk_norm + R"( init_std: 0.3
+            mtp_depth: )" + std::to_string(c.mtp_depth) + R"( mtp_loss_coef: 0.7 }
     moe { num_experts: 4 top_k: 2 gating: )" + c.gating + R"( capacity_factor: )" +
                            std::to_string(c.capacity_factor) + R"(
           aux_loss_coef: 0.1 z_loss_coef: 0.01 expert_ffn_hidden_size: 12
@@ -80,6 +83,7 @@ TEST_P(TransformerGradTest, BackwardMatchesFiniteDifferences) {
   const LossParts parts = forward();
   EXPECT_GT(parts.aux_loss, 0);
   EXPECT_GT(parts.z_loss, 0);
+  EXPECT_EQ(parts.mtp_loss > 0, GetParam().mtp_depth > 0);
   model.backward(cpu_device(), 1.0f);
 
   const double eps = GetParam().eps;
@@ -98,7 +102,14 @@ INSTANTIATE_TEST_SUITE_P(Gating, TransformerGradTest,
                                            Case{"GSHARD_TOP2", 0.0f, false, true},
                                            Case{"GSHARD_TOP2", 1.0f, false, true, 1e-4},
                                            Case{"TOP_K", 0.0f, false, false, 1e-3,
-                                                "qk_head_norm: true head_dim: 6"}));
+                                                "qk_head_norm: true head_dim: 6"},
+                                           Case{"TOP_K", 0.0f, false, false, 1e-3,
+                                                "qk_norm: true", 2},
+                                           // A step of 1e-3 along the MTP layer's gate
+                                           // moves a sampled second expert across its
+                                           // threshold; 1e-4 does not.
+                                           Case{"GSHARD_TOP2", 0.0f, false, true, 1e-4,
+                                                "qk_norm: true", 1}));
 
 // The sampled second expert: training-mode GShard routing drops some tokens' second
 // expert, so its loss differs from the deterministic (evaluation) routing's, and it
