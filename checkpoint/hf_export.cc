@@ -98,6 +98,7 @@ void write_deepseek_v3_fields(const config::Recipe& recipe, Json& j) {
   j["v_head_dim"] = mla.v_head_dim();
   j["rope_interleave"] = true;
   j["attention_bias"] = false;
+  j["num_nextn_predict_layers"] = model.mtp_depth();
 }
 
 // The fields only `architecture`'s config has.
@@ -281,8 +282,8 @@ absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
     return absl::OkStatus();
   };
 
-  SY_RETURN_IF_ERROR(move("model.embed_tokens.weight", "model.embed_tokens.weight"));
-  for (int layer = 0; layer < recipe.model().num_layers(); ++layer) {
+  // Decoder layer `layer`'s tensors (a main layer's, or an MTP module's block).
+  auto rename_layer = [&](int layer) -> absl::Status {
     const std::string p = absl::StrCat("model.layers.", layer, ".");
     SY_RETURN_IF_ERROR(move(p + "input_layernorm.weight", p + "input_layernorm.weight"));
     if (recipe.model().mla().kv_lora_rank() > 0)
@@ -295,7 +296,7 @@ absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
       SY_RETURN_IF_ERROR(split_gate_up(p + "mlp.gate_up_proj.weight", p + "mlp.gate_proj.weight",
                                        p + "mlp.up_proj.weight"));
       SY_RETURN_IF_ERROR(move(p + "mlp.down_proj.weight", p + "mlp.down_proj.weight"));
-      continue;
+      return absl::OkStatus();
     }
     const std::string moe = mixtral ? p + "block_sparse_moe." : p + "mlp.";
     SY_RETURN_IF_ERROR(move(p + "mlp.gate.weight", moe + "gate.weight"));
@@ -326,9 +327,35 @@ absl::StatusOr<NamedTensors> rename_tensors(const config::Recipe& recipe,
         SY_RETURN_IF_ERROR(
             move(p + "mlp.shared_expert_gate.weight", p + "mlp.shared_expert_gate.weight"));
     }
-  }
+    return absl::OkStatus();
+  };
+  // The modules' copies of the shared embedding and head, as DeepSeek-V3's checkpoints
+  // store them.
+  const auto embedding = weights.find("model.embed_tokens.weight");
+  const auto head = weights.find(recipe.model().tie_embeddings() ? "model.embed_tokens.weight"
+                                                                 : "lm_head.weight");
+  const Tensor shared_embedding = embedding != weights.end() ? embedding->second : Tensor();
+  const Tensor shared_head = head != weights.end() ? head->second : Tensor();
+  SY_RETURN_IF_ERROR(move("model.embed_tokens.weight", "model.embed_tokens.weight"));
+  for (int layer = 0; layer < recipe.model().num_layers(); ++layer)
+    SY_RETURN_IF_ERROR(rename_layer(layer));
   SY_RETURN_IF_ERROR(move("model.norm.weight", "model.norm.weight"));
   if (!recipe.model().tie_embeddings()) SY_RETURN_IF_ERROR(move("lm_head.weight", "lm_head.weight"));
+  for (int k = 1; k <= recipe.model().mtp_depth(); ++k) {
+    const int layer = recipe.model().num_layers() + k - 1;
+    const std::string p = absl::StrCat("model.layers.", layer, ".");
+    if (architecture != kDeepseekV3) {
+      // No place for the module in the family's checkpoints (hf_mtp_modules_exported).
+      std::erase_if(weights, [&](const auto& w) { return w.first.starts_with(p); });
+      continue;
+    }
+    SY_RETURN_IF_ERROR(rename_layer(layer));
+    for (const char* norm : {"enorm.weight", "hnorm.weight", "eh_proj.weight",
+                             "shared_head.norm.weight"})
+      SY_RETURN_IF_ERROR(move(p + norm, p + norm));
+    out.emplace_back(p + "embed_tokens.weight", shared_embedding);
+    out.emplace_back(p + "shared_head.head.weight", shared_head);
+  }
   if (!weights.empty())
     return absl::DataLossError(absl::StrCat(source, ": unexpected tensor ", weights.begin()->first,
                                             " for this recipe"));
@@ -525,6 +552,10 @@ absl::StatusOr<std::string> mixtral_architecture(const config::Recipe& recipe) {
 }
 
 }  // namespace
+
+bool hf_mtp_modules_exported(const std::string& architecture) {
+  return architecture == kDeepseekV3;
+}
 
 absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe) {
   const config::ModelConfig& model = recipe.model();

@@ -32,6 +32,11 @@ struct HfExportOptions {
 // be exported, naming the recipe field.
 absl::StatusOr<std::string> hf_architecture_for(const config::Recipe& recipe);
 
+// Whether `architecture`'s checkpoints hold multi-token prediction modules
+// (model.mtp_depth): DeepSeek-V3's, as layers num_layers.. with num_nextn_predict_layers;
+// the other families' exports leave them out.
+bool hf_mtp_modules_exported(const std::string& architecture);
+
 // Writes the transformers directory `out_dir` (created if missing) for the model
 // `recipe` read from `source` (which errors name), each file completely or not at all.
 // `weights` are its parameters under registry names as load_model gives them (f32, the

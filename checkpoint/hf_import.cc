@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -678,6 +679,7 @@ class TensorMapper {
       : tensors_(std::move(tensors)), source_(std::move(source)) {}
 
   bool has(const std::string& name) const { return tensors_.count(name) > 0; }
+  const std::string& source() const { return source_; }
 
   absl::StatusOr<Tensor> take(const std::string& name, const Shape& shape) {
     auto it = tensors_.find(name);
@@ -778,6 +780,32 @@ absl::Status map_attention(const config::ModelConfig& model, const std::string& 
   return absl::OkStatus();
 }
 
+// Multi-token prediction module k of a DeepSeek-V3 checkpoint, layer num_layers + k - 1:
+// its decoder layer (map_layer), its norms and eh_proj, and the copies of the embedding
+// and the LM head it may store, which must be the model's own (the engine shares them).
+absl::Status map_mtp_module(const config::ModelConfig& model, int k, const Tensor& embedding,
+                            const Tensor& head, const std::function<absl::Status(int)>& map_layer,
+                            TensorMapper& m) {
+  const int64_t V = model.vocab_size(), H = model.hidden_size();
+  const int layer = model.num_layers() + k - 1;
+  const std::string p = absl::StrCat("model.layers.", layer, ".");
+  SY_RETURN_IF_ERROR(map_layer(layer));
+  for (const char* norm : {"enorm.weight", "hnorm.weight", "shared_head.norm.weight"})
+    SY_RETURN_IF_ERROR(m.move(p + norm, p + norm, {H}));
+  SY_RETURN_IF_ERROR(m.move(p + "eh_proj.weight", p + "eh_proj.weight", {H, 2 * H}));
+  const std::pair<const char*, const Tensor*> copies[] = {
+      {"embed_tokens.weight", &embedding}, {"shared_head.head.weight", &head}};
+  for (const auto& [name, shared] : copies) {
+    if (!m.has(p + name)) continue;
+    SY_ASSIGN_OR_RETURN(const Tensor copy, m.take(p + name, {V, H}));
+    if (std::memcmp(copy.data<float>(), shared->data<float>(), copy.nbytes()) != 0)
+      return absl::UnimplementedError(absl::StrCat(
+          m.source(), ": tensor ", p, name, " differs from the model's own: the engine's "
+          "multi-token prediction modules share the model's embedding and LM head"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
     const config::Recipe& recipe, Family family, bool rope_interleave, TensorMapper& m) {
   const config::ModelConfig& model = recipe.model();
@@ -788,8 +816,8 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
   const char* up_name = family == Family::kMixtral ? "w3" : "up_proj";
   const char* down_name = family == Family::kMixtral ? "w2" : "down_proj";
 
-  SY_RETURN_IF_ERROR(m.move("model.embed_tokens.weight", "model.embed_tokens.weight", {V, H}));
-  for (int layer = 0; layer < model.num_layers(); ++layer) {
+  // Decoder layer `layer`'s tensors (a main layer's, or a multi-token prediction module's).
+  auto map_layer = [&](int layer) -> absl::Status {
     const std::string p = absl::StrCat("model.layers.", layer, ".");
     const std::string attn = p + "self_attn.";
     SY_RETURN_IF_ERROR(m.move(p + "input_layernorm.weight", p + "input_layernorm.weight", {H}));
@@ -805,7 +833,7 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
                           m.fuse({{mlp + "gate_proj.weight", mlp + "up_proj.weight"}}, F, H));
       m.emit(mlp + "gate_up_proj.weight", fused.reshape({2, F, H}));
       SY_RETURN_IF_ERROR(m.move(mlp + "down_proj.weight", mlp + "down_proj.weight", {H, F}));
-      continue;
+      return absl::OkStatus();
     }
     SY_RETURN_IF_ERROR(m.move(mlp + "gate.weight", mlp + "gate.weight", {E, H}));
     if (moe.score_function() == config::SIGMOID)
@@ -845,14 +873,22 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> map_tensors(
         SY_RETURN_IF_ERROR(
             m.move(mlp + "shared_expert_gate.weight", mlp + "shared_expert_gate.weight", {1, H}));
     }
-  }
+    return absl::OkStatus();
+  };
+  SY_ASSIGN_OR_RETURN(const Tensor embedding, m.take("model.embed_tokens.weight", {V, H}));
+  m.emit("model.embed_tokens.weight", embedding);
+  for (int layer = 0; layer < model.num_layers(); ++layer) SY_RETURN_IF_ERROR(map_layer(layer));
   SY_RETURN_IF_ERROR(m.move("model.norm.weight", "model.norm.weight", {H}));
+  Tensor head = embedding;
   if (!model.tie_embeddings()) {
-    SY_RETURN_IF_ERROR(m.move("lm_head.weight", "lm_head.weight", {V, H}));
+    SY_ASSIGN_OR_RETURN(head, m.take("lm_head.weight", {V, H}));
+    m.emit("lm_head.weight", head);
   } else if (m.has("lm_head.weight")) {
     // A tied model may still store its (identical) output matrix.
     SY_RETURN_IF_ERROR(m.take("lm_head.weight", {V, H}).status());
   }
+  for (int k = 1; k <= model.mtp_depth(); ++k)
+    SY_RETURN_IF_ERROR(map_mtp_module(model, k, embedding, head, map_layer, m));
   return m.finish();
 }
 
@@ -861,7 +897,24 @@ struct HfConfig {
   config::Recipe recipe;
   Family family;
   bool rope_interleave = false;  // DeepSeek-V3's rotary channels in interleaved pairs
+  // DeepSeek-V3's num_nextn_predict_layers: the multi-token prediction modules it may
+  // hold (transformers writes 1 and saves none; mtp_modules_held counts those present).
+  int64_t mtp_layers = 0;
 };
+
+// As many as model.mtp_depth takes.
+constexpr int64_t kMaxMtpLayers = 8;
+
+// The multi-token prediction modules of `config` whose tensors `tensors` holds: modules
+// 1, 2, ... while module k's eh_proj (layer num_layers + k - 1) is there.
+int32_t mtp_modules_held(const HfConfig& config, const std::map<std::string, Tensor>& tensors) {
+  int32_t held = 0;
+  const int32_t layers = config.recipe.model().num_layers();
+  while (held < config.mtp_layers &&
+         tensors.count(absl::StrCat("model.layers.", layers + held, ".eh_proj.weight")) > 0)
+    ++held;
+  return held;
+}
 
 // Which families a reader takes: convert from-hf the MoE ones, convert upcycle the dense
 // ones, the config parser alone both.
@@ -881,6 +934,8 @@ absl::StatusOr<HfConfig> parse_config(std::string_view json, const std::string& 
   SY_ASSIGN_OR_RETURN(out.recipe, recipe_from_config(c, name));
   if (out.family == Family::kDeepseekV3) {
     SY_ASSIGN_OR_RETURN(out.rope_interleave, c.boolean("rope_interleave"));
+    SY_ASSIGN_OR_RETURN(out.mtp_layers,
+                        file.integer_or("num_nextn_predict_layers", 0, 0, kMaxMtpLayers));
   }
   return out;
 }
@@ -903,14 +958,18 @@ absl::StatusOr<HfModel> read_hf_directory(const std::string& hf_dir, Kind kind) 
   SY_ASSIGN_OR_RETURN(const std::string text, read_file(config_path));
   fs::path dir = fs::path(hf_dir).lexically_normal();
   if (!dir.has_filename()) dir = dir.parent_path();
-  SY_ASSIGN_OR_RETURN(const HfConfig config,
+  SY_ASSIGN_OR_RETURN(HfConfig config,
                       parse_config(text, config_path, dir.filename().string(), kind));
   SY_ASSIGN_OR_RETURN(const std::vector<std::string> files, hf_weight_files(hf_dir));
   SY_RETURN_IF_ERROR(check_files_hold_model(config.recipe, files, config_path));
+  SY_ASSIGN_OR_RETURN(auto hf_tensors, read_hf_tensors(files));
+  config.recipe.mutable_model()->set_mtp_depth(mtp_modules_held(config, hf_tensors));
+  if (const absl::Status valid = config::validate_recipe(config.recipe); !valid.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path, ": gives an invalid recipe: ", valid.message()));
   HfModel out;
   out.recipe = config.recipe;
   SY_ASSIGN_OR_RETURN(out.tokenizer_path, hf_tokenizer(hf_dir, config.recipe));
-  SY_ASSIGN_OR_RETURN(auto hf_tensors, read_hf_tensors(files));
   TensorMapper mapper(std::move(hf_tensors), hf_dir);
   SY_ASSIGN_OR_RETURN(out.tensors, map_tensors(config.recipe, config.family, config.rope_interleave, mapper));
   return out;

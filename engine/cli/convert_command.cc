@@ -113,7 +113,12 @@ absl::Status ConvertCommand::run_to_hf() {
   SY_ASSIGN_OR_RETURN(DirLock lock, lock_output({"WEIGHTS_DIR", in_}, out_, overwrite_));
   LoadedModel model;
   SY_RETURN_IF_ERROR(load_model(in_, model, TokenizerUse::kOptional));
-  SY_RETURN_IF_ERROR(hf_architecture_for(model.recipe).status());
+  SY_ASSIGN_OR_RETURN(const std::string architecture, hf_architecture_for(model.recipe));
+  const int mtp_depth = model.recipe.model().mtp_depth();
+  if (mtp_depth > 0 && !hf_mtp_modules_exported(architecture))
+    std::printf("the %d multi-token prediction module%s left out: %s checkpoints have no "
+                "place for them (transformers runs the main model alone)\n",
+                mtp_depth, mtp_depth == 1 ? " is" : "s are", architecture.c_str());
   std::map<std::string, Tensor> weights;
   for (const Param& p : model.params.params()) weights.emplace(p.name, p.value);
   SY_ASSIGN_OR_RETURN(StagedDirectory staged, StagedDirectory::create(out_));

@@ -1,6 +1,7 @@
 // Test tool for the interop tests: loads a recipe and weights (registry names), runs one
-// forward and backward on the given tokens, and writes logits, losses and every
-// parameter gradient to a safetensors file that the Python side compares.
+// forward and backward on the given tokens, and writes logits, losses, the multi-token
+// prediction loss and every parameter gradient to a safetensors file that the Python side
+// compares.
 //   model_io_tool RECIPE WEIGHTS.safetensors BATCH.safetensors OUT.safetensors
 // BATCH holds `ids` and `targets`, (batch, seq) i32.
 #include <cstdio>
@@ -41,6 +42,9 @@ absl::Status run(const char* recipe_path, const char* weights_path, const char* 
   losses.data<float>()[2] = static_cast<float>(loss.aux_loss);
   losses.data<float>()[3] = static_cast<float>(loss.z_loss);
   out.emplace_back("losses", losses);
+  Tensor mtp = Tensor::empty({1});
+  mtp.data<float>()[0] = static_cast<float>(loss.mtp_loss);
+  out.emplace_back("mtp_loss", mtp);
   for (const Param& p : params.params()) out.emplace_back("grad:" + p.name, p.grad);
   return write_safetensors(out_path, out);
 }
