@@ -1,8 +1,8 @@
 """Muon (optimizer.algorithm MUON) in one process and under every layout: Muon's momentum
 for the hidden matrices and AdamW's moments for the rest in the checkpoints, a resume that
 continues bit for bit (in one process and across layouts), and data, expert and ZeRO 1-3
-parallelism giving one process's bits under runtime.batch_invariant (tensor parallelism:
-to rounding), each matrix orthogonalised whole by one rank.
+parallelism and pipeline stages giving one process's bits under runtime.batch_invariant
+(tensor parallelism: to rounding), each matrix orthogonalised whole by one rank.
 
 Run by ctest with the interop Python; SWITCHYARD and MPIEXEC name the binaries.
 """
@@ -90,13 +90,15 @@ def test_resume_refuses_another_algorithm(tmp_path, single):
     assert "other optimizer.algorithm settings" in out.stderr, out.stderr
 
 
-MUON_LAYOUTS = ["dp2", "dp2-zero1", "ep2", "dp2xep2-zero1", "dp2-zero2", "dp2-zero3",
-                "dp2xep2-zero3", "tp2", "dp2xtp2-zero3"]
+MUON_LAYOUTS = dict(
+    {name: LAYOUTS[name] for name in ("dp2", "dp2-zero1", "ep2", "dp2xep2-zero1", "dp2-zero2",
+                                      "dp2-zero3", "dp2xep2-zero3", "tp2", "dp2xtp2-zero3")},
+    pp2=(2, ["--set", "parallel.pipeline_parallel_size=2"]))
 
 
 @pytest.mark.parametrize("layout", MUON_LAYOUTS)
 def test_layout_matches_single_process(tmp_path, single, layout):
     _, (single_losses, single_weights) = single
-    ranks, overrides = LAYOUTS[layout]
+    ranks, overrides = MUON_LAYOUTS[layout]
     losses, weights = train(tmp_path, layout, ranks, MUON + overrides)
     assert_run_matches(losses, weights, single_losses, single_weights, overrides)
