@@ -224,6 +224,10 @@ constexpr int kMaxDataSources = 256;
 constexpr size_t kMaxSourceNameBytes = 64;
 // optimizer.router_lr_scale: a factor far beyond any useful one.
 constexpr int64_t kMaxRouterLrScale = 1000;
+// optimizer.muon.ns_steps: the published iteration takes 5.
+constexpr int64_t kMaxNewtonSchulz = 100;
+// optimizer.muon.update_rms: AdamW's updates have an RMS of about 0.2.
+constexpr int64_t kMaxMuonUpdateRms = 100;
 
 template <typename T>
 absl::Status check_at_most(absl::string_view path, T value, int64_t bound) {
@@ -632,6 +636,29 @@ absl::Status validate_parallel(const Recipe& recipe) {
   return validate_pipeline(recipe);
 }
 
+// optimizer.muon (filled in): only with algorithm MUON.
+absl::Status validate_muon(const OptimizerConfig& optimizer) {
+  if (optimizer.algorithm() != MUON) {
+    if (optimizer.has_muon())
+      return invalid("optimizer.muon is set but optimizer.algorithm is ADAMW: set "
+                     "optimizer.algorithm=MUON, or leave optimizer.muon out");
+    return absl::OkStatus();
+  }
+  const MuonConfig& muon = optimizer.muon();
+  SY_RETURN_IF_ERROR(check_unit_interval("optimizer.muon.momentum", muon.momentum()));
+  SY_RETURN_IF_ERROR(check_positive("optimizer.muon.ns_steps", muon.ns_steps()));
+  SY_RETURN_IF_ERROR(check_at_most("optimizer.muon.ns_steps", muon.ns_steps(), kMaxNewtonSchulz));
+  for (const auto& [path, value] : {std::pair{"optimizer.muon.ns_a", muon.ns_a()},
+                                    std::pair{"optimizer.muon.ns_b", muon.ns_b()},
+                                    std::pair{"optimizer.muon.ns_c", muon.ns_c()}}) {
+    if (!finite(value)) return invalid(absl::StrCat(path, " (", value, ") must be finite"));
+  }
+  SY_RETURN_IF_ERROR(check_positive("optimizer.muon.update_rms", muon.update_rms()));
+  SY_RETURN_IF_ERROR(
+      check_at_most("optimizer.muon.update_rms", muon.update_rms(), kMaxMuonUpdateRms));
+  return check_positive("optimizer.muon.eps", muon.eps());
+}
+
 absl::Status validate_optimizer(const Recipe& recipe) {
   const OptimizerConfig& optimizer = recipe.optimizer();
   SY_RETURN_IF_ERROR(check_positive("optimizer.lr", optimizer.lr()));
@@ -654,7 +681,10 @@ absl::Status validate_optimizer(const Recipe& recipe) {
   SY_RETURN_IF_ERROR(check_non_negative("optimizer.router_lr_scale", optimizer.router_lr_scale()));
   SY_RETURN_IF_ERROR(check_at_most("optimizer.router_lr_scale", optimizer.router_lr_scale(),
                                    kMaxRouterLrScale));
-  return absl::OkStatus();
+  if (!OptimizerAlgorithm_IsValid(optimizer.algorithm()))
+    return invalid(absl::StrCat("optimizer.algorithm (", static_cast<int>(optimizer.algorithm()),
+                                ") must be ADAMW or MUON"));
+  return validate_muon(optimizer);
 }
 
 absl::Status validate_recompute(const Recipe& recipe) {
@@ -1017,6 +1047,21 @@ void upgrade_legacy_routing(MoeConfig& moe) {
   fill_routing_defaults(moe);
 }
 
+namespace {
+
+void fill_muon_defaults(MuonConfig& muon) {
+  if (!muon.has_momentum()) muon.set_momentum(0.95f);
+  if (!muon.has_nesterov()) muon.set_nesterov(true);
+  if (muon.ns_steps() == 0) muon.set_ns_steps(5);
+  if (!muon.has_ns_a()) muon.set_ns_a(3.4445f);
+  if (!muon.has_ns_b()) muon.set_ns_b(-4.7750f);
+  if (!muon.has_ns_c()) muon.set_ns_c(2.0315f);
+  if (!muon.has_update_rms()) muon.set_update_rms(0.2f);
+  if (muon.eps() == 0) muon.set_eps(1e-7f);
+}
+
+}  // namespace
+
 void fill_defaults(Recipe& recipe) {
   ModelConfig& model = *recipe.mutable_model();
   if (model.num_kv_heads() == 0) model.set_num_kv_heads(model.num_heads());
@@ -1052,6 +1097,7 @@ void fill_defaults(Recipe& recipe) {
   if (optimizer.eps() == 0) optimizer.set_eps(1e-8f);
   if (!optimizer.has_weight_decay()) optimizer.set_weight_decay(0.1f);
   if (optimizer.decay() == LR_DECAY_UNSPECIFIED) optimizer.set_decay(COSINE);
+  if (optimizer.algorithm() == MUON) fill_muon_defaults(*optimizer.mutable_muon());
 
   TrainConfig& train = *recipe.mutable_train();
   if (train.micro_batch_size() == 0) train.set_micro_batch_size(train.global_batch_size());

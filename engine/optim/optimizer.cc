@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/runtime/exact_sum.h"
+#include "engine/optim/muon.h"
 #include "engine/optim/zero.h"
 #include "kernels/adamw.h"
 #include "kernels/convert.h"
@@ -61,11 +62,16 @@ AdamWOptimizer::AdamWOptimizer(const config::OptimizerConfig& opt, int64_t total
     // ZeRO-2/3 row shards keep their own state.
     const bool mine = p.trainable && !(groups_.zero && !p.spec.expert) &&
                       (owner_[i] < 0 || owner_[i] == replicas->rank());
+    const bool muon = p.trainable && switchyard::trained_by_muon(opt_, p);
+    muon_.push_back(muon);
     const Shape shape = mine ? p.shape : Shape{0};
     const MemoryKind kind =
         p.spec.expert ? MemoryKind::kExpertOptimizerState : MemoryKind::kOptimizerState;
-    exp_avg_.push_back(Tensor::zeros(shape, DType::kF32, kind, device));
-    exp_avg_sq_.push_back(Tensor::zeros(shape, DType::kF32, kind, device));
+    // Muon keeps one momentum where AdamW keeps two moments.
+    const Shape adamw_shape = muon ? Shape{0} : shape;
+    exp_avg_.push_back(Tensor::zeros(adamw_shape, DType::kF32, kind, device));
+    exp_avg_sq_.push_back(Tensor::zeros(adamw_shape, DType::kF32, kind, device));
+    momentum_.push_back(Tensor::zeros(muon ? shape : Shape{0}, DType::kF32, kind, device));
     ++i;
   }
 }
@@ -117,17 +123,22 @@ StepReport AdamWOptimizer::step(Device& dev) {
     grad_scale = static_cast<float>(opt_.grad_clip() / (report.grad_norm + 1e-6));
     report.clipped = true;
   }
-  // Every tensor this rank updates goes into one multi-tensor step per learning rate
-  // (one unless the router's differs), which also writes their bf16 working copies; the
-  // copies of values that arrive from elsewhere (another replica's ZeRO-1 update, ZeRO-2
-  // row shards) are refreshed after they arrive.
+  // Every tensor this rank updates with AdamW goes into one multi-tensor step per learning
+  // rate (one unless the router's differs), which also writes their bf16 working copies,
+  // as Muon's update does; the copies of values that arrive from elsewhere (another
+  // replica's ZeRO-1 update, ZeRO-2 row shards) are refreshed after they arrive.
   std::map<float, std::vector<AdamWUpdate>> updates_by_lr;
   std::vector<bool> refreshed(params_.params().size(), false);
   size_t i = 0;
   for (Param& p : params_.params()) {
     const bool sharded = groups_.zero && !p.spec.expert;  // updated by its row shards below
     Communicator* replicas = p.spec.expert ? groups_.expert_replicas : groups_.dense_replicas;
-    if (p.trainable && !sharded && (owner_[i] < 0 || owner_[i] == replicas->rank())) {
+    const bool updates_here =
+        p.trainable && !sharded && (owner_[i] < 0 || owner_[i] == replicas->rank());
+    if (updates_here && muon_[i]) {
+      muon_update(dev, i, param_learning_rate(opt_, p, report.lr), grad_scale);
+      refreshed[i] = true;
+    } else if (updates_here) {
       const auto lr = static_cast<float>(param_learning_rate(opt_, p, report.lr));
       updates_by_lr[lr].push_back(AdamWUpdate{&p.value, &p.grad, &exp_avg_[i], &exp_avg_sq_[i],
                                               p.weight_decay,
@@ -147,7 +158,8 @@ StepReport AdamWOptimizer::step(Device& dev) {
       replicas->broadcast(p.value, owner_[i]);
     ++i;
   }
-  if (groups_.zero) groups_.zero->update(dev, opt_, report.lr, step_, grad_scale);
+  if (groups_.zero)
+    groups_.zero->update(dev, {report.lr, step_, grad_scale, groups_.tensor_parallel, owner_});
   i = 0;
   for (Param& p : params_.params()) {
     if (p.trainable && !refreshed[i] && p.has_working_copy()) convert(dev, p.value, p.work);
@@ -155,6 +167,15 @@ StepReport AdamWOptimizer::step(Device& dev) {
   }
   params_.zero_grads();
   return report;
+}
+
+void AdamWOptimizer::muon_update(Device& dev, size_t i, double lr, float grad_scale) {
+  Param& p = params_.params()[i];
+  const config::MuonConfig& muon = opt_.muon();
+  Tensor update = Tensor::empty(p.shape, DType::kF32, MemoryKind::kOther, dev);
+  muon_momentum(dev, muon.momentum(), muon.nesterov(), grad_scale, p.grad, momentum_[i], update);
+  orthogonalize_shard(dev, muon, p, groups_.tensor_parallel, update);
+  apply_muon_update(dev, opt_, p, lr, p.value, update, p.has_working_copy() ? &p.work : nullptr);
 }
 
 void AdamWOptimizer::skip_step() {

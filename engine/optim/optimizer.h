@@ -1,5 +1,6 @@
-// AdamW over every parameter of a ParamStore, with the learning-rate schedule and
-// global gradient-norm clipping from the recipe.
+// AdamW over every parameter of a ParamStore, or under optimizer.algorithm MUON, Muon over
+// its hidden weight matrices and AdamW over the rest (engine/optim/muon.h), with the
+// learning-rate schedule and global gradient-norm clipping from the recipe.
 #pragma once
 
 #include <cstdint>
@@ -62,11 +63,12 @@ class AdamWOptimizer {
   //    norm sums their squares over it.
   //  - dense_replicas / expert_replicas: the ranks holding identical copies of the dense
   //    (data-parallel group) and expert (expert-data-parallel group) parameters. From
-  //    ZeRO stage 1 on, each parameter's AdamW state lives on one replica, its owner
+  //    ZeRO stage 1 on, each parameter's state lives on one replica, its owner
   //    (assign_owners, engine/optim/zero.h), which updates it and broadcasts the new
   //    values to the others.
   //  - zero: at ZeRO stages 2 and 3, the row shards that hold the dense parameters'
-  //    gradients and state (null otherwise); dense parameters are updated there.
+  //    gradients and state (null otherwise); dense parameters are updated there, a Muon
+  //    matrix orthogonalised whole by its owner.
   struct Groups {
     Communicator* tensor_parallel = nullptr;
     Communicator* expert_parallel = nullptr;
@@ -93,15 +95,22 @@ class AdamWOptimizer {
   void set_lr_restart(const LrRestart& restart) { lr_restart_ = restart; }
 
   // State of the i-th parameter (registration order): its owner among the replicas
-  // (-1: every replica holds it) and, where this rank holds it, the moments.
+  // (-1: every replica holds it) and, where this rank holds it, AdamW's moments or, for a
+  // matrix Muon trains, Muon's momentum (the other tensors empty).
   int owner(size_t i) const { return owner_[i]; }
-  bool holds_state(size_t i) const { return exp_avg_[i].shape() != Shape{0}; }
+  bool holds_state(size_t i) const {
+    return exp_avg_[i].shape() != Shape{0} || momentum_[i].shape() != Shape{0};
+  }
+  bool trained_by_muon(size_t i) const { return muon_[i]; }
   Tensor& exp_avg(size_t i) { return exp_avg_[i]; }
   Tensor& exp_avg_sq(size_t i) { return exp_avg_sq_[i]; }
+  Tensor& momentum(size_t i) { return momentum_[i]; }
 
  private:
   // Zeroes the accumulated gradients (the ParamStore's and ZeRO's row shards).
   void drop_gradients();
+  // Muon's update of parameter i, which this rank holds whole (its tensor-parallel shard).
+  void muon_update(Device& dev, size_t i, double lr, float grad_scale);
 
   config::OptimizerConfig opt_;
   int64_t total_steps_;
@@ -110,7 +119,8 @@ class AdamWOptimizer {
   // Per parameter: the replica that owns its state (-1: every replica updates it), and
   // that state (empty on the other replicas).
   std::vector<int> owner_;
-  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_, momentum_;
+  std::vector<bool> muon_;  // trained by Muon
   int64_t step_ = 0;
   LrRestart lr_restart_;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/runtime/check.h"
+#include "engine/optim/muon.h"
 #include "engine/optim/optimizer.h"
 #include "kernels/adamw.h"
 #include "kernels/convert.h"
@@ -36,10 +37,12 @@ std::vector<int> assign_owners(const ParamStore& params, int dense_replicas, int
 }
 
 ZeroShards::ZeroShards(ParamStore& params, Communicator& replicas, int stage, Device& device,
-                       std::unique_ptr<Communicator> reduce_replicas, bool background)
+                       std::unique_ptr<Communicator> reduce_replicas, bool background,
+                       const config::OptimizerConfig& optimizer)
     : params_store_(params),
       replicas_(replicas),
       stage_(stage),
+      optimizer_(optimizer),
       device_(device),
       reduce_replicas_(std::move(reduce_replicas)),
       reduce_queue_(background) {
@@ -84,26 +87,35 @@ void ZeroShards::initialize(uint64_t seed) {
                               device_);
       params_store_.initialize_rows(p, seed, s.first_row, s.value);
     }
-    // A frozen parameter keeps its value rows only: no gradient rows, no state.
+    // A frozen parameter keeps its value rows only: no gradient rows, no state. Muon
+    // keeps one momentum where AdamW keeps two moments.
     const int64_t state_rows = p.trainable ? s.rows : 0;
+    const bool muon = is_muon(i);
     s.grad = Tensor::zeros(with_rows(p.shape, p.trainable ? chunk_rows_[i] : 0), DType::kF32,
                            MemoryKind::kGradients, device_);
-    s.exp_avg = Tensor::zeros(with_rows(p.shape, state_rows), DType::kF32,
-                              MemoryKind::kOptimizerState, device_);
-    s.exp_avg_sq = Tensor::zeros(with_rows(p.shape, state_rows), DType::kF32,
-                                 MemoryKind::kOptimizerState, device_);
+    auto state = [&](bool held) {
+      return Tensor::zeros(with_rows(p.shape, held ? state_rows : 0), DType::kF32,
+                           MemoryKind::kOptimizerState, device_);
+    };
+    s.exp_avg = state(!muon);
+    s.exp_avg_sq = state(!muon);
+    s.momentum = state(muon);
   }
 }
 
-Tensor ZeroShards::gather_value(size_t i) {
+bool ZeroShards::is_muon(size_t i) const {
+  return is_updated(i) && trained_by_muon(optimizer_, *params_[i]);
+}
+
+Tensor ZeroShards::gather_rows(size_t i, const Tensor& mine, MemoryKind kind) {
   const Param& p = *params_[i];
   const Shard& s = shards_[i];
   const int64_t chunk = chunk_rows_[i];
   // Gathered in place: this replica's rows already sit in their slot of the whole buffer.
-  Tensor all = Tensor::zeros(with_rows(p.shape, chunk * replicas_.size()), DType::kF32,
-                             MemoryKind::kParameters, device_);
+  Tensor all =
+      Tensor::zeros(with_rows(p.shape, chunk * replicas_.size()), DType::kF32, kind, device_);
   const int64_t slot = replicas_.rank() * chunk;
-  if (s.rows > 0) all.slice_rows(slot, slot + s.rows).copy_from(s.value);
+  if (s.rows > 0) all.slice_rows(slot, slot + s.rows).copy_from(mine);
   replicas_.all_gather(all.slice_rows(slot, slot + chunk), all);
   return all.slice_rows(0, p.shape[0]);
 }
@@ -187,21 +199,58 @@ std::array<ExactSum, 2> ZeroShards::gradient_squares(Device& dev) {
   return squares;
 }
 
-void ZeroShards::update(Device& dev, const config::OptimizerConfig& opt, double lr, int64_t step,
-                        float grad_scale) {
+void ZeroShards::update(Device& dev, const Step& step) {
+  const config::OptimizerConfig& opt = optimizer_;
+  muon_update(dev, step);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!is_updated(i)) continue;
     Param& p = *params_[i];
     Shard& s = shards_[i];
-    if (s.rows > 0) {
-      const AdamWHyper h{static_cast<float>(param_learning_rate(opt, p, lr)), opt.beta1(),
+    if (s.rows > 0 && !is_muon(i)) {
+      const AdamWHyper h{static_cast<float>(param_learning_rate(opt, p, step.lr)), opt.beta1(),
                          opt.beta2(), opt.eps(),
-                         p.weight_decay ? opt.weight_decay() : 0.0f, step};
+                         p.weight_decay ? opt.weight_decay() : 0.0f, step.step};
       const Tensor grad = s.grad.slice_rows(0, s.rows);
-      adamw_step(dev, h, grad_scale, s.value, grad, s.exp_avg, s.exp_avg_sq);
+      adamw_step(dev, h, step.grad_scale, s.value, grad, s.exp_avg, s.exp_avg_sq);
     }
     s.grad.zero_();
     if (stage_ == 2) p.value.copy_from(gather_value(i));
+  }
+}
+
+void ZeroShards::muon_update(Device& dev, const Step& step) {
+  const config::MuonConfig& muon = optimizer_.muon();
+  auto owns = [&](size_t i) {
+    return step.owners[i] < 0 || step.owners[i] == replicas_.rank();
+  };
+  // First every matrix's momentum output is gathered whole and its owner orthogonalises
+  // it (the owners work at once), then each owner's result reaches the other replicas.
+  std::vector<Tensor> updates(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is_muon(i)) continue;
+    Shard& s = shards_[i];
+    Tensor rows = Tensor::empty(with_rows(params_[i]->shape, s.rows), DType::kF32,
+                                MemoryKind::kOptimizerState, dev);
+    muon_momentum(dev, muon.momentum(), muon.nesterov(), step.grad_scale,
+                  s.grad.slice_rows(0, s.rows), s.momentum, rows);
+    Tensor whole = gather_rows(i, rows, MemoryKind::kOptimizerState);
+    if (!owns(i)) continue;
+    orthogonalize_shard(dev, muon, *params_[i], step.tensor_parallel, whole);
+    updates[i] = whole;
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!is_muon(i)) continue;
+    Param& p = *params_[i];
+    Shard& s = shards_[i];
+    if (step.owners[i] >= 0) {
+      if (!owns(i))
+        updates[i] = Tensor::empty(p.shape, DType::kF32, MemoryKind::kOptimizerState, dev);
+      replicas_.broadcast(updates[i], step.owners[i]);
+    }
+    const double lr = param_learning_rate(optimizer_, p, step.lr);
+    const Tensor update = updates[i].slice_rows(s.first_row, s.first_row + s.rows);
+    apply_muon_update(dev, optimizer_, p, lr, s.value, update, nullptr);
+    updates[i] = Tensor();
   }
 }
 

@@ -6,8 +6,11 @@
 // stage >= 1.
 //
 // Stages 2 and 3 (ZeroShards) split every dense parameter by rows instead: replica r
-// of P owns rows [r c, (r + 1) c) of it, c = ceil(rows / P), and holds their AdamW
-// state and their accumulated gradient. Through the model's ParamHooks, one unit
+// of P owns rows [r c, (r + 1) c) of it, c = ceil(rows / P), and holds their optimizer
+// state and their accumulated gradient. A matrix that Muon trains (engine/optim/muon.h)
+// keeps its momentum rows there; its update needs the matrix whole, so the rows of the
+// momentum's output are gathered, the parameter's owner (assign_owners) orthogonalises
+// it and broadcasts the result, and each replica applies its rows. Through the model's ParamHooks, one unit
 // (layer) at a time:
 //  - begin_grads: the unit's gradients of this micro-batch accumulate in whole-size
 //    buffers; end_grads reduce-scatters them (summed in rank order) onto the owners of
@@ -53,15 +56,30 @@ class ZeroShards final : public ParamHooks {
     int64_t rows = 0;      // owned rows (0 where the parameter has fewer rows than P c)
     Tensor value;          // (rows, ...) at stage 3; a view of the whole value at stage 2
     Tensor grad;           // (c, ...) accumulated, padded to the chunk
-    Tensor exp_avg, exp_avg_sq;  // (rows, ...)
+    Tensor exp_avg, exp_avg_sq;  // (rows, ...); empty where Muon trains the parameter
+    Tensor momentum;             // (rows, ...) where Muon trains it, else empty
+  };
+
+  // What one step's update takes beyond the shards.
+  struct Step {
+    double lr = 0;  // the scheduled rate
+    int64_t step = 0;
+    float grad_scale = 1;
+    // Where tensor parallelism splits a Muon matrix, its shards gather whole over it.
+    Communicator* tensor_parallel = nullptr;
+    // Each parameter's owner among the replicas (assign_owners): who orthogonalises a
+    // Muon matrix.
+    const std::vector<int>& owners;
   };
 
   // `stage` 2 or 3; `replicas` the data-parallel group; `reduce_replicas` the same
   // group as a communicator used by nothing else, for the gradient reductions, which
-  // run on a thread of their own with `background`. Marks what this rank does not keep
-  // resident: construct before params.allocate(), then call initialize().
+  // run on a thread of their own with `background`; `optimizer` the recipe's. Marks what
+  // this rank does not keep resident: construct before params.allocate(), then call
+  // initialize().
   ZeroShards(ParamStore& params, Communicator& replicas, int stage, Device& device,
-             std::unique_ptr<Communicator> reduce_replicas, bool background);
+             std::unique_ptr<Communicator> reduce_replicas, bool background,
+             const config::OptimizerConfig& optimizer);
   // Allocates the shards and their state; at stage 3 draws the owned rows' initial
   // values (ParamStore::initialize_rows), at stage 2 views the whole values.
   void initialize(uint64_t seed);
@@ -86,19 +104,26 @@ class ZeroShards final : public ParamHooks {
   // Sums of squares of the accumulated gradients over the replicas, exact over rows
   // (row_sum_squares): {replicated over tensor parallelism, split by it} (collective).
   std::array<ExactSum, 2> gradient_squares(Device& dev);
-  // AdamW on the owned rows from the accumulated gradients, which are then zeroed; at
-  // stage 2 the updated rows are then all-gathered into every replica's whole value.
-  void update(Device& dev, const config::OptimizerConfig& opt, double lr, int64_t step,
-              float grad_scale);
+  // AdamW, or Muon, on the owned rows from the accumulated gradients, which are then
+  // zeroed; at stage 2 the updated rows are then all-gathered into every replica's whole
+  // value (collective).
+  void update(Device& dev, const Step& step);
   // Zeroes the accumulated gradients without an update (a skipped step).
   void drop_gradients();
   // Collective over the replicas: the whole value of dense parameter `p` on every rank.
   Tensor whole_value(Param& p);
 
  private:
-  // All-gathers the shards' rows of parameter i into a whole (padded) buffer and returns
-  // the first `rows` rows shaped as the parameter.
-  Tensor gather_value(size_t i);
+  // All-gathers every replica's `mine` (its rows of parameter i, f32) into a whole
+  // (padded) buffer of `kind` and returns the first rows, shaped as the parameter.
+  Tensor gather_rows(size_t i, const Tensor& mine, MemoryKind kind);
+  Tensor gather_value(size_t i) {
+    return gather_rows(i, shards_[i].value, MemoryKind::kParameters);
+  }
+  // A trainable sharded parameter that Muon trains.
+  bool is_muon(size_t i) const;
+  // Muon's update of every such parameter (collective over the replicas).
+  void muon_update(Device& dev, const Step& step);
   // Joins the reductions in flight, adds their rows into the accumulated gradients and
   // frees their buffers.
   void finish_reductions();
@@ -116,6 +141,7 @@ class ZeroShards final : public ParamHooks {
   std::vector<int64_t> chunk_rows_;         // c, by registration index
   Communicator& replicas_;
   int stage_;
+  config::OptimizerConfig optimizer_;
   Device& device_;
   std::vector<int> uses_;           // nested acquire() count per unit
   std::vector<bool> grads_open_;    // begin_grads() seen, end_grads() not yet

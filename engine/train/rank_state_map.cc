@@ -43,6 +43,7 @@ std::string state_kind_name(StateKind kind) {
     case StateKind::kParam: return "param";
     case StateKind::kExpAvg: return "exp_avg";
     case StateKind::kExpAvgSq: return "exp_avg_sq";
+    case StateKind::kMomentum: return "muon_momentum";
   }
   return "";
 }
@@ -59,6 +60,10 @@ RankStateMap::RankStateMap(ParamStore& params, ZeroShards* zero, int zero_stage,
       if (zero_stage == 3) add(StateKind::kParam, i, shard.value, shard.first_row, true);
       else add(StateKind::kParam, i, p.value, 0, first_replica);
       if (!optimizer) continue;
+      if (optimizer->trained_by_muon(i)) {
+        add(StateKind::kMomentum, i, shard.momentum, shard.first_row, true);
+        continue;
+      }
       add(StateKind::kExpAvg, i, shard.exp_avg, shard.first_row, true);
       add(StateKind::kExpAvgSq, i, shard.exp_avg_sq, shard.first_row, true);
       continue;
@@ -67,6 +72,10 @@ RankStateMap::RankStateMap(ParamStore& params, ZeroShards* zero, int zero_stage,
     if (!optimizer || !optimizer->holds_state(i)) continue;
     const int owner = optimizer->owner(i);
     const bool writes_state = replicas.rank() == (owner < 0 ? 0 : owner);
+    if (optimizer->trained_by_muon(i)) {
+      add(StateKind::kMomentum, i, optimizer->momentum(i), 0, writes_state);
+      continue;
+    }
     add(StateKind::kExpAvg, i, optimizer->exp_avg(i), 0, writes_state);
     add(StateKind::kExpAvgSq, i, optimizer->exp_avg_sq(i), 0, writes_state);
   }

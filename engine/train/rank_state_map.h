@@ -1,5 +1,5 @@
 // The one map of the training state a rank holds: for every parameter, its value and its
-// AdamW moments, the rows of each this rank keeps and whether this rank writes them into a
+// optimizer state (AdamW's two moments, or Muon's momentum), the rows of each this rank keeps and whether this rank writes them into a
 // checkpoint. Checkpoint save, resume (and train.init_from) and the final weights' gather
 // all follow it, so no rule of who holds or writes what is written twice.
 //
@@ -27,9 +27,10 @@
 namespace switchyard {
 
 // What a tensor of training state is; its checkpoint key is "<kind>/<parameter name>".
-enum class StateKind { kParam, kExpAvg, kExpAvgSq };
+enum class StateKind { kParam, kExpAvg, kExpAvgSq, kMomentum };
 
-std::string state_kind_name(StateKind kind);  // "param", "exp_avg", "exp_avg_sq"
+// "param", "exp_avg", "exp_avg_sq", "muon_momentum"
+std::string state_kind_name(StateKind kind);
 
 // Rows of one tensor of state that this rank holds (none, for a ZeRO-3 rank that owns
 // no rows of it; every parameter has its kParam slice).

@@ -100,6 +100,9 @@ absl::Status check_resumable(const checkpoint::Manifest& manifest, const config:
     field = "train.global_batch_size";
   else if (saved.train().seed() != recipe.train().seed()) field = "train.seed";
   else if (blend_changed(saved.data(), recipe.data())) field = "data.sources";
+  // The checkpoint holds the state of the algorithm it was saved with.
+  else if (saved.optimizer().algorithm() != recipe.optimizer().algorithm())
+    field = "optimizer.algorithm";
   if (!field.empty())
     return absl::FailedPreconditionError(absl::StrCat(
         dir, ": this checkpoint was saved with other ", field,

@@ -391,7 +391,8 @@ absl::StatusOr<std::unique_ptr<RankTrainer>> build_rank_trainer(const RunContext
   if (t->zero_stage >= 2) {
     t->zero = std::make_unique<ZeroShards>(t->params, *run.groups.dp, t->zero_stage, dev,
                                            std::move(run.groups.dp_background),
-                                           run.groups.background_collectives);
+                                           run.groups.background_collectives,
+                                           run.recipe.optimizer());
     for (const auto& chunk : t->chunks) chunk->set_param_hooks(t->zero.get());
   }
   SY_RETURN_IF_ERROR(check_rank_memory(run, *t));

@@ -1,4 +1,4 @@
-// The training loop: micro-batches with gradient accumulation, AdamW, evaluation,
+// The training loop: micro-batches with gradient accumulation, AdamW or Muon, evaluation,
 // metrics.jsonl, progress through a sink, final weights.
 #pragma once
 

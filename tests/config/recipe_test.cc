@@ -403,6 +403,20 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"optimizer.warmup_steps=101"},
                        "optimizer.warmup_steps (101) must be <= train.steps (100)"},
         ValidationCase{{"optimizer.grad_clip=-1"}, "optimizer.grad_clip (-1) must be >= 0"},
+        ValidationCase{{"optimizer.muon.momentum=0.9"},
+                       "optimizer.muon is set but optimizer.algorithm is ADAMW"},
+        ValidationCase{{"optimizer.algorithm=MUON", "optimizer.muon.momentum=1"},
+                       "optimizer.muon.momentum (1) must be in [0, 1)"},
+        ValidationCase{{"optimizer.algorithm=MUON", "optimizer.muon.ns_steps=-1"},
+                       "optimizer.muon.ns_steps (-1) must be > 0"},
+        ValidationCase{{"optimizer.algorithm=MUON", "optimizer.muon.ns_steps=101"},
+                       "optimizer.muon.ns_steps (101) must be <= 100"},
+        ValidationCase{{"optimizer.algorithm=MUON", "optimizer.muon.update_rms=0"},
+                       "optimizer.muon.update_rms (0) must be > 0"},
+        ValidationCase{{"optimizer.algorithm=MUON", "optimizer.muon.update_rms=101"},
+                       "optimizer.muon.update_rms (101) must be <= 100"},
+        ValidationCase{{"optimizer.algorithm=MUON", "optimizer.muon.eps=-1"},
+                       "optimizer.muon.eps (-1) must be > 0"},
         ValidationCase{{"train.global_batch_size=10"},
                        "train.global_batch_size (10) must be divisible by train.micro_batch_size "
                        "(4)"},
@@ -436,6 +450,25 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"runtime.threads=-2"}, "runtime.threads (-2) must be >= 0"},
         ValidationCase{{"runtime.max_logits_mb=-1"}, "runtime.max_logits_mb (-1) must be >= 0"},
         ValidationCase{{"runtime.precision=fp8"}, "runtime.precision (\"fp8\") must be"}));
+
+TEST(RecipeTest, MuonDefaultsArePublishedOnes) {
+  absl::StatusOr<Recipe> recipe = load_recipe(valid_recipe_path(), {"optimizer.algorithm=MUON"});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  const MuonConfig& muon = recipe->optimizer().muon();
+  EXPECT_FLOAT_EQ(muon.momentum(), 0.95f);
+  EXPECT_TRUE(muon.nesterov());
+  EXPECT_EQ(muon.ns_steps(), 5);
+  EXPECT_FLOAT_EQ(muon.ns_a(), 3.4445f);
+  EXPECT_FLOAT_EQ(muon.ns_b(), -4.7750f);
+  EXPECT_FLOAT_EQ(muon.ns_c(), 2.0315f);
+  EXPECT_FLOAT_EQ(muon.update_rms(), 0.2f);
+  EXPECT_FLOAT_EQ(muon.eps(), 1e-7f);
+  // AdamW, the default, gets none of it.
+  absl::StatusOr<Recipe> adamw = load_recipe(valid_recipe_path(), {});
+  ASSERT_TRUE(adamw.ok()) << adamw.status();
+  EXPECT_EQ(adamw->optimizer().algorithm(), ADAMW);
+  EXPECT_FALSE(adamw->optimizer().has_muon());
+}
 
 TEST(RecipeTest, ExplicitHeadDimNeedNotMatchHidden) {
   EXPECT_TRUE(validate_with({"model.head_dim=32"}).ok());

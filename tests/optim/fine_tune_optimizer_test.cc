@@ -3,6 +3,8 @@
 // scaled learning rate and the rest by the scheduled one (0 leaves the router as it is);
 // a frozen parameter (train.freeze) stays bit for bit as it was, holds no optimizer
 // state, is not counted in the optimizer's memory bound nor in ZeRO-1's balance of state.
+// Under optimizer.algorithm MUON the attention matrix trains with Muon (one momentum) and
+// the router and the norm with AdamW as before, alike at every ZeRO stage.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -35,6 +37,21 @@ config::OptimizerConfig adamw(float lr) {
   return opt;
 }
 
+config::OptimizerConfig muon(float lr) {
+  config::OptimizerConfig opt = adamw(lr);
+  opt.set_algorithm(config::MUON);
+  config::MuonConfig& m = *opt.mutable_muon();
+  m.set_momentum(0.95f);
+  m.set_nesterov(true);
+  m.set_ns_steps(5);
+  m.set_ns_a(3.4445f);
+  m.set_ns_b(-4.7750f);
+  m.set_ns_c(2.0315f);
+  m.set_update_rms(0.2f);
+  m.set_eps(1e-7f);
+  return opt;
+}
+
 config::OptimizerConfig with_router_lr_scale(float scale) {
   config::OptimizerConfig opt = adamw(kLr);
   opt.set_router_lr_scale(scale);
@@ -43,7 +60,7 @@ config::OptimizerConfig with_router_lr_scale(float scale) {
 
 struct Trained {
   std::map<std::string, std::vector<float>> values;  // by name, after training
-  int64_t state_elements = 0;  // AdamW moments held, ZeRO row shards included
+  int64_t state_elements = 0;  // moments held, ZeRO row shards included
 };
 
 // A router, an attention matrix and a norm gain, trained for `steps` AdamW steps on fixed
@@ -61,7 +78,7 @@ Trained train(const config::OptimizerConfig& opt, int zero_stage, const std::str
   std::unique_ptr<ZeroShards> zero;
   if (zero_stage >= 2)
     zero = std::make_unique<ZeroShards>(params, dp, zero_stage, dev,
-                                        std::make_unique<LocalCommunicator>(), false);
+                                        std::make_unique<LocalCommunicator>(), false, opt);
   Trained run;
   params.allocate(dev);
   params.initialize(7);
@@ -88,8 +105,12 @@ Trained train(const config::OptimizerConfig& opt, int zero_stage, const std::str
     const Tensor value = zero ? zero->whole_value(p) : p.value;
     run.values[p.name].assign(value.data<float>(), value.data<float>() + value.numel());
     const bool sharded = zero && zero->is_sharded(i);
-    run.state_elements += sharded ? zero->shard(i).exp_avg.numel() + zero->shard(i).exp_avg_sq.numel()
-                                  : optimizer.exp_avg(i).numel() + optimizer.exp_avg_sq(i).numel();
+    for (const Tensor* state :
+         sharded ? std::vector<const Tensor*>{&zero->shard(i).exp_avg, &zero->shard(i).exp_avg_sq,
+                                              &zero->shard(i).momentum}
+                 : std::vector<const Tensor*>{&optimizer.exp_avg(i), &optimizer.exp_avg_sq(i),
+                                              &optimizer.momentum(i)})
+      run.state_elements += state->numel();
     ++i;
   }
   return run;
@@ -127,6 +148,22 @@ TEST_P(FineTuneOptimizer, FrozenParameterStaysAsItIsWithNoState) {
   EXPECT_EQ(frozen.values.at(kRouter), all.values.at(kRouter));  // no clipping: unaffected
   EXPECT_EQ(frozen.values.at(kNorm), all.values.at(kNorm));
   EXPECT_EQ(all.state_elements - frozen.state_elements, 2 * kAttentionElements);
+}
+
+TEST_P(FineTuneOptimizer, MuonTrainsTheMatrixWithOneMomentumAndAdamWTheRest) {
+  const Trained initial = train(adamw(kLr), GetParam(), "", 0);
+  const Trained with_adamw = train(adamw(kLr), GetParam());
+  const Trained with_muon = train(muon(kLr), GetParam());
+  EXPECT_NE(with_muon.values.at(kAttention), with_adamw.values.at(kAttention));
+  EXPECT_NE(with_muon.values.at(kAttention), initial.values.at(kAttention));
+  EXPECT_EQ(with_muon.values.at(kRouter), with_adamw.values.at(kRouter));
+  EXPECT_EQ(with_muon.values.at(kNorm), with_adamw.values.at(kNorm));
+  EXPECT_EQ(with_adamw.state_elements - with_muon.state_elements, kAttentionElements);
+  EXPECT_EQ(with_muon.values, train(muon(kLr), 0).values);
+  // Frozen, the matrix stays as it is and holds no momentum.
+  const Trained frozen = train(muon(kLr), GetParam(), kAttention);
+  EXPECT_EQ(frozen.values.at(kAttention), initial.values.at(kAttention));
+  EXPECT_EQ(with_muon.state_elements - frozen.state_elements, kAttentionElements);
 }
 
 TEST(AssignOwners, BalancesTheStateOfTrainableParametersOnly) {
