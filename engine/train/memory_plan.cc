@@ -12,6 +12,7 @@
 #include "core/config/recipe.h"
 #include "core/runtime/check.h"
 #include "engine/model/transformer.h"
+#include "engine/optim/muon.h"
 #include "engine/optim/zero.h"
 #include "engine/train/evaluation.h"
 #include "kernels/exact_grad.h"
@@ -533,6 +534,8 @@ RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, D
     if (!holds(held, p.unit)) continue;
     const double numel = static_cast<double>(shape_numel(p.shape));
     const double copy = working == DType::kBF16 && p.shape.size() >= 2 ? 2 * numel : 0;
+    // fp32 state values per element: AdamW's two moments, or Muon's one momentum.
+    const double moments = trained_by_muon(recipe.optimizer(), p) ? 1 : 2;
     // runtime.batch_invariant's exact sums: a whole ledger of each trainable parameter.
     if (recipe.runtime().batch_invariant() && p.trainable)
       m.gradients += 8 * static_cast<double>(exact_grad_ledger_size(shape_numel(p.shape)));
@@ -543,7 +546,7 @@ RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, D
       m.parameters += stage == 3 ? rows * row_bytes(p) : 4 * numel;
       if (stage == 2) m.working_copies += copy;
       if (p.trainable) m.gradients += chunk * row_bytes(p);
-      if (p.trainable) m.optimizer_state += 2 * rows * row_bytes(p);
+      if (p.trainable) m.optimizer_state += moments * rows * row_bytes(p);
     } else {
       m.parameters += 4 * numel;
       m.working_copies += copy;
@@ -551,9 +554,9 @@ RankMemory rank_memory(const config::Recipe& recipe, const ParamStore& params, D
       const int index = p.spec.expert ? replica.expert : replica.dense;
       const int share = p.spec.expert ? expert_replicas : dp_size;
       if (p.trainable)
-        m.optimizer_state += stage == 0      ? 8 * numel
-                             : owners.empty() ? 8 * numel / share
-                             : owners[i] < 0 || owners[i] == index ? 8 * numel
+        m.optimizer_state += stage == 0      ? 4 * moments * numel
+                             : owners.empty() ? 4 * moments * numel / share
+                             : owners[i] < 0 || owners[i] == index ? 4 * moments * numel
                                                                    : 0;
     }
   }

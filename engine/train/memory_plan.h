@@ -30,7 +30,8 @@ struct RankMemory {
   double working_copies = 0;   // bf16 copies of the matrices; ZeRO-3's gathered layer
   double gradients = 0;        // fp32 gradients this rank keeps (ZeRO-2/3: its rows)
   double gradient_buckets = 0; // ZeRO-2/3: whole-layer gradients being reduce-scattered
-  double optimizer_state = 0;  // AdamW's two moments of the parameters this rank updates
+  double optimizer_state = 0;  // AdamW's two moments (Muon's one momentum) of the parameters
+                               // this rank updates
   double activations = 0;      // peak of one micro-batch's forward and backward (over the
                                // others a pipeline schedule holds), or of an evaluation
                                // batch's forward where that is larger, beyond:

@@ -46,6 +46,8 @@ CONFIGS = {  # name: (ranks, overrides[, recipe: tiny unless named])
                                                            "train.eval_tokens=512"]),
     "1 rank, capacity 1.25": (1, ["moe.capacity_factor=1.25"]),
     "1 rank, 4 layers top-1": (1, ["model.num_layers=4", "moe.top_k=1"]),
+    "1 rank, Muon": (1, ["optimizer.algorithm=MUON"]),
+    "dp2 zero2, Muon": (2, ["parallel.zero_stage=2", "optimizer.algorithm=MUON"]),
     "1 rank, 2 MTP modules": (1, ["model.mtp_depth=2"]),
     "1 rank, 2 MTP modules, recompute FULL": (1, ["model.mtp_depth=2", "train.recompute=FULL"]),
     "1 rank, gated shared expert": (1, ["moe.num_shared_experts=1",
