@@ -12,8 +12,7 @@ import h5py
 import pytest
 from safetensors.numpy import load_file
 
-from run_dirs import rewind
-from sy_testing import SWITCHYARD, run
+from sy_testing import SWITCHYARD, rewind, run
 from test_train_equivalence import (COMMON, LAYOUTS, RECIPE, STEPS, assert_run_matches,
                                     logged_losses, train)
 
