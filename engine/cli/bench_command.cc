@@ -869,8 +869,9 @@ BenchCommand::BenchCommand(CLI::App& app) {
   balance_->add_option("--ep", ep_, "expert-parallel size for the all-to-all (1: skip)")
       ->transform(integer_in(1, kMaxExpertParallel));
   balance_->add_option("--replica-slots", replica_slots_,
-                       "with --ep: replica slots per rank for hot experts, planned per layer")
-      ->transform(integer_in(1, kMaxExpertParallel));
+                       "with --ep: replica slots per rank for hot experts, planned per layer "
+                       "(0: none)")
+      ->transform(integer_in(0, kMaxExpertParallel));
   balance_->add_option("--set", overrides_,
                        "override a field of a recipe file: path=value (repeatable)");
   balance_->add_option("--compare", compare_,

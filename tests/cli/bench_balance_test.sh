@@ -243,9 +243,19 @@ expect_error "run dir without the field" "no line has layer_imbalance" -- "$bin"
 expect_error "bad synthetic spec" "zipf:S" -- "$bin" bench balance "$tiny" --synthetic uniform
 expect_error "negative zipf exponent" "--synthetic zipf:S: -1 is out of range (0, 64]" -- "$bin" bench balance "$tiny" --synthetic zipf:-1
 expect_error "ep not dividing experts" "--ep 3" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --ep 3
+# K 0 (the default) plans no replica.
+if "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --ep 2 --replica-slots 0 \
+    >"$work/none" 2>"$work/err"; then
+  if grep -q "^replicas" "$work/none"; then
+    fail "bench balance --replica-slots 0 planned replicas"
+  else
+    echo "ok   bench balance --replica-slots 0 plans none"
+  fi
+else
+  fail "bench balance --replica-slots 0 exited $?: $(cat "$work/err")"
+fi
 expect_error "replica slots without --ep" "needs --ep 2 or more" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --replica-slots 1
 expect_error "replica slots past a rank's experts" "--replica-slots 5 is out of range \[1, 4\] for 8 experts on --ep 2" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --ep 2 --replica-slots 5
-expect_error "no replica slots" "--replica-slots: 0 is out of range" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --ep 2 --replica-slots 0
 expect_error "--set on weights" "--set overrides a recipe file" -- "$bin" bench balance "$work/run/checkpoints/final" --synthetic zipf:1.1 --batches 1 --set moe.num_experts=64
 expect_error "--set of a bad value" "moe.num_experts: x is not an integer" -- "$bin" bench balance "$tiny" --synthetic zipf:1.1 --batches 1 --set moe.num_experts=x
 z=(--synthetic zipf:1.1 --batches 1)
