@@ -75,9 +75,8 @@ std::string live_step_line(const StepMetrics& m, int bar_width) {
       "grad %.3f  %.0f tok/s  mfu %.1f%%  dropped %.2f%%  load max/mean %.2f%s",
       std::string(filled, '#'), std::string(bar_width - filled, '.'), 100.0 * done,
       static_cast<long long>(m.step), static_cast<long long>(m.total_steps),
-      format_duration(m.eta_s), m.loss, m.aux_loss, m.z_loss, extra_loss_terms(m), m.lr, m.grad_norm,
-      m.tokens_per_s,
-      100.0 * m.mfu, 100.0 * m.dropped_fraction, m.worst_load_ratio, source_tokens(m));
+      format_duration(m.eta_s), m.loss, m.aux_loss, m.z_loss, extra_loss_terms(m), m.lr,
+      m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, 100.0 * m.dropped_fraction, m.worst_load_ratio, source_tokens(m));
 }
 
 ProgressLine::ProgressLine(std::FILE* out, bool live, int width)

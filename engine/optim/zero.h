@@ -10,8 +10,8 @@
 // state and their accumulated gradient. A matrix that Muon trains (engine/optim/muon.h)
 // keeps its momentum rows there; its update needs the matrix whole, so the rows of the
 // momentum's output are gathered, the parameter's owner (assign_owners) orthogonalises
-// it and broadcasts the result, and each replica applies its rows. Through the model's ParamHooks, one unit
-// (layer) at a time:
+// it and broadcasts the result, and each replica applies its rows. Through the model's
+// ParamHooks, one unit (layer) at a time:
 //  - begin_grads: the unit's gradients of this micro-batch accumulate in whole-size
 //    buffers; end_grads reduce-scatters them (summed in rank order) onto the owners of
 //    the rows, over a communicator of its own: on a background thread where MPI allows,

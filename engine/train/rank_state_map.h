@@ -1,6 +1,6 @@
 // The one map of the training state a rank holds: for every parameter, its value and its
-// optimizer state (AdamW's two moments, or Muon's momentum), the rows of each this rank keeps and whether this rank writes them into a
-// checkpoint. Checkpoint save, resume (and train.init_from) and the final weights' gather
+// optimizer state (AdamW's two moments, or Muon's momentum), the rows of each this rank
+// keeps and whether this rank writes them into a checkpoint. Checkpoint save, resume (and train.init_from) and the final weights' gather
 // all follow it, so no rule of who holds or writes what is written twice.
 //
 // Who writes: each slice is written once, by the first data-parallel replica (expert

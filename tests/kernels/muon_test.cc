@@ -157,7 +157,8 @@ TEST(MuonTest, WithoutNesterovTheMomentumIsTheInput) {
   Tensor input = Tensor::zeros({6});
   muon_momentum(cpu_device(), 0.9f, false, 0.5f, host_tensor<float>(grad), momentum, input);
   const std::vector<float> got = values_of<float>(momentum);
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], 0.9f * momentum0[i] + 0.5f * grad[i]);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_FLOAT_EQ(got[i], 0.9f * momentum0[i] + 0.5f * grad[i]);
   EXPECT_EQ(values_of<float>(input), got);
 }
 

@@ -209,7 +209,8 @@ void check_gradient_case(const OpEntry& e, const OpCase& c) {
 
 // check_gradient_case on each of the entry's gradient_dims.
 void check_gradients(const OpEntry& e) {
-  for (const Shape& dims : e.gradient_dims) check_gradient_case(e, OpCase{dims, e.dtypes[0], false});
+  for (const Shape& dims : e.gradient_dims)
+    check_gradient_case(e, OpCase{dims, e.dtypes[0], false});
 }
 
 // The op on `device` against the op on the CPU, from the same inputs, every case.
